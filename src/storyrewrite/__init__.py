@@ -1,0 +1,1 @@
+"""storyrewrite: counterfactual story rewriting with differentiable training objectives."""

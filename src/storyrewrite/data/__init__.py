@@ -1,0 +1,1 @@
+"""Data: sources (download), schema checks, reshaping into instances, splits, input formatting."""

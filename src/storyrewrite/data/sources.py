@@ -1,0 +1,127 @@
+"""The download stage: bring the raw files into `data/raw`, every one checked by sha256.
+
+Sources (params `download.source`):
+- `bundled`: the TimeTravel dev/test and ART dev + 7 % train subset committed under
+  `data/bundled` (see the PROVENANCE.md files there), checked against the sums in params.
+- `url`: the original releases (TimeTravel zip with train_supervised_small.json; ART zip),
+  for users with internet. Files with a sum in params are checked against it; the others
+  (no published sum exists for the TimeTravel files) are recorded on first download in the
+  `download.url.recorded_sums` file and checked against it on every later run.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
+from storyrewrite.params import choices
+
+
+@dataclass(frozen=True)
+class BundledFile:
+    path: str  # relative to `bundled.dir`
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BundledSource:
+    files: dict  # raw name (relative to out_dir) -> {path, sha256}
+
+
+@dataclass(frozen=True)
+class Archive:
+    url: str
+    members: dict  # raw name -> file name inside the zip (matched on its last path component)
+    sha256: dict = field(default_factory=dict)  # raw name -> expected sha256, where one is published
+
+
+@dataclass(frozen=True)
+class UrlSource:
+    archives: dict  # name -> Archive fields
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    """`download` section of params.yaml."""
+
+    bundled: BundledSource
+    url: UrlSource
+    source: str = choices("bundled", "url")
+
+
+def _check_sum(path: Path, expected: str, what: str) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise InputError(f"{what}: sha256 mismatch: expected {expected}, got {actual}")
+
+
+def download_bundled(config: BundledSource, root: Path, out_dir: Path) -> list[Path]:
+    written = []
+    for raw_name, spec in config.files.items():
+        entry = BundledFile(**spec)
+        src = root / entry.path
+        if not src.exists():
+            raise InputError(f"{src}: bundled file missing (params `download.bundled.files.{raw_name}`)")
+        _check_sum(src, entry.sha256, str(src))
+        dest = out_dir / raw_name
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(src, tmp)
+        written.append(dest)
+    # Provenance travels with the data it describes.
+    for provenance in sorted(root.glob("*/PROVENANCE.md")):
+        dest = out_dir / provenance.parent.name / "PROVENANCE.md"
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(provenance, tmp)
+    return written
+
+
+def _fetch(url: str, dest: Path) -> None:
+    request = urllib.request.Request(url, headers={"User-Agent": "storyrewrite"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response, open(dest, "wb") as f:
+            shutil.copyfileobj(response, f)
+    except OSError as err:
+        raise InputError(f"download of {url} failed: {err}") from None
+    if not zipfile.is_zipfile(dest):
+        raise InputError(f"download of {url} did not give a zip file (a login or confirmation page?)")
+
+
+def download_urls(config: UrlSource, out_dir: Path, recorded_path: Path) -> list[Path]:
+    """`recorded_path`: a JSON file (tracked by git) of the sums recorded on first download."""
+    recorded = json.loads(recorded_path.read_text()) if recorded_path.exists() else {}
+    written = []
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        for name, spec in config.archives.items():
+            archive = Archive(**spec)
+            zip_path = Path(tmp_dir) / f"{name}.zip"
+            _fetch(archive.url, zip_path)
+            with zipfile.ZipFile(zip_path) as zf:
+                by_basename = {Path(m).name: m for m in zf.namelist() if not m.endswith("/")}
+                for raw_name, member in archive.members.items():
+                    if member not in by_basename:
+                        raise InputError(f"{archive.url}: no `{member}` in the archive (params `download.url.archives.{name}`)")
+                    dest = out_dir / raw_name
+                    with atomic_path(dest) as tmp:
+                        with zf.open(by_basename[member]) as src, open(tmp, "wb") as f:
+                            shutil.copyfileobj(src, f)
+                        expected = archive.sha256.get(raw_name) or recorded.get(raw_name)
+                        if expected:
+                            _check_sum(tmp, expected, f"{archive.url}:{member}")
+                        else:
+                            recorded[raw_name] = sha256_file(tmp)
+                    written.append(dest)
+    write_json_atomic(recorded_path, dict(sorted(recorded.items())))
+    return written
+
+
+def download(config: DownloadConfig, out_dir: Path, bundled_dir: Path, recorded_sums: Path) -> list[Path]:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    if config.source == "bundled":
+        return download_bundled(config.bundled, bundled_dir, out_dir)
+    return download_urls(config.url, out_dir, recorded_sums)

@@ -1,0 +1,1 @@
+"""Batched, length-sorted, resumable generation of predictions."""

@@ -1,0 +1,103 @@
+"""Generate predictions for one system: batched, length-sorted, resumable, deterministic on CPU.
+
+Predictions are JSON Lines `{"id": ..., "prediction": ...}` in the order of the prepared
+table. While a run is under way each finished batch is appended to a partial file named by a
+fingerprint of the model weights, the data and the generation settings; an interrupted run
+started again with the same inputs skips what is done, anything else starts afresh.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import GenerationConfig
+
+from storyrewrite.data.formatting import model_source
+from storyrewrite.io import InputError, read_jsonl, sha256_file, write_jsonl_atomic
+from storyrewrite.models.encoding import Encoder
+from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer
+from storyrewrite.params import choices, positive
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """`generate` section of params.yaml."""
+
+    batch_size: int
+    num_beams: int  # 1 = greedy
+    max_new_tokens: int
+    split: str = choices("val", "test", default="test")
+
+    def check(self, where: str) -> None:
+        positive(where, batch_size=self.batch_size, num_beams=self.num_beams, max_new_tokens=self.max_new_tokens)
+
+
+def _fingerprint(model_dir: Path, instances: list[dict], config: GenerateConfig, models: ModelsConfig) -> str:
+    digest = hashlib.sha256()
+    for weights in sorted(model_dir.glob("*.safetensors")):
+        digest.update(sha256_file(weights).encode())
+    digest.update(json.dumps([dataclasses.asdict(config), models.max_input_tokens], sort_keys=True).encode())
+    digest.update(json.dumps(instances, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def _clean(text: str, seq2seq: bool) -> str:
+    text = text.strip()
+    # A causal LM continues the plain-text prompt; the ending is one line (targets never hold a
+    # newline), and what follows a newline is the model starting a new prompt field.
+    return text if seq2seq else text.split("\n", 1)[0].strip()
+
+
+def generate_predictions(
+    model_dir: str | Path,
+    instances: list[dict],
+    task: str,
+    config: GenerateConfig,
+    models: ModelsConfig,
+    out_path: str | Path,
+    seed: int,
+) -> int:
+    """Write predictions for `instances` to `out_path`; return how many were generated now."""
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    ids = [row["id"] for row in instances]
+    if len(set(ids)) != len(ids):
+        raise InputError("generate: duplicated instance ids in the prepared table")
+    torch.manual_seed(seed)
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir).eval()
+    seq2seq = is_seq2seq(model_dir)
+    encoder = Encoder(tokenizer, seq2seq, models.max_input_tokens, models.max_output_tokens)
+    generation = GenerationConfig(
+        max_new_tokens=config.max_new_tokens, num_beams=config.num_beams, do_sample=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=model.config.decoder_start_token_id if seq2seq else None,
+    )
+
+    partial = out_path.parent / ".partial" / f"{out_path.stem}-{_fingerprint(model_dir, instances, config, models)}.jsonl"
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    for stale in partial.parent.glob(f"{out_path.stem}-*.jsonl"):
+        if stale != partial:
+            stale.unlink()
+    done = {row["id"]: row["prediction"] for _, row in read_jsonl(partial)} if partial.exists() else {}
+
+    sources = {row["id"]: model_source(row, task, tokenizer, seq2seq) for row in instances if row["id"] not in done}
+    lengths = dict(zip(sources, (len(r) for r in encoder.source_ids(list(sources.values()))))) if sources else {}
+    # Longest first: similar lengths share a batch (little padding), and memory peaks at once.
+    todo = sorted(sources, key=lambda i: -lengths[i])
+    with open(partial, "a", encoding="utf-8") as sink, torch.inference_mode():
+        for start in tqdm(range(0, len(todo), config.batch_size), desc=f"generate {out_path.stem}", unit="batch"):
+            batch_ids = todo[start : start + config.batch_size]
+            inputs = encoder.prompts([sources[i] for i in batch_ids])
+            output = model.generate(**inputs, generation_config=generation)
+            new_tokens = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
+            for instance_id, text in zip(batch_ids, tokenizer.batch_decode(new_tokens, skip_special_tokens=True)):
+                done[instance_id] = _clean(text, seq2seq)
+                sink.write(json.dumps({"id": instance_id, "prediction": done[instance_id]}, ensure_ascii=False) + "\n")
+            sink.flush()
+    write_jsonl_atomic(out_path, ({"id": i, "prediction": done[i]} for i in ids))
+    partial.unlink()
+    return len(todo)

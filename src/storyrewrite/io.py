@@ -1,0 +1,72 @@
+"""File helpers shared by every stage: atomic writes and JSON Lines reading with line numbers."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad input data or parameters; the message names the file and line, or the parameter."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    Readers never see a half-written file, and a failure leaves no partial output behind.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict]) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-blank line; a malformed line names file:line."""
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{line_number}: malformed JSON ({err.msg})") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{line_number}: expected a JSON object, got {type(obj).__name__}")
+            yield line_number, obj
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,1 @@
+"""The one place that loads generators, scorers and their tokenizers."""

@@ -1,0 +1,97 @@
+"""Token tensors for a batch of (source, target) pairs, laid out the same way for both model
+kinds so that objectives see logits aligned with the target tokens: `B×T×V` against `B×T`.
+
+- seq2seq: `input_ids`/`attention_mask` (B×S) hold the source; the decoder reads the target
+  shifted right (`decoder_input_ids`, B×T).
+- causal: each row is [left-padded prompt | right-padded target], so every target starts at the
+  same column `prompt_width`; `position_ids` skip the left padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class Encoder:
+    tokenizer: PreTrainedTokenizerBase
+    seq2seq: bool
+    max_input_tokens: int
+    max_output_tokens: int
+
+    def source_ids(self, sources: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(sources, add_special_tokens=True)["input_ids"]
+        # A causal prompt keeps its end (the label the model continues after); a seq2seq
+        # source keeps its start, as the tokenizer's own truncation would.
+        if self.seq2seq:
+            return [row[: self.max_input_tokens - 1] + row[-1:] if len(row) > self.max_input_tokens else row for row in ids]
+        return [row[-self.max_input_tokens :] for row in ids]
+
+    def target_ids(self, targets: list[str]) -> list[list[int]]:
+        """Target tokens ending with eos (truncated targets keep their eos)."""
+        eos = self.tokenizer.eos_token_id
+        if self.seq2seq:
+            rows = self.tokenizer(text_target=targets, add_special_tokens=True)["input_ids"]
+        else:
+            rows = [row + [eos] for row in self.tokenizer(targets, add_special_tokens=False)["input_ids"]]
+        return [row[: self.max_output_tokens - 1] + [eos] if len(row) > self.max_output_tokens else row for row in rows]
+
+    def batch(self, sources: list[str], targets: list[str]) -> dict:
+        source_ids, target_ids = self.source_ids(sources), self.target_ids(targets)
+        pad = self.tokenizer.pad_token_id
+        target, target_mask = _pad(target_ids, pad, left=False)
+        if self.seq2seq:
+            input_ids, attention_mask = _pad(source_ids, pad, left=False)
+            return {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "target_ids": target,
+                "target_mask": target_mask,
+            }
+        prompt, prompt_mask = _pad(source_ids, pad, left=True)
+        attention_mask = torch.cat([prompt_mask, target_mask], dim=1)
+        return {
+            "input_ids": torch.cat([prompt, target], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+            "target_ids": target,
+            "target_mask": target_mask,
+        }
+
+    def prompts(self, sources: list[str]) -> dict:
+        """Left-padded (causal) or right-padded (seq2seq) sources, for generation."""
+        ids, mask = _pad(self.source_ids(sources), self.tokenizer.pad_token_id, left=not self.seq2seq)
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+def _pad(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    return ids, mask
+
+
+def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
+    """Teacher-forced logits at each target position, B×T×V, whichever the model kind."""
+    target = batch["target_ids"]  # B×T
+    if model.config.is_encoder_decoder:
+        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=target)
+        return model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=decoder_input_ids,
+        ).logits
+    prompt_width = batch["input_ids"].shape[1] - target.shape[1]
+    # Drop the last column: only positions prompt_width-1 .. end-1 predict target tokens.
+    logits = model(
+        input_ids=batch["input_ids"][:, :-1],
+        attention_mask=batch["attention_mask"][:, :-1],
+        position_ids=batch["position_ids"][:, :-1],
+    ).logits
+    return logits[:, prompt_width - 1 :]

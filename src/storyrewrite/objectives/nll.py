@@ -1,0 +1,20 @@
+"""Negative log-likelihood of the reference ending (the paper's NLL baseline)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def token_log_probs(logits: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+    """log p(y_t | ...) of each target token: logits B×T×V, target_ids B×T -> B×T."""
+    return torch.gather(F.log_softmax(logits.float(), dim=-1), 2, target_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def nll_loss(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """L = -(1/N) Σ_{b,t} m_{b,t} log p(y_{b,t} | x_b, y_{b,<t}), N = Σ m: the mean over all real
+    (non-padding) target tokens of the batch, as Hugging Face's label loss computes it.
+
+    logits: B×T×V; target_ids, target_mask: B×T.
+    """
+    mask = target_mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
+    return -(token_log_probs(logits, target_ids) * mask).sum() / mask.sum().clamp(min=1)

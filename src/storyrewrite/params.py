@@ -1,0 +1,128 @@
+"""Typed views of params.yaml sections.
+
+params.yaml is the single source of truth; this module only gives each section a type and
+checks it. An unknown key, a missing key, a value of the wrong type or outside its valid
+choices is an error that names the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from storyrewrite.io import InputError
+
+TASKS = ("timetravel", "timetravel_ablated", "art")
+
+T = TypeVar("T")
+
+
+def choices(*values: str, default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field whose value must be one of `values`."""
+    return dataclasses.field(default=default, metadata={"choices": values})
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: params file not found")
+    with open(path, encoding="utf-8") as f:
+        params = yaml.safe_load(f)
+    if not isinstance(params, dict):
+        raise InputError(f"{path}: expected a mapping of sections at the top level")
+    return params
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:  # YAML writes 1e-5 as a string unless it has a dot; accept ints too
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict)
+    if origin is list or annotation is list:
+        return isinstance(value, list)
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    return isinstance(value, annotation)
+
+
+def _coerce_float(value: Any, annotation: Any) -> Any:
+    # PyYAML reads "5e-9" (no dot) as a string; a researcher writes it that way all the time.
+    if isinstance(value, str) and float in (annotation, *typing.get_args(annotation)):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def build(cls: type[T], values: Any, where: str) -> T:
+    """Build dataclass `cls` from the mapping `values`; `where` names the section in errors."""
+    if not isinstance(values, dict):
+        raise InputError(f"params: `{where}` must be a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise InputError(
+            f"params: unknown key(s) {', '.join(f'`{where}.{k}`' for k in unknown)}; "
+            f"valid keys: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, field in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name not in values:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise InputError(f"params: missing key `{key}`")
+            continue
+        value = _coerce_float(values[name], hints[name])
+        if dataclasses.is_dataclass(hints[name]):
+            value = build(hints[name], value, key)
+        elif not _type_ok(value, hints[name]):
+            raise InputError(
+                f"params: `{key}` = {value!r} has the wrong type; expected {_type_name(hints[name])}"
+            )
+        allowed = field.metadata.get("choices")
+        if allowed is not None and value not in allowed:
+            raise InputError(f"params: `{key}` = {value!r} is not valid; valid values: {', '.join(allowed)}")
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check(where)
+    return obj
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+def positive(where: str, **values: float | int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise InputError(f"params: `{where}.{name}` = {value!r} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """The top-level keys of params.yaml that several stages share."""
+
+    seed: int
+    task: str = choices(*TASKS)
+    objective: str = "nll"  # checked against storyrewrite.objectives.OBJECTIVES by the train stage
+
+
+def experiment(params: dict) -> Experiment:
+    return build(Experiment, {k: params[k] for k in ("seed", "task", "objective") if k in params}, "")

@@ -1,0 +1,1 @@
+"""Lightning training: one LightningModule and one DataModule for every objective."""

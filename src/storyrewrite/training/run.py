@@ -1,0 +1,183 @@
+"""Run one training: Trainer set-up, resume, best/last checkpoints, curves, export."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from storyrewrite.io import atomic_path, sha256_file, write_json_atomic
+from storyrewrite.models.encoding import Encoder
+from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, save_model
+from storyrewrite.objectives import get_objective
+from storyrewrite.training.config import BUDGET_KEYS, TrainConfig
+from storyrewrite.training.data import RewriteDataModule
+from storyrewrite.training.module import RewriteModule
+
+CURVES = {"train_loss.csv": ("step", "epoch", "train_loss"), "val_loss.csv": ("step", "epoch", "val_loss", "val_nll")}
+
+
+class CurveLogger(Callback):
+    """Appends tidy per-step CSV curves (one file per curve, so `dvc plots` reads them as they
+    are). The files live beside the checkpoints; on resume, rows after the resumed step (written
+    after the last checkpoint, before an interruption) are dropped."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def truncate_after(self, step: int) -> None:
+        for name, header in CURVES.items():
+            path = self.directory / name
+            if path.exists():
+                with open(path, newline="") as f:
+                    rows = [row for row in csv.DictReader(f) if int(row["step"]) <= step]
+                _write_csv(path, header, rows)
+
+    def _append(self, name: str, row: dict) -> None:
+        path = self.directory / name
+        new = not path.exists()
+        with open(path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CURVES[name])
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.is_global_zero and outputs is not None:
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self._append("train_loss.csv", {"step": trainer.global_step, "epoch": trainer.current_epoch, "train_loss": f"{loss.item():.6f}"})
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            metrics = trainer.callback_metrics
+            self._append("val_loss.csv", {
+                "step": trainer.global_step, "epoch": trainer.current_epoch,
+                "val_loss": f"{metrics['val_loss'].item():.6f}", "val_nll": f"{metrics['val_nll'].item():.6f}",
+            })
+
+
+def _write_csv(path: Path, header: tuple, rows: list[dict]) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def run_fingerprint(config: TrainConfig, context: dict) -> str:
+    """What makes two runs the same run (so one may resume the other): every setting but the
+    training budget, the objective, the task, the seed, the data and the starting weights."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BUDGET_KEYS}
+    blob = json.dumps({"settings": settings, **context}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _weights_digest(model_dir: Path) -> str:
+    return hashlib.sha256("".join(sha256_file(p) for p in sorted(model_dir.glob("*.safetensors"))).encode()).hexdigest()
+
+
+def _trainer_kwargs(config: TrainConfig) -> dict:
+    return dict(
+        max_steps=config.max_steps, max_epochs=config.max_epochs if config.max_steps == -1 else None,
+        accelerator=config.accelerator, devices=config.devices, strategy=config.strategy,
+        precision=config.precision, num_nodes=config.num_nodes,
+        accumulate_grad_batches=config.accumulate_grad_batches, gradient_clip_val=config.gradient_clip_val,
+        limit_val_batches=config.limit_val_batches,
+        # Validate every `val_check_interval` batches, counted across epochs.
+        val_check_interval=config.val_check_interval, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, logger=False, enable_progress_bar=True, log_every_n_steps=1,
+        deterministic=True,
+    )
+
+
+def fit(
+    config: TrainConfig,
+    *,
+    init_dir: str | Path,
+    out_dir: str | Path,
+    checkpoint_dir: str | Path,
+    log_dir: str | Path,
+    models: ModelsConfig,
+    prepared_dir: str | Path,
+    task: str,
+    objective_name: str,
+    seed: int,
+    callbacks: tuple[Callback, ...] = (),
+) -> dict:
+    """Train the generator in `init_dir` with `objective_name`; export the best-on-val weights
+    to `out_dir`. `checkpoint_dir` keeps the best and last Lightning checkpoints and the CSV
+    curves (it survives between runs, for resuming); `log_dir` receives the curves for `dvc
+    plots` and `summary.json`. Returns the summary."""
+    objective = get_objective(objective_name)
+    init_dir, checkpoint_dir, log_dir = Path(init_dir), Path(checkpoint_dir), Path(log_dir)
+    L.seed_everything(seed, workers=True, verbose=False)
+
+    train_file = Path(prepared_dir) / task / "train.jsonl"
+    fingerprint = run_fingerprint(config, {
+        "objective": objective_name, "task": task, "seed": seed,
+        "max_tokens": [models.max_input_tokens, models.max_output_tokens],
+        "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
+        "init_weights": _weights_digest(init_dir),
+    })
+    fingerprint_file = checkpoint_dir / "fingerprint.txt"
+    last = checkpoint_dir / "last.ckpt"
+    same_run = fingerprint_file.exists() and fingerprint_file.read_text().strip() == fingerprint
+    resume_from = last if config.resume and same_run and last.exists() else None
+    if resume_from is None:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint_file.write_text(fingerprint + "\n")
+
+    tokenizer = load_tokenizer(init_dir)
+    generator = load_model(init_dir)
+    encoder = Encoder(tokenizer, is_seq2seq(init_dir), models.max_input_tokens, models.max_output_tokens)
+    datamodule = RewriteDataModule(str(prepared_dir), task, encoder, config.batch_size, seed, config.num_workers)
+    module = RewriteModule(generator, objective, config.lr, config.weight_decay, config.warmup_steps)
+
+    curves = CurveLogger(checkpoint_dir)
+    resumed_step = None
+    if resume_from is not None:
+        resumed_step = torch.load(resume_from, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+        curves.truncate_after(resumed_step)
+    best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
+                           save_top_k=1, save_weights_only=True, enable_version_counter=False)
+    latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
+                             every_n_train_steps=config.checkpoint_every_n_steps, enable_version_counter=False)
+    trainer = L.Trainer(callbacks=[best, latest, curves, *callbacks], default_root_dir=str(checkpoint_dir), **_trainer_kwargs(config))
+
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    elapsed = time.perf_counter() - started
+    # The final state is resumable too (a later run with a larger budget continues from it).
+    trainer.save_checkpoint(last)
+    summary = {
+        "objective": objective_name, "task": task, "global_step": trainer.global_step,
+        "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
+        "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
+    }
+    if trainer.is_global_zero:
+        _export(module, tokenizer, best, Path(out_dir), checkpoint_dir, log_dir)
+        write_json_atomic(log_dir / "summary.json", summary)
+    return summary
+
+
+def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Path, checkpoint_dir: Path, log_dir: Path) -> None:
+    best_path = Path(best.best_model_path) if best.best_model_path else None
+    if best_path is not None and best_path.exists():
+        state = torch.load(best_path, map_location="cpu", weights_only=False)["state_dict"]
+        module.load_state_dict(state)
+    else:
+        # No validation ran (a budget shorter than val_check_interval): the final weights stand.
+        print("warning: no validation ran; exporting the final weights, not the best-on-val ones")
+    save_model(module.generator, tokenizer, out_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for name, header in CURVES.items():
+        source = checkpoint_dir / name
+        rows = list(csv.DictReader(open(source, newline=""))) if source.exists() else []
+        _write_csv(log_dir / name, header, rows)

@@ -1,0 +1,37 @@
+"""train_nll / train: train a generator with Lightning and export the best-on-val weights.
+
+  --section train_nll   NLL from the pretrained generator (the NLL baseline)
+  --section train       the params' `objective`, starting from the NLL model
+"""
+import argparse
+import json
+from pathlib import Path
+
+from storyrewrite.models.loading import ModelsConfig, resolve_model_dir
+from storyrewrite.params import build, experiment, load_params
+from storyrewrite.training.config import TrainConfig
+from storyrewrite.training.run import fit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--section", choices=("train_nll", "train"), required=True)
+    parser.add_argument("--init", type=Path, required=True, help="starting model dir (or the models stage's dir)")
+    parser.add_argument("--data", type=Path, required=True, help="prepared data dir")
+    parser.add_argument("--out", type=Path, required=True, help="best-on-val model, save_pretrained format")
+    parser.add_argument("--checkpoints", type=Path, required=True, help="Lightning checkpoints, kept for resuming")
+    parser.add_argument("--logs", type=Path, required=True, help="training curves and summary")
+    args = parser.parse_args()
+    params = load_params()
+    run = experiment(params)
+    summary = fit(
+        build(TrainConfig, params[args.section], args.section),
+        init_dir=resolve_model_dir(args.init), out_dir=args.out, checkpoint_dir=args.checkpoints,
+        log_dir=args.logs, models=build(ModelsConfig, params["models"], "models"), prepared_dir=args.data,
+        task=run.task, objective_name="nll" if args.section == "train_nll" else run.objective, seed=run.seed,
+    )
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
