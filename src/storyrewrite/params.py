@@ -126,3 +126,54 @@ class Experiment:
 
 def experiment(params: dict) -> Experiment:
     return build(Experiment, {k: params[k] for k in ("seed", "task", "objective") if k in params}, "")
+
+
+def overlay(base: dict, changes: dict, where: str = "") -> dict:
+    """`base` with the keys of `changes` replaced, section by section. A key that `base` does
+    not have is an error: a profile only changes settings, it never invents them."""
+    merged = dict(base)
+    for key, value in changes.items():
+        name = f"{where}.{key}" if where else key
+        if key not in base:
+            raise InputError(f"profile: unknown key `{name}`")
+        merged[key] = overlay(base[key], value, name) if isinstance(value, dict) and isinstance(base[key], dict) else value
+    return merged
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m storyrewrite.params overrides PROFILE`: the profile as `-S key=value` flags for
+    `dvc exp run`; `... apply PROFILE`: write the profile into params.yaml."""
+    import argparse
+    import shlex
+
+    from storyrewrite.io import write_text_atomic
+
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.params", description=main.__doc__)
+    parser.add_argument("action", choices=("overrides", "apply"))
+    parser.add_argument("profile", type=Path)
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    base, changes = load_params(args.params), load_params(args.profile)
+    merged = overlay(base, changes)
+    if args.action == "apply":
+        write_text_atomic(args.params, yaml.safe_dump(merged, sort_keys=False))
+    else:
+        flags = [f"-S {shlex.quote(f'{key}={_yaml_scalar(value)}')}" for key, value in _leaves(changes)]
+        print(" ".join(flags))
+
+
+def _yaml_scalar(value: Any) -> str:
+    # How YAML spells the value (null, 1.0e-05, bf16-mixed), as `dvc exp run -S` parses it.
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+if __name__ == "__main__":
+    main()

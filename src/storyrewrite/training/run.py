@@ -157,7 +157,7 @@ def fit(
     # The final state is resumable too (a later run with a larger budget continues from it).
     trainer.save_checkpoint(last)
     summary = {
-        "objective": objective_name, "task": task, "global_step": trainer.global_step,
+        "objective": objective_name, "task": task, "global_step": trainer.global_step, "world_size": trainer.world_size,
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
     }

@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random-init models built from configs, and small prepared data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from storyrewrite.data.prepare import DataConfig, prepare
+from storyrewrite.models.loading import ModelsConfig, materialise, resolve_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "data" / "bundled"
+
+
+def tiny_models_config(kind: str) -> ModelsConfig:
+    return ModelsConfig(generator=f"tiny:{kind}", scorer=f"tiny:{kind}", max_input_tokens=96, max_output_tokens=40)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """kind ('bart' or 'llama') -> a materialised tiny model directory."""
+    out = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for kind in ("bart", "llama"):
+        materialise(tiny_models_config(kind), out / kind, seed=0)
+        dirs[kind] = resolve_model_dir(out / kind)
+    return dirs
+
+
+def write_raw(raw: Path) -> Path:
+    """The raw layout the download stage writes, from the committed bundled files."""
+    files = {
+        "timetravel/dev.json": "timetravel/dev_data.json",
+        "timetravel/test.json": "timetravel/test_data.json",
+        "art/dev.jsonl": "art/dev.jsonl",
+        "art/train.jsonl": "art/subsets/isi-nlp-ai2-increment7/train.jsonl",
+    }
+    for name, source in files.items():
+        (raw / name).parent.mkdir(parents=True, exist_ok=True)
+        (raw / name).write_bytes((BUNDLED / source).read_bytes())
+    return raw
+
+
+@pytest.fixture(scope="session")
+def raw_dir(tmp_path_factory) -> Path:
+    return write_raw(tmp_path_factory.mktemp("raw"))
+
+
+@pytest.fixture(scope="session")
+def small_prepared(tmp_path_factory, raw_dir) -> Path:
+    """Prepared tables with 12 train and 6 val/test instances per task."""
+    out = tmp_path_factory.mktemp("prepared")
+    prepare(raw_dir, out, DataConfig(val_fraction=0.1, max_train=12, max_eval=6), seed=0)
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,77 @@
+import hashlib
+import json
+import zipfile
+
+import pytest
+
+from storyrewrite.data.sources import DownloadConfig, download
+from storyrewrite.io import InputError
+from storyrewrite.params import build, load_params
+
+from conftest import BUNDLED, ROOT
+
+
+def _config(**changes) -> DownloadConfig:
+    section = load_params(ROOT / "params.yaml")["download"]
+    return build(DownloadConfig, {**section, **changes}, "download")
+
+
+def test_bundled_files_copied_with_provenance(tmp_path):
+    written = download(_config(), tmp_path / "raw", BUNDLED, tmp_path / "sums.json")
+    assert {p.relative_to(tmp_path / "raw").as_posix() for p in written} == {
+        "timetravel/dev.json", "timetravel/test.json", "art/dev.jsonl", "art/dev-labels.lst",
+        "art/train.jsonl", "art/train-labels.lst",
+    }
+    assert (tmp_path / "raw" / "timetravel" / "PROVENANCE.md").exists()
+    assert (tmp_path / "raw" / "art" / "PROVENANCE.md").exists()
+
+
+def test_bundled_checksum_mismatch_is_an_error(tmp_path):
+    bundled = tmp_path / "bundled"
+    for source in BUNDLED.rglob("*"):
+        if source.is_file():
+            (bundled / source.relative_to(BUNDLED)).parent.mkdir(parents=True, exist_ok=True)
+            (bundled / source.relative_to(BUNDLED)).write_bytes(source.read_bytes())
+    with open(bundled / "art" / "dev.jsonl", "a") as f:
+        f.write("\n")
+    with pytest.raises(InputError, match=r"art/dev\.jsonl: sha256 mismatch: expected e8a7f2e5"):
+        download(_config(), tmp_path / "raw", bundled, tmp_path / "sums.json")
+
+
+def test_bundled_missing_file_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"bundled file missing \(params `download.bundled.files.timetravel/dev.json`\)"):
+        download(_config(), tmp_path / "raw", tmp_path / "empty", tmp_path / "sums.json")
+
+
+def _zip(path, members: dict[str, bytes]) -> str:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path.as_uri()
+
+
+def test_url_source_records_sums_then_checks_them(tmp_path):
+    train = b'{"story_id": "t"}\n'
+    url = _zip(tmp_path / "tt.zip", {"release/train_supervised_small.json": train})
+    archives = {"timetravel": {"url": url, "members": {"timetravel/train.json": "train_supervised_small.json"}}}
+    config = _config(source="url", url={"archives": archives})
+    sums = tmp_path / "sums.json"
+    download(config, tmp_path / "raw", BUNDLED, sums)
+    assert json.loads(sums.read_text()) == {"timetravel/train.json": hashlib.sha256(train).hexdigest()}
+    assert (tmp_path / "raw" / "timetravel" / "train.json").read_bytes() == train
+
+    _zip(tmp_path / "tt.zip", {"release/train_supervised_small.json": train + b"changed\n"})
+    with pytest.raises(InputError, match="sha256 mismatch"):
+        download(config, tmp_path / "raw", BUNDLED, sums)
+    assert not (tmp_path / "raw" / "timetravel" / "train.json").exists()
+
+
+def test_url_source_published_sum_and_missing_member(tmp_path):
+    url = _zip(tmp_path / "art.zip", {"anli/dev.jsonl": b"x\n"})
+    archive = {"url": url, "members": {"art/dev.jsonl": "dev.jsonl"}, "sha256": {"art/dev.jsonl": "0" * 64}}
+    with pytest.raises(InputError, match=r"art\.zip:dev\.jsonl: sha256 mismatch"):
+        download(_config(source="url", url={"archives": {"art": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")
+    archive["members"] = {"art/test.jsonl": "test.jsonl"}
+    with pytest.raises(InputError, match=r"no `test\.jsonl` in the archive"):
+        download(_config(source="url", url={"archives": {"art": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")

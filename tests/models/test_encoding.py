@@ -1,0 +1,56 @@
+import math
+
+import pytest
+import torch
+
+from storyrewrite.models.encoding import Encoder, target_logits
+from storyrewrite.models.loading import load_model, load_tokenizer
+from storyrewrite.objectives.nll import nll_loss
+
+SOURCES = ["Premise: A short one.\nEdited ending:", "Premise: A much longer prompt with many more words in it.\nEdited ending:"]
+TARGETS = [" It ended well, after all.", " No."]
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_target_logits_match_unpadded_forward(tiny_model_dirs, kind):
+    """Padding and the shared layout must not change any logit at a target position."""
+    directory = tiny_model_dirs[kind]
+    tokenizer, model = load_tokenizer(directory), load_model(directory).eval()
+    encoder = Encoder(tokenizer, kind == "bart", max_input_tokens=64, max_output_tokens=32)
+    batch = encoder.batch(SOURCES, TARGETS)
+    logits = target_logits(model, batch)
+    assert logits.shape[:2] == batch["target_ids"].shape
+    for i in range(2):
+        source, target = encoder.source_ids([SOURCES[i]])[0], encoder.target_ids([TARGETS[i]])[0]
+        n = len(target)
+        assert batch["target_ids"][i, :n].tolist() == target
+        assert batch["target_mask"][i].sum().item() == n
+        with torch.no_grad():
+            if kind == "bart":
+                decoder_in = [model.config.decoder_start_token_id] + target[:-1]
+                alone = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([decoder_in])).logits[0]
+            else:
+                alone = model(input_ids=torch.tensor([source + target])).logits[0, len(source) - 1 : -1]
+        torch.testing.assert_close(logits[i, :n].detach(), alone, atol=1e-5, rtol=1e-4)
+
+
+def test_targets_end_with_eos_and_truncate_keeping_it(tiny_model_dirs):
+    tokenizer = load_tokenizer(tiny_model_dirs["llama"])
+    encoder = Encoder(tokenizer, False, max_input_tokens=4, max_output_tokens=3)
+    assert encoder.target_ids([" one two three four five"])[0][-1] == tokenizer.eos_token_id
+    assert len(encoder.target_ids([" one two three four five"])[0]) == 3
+    # Causal prompts keep their end (the label to continue after).
+    assert encoder.source_ids(["a b c d e f g h"])[0] == tokenizer("a b c d e f g h")["input_ids"][-4:]
+
+
+def test_nll_loss_hand_computed():
+    # Two rows, vocabulary of 3; row 2's second position is padding and must not count.
+    logits = torch.tensor([[[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]], [[2.0, 0.0, 0.0], [9.0, 9.0, 9.0]]])
+    target = torch.tensor([[0, 2], [0, 1]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    log_p = [
+        -math.log(3),
+        3 - math.log(math.exp(1) + math.exp(2) + math.exp(3)),
+        2 - math.log(math.exp(2) + 2),
+    ]
+    assert nll_loss(logits, target, mask).item() == pytest.approx(-sum(log_p) / 3, rel=1e-6)

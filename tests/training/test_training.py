@@ -1,0 +1,120 @@
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import Callback
+
+from storyrewrite.io import InputError
+from storyrewrite.models.encoding import Encoder
+from storyrewrite.models.loading import load_model, load_tokenizer, materialise
+from storyrewrite.objectives import get_objective
+from storyrewrite.params import build, load_params
+from storyrewrite.training.config import TrainConfig
+from storyrewrite.training.data import Collate
+from storyrewrite.training.module import RewriteModule
+from storyrewrite.training.run import fit
+
+from conftest import ROOT, read_jsonl, tiny_models_config
+
+
+def tiny_train_config(**changes) -> TrainConfig:
+    section = load_params(ROOT / "params.yaml")["train_nll"]
+    section = {**section, "batch_size": 2, "max_steps": 2, "val_check_interval": 2,
+               "checkpoint_every_n_steps": 1, "lr": 1e-3, "accelerator": "cpu", "devices": 1, **changes}
+    return build(TrainConfig, section, "train_nll")
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_a_training_step_lowers_the_loss(tiny_model_dirs, small_prepared, kind):
+    directory = tiny_model_dirs[kind]
+    torch.manual_seed(0)
+    module = RewriteModule(load_model(directory), get_objective("nll"), lr=1e-2, weight_decay=0.0, warmup_steps=0)
+    collate = Collate(Encoder(load_tokenizer(directory), kind == "bart", 96, 40), "timetravel")
+    batch = collate(read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:2])
+    optimizer = module.configure_optimizers()["optimizer"]
+    module.generator.eval()  # no dropout: the comparison is of the same function before and after
+    before = module.objective.loss(module.generator, batch)
+    before.backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = module.objective.loss(module.generator, batch)
+    assert after.item() < before.item() - 1e-3
+
+
+def _fit(tmp_path, model_dir, prepared, config, callbacks=()):
+    return fit(
+        config, init_dir=model_dir, out_dir=tmp_path / "out", checkpoint_dir=tmp_path / "ckpt",
+        log_dir=tmp_path / "logs", models=tiny_models_config("llama"), prepared_dir=prepared,
+        task="timetravel", objective_name="nll", seed=0, callbacks=callbacks,
+    )
+
+
+def _steps(path):
+    with open(path, newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f)]
+
+
+def test_a_larger_budget_resumes_and_continues_the_step_count(tmp_path, tiny_model_dirs, small_prepared):
+    first = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2))
+    assert first["global_step"] == 2 and first["resumed_from_step"] is None
+    second = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=4))
+    assert second["resumed_from_step"] == 2 and second["global_step"] == 4
+    assert _steps(tmp_path / "logs" / "train_loss.csv") == [1, 2, 3, 4]
+    assert _steps(tmp_path / "logs" / "val_loss.csv") == [2, 4]
+    assert (tmp_path / "out" / "config.json").exists()
+    assert json.loads((tmp_path / "logs" / "summary.json").read_text())["global_step"] == 4
+
+
+class Crash(Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 3:
+            raise RuntimeError("simulated crash")
+
+
+def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_model_dirs, small_prepared):
+    config = tiny_train_config(max_steps=5, checkpoint_every_n_steps=2, val_check_interval=5)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, config, callbacks=(Crash(),))
+    assert not (tmp_path / "out").exists()
+    summary = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, config)
+    assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
+    # Step 3 was logged before the crash, after the last checkpoint: logged once, not twice.
+    assert _steps(tmp_path / "logs" / "train_loss.csv") == [1, 2, 3, 4, 5]
+
+
+def test_a_changed_setting_starts_afresh(tmp_path, tiny_model_dirs, small_prepared):
+    _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2))
+    summary = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2, lr=5e-4))
+    assert summary["resumed_from_step"] is None and summary["global_step"] == 2
+
+
+def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_prepared):
+    with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll"):
+        fit(tiny_train_config(), init_dir=tiny_model_dirs["llama"], out_dir=tmp_path / "o", checkpoint_dir=tmp_path / "c",
+            log_dir=tmp_path / "l", models=tiny_models_config("llama"), prepared_dir=small_prepared,
+            task="timetravel", objective_name="dpo", seed=0)
+
+
+def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
+    """The train stage run as DVC runs it, with `devices: 2, strategy: ddp` (gloo on CPU)."""
+    params = load_params(ROOT / "params.yaml")
+    params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
+    params["train_nll"] |= {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 2,
+                            "val_check_interval": 2, "checkpoint_every_n_steps": 2}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    materialise(tiny_models_config("llama"), tmp_path / "pretrained", seed=0)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "train.py"), "--section", "train_nll", "--init", "pretrained",
+         "--data", str(small_prepared), "--out", "nll", "--checkpoints", "ckpt", "--logs", "logs"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_step"] == 2
+    assert (tmp_path / "nll" / "model.safetensors").exists()
