@@ -87,6 +87,36 @@ def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_mode
     assert _steps(tmp_path / "logs" / "train_loss.csv") == [1, 2, 3, 4, 5]
 
 
+class BatchRecorder(Callback):
+    def __init__(self):
+        self.ids = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.ids[trainer.global_step] = batch["ids"]
+
+
+def test_a_resumed_run_sees_the_batches_the_interrupted_one_had_not_reached(tmp_path, tiny_model_dirs, small_prepared):
+    # 12 training instances, batch 2: 6 batches an epoch; 8 steps cross into a second epoch.
+    config = tiny_train_config(max_steps=8, checkpoint_every_n_steps=4, val_check_interval=8)
+    straight = BatchRecorder()
+    _fit(tmp_path / "straight", tiny_model_dirs["llama"], small_prepared, config, callbacks=(straight,))
+    resumed = BatchRecorder()
+
+    class CrashAt5(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 5:
+                raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError):
+        _fit(tmp_path / "resumed", tiny_model_dirs["llama"], small_prepared, config, callbacks=(resumed, CrashAt5()))
+    _fit(tmp_path / "resumed", tiny_model_dirs["llama"], small_prepared, config, callbacks=(resumed,))
+    assert sorted(straight.ids) == list(range(1, 9))
+    assert resumed.ids == straight.ids
+    epoch_one = [i for step in range(1, 7) for i in straight.ids[step]]
+    assert len(set(epoch_one)) == 12  # a permutation: every instance once per epoch
+    assert [i for step in (7, 8) for i in straight.ids[step]] != epoch_one[:4]  # a new order each epoch
+
+
 def test_a_changed_setting_starts_afresh(tmp_path, tiny_model_dirs, small_prepared):
     _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2))
     summary = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2, lr=5e-4))

@@ -1,9 +1,11 @@
 """LightningDataModule: prepared instances -> (source, target) text pairs -> token batches."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from storyrewrite.data.formatting import model_source, model_target
 from storyrewrite.data.prepare import load_instances
@@ -27,6 +29,26 @@ class Collate:
         return batch
 
 
+class ResumableRandomSampler(Sampler[int]):
+    """A seeded permutation of the training set per epoch that can start part-way through.
+
+    `position()` gives (epoch, instances already consumed in that epoch); it is read when an
+    epoch's iteration starts, so a run resumed mid-epoch sees exactly the batches the
+    interrupted run had not reached (Lightning would otherwise replay the epoch's start).
+    """
+
+    def __init__(self, size: int, seed: int, position: Callable[[], tuple[int, int]]):
+        self.size, self.seed, self.position = size, seed, position
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        epoch, consumed = self.position()
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        return iter(order[consumed:])
+
+
 class RewriteDataModule(L.LightningDataModule):
     def __init__(self, prepared_dir: str, task: str, encoder: Encoder, batch_size: int, seed: int, num_workers: int = 0):
         super().__init__()
@@ -38,11 +60,18 @@ class RewriteDataModule(L.LightningDataModule):
         self.train_rows = load_instances(self.prepared_dir, self.task, "train")
         self.val_rows = load_instances(self.prepared_dir, self.task, "val")
 
+    def _position(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 0
+        # Batches completed in the current epoch: 0 at an epoch's start, restored on resume.
+        completed = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        return trainer.current_epoch, completed * self.batch_size * trainer.world_size
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.train_rows, batch_size=self.batch_size, shuffle=True, collate_fn=self.collate,
-            generator=torch.Generator().manual_seed(self.seed), num_workers=self.num_workers,
-        )
+        sampler = ResumableRandomSampler(len(self.train_rows), self.seed, self._position)
+        return DataLoader(self.train_rows, batch_size=self.batch_size, sampler=sampler,
+                          collate_fn=self.collate, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_rows, batch_size=self.batch_size, shuffle=False,

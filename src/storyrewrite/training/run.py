@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -20,6 +21,12 @@ from storyrewrite.objectives import get_objective
 from storyrewrite.training.config import BUDGET_KEYS, TrainConfig
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
+
+# Both are expected here: the checkpoint directory holds the run's fingerprint and curves before
+# Lightning writes to it, and mid-epoch resume is exact (ResumableRandomSampler) although the
+# DataLoader itself has no state_dict.
+warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 CURVES = {"train_loss.csv": ("step", "epoch", "train_loss"), "val_loss.csv": ("step", "epoch", "val_loss", "val_nll")}
 
