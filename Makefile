@@ -23,14 +23,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 
+# The stages' commands say `python`: the virtual environment's, first on PATH.
 repro: setup
-	$(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
-	$(BIN)/python bench/nll_throughput.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/nll_throughput.py
 
 clean-checkpoints:
 	rm -rf models/.checkpoints
