@@ -24,7 +24,10 @@ TINY = {
     "train": {"max_steps": 1, "val_check_interval": 1, "checkpoint_every_n_steps": 1, "accelerator": "cpu",
               "precision": "32-true", "max_epochs": 1},
     "generate": {"max_new_tokens": 4, "batch_size": 4, "num_beams": 1},
+    "significance": {"n_resamples": 1000},
 }
+ALL_STAGES = {"download", "prepare", "models", "train_nll", "train", "generate@nll", "generate@finetuned", "sanity",
+              "score@nll", "score@finetuned", "score_sanity", "significance", "report"}
 
 
 def _copy_repo(dest: Path) -> None:
@@ -61,23 +64,44 @@ def test_default_profile_end_to_end(tmp_path):
     _copy_repo(tmp_path)
     _write_params(tmp_path, TINY, {"models": {"generator": "tiny:llama", "scorer": "tiny:llama"}})
     output = _dvc(tmp_path, "repro")
-    assert _ran(output) == {"download", "prepare", "models", "train_nll", "train", "generate@nll", "generate@finetuned"}
+    assert _ran(output) == ALL_STAGES
     for system in ("nll", "finetuned"):
         predictions = read_jsonl(tmp_path / "predictions" / f"{system}.jsonl")
         assert len(predictions) == 3
     counts = yaml.safe_load((tmp_path / "reports" / "data_counts.json").read_text())
     assert counts["timetravel"]["test"]["instances_full"] == 5613
+    results = (tmp_path / "reports" / "results.md").read_text()
+    for label in ("| NLL |", "| NLL, continued (+1 steps) |", "| Copy of the reference (upper bound) |", "| Copy of the original ending |"):
+        assert label in results
+    assert (tmp_path / "reports" / "results.tex").read_text().startswith("\\begin{table}")
 
     started = time.perf_counter()
     output = _dvc(tmp_path, "repro")
     assert _ran(output) == set() and "up to date" in output
     assert time.perf_counter() - started < 10
 
-    # One parameter changed: only the stages that read it run again.
+    # One parameter changed: only the stages that read it, and what their changed outputs feed, run again.
     _write_params(tmp_path, {"generate": {"max_new_tokens": 3}})
-    assert _ran(_dvc(tmp_path, "repro")) == {"generate@nll", "generate@finetuned"}
+    ran = _ran(_dvc(tmp_path, "repro"))
+    assert {"generate@nll", "generate@finetuned"} <= ran <= {"generate@nll", "generate@finetuned", "score@nll",
+                                                               "score@finetuned", "significance", "report"}
     _write_params(tmp_path, {"train": {"lr": 2.0e-5}})
-    assert _ran(_dvc(tmp_path, "repro")) == {"train", "generate@finetuned"}
+    ran = _ran(_dvc(tmp_path, "repro"))
+    assert {"train", "generate@finetuned"} <= ran <= {"train", "generate@finetuned", "score@finetuned", "significance", "report"}
+    _write_params(tmp_path, {"significance": {"n_resamples": 500}})
+    ran = _ran(_dvc(tmp_path, "repro"))
+    assert "significance" in ran and ran <= {"significance", "report"}
+
+    # An experiment, its metrics against the baseline commit, and the collected table.
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"], cwd=tmp_path, check=True)
+    _dvc(tmp_path, "exp", "run", "-n", "shorter", "-S", "generate.max_new_tokens=2")
+    diff = _dvc(tmp_path, "metrics", "diff", "--all")
+    assert "reports/metrics/finetuned.json" in diff and "bartscore.predictive" in diff
+    subprocess.run([sys.executable, "-m", "storyrewrite.report.collect", "--out", "reports/experiments.md"], cwd=tmp_path,
+                   check=True, capture_output=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    collected = (tmp_path / "reports" / "experiments.md").read_text()
+    assert "| shorter | nll | 2 |" in collected
 
 
 @pytest.mark.slow

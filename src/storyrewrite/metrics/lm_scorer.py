@@ -1,0 +1,120 @@
+"""BARTScore-style scoring with a frozen seq2seq or causal LM.
+
+M(a, b) = (1/|b|) Σ_t log p(b_t | a, b_<t): the mean over the tokens of b, its end token
+included (as BARTScore counts it), of their log-probability given a. For a seq2seq scorer `a`
+is the encoder input; for a causal scorer `a` is a prefix and only b's tokens are scored.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from storyrewrite.data.formatting import model_target
+from storyrewrite.models.encoding import Encoder, causal_tail_logits, pad_rows, target_logits
+from storyrewrite.models.loading import load_model, load_tokenizer
+from storyrewrite.objectives.nll import token_log_probs
+
+
+def mean_target_log_prob(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """Per row: Σ_t m_t log p(y_t) / Σ_t m_t. logits B×T×V, target_ids/mask B×T -> B."""
+    mask = target_mask.to(torch.float32)
+    return (token_log_probs(logits, target_ids) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+class LMScorer:
+    """A frozen LM that scores targets given sources, as text (`score`) or as soft token
+    distributions (`score_soft`, differentiable, for DTO)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 max_input_tokens: int = 1024, max_output_tokens: int = 250):
+        self.model = model.eval()
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+        self.seq2seq = bool(model.config.is_encoder_decoder)
+        self.encoder = Encoder(tokenizer, self.seq2seq, max_input_tokens, max_output_tokens)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, max_input_tokens: int = 1024, max_output_tokens: int = 250,
+                 dtype: torch.dtype = torch.float32) -> "LMScorer":
+        return cls(load_model(model_dir, dtype=dtype), load_tokenizer(model_dir), max_input_tokens, max_output_tokens)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _targets(self, targets: list[str]) -> list[str]:
+        return [model_target(t, self.seq2seq) for t in targets]
+
+    @torch.no_grad()
+    def score(self, sources: list[str], targets: list[str], batch_size: int = 16) -> list[float]:
+        """M(source_i, target_i) for each pair, in input order. Batches hold pairs of similar
+        length (sorted, longest first) so that little compute goes to padding."""
+        if len(sources) != len(targets):
+            raise ValueError(f"score: {len(sources)} sources but {len(targets)} targets")
+        targets = self._targets(targets)
+        lengths = [len(s) + len(t) for s, t in zip(self.encoder.source_ids(sources), self.encoder.target_ids(targets))]
+        order = sorted(range(len(sources)), key=lambda i: -lengths[i])
+        scores = [0.0] * len(sources)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            batch = self.encoder.batch([sources[i] for i in chunk], [targets[i] for i in chunk])
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            values = mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
+            for i, value in zip(chunk, values.tolist()):
+                scores[i] = value
+        return scores
+
+    def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:
+        """probs B×S×V @ E V×d -> B×S×d, scaled as the model scales its own token embeddings."""
+        embedding = self.model.get_input_embeddings()
+        weight = embedding.weight
+        return (source_probs.to(weight.dtype) @ weight) * getattr(embedding, "embed_scale", 1.0)
+
+    def score_soft(self, source_probs: torch.Tensor, source_mask: torch.Tensor, targets: list[str]) -> torch.Tensor:
+        """M(a_i, targets_i) with each source a_i given as a distribution over the vocabulary at
+        each of its positions (source_probs B×S×V, source_mask B×S, right-padded). Differentiable
+        with respect to source_probs; the scorer's weights stay frozen. Returns B."""
+        return self.score_soft_many(source_probs, source_mask, [targets])[0]
+
+    def score_soft_many(self, source_probs: torch.Tensor, source_mask: torch.Tensor,
+                        target_sets: list[list[str]]) -> list[torch.Tensor]:
+        """`score_soft` against several target lists that share the same soft sources. For a
+        seq2seq scorer the encoder runs once for all of them."""
+        embeds = self.soft_embeddings(source_probs)  # B×S×d
+        source_mask = source_mask.to(self.device)
+        if self.seq2seq:
+            encoded = self.model.get_encoder()(inputs_embeds=embeds, attention_mask=source_mask)
+            results = []
+            for targets in target_sets:
+                target_ids, target_mask = self._padded_targets(targets)
+                logits = self.model(
+                    encoder_outputs=encoded, attention_mask=source_mask,
+                    decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels=target_ids),
+                ).logits
+                results.append(mean_target_log_prob(logits, target_ids, target_mask))
+            return results
+        return [self._score_soft_causal(embeds, source_mask, targets) for targets in target_sets]
+
+    def _padded_targets(self, targets: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = pad_rows(self.encoder.target_ids(self._targets(targets)), self.encoder.tokenizer.pad_token_id, left=False)
+        return ids.to(self.device), mask.to(self.device)
+
+    def _score_soft_causal(self, embeds: torch.Tensor, source_mask: torch.Tensor, targets: list[str]) -> torch.Tensor:
+        target_ids, target_mask = self._padded_targets(targets)
+        batch, width = source_mask.shape
+        # Move each row's padding to the left ([pad | source | target | pad]), the layout of
+        # storyrewrite.models.encoding, so that every target starts at column `width`.
+        lengths = source_mask.sum(dim=1)
+        columns = torch.arange(width, device=self.device)
+        gather = (columns.unsqueeze(0) - (width - lengths).unsqueeze(1)) % width  # B×S
+        left_embeds = torch.gather(embeds, 1, gather.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
+        left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
+        target_embeds = self.model.get_input_embeddings()(target_ids)
+        inputs = torch.cat([left_embeds, target_embeds], dim=1)[:, :-1]
+        attention_mask = torch.cat([left_mask, target_mask], dim=1)[:, :-1]
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits = causal_tail_logits(self.model, target_ids.shape[1], inputs_embeds=inputs,
+                                    attention_mask=attention_mask, position_ids=position_ids)
+        return mean_target_log_prob(logits, target_ids, target_mask)

@@ -1,0 +1,1 @@
+"""Results report: the paper-style table (Markdown and LaTeX), significance marks, examples."""

@@ -1,0 +1,41 @@
+"""score: per-instance scores and corpus metrics (BARTScore, ROUGE-L, SacreBLEU; predictive and
+counterfactual) for each predictions file given (a directory means every .jsonl in it)."""
+import argparse
+from pathlib import Path
+
+import torch
+
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import write_json_atomic, write_jsonl_atomic
+from storyrewrite.metrics.config import ScoreConfig
+from storyrewrite.metrics.evaluate import read_predictions, score_system
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.models.loading import ModelsConfig, resolve_model_dir
+from storyrewrite.params import build, experiment, load_params
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--predictions", type=Path, required=True, help="a .jsonl file or a directory of them")
+    parser.add_argument("--data", type=Path, required=True, help="prepared data dir")
+    parser.add_argument("--scorer", type=Path, required=True, help="the models stage's dir (or a model dir)")
+    parser.add_argument("--scores-dir", type=Path, required=True, help="per-instance scores, <system>.jsonl")
+    parser.add_argument("--metrics-dir", type=Path, required=True, help="corpus metrics, <system>.json")
+    args = parser.parse_args()
+    params = load_params()
+    run = experiment(params)
+    config = build(ScoreConfig, params["score"], "score")
+    models = build(ModelsConfig, params["models"], "models")
+    instances = load_instances(args.data, run.task, params["generate"]["split"])
+    scorer = LMScorer.from_dir(resolve_model_dir(args.scorer, "scorer"), models.max_input_tokens,
+                               models.max_output_tokens, dtype=getattr(torch, config.dtype))
+    files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
+    for path in files:
+        rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size)
+        write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
+        write_json_atomic(args.metrics_dir / f"{path.stem}.json", metrics)
+        print(path.stem, {k: v for k, v in metrics.items() if k in ("bartscore", "rougeL", "sacrebleu")})
+
+
+if __name__ == "__main__":
+    main()

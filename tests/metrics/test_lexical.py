@@ -1,0 +1,25 @@
+import pytest
+import sacrebleu
+from rouge_score import rouge_scorer
+
+from storyrewrite.metrics import lexical
+
+PREDICTIONS = ["The cats were running home quickly.", "He ate the cake.", ""]
+REFERENCES = ["The cat ran home quickly.", "She baked a cake.", "Something."]
+
+
+def test_rouge_l_is_rouge_score_with_stemming():
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    expected = [100 * scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(PREDICTIONS, REFERENCES)]
+    assert lexical.rouge_l(PREDICTIONS, REFERENCES) == pytest.approx(expected)
+    assert lexical.corpus_rouge_l(PREDICTIONS, REFERENCES) == pytest.approx(sum(expected) / 3)
+    # By hand: stems the/cat/run/home/quick (6 tokens) vs the/cat/ran/home/quick (5); "run" != "ran", so
+    # the LCS is 4 tokens: P = 4/6, R = 4/5.
+    assert lexical.rouge_l(PREDICTIONS[:1], REFERENCES[:1])[0] == pytest.approx(100 * 2 * (4 / 6) * (4 / 5) / (4 / 6 + 4 / 5))
+
+
+def test_bleu_matches_sacrebleu():
+    assert lexical.corpus_bleu(PREDICTIONS, REFERENCES) == pytest.approx(sacrebleu.corpus_bleu(PREDICTIONS, [REFERENCES]).score)
+    assert lexical.sentence_bleu(PREDICTIONS, REFERENCES) == pytest.approx(
+        [sacrebleu.sentence_bleu(p, [r]).score for p, r in zip(PREDICTIONS, REFERENCES)])
+    assert lexical.sentence_bleu(["same words here ok"], ["same words here ok"])[0] == pytest.approx(100)

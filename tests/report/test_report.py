@@ -1,0 +1,32 @@
+from storyrewrite.report.examples import word_diff
+from storyrewrite.report.tables import Row, latex_table, markdown_table
+
+
+def test_word_diff_marks_removed_and_added_words():
+    assert word_diff("She loved the gloves.", "She hated the gloves.") == "She ~~loved~~ **hated** the gloves."
+    assert word_diff("A b c.", "A b c.") == "(no change)"
+    assert word_diff("A b", "A b c") == "A b **c**"
+
+
+def _rows():
+    nll = Row("nll", "NLL", {"bartscore": {"predictive": -1.710, "counterfactual": -2.885}, "rougeL": {"predictive": 60.9, "counterfactual": 40.0},
+                             "sacrebleu": {"predictive": 34.5, "counterfactual": 20.0}}, {})
+    dto = Row("finetuned", "DTO-Score", {"bartscore": {"predictive": -1.683, "counterfactual": -2.990}, "rougeL": {"predictive": 61.5, "counterfactual": 39.0},
+                                         "sacrebleu": {"predictive": 35.5, "counterfactual": 19.0}},
+              {"bartscore/predictive": 0.01, "rougeL/predictive": 0.2})
+    copy = Row("copy_reference", "Copy", {"bartscore": {"predictive": -0.5}, "rougeL": {"predictive": 100.0}, "sacrebleu": {"predictive": 100.0}}, {}, sanity=True)
+    return [nll, dto, copy]
+
+
+def test_markdown_table_bold_best_and_significance_marks():
+    lines = markdown_table(_rows(), alpha=0.05).splitlines()
+    assert lines[2] == "| NLL | -1.710 | 60.9 | 34.5 | **-2.885** | **40.0** | **20.0** |"
+    assert lines[3] == "| DTO-Score | **-1.683**\\* | **61.5** | **35.5** | -2.990 | 39.0 | 19.0 |"
+    # The copy baseline is never bold; its missing counterfactual values say n/a, not 0.
+    assert lines[4] == "| Copy | -0.500 | 100.0 | 100.0 | n/a | n/a | n/a |"
+
+
+def test_latex_table():
+    latex = latex_table(_rows(), alpha=0.05, caption="c")
+    assert "DTO-Score & \\textbf{-1.683}$^{*}$ & \\textbf{61.5} & \\textbf{35.5} & -2.990 & 39.0 & 19.0 \\\\" in latex
+    assert latex.startswith("\\begin{table}") and latex.rstrip().endswith("\\end{table}")
