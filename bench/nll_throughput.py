@@ -61,13 +61,13 @@ def main() -> None:
     collate = Collate(encoder, run.task)
 
     torch.manual_seed(run.seed)
-    module = RewriteModule(load_model(model_dir), get_objective("nll"), train.lr, train.weight_decay, 0)
+    module = RewriteModule(load_model(model_dir), get_objective("nll").build(None), train.lr, train.weight_decay, 0)
     optimizer = module.configure_optimizers()["optimizer"]
     batches = [collate(splits["train"][i : i + train.batch_size]) for i in range(0, (args.steps + 1) * train.batch_size, train.batch_size)]
     timings = []
     for batch in batches:
         started = time.perf_counter()
-        loss = module.objective.loss(module.generator, batch)
+        loss = module.loss(module.generator, batch, 0)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

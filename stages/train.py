@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 from storyrewrite.models.loading import ModelsConfig, resolve_model_dir
+from storyrewrite.objectives.cpo import CPOConfig
+from storyrewrite.objectives.dto import DTOConfig
 from storyrewrite.params import build, experiment, load_params
 from storyrewrite.training.config import TrainConfig
 from storyrewrite.training.run import fit
@@ -21,6 +23,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="best-on-val model, save_pretrained format")
     parser.add_argument("--checkpoints", type=Path, required=True, help="Lightning checkpoints, kept for resuming")
     parser.add_argument("--logs", type=Path, required=True, help="training curves and summary")
+    parser.add_argument("--scorer", type=Path, help="the models stage's dir (or a model dir): DTO's frozen scorer")
     args = parser.parse_args()
     params = load_params()
     run = experiment(params)
@@ -29,6 +32,8 @@ def main() -> None:
         init_dir=resolve_model_dir(args.init), out_dir=args.out, checkpoint_dir=args.checkpoints,
         log_dir=args.logs, models=build(ModelsConfig, params["models"], "models"), prepared_dir=args.data,
         task=run.task, objective_name="nll" if args.section == "train_nll" else run.objective, seed=run.seed,
+        dto=build(DTOConfig, params["dto"], "dto"), cpo=build(CPOConfig, params["cpo"], "cpo"),
+        scorer_dir=resolve_model_dir(args.scorer, "scorer") if args.scorer else None,
     )
     print(json.dumps(summary, indent=2))
 

@@ -8,9 +8,19 @@ import pytest
 
 from storyrewrite.data.prepare import DataConfig, prepare
 from storyrewrite.models.loading import ModelsConfig, materialise, resolve_model_dir
+from storyrewrite.params import build, load_params
+from storyrewrite.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "data" / "bundled"
+
+
+def tiny_train_config(**changes) -> TrainConfig:
+    """The default `train_nll` section made tiny: 2 steps, CPU, checkpoints every step."""
+    section = load_params(ROOT / "params.yaml")["train_nll"]
+    section = {**section, "batch_size": 2, "max_steps": 2, "val_check_interval": 2,
+               "checkpoint_every_n_steps": 1, "lr": 1e-3, "accelerator": "cpu", "devices": 1, **changes}
+    return build(TrainConfig, section, "train_nll")
 
 
 def tiny_models_config(kind: str) -> ModelsConfig:

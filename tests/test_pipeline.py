@@ -95,13 +95,15 @@ def test_default_profile_end_to_end(tmp_path):
     # An experiment, its metrics against the baseline commit, and the collected table.
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"], cwd=tmp_path, check=True)
-    _dvc(tmp_path, "exp", "run", "-n", "shorter", "-S", "generate.max_new_tokens=2")
+    output = _dvc(tmp_path, "exp", "run", "-n", "dto-delta", "-S", "objective=delta")
+    assert {"train", "generate@finetuned"} <= _ran(output) and "train_nll" not in _ran(output)
     diff = _dvc(tmp_path, "metrics", "diff", "--all")
     assert "reports/metrics/finetuned.json" in diff and "bartscore.predictive" in diff
+    assert '"objective": "delta"' in (tmp_path / "reports" / "train" / "finetuned" / "summary.json").read_text()
     subprocess.run([sys.executable, "-m", "storyrewrite.report.collect", "--out", "reports/experiments.md"], cwd=tmp_path,
                    check=True, capture_output=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
     collected = (tmp_path / "reports" / "experiments.md").read_text()
-    assert "| shorter | nll | 2 |" in collected
+    assert "| dto-delta | delta |" in collected
 
 
 @pytest.mark.slow

@@ -71,7 +71,8 @@ def build(cls: type[T], values: Any, where: str) -> T:
     if not isinstance(values, dict):
         raise InputError(f"params: `{where}` must be a mapping, got {type(values).__name__}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # A field may be spelled differently in params (`lambda` is a Python keyword: field `lambda_`).
+    fields = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise InputError(
@@ -85,17 +86,18 @@ def build(cls: type[T], values: Any, where: str) -> T:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise InputError(f"params: missing key `{key}`")
             continue
-        value = _coerce_float(values[name], hints[name])
-        if dataclasses.is_dataclass(hints[name]):
-            value = build(hints[name], value, key)
-        elif not _type_ok(value, hints[name]):
+        hint = hints[field.name]
+        value = _coerce_float(values[name], hint)
+        if dataclasses.is_dataclass(hint):
+            value = build(hint, value, key)
+        elif not _type_ok(value, hint):
             raise InputError(
-                f"params: `{key}` = {value!r} has the wrong type; expected {_type_name(hints[name])}"
+                f"params: `{key}` = {value!r} has the wrong type; expected {_type_name(hint)}"
             )
         allowed = field.metadata.get("choices")
         if allowed is not None and value not in allowed:
             raise InputError(f"params: `{key}` = {value!r} is not valid; valid values: {', '.join(allowed)}")
-        kwargs[name] = value
+        kwargs[field.name] = value
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:

@@ -19,30 +19,24 @@ from storyrewrite.training.data import Collate
 from storyrewrite.training.module import RewriteModule
 from storyrewrite.training.run import fit
 
-from conftest import ROOT, read_jsonl, tiny_models_config
-
-
-def tiny_train_config(**changes) -> TrainConfig:
-    section = load_params(ROOT / "params.yaml")["train_nll"]
-    section = {**section, "batch_size": 2, "max_steps": 2, "val_check_interval": 2,
-               "checkpoint_every_n_steps": 1, "lr": 1e-3, "accelerator": "cpu", "devices": 1, **changes}
-    return build(TrainConfig, section, "train_nll")
+from conftest import ROOT, read_jsonl, tiny_models_config, tiny_train_config
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_training_step_lowers_the_loss(tiny_model_dirs, small_prepared, kind):
     directory = tiny_model_dirs[kind]
     torch.manual_seed(0)
-    module = RewriteModule(load_model(directory), get_objective("nll"), lr=1e-2, weight_decay=0.0, warmup_steps=0)
+    loss = get_objective("nll").build(None)
+    module = RewriteModule(load_model(directory), loss, lr=1e-2, weight_decay=0.0, warmup_steps=0)
     collate = Collate(Encoder(load_tokenizer(directory), kind == "bart", 96, 40), "timetravel")
     batch = collate(read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:2])
     optimizer = module.configure_optimizers()["optimizer"]
     module.generator.eval()  # no dropout: the comparison is of the same function before and after
-    before = module.objective.loss(module.generator, batch)
+    before = module.loss(module.generator, batch, 0)
     before.backward()
     optimizer.step()
     with torch.no_grad():
-        after = module.objective.loss(module.generator, batch)
+        after = module.loss(module.generator, batch, 0)
     assert after.item() < before.item() - 1e-3
 
 
@@ -124,7 +118,7 @@ def test_a_changed_setting_starts_afresh(tmp_path, tiny_model_dirs, small_prepar
 
 
 def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_prepared):
-    with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll"):
+    with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll, cpo, score, delta, score_delta"):
         fit(tiny_train_config(), init_dir=tiny_model_dirs["llama"], out_dir=tmp_path / "o", checkpoint_dir=tmp_path / "c",
             log_dir=tmp_path / "l", models=tiny_models_config("llama"), prepared_dir=small_prepared,
             task="timetravel", objective_name="dpo", seed=0)
@@ -148,3 +142,23 @@ def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
     summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
     assert (tmp_path / "nll" / "model.safetensors").exists()
+
+
+def test_dto_trains_and_its_checkpoints_hold_the_generator_only(tmp_path, tiny_model_dirs, small_prepared):
+    from storyrewrite.objectives.dto import DTOConfig
+
+    config = tiny_train_config(max_steps=2)
+    fit(config, init_dir=tiny_model_dirs["llama"], out_dir=tmp_path / "nll", checkpoint_dir=tmp_path / "c_nll",
+        log_dir=tmp_path / "l_nll", models=tiny_models_config("llama"), prepared_dir=small_prepared,
+        task="timetravel", objective_name="nll", seed=0)
+    summary = fit(config, init_dir=tmp_path / "nll", out_dir=tmp_path / "dto", checkpoint_dir=tmp_path / "c_dto",
+                  log_dir=tmp_path / "l_dto", models=tiny_models_config("llama"), prepared_dir=small_prepared,
+                  task="timetravel", objective_name="score_delta", seed=0, dto=DTOConfig(tau=1.0, hard=False),
+                  scorer_dir=tiny_model_dirs["llama"])
+    assert summary["objective"] == "score_delta" and summary["global_step"] == 2
+    assert summary["best_val_nll"] is not None
+    for name in ("best.ckpt", "last.ckpt"):
+        nll_size, dto_size = (tmp_path / "c_nll" / name).stat().st_size, (tmp_path / "c_dto" / name).stat().st_size
+        assert dto_size <= nll_size * 1.01, name
+    state = torch.load(tmp_path / "c_dto" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert all(key.startswith("generator.") for key in state["state_dict"])

@@ -53,13 +53,18 @@ class LMScorer:
         length (sorted, longest first) so that little compute goes to padding."""
         if len(sources) != len(targets):
             raise ValueError(f"score: {len(sources)} sources but {len(targets)} targets")
-        targets = self._targets(targets)
-        lengths = [len(s) + len(t) for s, t in zip(self.encoder.source_ids(sources), self.encoder.target_ids(targets))]
-        order = sorted(range(len(sources)), key=lambda i: -lengths[i])
-        scores = [0.0] * len(sources)
+        return self.score_ids(self.encoder.source_ids(sources), targets, batch_size)
+
+    @torch.no_grad()
+    def score_ids(self, source_ids: list[list[int]], targets: list[str], batch_size: int = 16) -> list[float]:
+        """`score` with the sources given as token ids (no tokenisation of the source)."""
+        target_ids = self.encoder.target_ids(self._targets(targets))
+        lengths = [len(s) + len(t) for s, t in zip(source_ids, target_ids)]
+        order = sorted(range(len(source_ids)), key=lambda i: -lengths[i])
+        scores = [0.0] * len(source_ids)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            batch = self.encoder.batch([sources[i] for i in chunk], [targets[i] for i in chunk])
+            batch = self.encoder.batch_ids([source_ids[i] for i in chunk], [target_ids[i] for i in chunk])
             batch = {k: v.to(self.device) for k, v in batch.items()}
             values = mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
             for i, value in zip(chunk, values.tolist()):

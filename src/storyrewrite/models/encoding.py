@@ -39,7 +39,9 @@ class Encoder:
         return [row[: self.max_output_tokens - 1] + [eos] if len(row) > self.max_output_tokens else row for row in rows]
 
     def batch(self, sources: list[str], targets: list[str]) -> dict:
-        source_ids, target_ids = self.source_ids(sources), self.target_ids(targets)
+        return self.batch_ids(self.source_ids(sources), self.target_ids(targets))
+
+    def batch_ids(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> dict:
         pad = self.tokenizer.pad_token_id
         target, target_mask = pad_rows(target_ids, pad, left=False)
         if self.seq2seq:

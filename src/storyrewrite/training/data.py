@@ -16,8 +16,8 @@ class Collate:
     """Turns a list of instances into the batch layout of `storyrewrite.models.encoding`, with
     the instance ids and the texts objectives may need (e.g. the original ending)."""
 
-    def __init__(self, encoder: Encoder, task: str):
-        self.encoder, self.task = encoder, task
+    def __init__(self, encoder: Encoder, task: str, pairs: bool = False):
+        self.encoder, self.task, self.pairs = encoder, task, pairs
 
     def __call__(self, instances: list[dict]) -> dict:
         tokenizer, seq2seq = self.encoder.tokenizer, self.encoder.seq2seq
@@ -25,7 +25,13 @@ class Collate:
         targets = [model_target(row["target"], seq2seq) for row in instances]
         batch = self.encoder.batch(sources, targets)
         batch["ids"] = [row["id"] for row in instances]
-        batch["sources"] = sources
+        batch["targets"] = [row["target"] for row in instances]
+        if all("original_ending" in row for row in instances):
+            batch["original_endings"] = [row["original_ending"] for row in instances]
+        if self.pairs:
+            # Chosen (edited) and rejected (original) endings in one padded batch: one forward.
+            rejected = [model_target(text, seq2seq) for text in batch["original_endings"]]
+            batch["pair"] = self.encoder.batch(sources + sources, targets + rejected)
         return batch
 
 
@@ -50,11 +56,12 @@ class ResumableRandomSampler(Sampler[int]):
 
 
 class RewriteDataModule(L.LightningDataModule):
-    def __init__(self, prepared_dir: str, task: str, encoder: Encoder, batch_size: int, seed: int, num_workers: int = 0):
+    def __init__(self, prepared_dir: str, task: str, encoder: Encoder, batch_size: int, seed: int,
+                 num_workers: int = 0, pairs: bool = False):
         super().__init__()
         self.prepared_dir, self.task, self.encoder = prepared_dir, task, encoder
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.collate = Collate(encoder, task)
+        self.collate = Collate(encoder, task, pairs)
 
     def setup(self, stage: str | None = None) -> None:
         self.train_rows = load_instances(self.prepared_dir, self.task, "train")

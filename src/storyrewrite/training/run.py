@@ -14,10 +14,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from storyrewrite.io import atomic_path, sha256_file, write_json_atomic
+from storyrewrite.data.schema import TASK_COLUMNS
+from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
+from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, save_model
-from storyrewrite.objectives import get_objective
+from storyrewrite.objectives import OBJECTIVES, ObjectiveContext, get_objective
+from storyrewrite.objectives.cpo import CPOConfig
+from storyrewrite.objectives.dto import DTOConfig
 from storyrewrite.training.config import BUDGET_KEYS, TrainConfig
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
@@ -115,6 +119,9 @@ def fit(
     task: str,
     objective_name: str,
     seed: int,
+    dto: DTOConfig | None = None,
+    cpo: CPOConfig | None = None,
+    scorer_dir: str | Path | None = None,
     callbacks: tuple[Callback, ...] = (),
 ) -> dict:
     """Train the generator in `init_dir` with `objective_name`; export the best-on-val weights
@@ -122,12 +129,20 @@ def fit(
     curves (it survives between runs, for resuming); `log_dir` receives the curves for `dvc
     plots` and `summary.json`. Returns the summary."""
     objective = get_objective(objective_name)
+    if objective.needs_original_ending and "original_ending" not in TASK_COLUMNS[task]:
+        usable = [name for name, o in OBJECTIVES.items() if not o.needs_original_ending]
+        raise InputError(f"params: `objective` = {objective_name!r} needs the original ending, which task {task!r} "
+                         f"does not have; objectives for this task: {', '.join(usable)}")
+    if objective.needs_scorer and scorer_dir is None:
+        raise InputError(f"objective {objective_name!r} needs a scorer model directory")
     init_dir, checkpoint_dir, log_dir = Path(init_dir), Path(checkpoint_dir), Path(log_dir)
     L.seed_everything(seed, workers=True, verbose=False)
 
     train_file = Path(prepared_dir) / task / "train.jsonl"
     fingerprint = run_fingerprint(config, {
         "objective": objective_name, "task": task, "seed": seed,
+        "objective_settings": [dataclasses.asdict(c) if c else None for c in (dto, cpo)],
+        "scorer": _weights_digest(Path(scorer_dir)) if objective.needs_scorer else None,
         "max_tokens": [models.max_input_tokens, models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
         "init_weights": _weights_digest(init_dir),
@@ -144,8 +159,14 @@ def fit(
     tokenizer = load_tokenizer(init_dir)
     generator = load_model(init_dir)
     encoder = Encoder(tokenizer, is_seq2seq(init_dir), models.max_input_tokens, models.max_output_tokens)
-    datamodule = RewriteDataModule(str(prepared_dir), task, encoder, config.batch_size, seed, config.num_workers)
-    module = RewriteModule(generator, objective, config.lr, config.weight_decay, config.warmup_steps)
+    datamodule = RewriteDataModule(str(prepared_dir), task, encoder, config.batch_size, seed, config.num_workers,
+                                   pairs=objective.pairs)
+    scorer = None
+    if objective.needs_scorer:
+        scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens,
+                                   dtype=getattr(torch, dto.scorer_dtype))
+    loss = objective.build(ObjectiveContext(dto=dto, cpo=cpo, scorer=scorer))
+    module = RewriteModule(generator, loss, config.lr, config.weight_decay, config.warmup_steps, seed, scorer)
 
     curves = CurveLogger(checkpoint_dir)
     resumed_step = None
@@ -167,11 +188,22 @@ def fit(
         "objective": objective_name, "task": task, "global_step": trainer.global_step, "world_size": trainer.world_size,
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
+        "best_val_nll": _val_nll_at_best(checkpoint_dir / "val_loss.csv"),
     }
     if trainer.is_global_zero:
         _export(module, tokenizer, best, Path(out_dir), checkpoint_dir, log_dir)
         write_json_atomic(log_dir / "summary.json", summary)
     return summary
+
+
+def _val_nll_at_best(curve: Path) -> float | None:
+    """Validation NLL at the best validation loss: comparable across objectives (model selection
+    for a grid such as CPO's)."""
+    if not curve.exists():
+        return None
+    with open(curve, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return round(float(min(rows, key=lambda r: float(r["val_loss"]))["val_nll"]), 6) if rows else None
 
 
 def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Path, checkpoint_dir: Path, log_dir: Path) -> None:
