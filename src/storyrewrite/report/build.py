@@ -24,9 +24,17 @@ class ReportConfig:
         positive(where, examples=self.examples)
 
 
-def system_label(system: str, train_logs: Path) -> str:
+MODE_LABELS = {"zero_shot": "zero-shot", "one_shot_random": "one-shot, random example",
+               "one_shot_fixed": "one-shot, fixed example", "rag": "RAG (nearest training example)"}
+
+
+def system_label(system: str, train_logs: Path, llm_usage: Path) -> str:
     if system in SANITY_LABELS:
         return SANITY_LABELS[system]
+    usage = llm_usage / f"{system.removeprefix('llm_')}.json"
+    if system.startswith("llm_") and usage.exists():
+        info = json.loads(usage.read_text())
+        return f"{info['model']} {MODE_LABELS.get(info['mode'], info['mode'])} ({info['backend']})"
     summary = train_logs / system / "summary.json"
     if summary.exists():
         info = json.loads(summary.read_text())
@@ -47,14 +55,14 @@ def _read_json_dir(directories: list[Path]) -> dict[str, dict]:
 
 
 def build_report(metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path], instances: list[dict],
-                 train_logs: Path, config: ReportConfig, seed: int, task: str, baseline: str, alpha: float) -> tuple[str, str]:
+                 train_logs: Path, llm_usage: Path, config: ReportConfig, seed: int, task: str, baseline: str, alpha: float) -> tuple[str, str]:
     """(results.md, results.tex)."""
     metrics = _read_json_dir(metrics_dirs)
     if baseline not in metrics:
         raise InputError(f"no metrics for the baseline `{baseline}` in {', '.join(map(str, metrics_dirs))}")
     significance = json.loads(significance_path.read_text())
     order = [baseline] + sorted(s for s in metrics if s != baseline and s not in SANITY_LABELS) + [s for s in SANITY_LABELS if s in metrics]
-    labels = {s: system_label(s, train_logs) for s in order}
+    labels = {s: system_label(s, train_logs, llm_usage) for s in order}
     rows = [Row(s, labels[s], metrics[s], significance.get(s, {}), sanity=s in SANITY_LABELS) for s in order]
 
     n = metrics[baseline]["instances"]

@@ -1,0 +1,109 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import InputError
+from storyrewrite.llm.backends import OpenAIBackend, RetryPolicy
+from storyrewrite.llm.cache import ResponseCache
+from storyrewrite.llm.run import LLMConfig, run_mode
+from storyrewrite.params import build, load_params
+
+from chat_server import ChatServer
+from conftest import ROOT
+
+KEY = "sk-test-NEVER-WRITE-ME-1234"
+
+
+def _config(url: str, **openai) -> LLMConfig:
+    section = load_params(ROOT / "params.yaml")["llm"]
+    section = {**section, "backend": "openai", "templates": {k: str(ROOT / v) for k, v in section["templates"].items()},
+               "openai": {**section["openai"], "base_url": url, "model": "test-model", "concurrency": 1, **openai}}
+    return build(LLMConfig, section, "llm")
+
+
+def _backend(config: LLMConfig, sleeps: list) -> OpenAIBackend:
+    o = config.openai
+    return OpenAIBackend(o.base_url, o.model, o.api_key_env, o.timeout, RetryPolicy(o.max_retries, o.initial_delay, o.max_delay),
+                         sleep=sleeps.append)
+
+
+@pytest.fixture
+def key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+
+def test_request_body_and_retries_on_429_and_500(key, small_prepared):
+    failures = [(429, {"Retry-After": "7"}), (500, {}), (503, {})]
+    with ChatServer(failures=failures) as server:
+        config, sleeps = _config(server.url), []
+        backend = _backend(config, sleeps)
+        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "line\nPremise: x\nEnd"}]
+        reply = backend.complete(messages, max_new_tokens=50, temperature=0.0)
+    assert len(server.requests) == 4 and backend.retries == 3
+    assert sleeps[0] == 7.0  # Retry-After honoured
+    assert 0 < sleeps[1] <= config.openai.initial_delay * 2 and 0 < sleeps[2] <= config.openai.initial_delay * 4
+    body = server.requests[-1]
+    assert body["model"] == "test-model" and body["messages"] == messages
+    assert body["temperature"] == 0.0 and body["max_tokens"] == 50
+    assert server.headers[-1]["authorization"] == f"Bearer {KEY}"
+    assert reply.text == "Rewritten: Premise: x" and reply.completion_tokens == 5
+
+
+def test_gives_up_after_max_retries(key):
+    with ChatServer(failures=[(500, {})] * 3) as server:
+        backend = _backend(_config(server.url, max_retries=2), [])
+        with pytest.raises(Exception, match="500"):
+            backend.complete([{"role": "user", "content": "a\nb"}], 5, 0.0)
+    assert len(server.requests) == 3
+
+
+def test_missing_key_fails_at_once_naming_the_variable(monkeypatch):
+    monkeypatch.delenv("MY_LLM_KEY", raising=False)
+    with pytest.raises(InputError, match="the API key variable MY_LLM_KEY is not set"):
+        OpenAIBackend("http://127.0.0.1:9/v1", "m", "MY_LLM_KEY", 1.0, RetryPolicy(0, 1, 1))
+
+
+def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(key, tmp_path, small_prepared):
+    instances = load_instances(small_prepared, "timetravel", "test")  # 6 instances, 2 stories
+    train = load_instances(small_prepared, "timetravel", "train")
+    cache = ResponseCache(tmp_path / "cache")
+    with ChatServer(fail_after=3) as server:  # the 4th request fails (not retryable): the run stops
+        config = _config(server.url)
+        with pytest.raises(Exception):
+            run_mode("one_shot_random", instances, train, "timetravel", config, _backend(config, []),
+                     "test-model", cache, seed=0)
+        assert server.successes == 3
+        server.fail_after = None
+        predictions, usage = run_mode("one_shot_random", instances, train, "timetravel", config, _backend(config, []),
+                                      "test-model", cache, seed=0)
+    assert usage.cache_hits == 3 and usage.requests == len(instances) - 3
+    assert server.successes == len(instances)  # every prompt answered exactly once over both runs
+    assert [p["id"] for p in predictions] == [r["id"] for r in instances]
+
+
+def test_the_stage_never_writes_the_key(tmp_path, small_prepared):
+    with ChatServer() as server:
+        params = load_params(ROOT / "params.yaml")
+        params["llm"] = {**params["llm"], "backend": "openai", "templates": {k: str(ROOT / v) for k, v in params["llm"]["templates"].items()},
+                         "openai": {**params["llm"]["openai"], "base_url": server.url}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "stages" / "llm.py"), "--mode", "zero_shot", "--data", str(small_prepared),
+             "--index", "unused", "--local-model", "unused", "--cache", "cache", "--out", "predictions/llm_zero_shot.jsonl",
+             "--usage", "reports/llm/zero_shot.json"],
+            cwd=tmp_path, env={**os.environ, "OPENAI_API_KEY": KEY}, capture_output=True, text=True, timeout=120,
+        )
+    assert result.returncode == 0, result.stderr[-2000:]
+    usage = json.loads((tmp_path / "reports" / "llm" / "zero_shot.json").read_text())
+    assert usage["requests"] == 2 and usage["cache_hits"] == 0  # 6 instances, 2 distinct stories = 2 prompts
+    assert usage["prompt_tokens"] == 20 and usage["completion_tokens"] == 10
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.parent.parent.name == "cache" for p in written)
+    for path in written:
+        assert KEY not in path.read_text(errors="replace"), path
+    assert KEY not in result.stdout + result.stderr

@@ -1,0 +1,81 @@
+import pytest
+
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import InputError
+from storyrewrite.llm.prompts import Template, messages
+from storyrewrite.llm.retrieval import Embedder, Index, build_index, extract_minilm, query_text
+from storyrewrite.llm.run import LLMConfig, choose_examples, clean_reply
+from storyrewrite.params import build, load_params
+
+from conftest import ROOT
+
+
+def _config(**changes) -> LLMConfig:
+    return build(LLMConfig, {**load_params(ROOT / "params.yaml")["llm"], **changes}, "llm")
+
+
+def test_template_messages_with_and_without_example(small_prepared):
+    template = Template.read(ROOT / "prompts" / "rewrite.txt")
+    query, example = load_instances(small_prepared, "timetravel", "test")[0], load_instances(small_prepared, "timetravel", "train")[0]
+    zero = messages(template, query, None)
+    assert [m["role"] for m in zero] == ["system", "user"]
+    assert "minimal" not in zero[0]["content"] and "as few words as you can" in zero[0]["content"]
+    assert zero[1]["content"].endswith(f"Counterfactual event: {query['counterfactual']}\nRewritten ending:")
+    assert query["target"] not in zero[1]["content"]  # the answer is never in the query
+    one = messages(template, query, example)[1]["content"]
+    assert one.startswith("Here is a solved example.") and f"Rewritten ending: {example['target']}" in one
+
+
+def test_template_errors_name_the_problem(tmp_path):
+    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{premise} {nope}\n")
+    with pytest.raises(InputError, match=r"missing section\(s\) \[example\]"):
+        Template.read(tmp_path / "t.txt")
+    (tmp_path / "t.txt").write_text("[system]\nx\n[example]\ny\n[query]\n{nope}\n")
+    with pytest.raises(InputError, match=r"unknown placeholder \{nope\}"):
+        messages(Template.read(tmp_path / "t.txt"), {"premise": "p"}, None)
+
+
+def test_example_choice_per_mode(small_prepared):
+    test = load_instances(small_prepared, "timetravel", "test")
+    train = load_instances(small_prepared, "timetravel", "train")
+    config = _config()
+    assert choose_examples("zero_shot", test, train, "timetravel", config, 0) == [None] * len(test)
+    fixed = choose_examples("one_shot_fixed", test, train, "timetravel", config, 0)
+    assert all(e is train[0] for e in fixed)
+    chosen = _config(fixed_example_id={"timetravel": train[4]["id"]})
+    assert choose_examples("one_shot_fixed", test, train, "timetravel", chosen, 0)[0] is train[4]
+    with pytest.raises(InputError, match=r"`llm.fixed_example_id.timetravel` = 'nope' is not a training instance id"):
+        choose_examples("one_shot_fixed", test, train, "timetravel", _config(fixed_example_id={"timetravel": "nope"}), 0)
+    random_a = choose_examples("one_shot_random", test, train, "timetravel", config, 0)
+    assert random_a == choose_examples("one_shot_random", test[::-1], train, "timetravel", config, 0)[::-1]  # per query
+    assert all(e in train for e in random_a)
+
+
+def test_clean_reply():
+    assert clean_reply("Rewritten ending: She hated them.\nIt was bad.\n\nNote: I changed it.") == "She hated them. It was bad."
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    return Embedder(extract_minilm(tmp_path_factory.mktemp("minilm") / "embedder"))
+
+
+def test_embeddings_are_unit_vectors_and_similar_texts_are_close(embedder):
+    vectors = embedder.embed(["A man walked his dog in the park.", "A person strolled with a dog in a park.", "Stock prices fell sharply."])
+    assert vectors.shape == (3, 384)
+    assert abs(float((vectors ** 2).sum(1).max()) - 1) < 1e-5
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+
+
+def test_rag_retrieves_the_duplicated_training_story_and_never_a_test_one(embedder, small_prepared, tmp_path):
+    train = load_instances(small_prepared, "timetravel", "train")
+    test = load_instances(small_prepared, "timetravel", "test")
+    build_index(train, embedder, tmp_path, "timetravel")
+    index = Index(tmp_path)
+    assert set(index.ids) <= {r["id"] for r in train} and len(index.ids) == len({r["story_id"] for r in train})
+    duplicate = dict(train[7], id="query:0", story_id="query")  # a query that repeats a training story
+    by_id = {r["id"]: r for r in train}
+    nearest = index.nearest(embedder.embed([query_text(duplicate, "timetravel")]))[0]
+    assert by_id[nearest]["story_id"] == train[7]["story_id"]
+    test_ids = {r["id"] for r in test}
+    assert not test_ids & set(index.nearest(embedder.embed([query_text(r, "timetravel") for r in test])))
