@@ -10,25 +10,19 @@ from __future__ import annotations
 import argparse
 import platform
 import resource
-import tempfile
 import time
-from pathlib import Path
 
 import torch
+from common import default_inputs
 
 from storyrewrite.data.formatting import model_source
-from storyrewrite.data.prepare import DataConfig, build_splits
-from storyrewrite.data.sources import DownloadConfig, download
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import ModelsConfig, materialise, resolve_model_dir, load_model, load_tokenizer, is_seq2seq
+from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, resolve_model_dir
 from storyrewrite.objectives import get_objective
-from storyrewrite.params import build, experiment, load_params
+from storyrewrite.params import build, experiment
 from storyrewrite.training.config import TrainConfig
 from storyrewrite.training.data import Collate
 from storyrewrite.training.module import RewriteModule
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
@@ -40,22 +34,12 @@ def main() -> None:
     parser.add_argument("--generate", type=int, default=16, help="test instances to generate for")
     args = parser.parse_args()
 
-    params = load_params(ROOT / "params.yaml")
+    params, pretrained, splits = default_inputs()
     run = experiment(params)
     models = build(ModelsConfig, params["models"], "models")
     train = build(TrainConfig, params["train_nll"], "train_nll")
     generate = params["generate"]
-    pretrained = ROOT / "models" / "pretrained"
-    if not (pretrained / "index.json").exists():
-        pretrained = Path(tempfile.mkdtemp()) / "pretrained"
-        materialise(models, pretrained, run.seed)
     model_dir = resolve_model_dir(pretrained)
-
-    raw = ROOT / "data" / "raw"
-    if not raw.exists():  # before `dvc repro download`: check and copy the bundled files
-        raw = Path(tempfile.mkdtemp()) / "raw"
-        download(build(DownloadConfig, params["download"], "download"), raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
-    splits = build_splits(raw, build(DataConfig, params["data"], "data"), run.seed)[run.task]
     tokenizer, seq2seq = load_tokenizer(model_dir), is_seq2seq(model_dir)
     encoder = Encoder(tokenizer, seq2seq, models.max_input_tokens, models.max_output_tokens)
     collate = Collate(encoder, run.task)

@@ -12,43 +12,31 @@ import json
 import resource
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def measure(objective: str, steps: int) -> dict:
-    from storyrewrite.data.prepare import DataConfig, build_splits
-    from storyrewrite.data.sources import DownloadConfig, download
+    from common import default_inputs
+
     from storyrewrite.metrics import LMScorer
     from storyrewrite.models.encoding import Encoder
-    from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, materialise, resolve_model_dir
+    from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, resolve_model_dir
     from storyrewrite.objectives import ObjectiveContext, get_objective
     from storyrewrite.objectives.cpo import CPOConfig
     from storyrewrite.objectives.dto import DTOConfig
-    from storyrewrite.params import build, experiment, load_params
+    from storyrewrite.params import build, experiment
     from storyrewrite.training.config import TrainConfig
     from storyrewrite.training.data import Collate
     from storyrewrite.training.module import RewriteModule
 
-    params = load_params(ROOT / "params.yaml")
+    params, pretrained, splits = default_inputs()
     run = experiment(params)
     models = build(ModelsConfig, params["models"], "models")
     train = build(TrainConfig, params["train"], "train")
     dto = build(DTOConfig, params["dto"], "dto")
-    pretrained = ROOT / "models" / "pretrained"
-    if not (pretrained / "index.json").exists():
-        pretrained = Path(tempfile.mkdtemp()) / "pretrained"
-        materialise(models, pretrained, run.seed)
-    raw = ROOT / "data" / "raw"
-    if not raw.exists():
-        raw = Path(tempfile.mkdtemp()) / "raw"
-        download(build(DownloadConfig, params["download"], "download"), raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
-    rows = build_splits(raw, build(DataConfig, params["data"], "data"), run.seed)["timetravel"]["train"]
+    rows = splits["train"]
 
     model_dir = resolve_model_dir(pretrained)
     baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -7,27 +7,22 @@ the paired bootstrap: 10,000 resamples over 5,613 instances and 6 metrics.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from common import default_inputs
 
-from storyrewrite.data.prepare import DataConfig, build_splits
-from storyrewrite.data.sources import DownloadConfig, download
 from storyrewrite.metrics import LMScorer
-from storyrewrite.models.loading import ModelsConfig, materialise, resolve_model_dir
-from storyrewrite.params import build, experiment, load_params
+from storyrewrite.models.loading import ModelsConfig, resolve_model_dir
+from storyrewrite.params import build
 from storyrewrite.significance import paired_bootstrap_many
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def one_pair_at_a_time(scorer: LMScorer, sources: list[str], targets: list[str]) -> list[float]:
     """The obvious loop: tokenize one pair, run the model on it, average the target log-probs."""
-    tokenizer, scores = scorer.encoder.tokenizer, []
+    scores = []
     with torch.no_grad():
         for source, target in zip(sources, targets):
             source_ids = scorer.encoder.source_ids([source])[0]
@@ -39,7 +34,6 @@ def one_pair_at_a_time(scorer: LMScorer, sources: list[str], targets: list[str])
                 logits = scorer.model(input_ids=torch.tensor([source_ids + target_ids[:-1]])).logits[0, len(source_ids) - 1 :]
             log_probs = F.log_softmax(logits.float(), dim=-1)[torch.arange(len(target_ids)), torch.tensor(target_ids)]
             scores.append(log_probs.mean().item())
-    del tokenizer
     return scores
 
 
@@ -49,18 +43,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the scorer's weights (both ways)")
     args = parser.parse_args()
-    params = load_params(ROOT / "params.yaml")
-    run = experiment(params)
+    params, pretrained, splits = default_inputs()
     models = build(ModelsConfig, params["models"], "models")
-    pretrained = ROOT / "models" / "pretrained"
-    if not (pretrained / "index.json").exists():
-        pretrained = Path(tempfile.mkdtemp()) / "pretrained"
-        materialise(models, pretrained, run.seed)
-    raw = ROOT / "data" / "raw"
-    if not raw.exists():
-        raw = Path(tempfile.mkdtemp()) / "raw"
-        download(build(DownloadConfig, params["download"], "download"), raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
-    test = build_splits(raw, build(DataConfig, params["data"], "data"), run.seed)[run.task]["test"][: args.pairs]
+    test = splits["test"][: args.pairs]
     # Score the original ending against the edited one: realistic lengths, as in the score stage.
     sources, targets = [r["original_ending"] for r in test], [r["target"] for r in test]
     scorer = LMScorer.from_dir(resolve_model_dir(pretrained, "scorer"), models.max_input_tokens, models.max_output_tokens,

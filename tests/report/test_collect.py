@@ -24,3 +24,27 @@ def test_collects_commits_and_experiments_into_one_table():
     text = table(rows).splitlines()
     assert text[0].startswith("| Experiment | objective | train.lr | BARTScore (M) |")
     assert text[4] == "| faster | nll | 3e-05 | -1.500\\* | 60.0 | 30.0 | -2.500 | n/a | n/a | -2.000 |"
+
+
+def _run(name, objective, val_nll, bart, extra=None):
+    data = _data(1e-5, bart, 0.01)
+    data["params"]["params.yaml"]["data"] |= {"objective": objective, **(extra or {})}
+    data["metrics"]["reports/train/finetuned/summary.json"] = {"data": {"best_val_nll": val_nll}}
+    return {"rev": name, "name": name, "data": data}
+
+
+def test_objectives_table_keeps_the_best_run_of_each_objective_by_validation_nll():
+    from storyrewrite.report.collect import objectives_table
+
+    runs = [
+        _run("base", "nll", 1.50, -1.95),
+        _run("cpo-a", "cpo", 1.60, -1.80, {"cpo": {"beta": 0.1, "lambda": 1.0}}),
+        _run("cpo-b", "cpo", 1.40, -1.90, {"cpo": {"beta": 2, "lambda": 0.5}}),
+        _run("dto", "score", 1.45, -1.70),
+    ]
+    lines = objectives_table(experiments([{"rev": "c0", "name": "main", "data": None, "experiments": [{"revs": [r]} for r in runs]}])).splitlines()
+    assert lines[2].startswith("| NLL | - | -2.000 |")
+    assert lines[3].startswith("| NLL, continued | base: 1.5000 | -1.950\\* |")
+    assert lines[4].startswith("| CPO (β=2, λ=0.5) | cpo-b: 1.4000 | -1.900\\* |")  # lower val NLL than cpo-a
+    assert lines[5].startswith("| DTO-Score | dto: 1.4500 | -1.700\\* |")
+    assert len([line for line in lines if line.startswith("| ")]) == 5  # the header and four systems

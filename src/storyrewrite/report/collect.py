@@ -78,17 +78,72 @@ def table(rows: list[dict], system: str = "finetuned", baseline: str = "nll", al
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
+def best_per_objective(rows: list[dict], system: str = "finetuned") -> list[dict]:
+    """For each objective, the run with the lowest validation NLL at its best checkpoint (the
+    model-selection rule for the CPO grid); runs without scores are left out."""
+    best: dict[str, dict] = {}
+    for row in rows:
+        summary = row["metrics"].get(f"reports/train/{system}/summary.json", {})
+        if SYSTEM_METRICS.format(system) not in row["metrics"] or summary.get("best_val_nll") is None:
+            continue
+        objective = row["params"].get("objective")
+        if objective not in best or summary["best_val_nll"] < best[objective]["_val_nll"]:
+            best[objective] = {**row, "_val_nll": summary["best_val_nll"]}
+    return list(best.values())
+
+
+def objectives_table(rows: list[dict], baseline: str = "nll", alpha: float = 0.05) -> str:
+    """NLL, then the best run of each objective, with significance against NLL."""
+    from storyrewrite.report.build import OBJECTIVE_LABELS
+
+    chosen = best_per_objective(rows)
+    if not chosen:
+        raise InputError("no scored experiments found (run `dvc exp run -S objective=...` first)")
+    header = ["System", "selected by val NLL", *(f"{METRIC_LABELS[m]} ({'M' if f == 'predictive' else 'M + Δ_M'})"
+                                                 for f in FORMS for m in METRICS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def cells(metrics: dict, p_values: dict) -> list[str]:
+        out = []
+        for form in FORMS:
+            for metric in METRICS:
+                v, p = metrics.get(metric, {}).get(form), p_values.get(f"{metric}/{form}")
+                out.append("n/a" if v is None else f"{v:.{3 if metric == 'bartscore' else 1}f}" + ("\\*" if p is not None and p < alpha else ""))
+        return out
+
+    base = chosen[0]["metrics"][SYSTEM_METRICS.format(baseline)]
+    lines.append("| " + " | ".join([OBJECTIVE_LABELS["nll"], "-", *cells(base, {})]) + " |")
+    order = {name: i for i, name in enumerate(OBJECTIVE_LABELS)}
+    for row in sorted(chosen, key=lambda r: order.get(r["params"].get("objective"), 99)):
+        objective = row["params"].get("objective")
+        label = OBJECTIVE_LABELS.get(objective, objective)
+        if objective == "nll":
+            label += ", continued"
+        if objective == "cpo":
+            label += f" (β={row['params'].get('cpo.beta')}, λ={row['params'].get('cpo.lambda')})"
+        p_values = row["metrics"].get(SIGNIFICANCE, {}).get("finetuned", {})
+        lines.append("| " + " | ".join([label, f"{row['name']}: {row['_val_nll']:.4f}",
+                                        *cells(row["metrics"][SYSTEM_METRICS.format("finetuned")], p_values)]) + " |")
+    note = (f"Each objective fine-tunes the same NLL model; of several runs of an objective (the CPO grid) the one "
+            f"with the lowest validation NLL at its best checkpoint is shown. \\* p < {alpha}, one-tailed paired "
+            f"bootstrap against NLL.")
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.collect", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
     parser.add_argument("--out", type=Path, default=Path("reports/experiments.md"))
+    parser.add_argument("--objectives", action="store_true",
+                        help="one row per objective (its best run by validation NLL) instead of one per experiment")
     args = parser.parse_args(argv)
     if args.json:
         exp_show = json.loads(args.json.read_text())
     else:
         exp_show = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True, check=True).stdout)
-    text = "# Experiments\n\n" + table(experiments(exp_show))
+    rows = experiments(exp_show)
+    text = ("# Objectives\n\n" + objectives_table(rows)) if args.objectives else ("# Experiments\n\n" + table(rows))
     write_text_atomic(args.out, text)
     print(text)
 
