@@ -10,9 +10,8 @@ from storyrewrite.llm.backends import LocalBackend, OpenAIBackend, RetryPolicy
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.retrieval import Embedder, Index, query_text
 from storyrewrite.llm.run import MODES, LLMConfig, run_mode
-from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.models.loading import resolve_model_dir, weights_digest
 from storyrewrite.params import build, experiment, load_params
-from storyrewrite.training.run import _weights_digest
 
 
 def main() -> None:
@@ -37,7 +36,7 @@ def main() -> None:
     else:
         model_dir = resolve_model_dir(args.local_model, "generator")
         backend = LocalBackend(model_dir)
-        model_id, label = f"local {_weights_digest(model_dir)}", params["models"]["generator"]
+        model_id, label = f"local {weights_digest(model_dir)}", params["models"]["generator"]
     retrieve = None
     if args.mode == "rag":
         index, embedder = Index(args.index), Embedder(args.index / "embedder")

@@ -1,5 +1,4 @@
 import math
-import time
 
 import numpy as np
 import pytest

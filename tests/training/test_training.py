@@ -13,8 +13,7 @@ from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.loading import load_model, load_tokenizer, materialise
 from storyrewrite.objectives import get_objective
-from storyrewrite.params import build, load_params
-from storyrewrite.training.config import TrainConfig
+from storyrewrite.params import load_params
 from storyrewrite.training.data import Collate
 from storyrewrite.training.module import RewriteModule
 from storyrewrite.training.run import fit

@@ -18,9 +18,9 @@ from tqdm import tqdm
 from transformers import GenerationConfig
 
 from storyrewrite.data.formatting import model_source
-from storyrewrite.io import InputError, read_jsonl, sha256_file, write_jsonl_atomic
+from storyrewrite.io import InputError, read_jsonl, write_jsonl_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer
+from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, weights_digest
 from storyrewrite.params import choices, positive
 
 
@@ -38,9 +38,7 @@ class GenerateConfig:
 
 
 def _fingerprint(model_dir: Path, instances: list[dict], config: GenerateConfig, models: ModelsConfig) -> str:
-    digest = hashlib.sha256()
-    for weights in sorted(model_dir.glob("*.safetensors")):
-        digest.update(sha256_file(weights).encode())
+    digest = hashlib.sha256(weights_digest(model_dir).encode())
     digest.update(json.dumps([dataclasses.asdict(config), models.max_input_tokens], sort_keys=True).encode())
     digest.update(json.dumps(instances, sort_keys=True).encode())
     return digest.hexdigest()[:16]

@@ -27,7 +27,10 @@ class Encoder:
         # source keeps its start, as the tokenizer's own truncation would.
         if self.seq2seq:
             return [row[: self.max_input_tokens - 1] + row[-1:] if len(row) > self.max_input_tokens else row for row in ids]
-        return [row[-self.max_input_tokens :] for row in ids]
+        # A causal LM predicts the first target token from the last source token: an empty
+        # source (an empty prediction being scored) becomes the start-of-text token.
+        start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+        return [row[-self.max_input_tokens :] or [start] for row in ids]
 
     def target_ids(self, targets: list[str]) -> list[list[int]]:
         """Target tokens ending with eos (truncated targets keep their eos)."""

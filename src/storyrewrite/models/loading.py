@@ -13,6 +13,7 @@ second instead of the GGUF de-quantisation's half a minute.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -36,7 +37,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from storyrewrite.io import InputError, write_json_atomic
+from storyrewrite.io import InputError, sha256_file, write_json_atomic
 from storyrewrite.params import positive
 
 BUNDLED = {
@@ -195,6 +196,12 @@ def resolve_model_dir(path: str | Path, role: str = "generator") -> Path:
     if not (path / "config.json").exists():
         raise InputError(f"{path}: not a model directory (no config.json); run `dvc repro` first")
     return path
+
+
+def weights_digest(model_dir: str | Path) -> str:
+    """sha256 over the model's weight files: what identifies a model in fingerprints and caches."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    return hashlib.sha256("".join(sha256_file(p) for p in files).encode()).hexdigest()
 
 
 def is_seq2seq(model_dir: str | Path) -> bool:

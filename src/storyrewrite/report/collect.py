@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.collect", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
+    parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
     parser.add_argument("--out", type=Path, default=Path("reports/experiments.md"))
     parser.add_argument("--objectives", action="store_true",
                         help="one row per objective (its best run by validation NLL) instead of one per experiment")
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         exp_show = json.loads(args.json.read_text())
     else:
-        exp_show = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True, check=True).stdout)
+        command = ["dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
+        exp_show = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     rows = experiments(exp_show)
     text = ("# Objectives\n\n" + objectives_table(rows)) if args.objectives else ("# Experiments\n\n" + table(rows))
     write_text_atomic(args.out, text)

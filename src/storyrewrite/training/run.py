@@ -18,7 +18,7 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, save_model
+from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives import OBJECTIVES, ObjectiveContext, get_objective
 from storyrewrite.objectives.cpo import CPOConfig
 from storyrewrite.objectives.dto import DTOConfig
@@ -89,10 +89,6 @@ def run_fingerprint(config: TrainConfig, context: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _weights_digest(model_dir: Path) -> str:
-    return hashlib.sha256("".join(sha256_file(p) for p in sorted(model_dir.glob("*.safetensors"))).encode()).hexdigest()
-
-
 def _trainer_kwargs(config: TrainConfig) -> dict:
     return dict(
         max_steps=config.max_steps, max_epochs=config.max_epochs if config.max_steps == -1 else None,
@@ -142,10 +138,10 @@ def fit(
     fingerprint = run_fingerprint(config, {
         "objective": objective_name, "task": task, "seed": seed,
         "objective_settings": [dataclasses.asdict(c) if c else None for c in (dto, cpo)],
-        "scorer": _weights_digest(Path(scorer_dir)) if objective.needs_scorer else None,
+        "scorer": weights_digest(Path(scorer_dir)) if objective.needs_scorer else None,
         "max_tokens": [models.max_input_tokens, models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
-        "init_weights": _weights_digest(init_dir),
+        "init_weights": weights_digest(init_dir),
     })
     fingerprint_file = checkpoint_dir / "fingerprint.txt"
     last = checkpoint_dir / "last.ckpt"
