@@ -161,3 +161,15 @@ def test_dto_trains_and_its_checkpoints_hold_the_generator_only(tmp_path, tiny_m
         assert dto_size <= nll_size * 1.01, name
     state = torch.load(tmp_path / "c_dto" / "last.ckpt", map_location="cpu", weights_only=False)
     assert all(key.startswith("generator.") for key in state["state_dict"])
+
+
+@pytest.mark.parametrize("task", ["timetravel_ablated", "art"])
+def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs, small_prepared, task):
+    from storyrewrite.objectives.dto import DTOConfig
+
+    for objective in ("nll", "score"):
+        summary = fit(tiny_train_config(max_steps=1, val_check_interval=1), init_dir=tiny_model_dirs["llama"],
+                      out_dir=tmp_path / objective, checkpoint_dir=tmp_path / f"c_{objective}", log_dir=tmp_path / f"l_{objective}",
+                      models=tiny_models_config("llama"), prepared_dir=small_prepared, task=task, objective_name=objective,
+                      seed=0, dto=DTOConfig(tau=1.0, hard=False), scorer_dir=tiny_model_dirs["llama"])
+        assert summary["task"] == task and summary["global_step"] == 1 and summary["best_val_loss"] is not None
