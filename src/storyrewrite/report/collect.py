@@ -80,9 +80,11 @@ def table(rows: list[dict], system: str = "finetuned", baseline: str = "nll", al
 
 def best_per_objective(rows: list[dict], system: str = "finetuned") -> list[dict]:
     """For each objective, the run with the lowest validation NLL at its best checkpoint (the
-    model-selection rule for the CPO grid); runs without scores are left out."""
+    model-selection rule for the CPO grid); runs without scores, and the workspace, are left out."""
     best: dict[str, dict] = {}
     for row in rows:
+        if row["name"] == "workspace":  # uncommitted state: the commits and experiments stand for it
+            continue
         summary = row["metrics"].get(f"reports/train/{system}/summary.json", {})
         if SYSTEM_METRICS.format(system) not in row["metrics"] or summary.get("best_val_nll") is None:
             continue
