@@ -81,11 +81,22 @@ def _write_csv(path: Path, header: tuple, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def code_digest() -> str:
+    """sha256 over the package's source: a checkpoint made by other code is not resumed (a
+    changed loss must retrain, not re-export the old weights)."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def run_fingerprint(config: TrainConfig, context: dict) -> str:
     """What makes two runs the same run (so one may resume the other): every setting but the
-    training budget, the objective, the task, the seed, the data and the starting weights."""
+    training budget, the objective, the task, the seed, the data, the starting weights and the
+    code."""
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BUDGET_KEYS}
-    blob = json.dumps({"settings": settings, **context}, sort_keys=True)
+    blob = json.dumps({"settings": settings, "code": code_digest(), **context}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
