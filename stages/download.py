@@ -4,6 +4,7 @@ from pathlib import Path
 
 from storyrewrite.data.sources import DownloadConfig, download
 from storyrewrite.params import build, load_params
+from storyrewrite.io import run_stage
 
 
 def main() -> None:
@@ -18,4 +19,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

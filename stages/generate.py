@@ -6,6 +6,7 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import GenerateConfig, generate_predictions
 from storyrewrite.models.loading import ModelsConfig
 from storyrewrite.params import build, experiment, load_params
+from storyrewrite.io import run_stage
 
 
 def main() -> None:
@@ -25,4 +26,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.io import write_json_atomic, write_jsonl_atomic
+from storyrewrite.io import run_stage, write_json_atomic, write_jsonl_atomic
 from storyrewrite.llm.backends import LocalBackend, OpenAIBackend, RetryPolicy
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.retrieval import Embedder, Index, query_text
@@ -50,4 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

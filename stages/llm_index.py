@@ -5,6 +5,7 @@ from pathlib import Path
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.llm.retrieval import Embedder, build_index, extract_minilm
 from storyrewrite.params import experiment, load_params
+from storyrewrite.io import run_stage
 
 
 def main() -> None:
@@ -20,4 +21,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from storyrewrite.models.loading import ModelsConfig, materialise
 from storyrewrite.params import build, experiment, load_params
+from storyrewrite.io import run_stage
 
 
 def main() -> None:
@@ -17,4 +18,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

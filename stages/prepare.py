@@ -3,7 +3,7 @@ import argparse
 from pathlib import Path
 
 from storyrewrite.data.prepare import DataConfig, format_counts, prepare
-from storyrewrite.io import write_json_atomic
+from storyrewrite.io import run_stage, write_json_atomic
 from storyrewrite.params import build, experiment, load_params
 
 
@@ -20,4 +20,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -3,7 +3,7 @@ import argparse
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.io import write_text_atomic
+from storyrewrite.io import run_stage, write_text_atomic
 from storyrewrite.metrics.config import SignificanceConfig
 from storyrewrite.params import build, experiment, load_params
 from storyrewrite.report.build import ReportConfig, build_report
@@ -34,4 +34,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.io import write_jsonl_atomic
+from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.params import experiment, load_params
 
 
@@ -21,4 +21,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.io import write_json_atomic, write_jsonl_atomic
+from storyrewrite.io import run_stage, write_json_atomic, write_jsonl_atomic
 from storyrewrite.metrics.config import ScoreConfig
 from storyrewrite.metrics.evaluate import read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -38,4 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -2,7 +2,7 @@
 import argparse
 from pathlib import Path
 
-from storyrewrite.io import read_jsonl, write_json_atomic
+from storyrewrite.io import read_jsonl, run_stage, write_json_atomic
 from storyrewrite.metrics.config import SignificanceConfig
 from storyrewrite.params import build, experiment, load_params
 from storyrewrite.significance.compare import compare
@@ -23,4 +23,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -13,6 +13,7 @@ from storyrewrite.objectives.dto import DTOConfig
 from storyrewrite.params import build, experiment, load_params
 from storyrewrite.training.config import TrainConfig
 from storyrewrite.training.run import fit
+from storyrewrite.io import run_stage
 
 
 def main() -> None:
@@ -39,4 +40,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

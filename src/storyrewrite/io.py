@@ -70,3 +70,15 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
         while chunk := f.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def run_stage(main) -> None:
+    """Run a stage's `main`: bad input or params end the stage with their message (which names
+    the file and line, or the parameter and its valid values) and exit status 2, not a traceback."""
+    import sys
+
+    try:
+        main()
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
