@@ -74,3 +74,14 @@ def test_gradients_reach_source_probs_and_not_the_scorer(scorer_and_parts):
     value.backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0
     assert all(p.grad is None and not p.requires_grad for p in scorer.model.parameters())
+
+
+def test_identical_pairs_are_scored_once(scorer_and_parts):
+    scorer, seq2seq = scorer_and_parts[0], scorer_and_parts[3]
+    rows = []  # rows run through the source-reading module (the encoder, or the causal body)
+    body = scorer.model.get_encoder() if seq2seq else scorer.model.base_model
+    handle = body.register_forward_hook(lambda module, inputs, output: rows.append(output[0].shape[0]))
+    scores = scorer.score(SOURCES[:2] * 3, TARGETS[:2] * 3, batch_size=16)
+    handle.remove()
+    assert scores == scorer.score(SOURCES[:2], TARGETS[:2]) * 3
+    assert sum(rows) == 2  # two distinct pairs, not six

@@ -59,17 +59,19 @@ class LMScorer:
     def score_ids(self, source_ids: list[list[int]], targets: list[str], batch_size: int = 16) -> list[float]:
         """`score` with the sources given as token ids (no tokenisation of the source)."""
         target_ids = self.encoder.target_ids(self._targets(targets))
-        lengths = [len(s) + len(t) for s, t in zip(source_ids, target_ids)]
-        order = sorted(range(len(source_ids)), key=lambda i: -lengths[i])
-        scores = [0.0] * len(source_ids)
+        # Identical pairs are scored once: a story's three instances share one input, so a
+        # system's prediction, and its score against the original ending, often repeat.
+        pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids)]
+        unique = list(dict.fromkeys(pairs))
+        order = sorted(range(len(unique)), key=lambda i: -(len(unique[i][0]) + len(unique[i][1])))
+        values_of: dict[tuple, float] = {}
         for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            batch = self.encoder.batch_ids([source_ids[i] for i in chunk], [target_ids[i] for i in chunk])
+            chunk = [unique[i] for i in order[start : start + batch_size]]
+            batch = self.encoder.batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
             batch = {k: v.to(self.device) for k, v in batch.items()}
             values = mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
-            for i, value in zip(chunk, values.tolist()):
-                scores[i] = value
-        return scores
+            values_of.update(zip(chunk, values.tolist()))
+        return [values_of[pair] for pair in pairs]
 
     def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:
         """probs B×S×V @ E V×d -> B×S×d, scaled as the model scales its own token embeddings."""
