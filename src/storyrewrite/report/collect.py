@@ -15,9 +15,7 @@ import subprocess
 from pathlib import Path
 
 from storyrewrite.io import InputError, write_text_atomic
-from storyrewrite.metrics.evaluate import METRICS
-from storyrewrite.report.tables import METRIC_LABELS
-from storyrewrite.significance.compare import FORMS
+from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
 
 SYSTEM_METRICS = "reports/metrics/{}.json"
 SIGNIFICANCE = "reports/significance.json"
@@ -58,18 +56,13 @@ def table(rows: list[dict], system: str = "finetuned", baseline: str = "nll", al
         raise InputError("no experiments found (run `dvc exp run` first)")
     varying = sorted(k for k in set().union(*(r["params"] for r in rows))
                      if len({json.dumps(r["params"].get(k)) for r in rows}) > 1 and k != "objective")
-    header = ["Experiment", "objective", *varying] + [f"{METRIC_LABELS[m]} ({'M' if f == 'predictive' else 'M + Δ_M'})"
-                                                      for f in FORMS for m in METRICS] + [f"{baseline} BARTScore (M)"]
+    header = ["Experiment", "objective", *varying] + [column_label(m, f) for m, f in COLUMNS] + [f"{baseline} BARTScore (M)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         metrics = row["metrics"].get(SYSTEM_METRICS.format(system), {})
         p_values = row["metrics"].get(SIGNIFICANCE, {}).get(system, {})
         cells = [row["name"], str(row["params"].get("objective", ""))] + [str(row["params"].get(k, "")) for k in varying]
-        for form in FORMS:
-            for metric in METRICS:
-                v = metrics.get(metric, {}).get(form)
-                p = p_values.get(f"{metric}/{form}")
-                cells.append("n/a" if v is None else f"{v:.{3 if metric == 'bartscore' else 1}f}" + ("\\*" if p is not None and p < alpha else ""))
+        cells += plain_cells(metrics, p_values, alpha)
         base = row["metrics"].get(SYSTEM_METRICS.format(baseline), {}).get("bartscore", {}).get("predictive")
         cells.append("n/a" if base is None else f"{base:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
@@ -101,20 +94,10 @@ def objectives_table(rows: list[dict], baseline: str = "nll", alpha: float = 0.0
     chosen = best_per_objective(rows)
     if not chosen:
         raise InputError("no scored experiments found (run `dvc exp run -S objective=...` first)")
-    header = ["System", "selected by val NLL", *(f"{METRIC_LABELS[m]} ({'M' if f == 'predictive' else 'M + Δ_M'})"
-                                                 for f in FORMS for m in METRICS)]
+    header = ["System", "selected by val NLL", *(column_label(m, f) for m, f in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-
-    def cells(metrics: dict, p_values: dict) -> list[str]:
-        out = []
-        for form in FORMS:
-            for metric in METRICS:
-                v, p = metrics.get(metric, {}).get(form), p_values.get(f"{metric}/{form}")
-                out.append("n/a" if v is None else f"{v:.{3 if metric == 'bartscore' else 1}f}" + ("\\*" if p is not None and p < alpha else ""))
-        return out
-
     base = chosen[0]["metrics"][SYSTEM_METRICS.format(baseline)]
-    lines.append("| " + " | ".join([OBJECTIVE_LABELS["nll"], "-", *cells(base, {})]) + " |")
+    lines.append("| " + " | ".join([OBJECTIVE_LABELS["nll"], "-", *plain_cells(base, {}, alpha)]) + " |")
     order = {name: i for i, name in enumerate(OBJECTIVE_LABELS)}
     for row in sorted(chosen, key=lambda r: order.get(r["params"].get("objective"), 99)):
         objective = row["params"].get("objective")
@@ -125,7 +108,7 @@ def objectives_table(rows: list[dict], baseline: str = "nll", alpha: float = 0.0
             label += f" (β={row['params'].get('cpo.beta')}, λ={row['params'].get('cpo.lambda')})"
         p_values = row["metrics"].get(SIGNIFICANCE, {}).get("finetuned", {})
         lines.append("| " + " | ".join([label, f"{row['name']}: {row['_val_nll']:.4f}",
-                                        *cells(row["metrics"][SYSTEM_METRICS.format("finetuned")], p_values)]) + " |")
+                                        *plain_cells(row["metrics"][SYSTEM_METRICS.format("finetuned")], p_values, alpha)]) + " |")
     note = (f"Each objective fine-tunes the same NLL model; of several runs of an objective (the CPO grid) the one "
             f"with the lowest validation NLL at its best checkpoint is shown. \\* p < {alpha}, one-tailed paired "
             f"bootstrap against NLL.")

@@ -13,6 +13,28 @@ FORM_LABELS = {"predictive": "M", "counterfactual": "M + Δ_M"}
 SANITY_LABELS = {"copy_reference": "Copy of the reference (upper bound)", "copy_original": "Copy of the original ending"}
 
 
+COLUMNS = [(metric, form) for form in FORMS for metric in METRICS]
+
+
+def column_label(metric: str, form: str) -> str:
+    return f"{METRIC_LABELS[metric]} ({FORM_LABELS[form]})"
+
+
+def number(metric: str, v: float) -> str:
+    return f"{v:.{3 if metric == 'bartscore' else 1}f}"
+
+
+def significant(p_values: dict, metric: str, form: str, alpha: float) -> bool:
+    p = p_values.get(f"{metric}/{form}")
+    return p is not None and p < alpha
+
+
+def plain_cells(metrics: dict, p_values: dict, alpha: float) -> list[str]:
+    """Markdown cells of one system's metrics JSON in table order, significance marked."""
+    return ["n/a" if (v := metrics.get(m, {}).get(f)) is None else number(m, v) + ("\\*" if significant(p_values, m, f, alpha) else "")
+            for m, f in COLUMNS]
+
+
 @dataclass
 class Row:
     system: str
@@ -40,10 +62,8 @@ def _cell(row: Row, metric: str, form: str, best: dict, alpha: float, latex: boo
     v = value(row, metric, form)
     if v is None:
         return "n/a"
-    digits = 3 if metric == "bartscore" else 1
-    text = f"{v:.{digits}f}"
-    p = row.p_values.get(f"{metric}/{form}")
-    mark = p is not None and p < alpha
+    text = number(metric, v)
+    mark = significant(row.p_values, metric, form, alpha)
     if latex:
         text = f"\\textbf{{{text}}}" if not row.sanity and v == best.get((metric, form)) else text
         return text + ("$^{*}$" if mark else "")
@@ -53,10 +73,10 @@ def _cell(row: Row, metric: str, form: str, best: dict, alpha: float, latex: boo
 
 def markdown_table(rows: list[Row], alpha: float) -> str:
     best = best_values(rows)
-    header = ["System"] + [f"{METRIC_LABELS[m]} ({FORM_LABELS[f]})" for f in FORMS for m in METRICS]
+    header = ["System"] + [column_label(m, f) for m, f in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row.label] + [_cell(row, m, f, best, alpha, latex=False) for f in FORMS for m in METRICS]
+        cells = [row.label] + [_cell(row, m, f, best, alpha, latex=False) for m, f in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -72,6 +92,6 @@ def latex_table(rows: list[Row], alpha: float, caption: str) -> str:
     ]
     for row in rows:
         label = row.label.replace("&", "\\&").replace("_", "\\_")
-        lines.append(label + " & " + " & ".join(_cell(row, m, f, best, alpha, latex=True) for f in FORMS for m in METRICS) + " \\\\")
+        lines.append(label + " & " + " & ".join(_cell(row, m, f, best, alpha, latex=True) for m, f in COLUMNS) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{caption}}}", "\\end{table}"]
     return "\n".join(lines)

@@ -21,17 +21,17 @@ class Collate:
 
     def __call__(self, instances: list[dict]) -> dict:
         tokenizer, seq2seq = self.encoder.tokenizer, self.encoder.seq2seq
-        sources = [model_source(row, self.task, tokenizer, seq2seq) for row in instances]
-        targets = [model_target(row["target"], seq2seq) for row in instances]
-        batch = self.encoder.batch(sources, targets)
+        source_ids = self.encoder.source_ids([model_source(row, self.task, tokenizer, seq2seq) for row in instances])
+        target_ids = self.encoder.target_ids([model_target(row["target"], seq2seq) for row in instances])
+        batch = self.encoder.batch_ids(source_ids, target_ids)
         batch["ids"] = [row["id"] for row in instances]
         batch["targets"] = [row["target"] for row in instances]
         if all("original_ending" in row for row in instances):
             batch["original_endings"] = [row["original_ending"] for row in instances]
         if self.pairs:
             # Chosen (edited) and rejected (original) endings in one padded batch: one forward.
-            rejected = [model_target(text, seq2seq) for text in batch["original_endings"]]
-            batch["pair"] = self.encoder.batch(sources + sources, targets + rejected)
+            rejected = self.encoder.target_ids([model_target(text, seq2seq) for text in batch["original_endings"]])
+            batch["pair"] = self.encoder.batch_ids(source_ids + source_ids, target_ids + rejected)
         return batch
 
 
