@@ -33,7 +33,9 @@ def main() -> None:
         init_dir=resolve_model_dir(args.init), out_dir=args.out, checkpoint_dir=args.checkpoints,
         log_dir=args.logs, models=build(ModelsConfig, params["models"], "models"), prepared_dir=args.data,
         task=run.task, objective_name="nll" if args.section == "train_nll" else run.objective, seed=run.seed,
-        dto=build(DTOConfig, params["dto"], "dto"), cpo=build(CPOConfig, params["cpo"], "cpo"),
+        # The NLL stage neither reads nor depends on the fine-tuning objectives' sections.
+        dto=build(DTOConfig, params["dto"], "dto") if args.section == "train" else None,
+        cpo=build(CPOConfig, params["cpo"], "cpo") if args.section == "train" else None,
         scorer_dir=resolve_model_dir(args.scorer, "scorer") if args.scorer else None,
     )
     print(json.dumps(summary, indent=2))

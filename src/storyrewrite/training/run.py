@@ -14,6 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from storyrewrite import closure
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -82,13 +83,10 @@ def _write_csv(path: Path, header: tuple, rows: list[dict]) -> None:
 
 
 def code_digest() -> str:
-    """sha256 over the package's source: a checkpoint made by other code is not resumed (a
-    changed loss must retrain, not re-export the old weights)."""
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    """sha256 over the package code that training runs (the import closure of this module): a
+    checkpoint made by other code is not resumed (a changed loss must retrain, not re-export the
+    old weights), while an edit elsewhere (the report, say) keeps an interrupted run resumable."""
+    return closure.digest(closure.closure(__file__))
 
 
 def run_fingerprint(config: TrainConfig, context: dict) -> str:
@@ -148,7 +146,9 @@ def fit(
     train_file = Path(prepared_dir) / task / "train.jsonl"
     fingerprint = run_fingerprint(config, {
         "objective": objective_name, "task": task, "seed": seed,
-        "objective_settings": [dataclasses.asdict(c) if c else None for c in (dto, cpo)],
+        # Only the settings the objective reads: NLL neither reads nor fingerprints `dto`/`cpo`.
+        "objective_settings": [dataclasses.asdict(c) if c and used else None
+                               for c, used in ((dto, objective.needs_scorer), (cpo, objective.pairs))],
         "scorer": weights_digest(Path(scorer_dir)) if objective.needs_scorer else None,
         "max_tokens": [models.max_input_tokens, models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),

@@ -1,0 +1,63 @@
+"""dvc.yaml's code deps against what each stage really runs: the import closure of its script
+inside the package (storyrewrite.closure). A missing dep would let `dvc repro` report "up to
+date" over a stale result; an extra one reruns a stage for code it never runs."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from storyrewrite.closure import closure
+
+from conftest import ROOT
+
+SCRIPT = re.compile(r"python (stages/\w+\.py)")
+
+
+def stage_deps(dvc: dict) -> dict[str, tuple[str, list[str]]]:
+    """stage name -> (its script, its deps), `foreach` stages once (their code deps do not vary)."""
+    found = {}
+    for name, stage in dvc["stages"].items():
+        body = stage.get("do", stage)
+        match = SCRIPT.search(body["cmd"])
+        assert match, f"stage `{name}`: no `python stages/<name>.py` in its cmd"
+        found[name] = (match.group(1), list(body.get("deps", [])))
+    return found
+
+
+def code_dep_problems(dvc: dict, root: Path = ROOT) -> list[str]:
+    problems = []
+    for name, (script, deps) in stage_deps(dvc).items():
+        if script not in deps:
+            problems.append(f"stage `{name}`: its script {script} is not in its deps")
+        needed = {path.relative_to(root).as_posix() for path in closure(root / script)}
+        listed = {dep for dep in deps if dep.startswith("src/")}
+        problems += [f"stage `{name}`: dvc.yaml deps miss {path} (imported by {script})" for path in sorted(needed - listed)]
+        problems += [f"stage `{name}`: dvc.yaml lists {path}, which {script} never imports" for path in sorted(listed - needed)]
+    return problems
+
+
+def _dvc() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
+
+
+def test_every_stage_lists_exactly_the_package_code_it_runs():
+    assert code_dep_problems(_dvc()) == []
+
+
+def test_a_removed_dep_is_named_with_its_stage():
+    dvc = _dvc()
+    deps = dvc["stages"]["score"]["do"]["deps"]
+    deps.remove("src/storyrewrite/models/encoding.py")
+    assert code_dep_problems(dvc) == [
+        "stage `score`: dvc.yaml deps miss src/storyrewrite/models/encoding.py (imported by stages/score.py)"
+    ]
+
+
+def test_the_closure_follows_imports_inside_functions_and_package_inits():
+    files = {p.relative_to(ROOT).as_posix() for p in closure(ROOT / "stages" / "llm.py")}
+    # LocalBackend imports the model loader inside its constructor; that code runs too.
+    assert "src/storyrewrite/models/loading.py" in files
+    assert {"src/storyrewrite/__init__.py", "src/storyrewrite/llm/__init__.py"} <= files
+    assert not any(name.startswith("src/storyrewrite/training/") for name in files)
