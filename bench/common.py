@@ -5,25 +5,24 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from storyrewrite.data.prepare import DataConfig, build_splits
-from storyrewrite.data.sources import DownloadConfig, download
-from storyrewrite.models.loading import ModelsConfig, materialise
-from storyrewrite.params import build, experiment, load_params
+from storyrewrite.data.prepare import build_splits
+from storyrewrite.data.sources import download
+from storyrewrite.models.loading import materialise
+from storyrewrite.params import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def default_inputs() -> tuple[dict, Path, dict]:
+def default_inputs() -> tuple[Params, Path, dict]:
     """(params, the models stage's directory, {split: instances} of the params' task)."""
-    params = load_params(ROOT / "params.yaml")
-    seed = experiment(params).seed
+    params = Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
     if not (pretrained / "index.json").exists():  # before `dvc repro models`
         pretrained = Path(tempfile.mkdtemp()) / "pretrained"
-        materialise(build(ModelsConfig, params["models"], "models"), pretrained, seed)
+        materialise(params.models, pretrained, params.seed)
     raw = ROOT / "data" / "raw"
     if not raw.exists():  # before `dvc repro download`: check and copy the bundled files
         raw = Path(tempfile.mkdtemp()) / "raw"
-        download(build(DownloadConfig, params["download"], "download"), raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
-    splits = build_splits(raw, build(DataConfig, params["data"], "data"), seed)[experiment(params).task]
+        download(params.download, raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
+    splits = build_splits(raw, params.data, params.seed)[params.task]
     return params, pretrained, splits

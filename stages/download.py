@@ -2,9 +2,9 @@
 import argparse
 from pathlib import Path
 
-from storyrewrite.data.sources import DownloadConfig, download
-from storyrewrite.params import build, load_params
+from storyrewrite.data.sources import download
 from storyrewrite.io import run_stage
+from storyrewrite.params import Params
 
 
 def main() -> None:
@@ -13,8 +13,7 @@ def main() -> None:
     parser.add_argument("--recorded-sums", type=Path, required=True, help="sums recorded on first url download")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    config = build(DownloadConfig, load_params()["download"], "download")
-    for path in download(config, args.out, args.bundled, args.recorded_sums):
+    for path in download(Params.load().download, args.out, args.bundled, args.recorded_sums):
         print(f"sha256 ok  {path}")
 
 

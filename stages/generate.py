@@ -1,12 +1,13 @@
 """generate: predictions of one trained system on `generate.split`."""
 import argparse
+import time
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.generation.generate import GenerateConfig, generate_predictions
-from storyrewrite.models.loading import ModelsConfig
-from storyrewrite.params import build, experiment, load_params
+from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import run_stage
+from storyrewrite.models.loading import resolve_device
+from storyrewrite.params import Params
 
 
 def main() -> None:
@@ -15,14 +16,15 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="prepared data dir")
     parser.add_argument("--out", type=Path, required=True, help="predictions .jsonl")
     args = parser.parse_args()
-    params = load_params()
-    run = experiment(params)
-    config = build(GenerateConfig, params["generate"], "generate")
-    instances = load_instances(args.data, run.task, config.split)
-    n = generate_predictions(
-        args.model, instances, run.task, config, build(ModelsConfig, params["models"], "models"), args.out, run.seed
-    )
-    print(f"{args.out}: {len(instances)} predictions ({n} generated now, {len(instances) - n} resumed)")
+    params = Params.load()
+    config = params.generate
+    instances = load_instances(args.data, params.task, config.split)
+    device = resolve_device(params.device)
+    started = time.perf_counter()
+    n = generate_predictions(args.model, instances, params.task, config, params.models, args.out, params.seed, device)
+    seconds = time.perf_counter() - started
+    print(f"{args.out}: {len(instances)} predictions ({n} generated now, {len(instances) - n} resumed) on {device} "
+          f"({config.dtype}) in {seconds:.1f} s = {n / seconds:.1f} predictions/s")
 
 
 if __name__ == "__main__":

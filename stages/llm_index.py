@@ -1,11 +1,14 @@
-"""llm_index: the RAG index: MiniLM embeddings of the training split (never val or test)."""
+"""llm_index: the retrieval index of the LLM baselines (MiniLM embeddings of the training split,
+never val or test), built only when a mode in `llm.modes` retrieves (RAG); otherwise an empty
+index that says why, and MiniLM is not needed."""
 import argparse
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.llm.retrieval import Embedder, build_index, extract_minilm
-from storyrewrite.params import experiment, load_params
 from storyrewrite.io import run_stage
+from storyrewrite.llm.retrieval import Embedder, build_index, extract_minilm, write_unbuilt
+from storyrewrite.llm.modes import needs_index
+from storyrewrite.params import Params
 
 
 def main() -> None:
@@ -13,11 +16,15 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    task = experiment(load_params()).task
-    train = load_instances(args.data, task, "train")
-    embedder = Embedder(extract_minilm(args.out / "embedder"))
-    build_index(train, embedder, args.out, task)
-    print(f"{args.out}: {len(train)} training instances of {task} indexed")
+    params = Params.load()
+    if not needs_index(params.llm.modes):
+        write_unbuilt(args.out, f"no mode of `llm.modes` ({', '.join(params.llm.modes) or 'none'}) retrieves")
+        print(f"{args.out}: not built (no retrieving mode in llm.modes)")
+        return
+    train = load_instances(args.data, params.task, "train")
+    embedder = Embedder(extract_minilm(args.out / "embedder"), params.device)
+    build_index(train, embedder, args.out, params.task)
+    print(f"{args.out}: {len(train)} training instances of {params.task} indexed on {embedder.device}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 import argparse
 from pathlib import Path
 
-from storyrewrite.data.prepare import DataConfig, format_counts, prepare
+from storyrewrite.data.prepare import format_counts, prepare
 from storyrewrite.io import run_stage, write_json_atomic
-from storyrewrite.params import build, experiment, load_params
+from storyrewrite.params import Params
 
 
 def main() -> None:
@@ -13,8 +13,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--counts", type=Path, required=True)
     args = parser.parse_args()
-    params = load_params()
-    counts = prepare(args.raw, args.out, build(DataConfig, params["data"], "data"), experiment(params).seed)
+    params = Params.load()
+    counts = prepare(args.raw, args.out, params.data, params.seed)
     write_json_atomic(args.counts, counts)
     print(format_counts(counts))
 

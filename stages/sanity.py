@@ -5,7 +5,8 @@ from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import run_stage, write_jsonl_atomic
-from storyrewrite.params import experiment, load_params
+from storyrewrite.params import Params
+from storyrewrite.systems import copy_predictions
 
 
 def main() -> None:
@@ -13,11 +14,10 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    params = load_params()
-    instances = load_instances(args.data, experiment(params).task, params["generate"]["split"])
-    write_jsonl_atomic(args.out / "copy_reference.jsonl", ({"id": r["id"], "prediction": r["target"]} for r in instances))
-    if all("original_ending" in r for r in instances):
-        write_jsonl_atomic(args.out / "copy_original.jsonl", ({"id": r["id"], "prediction": r["original_ending"]} for r in instances))
+    params = Params.load()
+    instances = load_instances(args.data, params.task, params.generate.split)
+    for system, rows in copy_predictions(instances, params.task).items():
+        write_jsonl_atomic(args.out / f"{system}.jsonl", rows)
 
 
 if __name__ == "__main__":

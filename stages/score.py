@@ -3,15 +3,12 @@ counterfactual) for each predictions file given (a directory means every .jsonl 
 import argparse
 from pathlib import Path
 
-import torch
-
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import run_stage, write_json_atomic, write_jsonl_atomic
-from storyrewrite.metrics.config import ScoreConfig
 from storyrewrite.metrics.evaluate import read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.loading import ModelsConfig, resolve_model_dir
-from storyrewrite.params import build, experiment, load_params
+from storyrewrite.models.loading import resolve_device, resolve_model_dir
+from storyrewrite.params import Params
 
 
 def main() -> None:
@@ -22,13 +19,13 @@ def main() -> None:
     parser.add_argument("--scores-dir", type=Path, required=True, help="per-instance scores, <system>.jsonl")
     parser.add_argument("--metrics-dir", type=Path, required=True, help="corpus metrics, <system>.json")
     args = parser.parse_args()
-    params = load_params()
-    run = experiment(params)
-    config = build(ScoreConfig, params["score"], "score")
-    models = build(ModelsConfig, params["models"], "models")
-    instances = load_instances(args.data, run.task, params["generate"]["split"])
-    scorer = LMScorer.from_dir(resolve_model_dir(args.scorer, "scorer"), models.max_input_tokens,
-                               models.max_output_tokens, dtype=getattr(torch, config.dtype))
+    params = Params.load()
+    config, models = params.score, params.models
+    instances = load_instances(args.data, params.task, params.generate.split)
+    device = resolve_device(params.device)
+    scorer = LMScorer.from_dir(resolve_model_dir(args.scorer, "scorer"), models.max_input_tokens, models.max_output_tokens,
+                               dtype=config.dtype, device=device)
+    print(f"scorer on {device} ({config.dtype})")
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
     for path in files:
         rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size)

@@ -1,22 +1,25 @@
-"""significance: one-tailed paired bootstrap of every system against the baseline, per metric."""
+"""significance: one-tailed paired bootstrap of every system of the run against the baseline,
+per metric and form."""
 import argparse
 from pathlib import Path
 
-from storyrewrite.io import read_jsonl, run_stage, write_json_atomic
-from storyrewrite.metrics.config import SignificanceConfig
-from storyrewrite.params import build, experiment, load_params
-from storyrewrite.significance.compare import compare
+from storyrewrite.io import run_stage, write_json_atomic
+from storyrewrite.params import Params
+from storyrewrite.significance.compare import compare, read_scores
+from storyrewrite.systems import pipeline_systems
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--systems", nargs="+", required=True, help="the trained systems (generate@<system>)")
     parser.add_argument("--scores", type=Path, nargs="+", required=True, help="directories of <system>.jsonl scores")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    params = load_params()
-    config = build(SignificanceConfig, params["significance"], "significance")
-    scores = {path.stem: [row for _, row in read_jsonl(path)] for directory in args.scores for path in sorted(directory.glob("*.jsonl"))}
-    results = compare(scores, config.baseline, config.n_resamples, experiment(params).seed, by_story=config.unit == "story")
+    params = Params.load()
+    config = params.significance
+    systems = pipeline_systems(args.systems, params.llm.modes, params.task)
+    scores = read_scores(systems, args.scores)
+    results = compare(scores, config.baseline, config.n_resamples, params.seed, by_story=config.unit == "story")
     write_json_atomic(args.out, {**results, "_baseline": config.baseline, "_n_resamples": config.n_resamples, "_unit": config.unit})
     for system, p_values in results.items():
         print(system, p_values)

@@ -7,13 +7,10 @@ import argparse
 import json
 from pathlib import Path
 
-from storyrewrite.models.loading import ModelsConfig, resolve_model_dir
-from storyrewrite.objectives.cpo import CPOConfig
-from storyrewrite.objectives.dto import DTOConfig
-from storyrewrite.params import build, experiment, load_params
-from storyrewrite.training.config import TrainConfig
-from storyrewrite.training.run import fit
 from storyrewrite.io import run_stage
+from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.params import Params
+from storyrewrite.training.run import fit
 
 
 def main() -> None:
@@ -26,16 +23,15 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, required=True, help="training curves and summary")
     parser.add_argument("--scorer", type=Path, help="the models stage's dir (or a model dir): DTO's frozen scorer")
     args = parser.parse_args()
-    params = load_params()
-    run = experiment(params)
+    params = Params.load()
+    fine_tuning = args.section == "train"
     summary = fit(
-        build(TrainConfig, params[args.section], args.section),
+        params.section(args.section),
         init_dir=resolve_model_dir(args.init), out_dir=args.out, checkpoint_dir=args.checkpoints,
-        log_dir=args.logs, models=build(ModelsConfig, params["models"], "models"), prepared_dir=args.data,
-        task=run.task, objective_name="nll" if args.section == "train_nll" else run.objective, seed=run.seed,
+        log_dir=args.logs, models=params.models, prepared_dir=args.data,
+        task=params.task, objective_name=params.objective if fine_tuning else "nll", seed=params.seed,
         # The NLL stage neither reads nor depends on the fine-tuning objectives' sections.
-        dto=build(DTOConfig, params["dto"], "dto") if args.section == "train" else None,
-        cpo=build(CPOConfig, params["cpo"], "cpo") if args.section == "train" else None,
+        dto=params.dto if fine_tuning else None, cpo=params.cpo if fine_tuning else None,
         scorer_dir=resolve_model_dir(args.scorer, "scorer") if args.scorer else None,
     )
     print(json.dumps(summary, indent=2))

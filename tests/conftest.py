@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from storyrewrite.data.prepare import DataConfig, prepare
-from storyrewrite.models.loading import ModelsConfig, materialise, resolve_model_dir
-from storyrewrite.params import build, load_params
-from storyrewrite.training.config import TrainConfig
+from storyrewrite.data.prepare import prepare
+from storyrewrite.models.loading import materialise, resolve_model_dir
+from storyrewrite.params import DataConfig, ModelsConfig, TrainConfig, build, load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "data" / "bundled"
@@ -17,7 +16,7 @@ BUNDLED = ROOT / "data" / "bundled"
 
 def tiny_train_config(**changes) -> TrainConfig:
     """The default `train_nll` section made tiny: 2 steps, CPU, checkpoints every step."""
-    section = load_params(ROOT / "params.yaml")["train_nll"]
+    section = load_yaml(ROOT / "params.yaml")["train_nll"]
     section = {**section, "batch_size": 2, "max_steps": 2, "val_check_interval": 2,
                "checkpoint_every_n_steps": 1, "lr": 1e-3, "accelerator": "cpu", "devices": 1, **changes}
     return build(TrainConfig, section, "train_nll")

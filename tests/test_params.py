@@ -1,33 +1,67 @@
+import subprocess
+import sys
+
 import pytest
 
-from storyrewrite.data.prepare import DataConfig
 from storyrewrite.io import InputError
-from storyrewrite.params import build, experiment, load_params
-from storyrewrite.training.config import TrainConfig
+from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay
 
 from conftest import ROOT
 
 
+def _params(**changes) -> Params:
+    return Params({**load_yaml(ROOT / "params.yaml"), **changes})
+
+
 def test_default_params_build_every_section():
-    params = load_params(ROOT / "params.yaml")
-    assert experiment(params).task == "timetravel"
-    assert build(TrainConfig, params["train_nll"], "train_nll").batch_size == 2
-    assert build(DataConfig, params["data"], "data").max_eval == 24
+    params = Params.load(ROOT / "params.yaml")
+    params.check_all()
+    assert params.task == "timetravel" and params.device == "auto"
+    assert params.train_nll.batch_size == 2 and params.data.max_eval == 24
+    assert params.download.bundled.files["timetravel/test.json"].path == "timetravel/test_data.json"
+    assert params.llm.openai.model == "gpt-4o" and params.cpo.lambda_ == 1.0
+
+
+def test_a_section_is_checked_only_when_read():
+    # An invalid `dto` section does not concern a stage that never reads it (NLL training).
+    params = _params(dto={"tau": -1.0, "hard": False})
+    assert params.train_nll.lr == 3e-5
+    with pytest.raises(InputError, match=r"`dto\.tau` = -1\.0 must be > 0"):
+        params.dto
 
 
 def test_unknown_key_names_key_and_valid_keys():
     with pytest.raises(InputError, match=r"`data\.max_tran`.*valid keys: val_fraction, max_train, max_eval"):
         build(DataConfig, {"val_fraction": 0.1, "max_tran": 3}, "data")
+    with pytest.raises(InputError, match=r"unknown key\(s\) `seeed` in .*; valid keys: seed, task,"):
+        _params(seeed=1)
+
+
+def test_a_typo_in_a_nested_container_is_the_same_unknown_key_error():
+    section = load_yaml(ROOT / "params.yaml")["download"]
+    section["bundled"]["files"]["art/dev.jsonl"] = {"paht": "art/dev.jsonl", "sha256": "0" * 64}
+    with pytest.raises(InputError) as caught:
+        build(DownloadConfig, section, "download")
+    assert str(caught.value) == ("params: unknown key(s) `download.bundled.files.art/dev.jsonl.paht`; "
+                                 "valid keys: path, sha256")
+    section = load_yaml(ROOT / "params.yaml")["download"]
+    section["url"]["archives"]["art"]["member"] = {}
+    with pytest.raises(InputError, match=r"^params: unknown key\(s\) `download\.url\.archives\.art\.member`; valid keys: url, members, sha256$"):
+        build(DownloadConfig, section, "download")
 
 
 def test_wrong_type_names_key_and_type():
     with pytest.raises(InputError, match=r"`data\.max_train` = 'ten' has the wrong type; expected int or null"):
         build(DataConfig, {"val_fraction": 0.1, "max_train": "ten"}, "data")
+    with pytest.raises(InputError, match=r"`llm\.modes\[1\]` = 3 has the wrong type; expected str"):
+        _params(llm={**load_yaml(ROOT / "params.yaml")["llm"], "modes": ["rag", 3]}).llm
 
 
 def test_invalid_choice_lists_valid_values():
     with pytest.raises(InputError, match=r"`task` = 'rocstories' is not valid; valid values: timetravel, timetravel_ablated, art"):
-        experiment({"seed": 0, "task": "rocstories"})
+        _params(task="rocstories").task
+    with pytest.raises(InputError, match=r"`device` = 'gpu' is not valid; valid values: auto, cpu, cuda, cuda:N"):
+        _params(device="gpu").device
 
 
 def test_out_of_range_value():
@@ -37,6 +71,28 @@ def test_out_of_range_value():
 
 def test_exponent_without_dot_reads_as_float():
     # PyYAML loads `5e-9` as a string; the paper's lr is written that way.
-    params = load_params(ROOT / "params.yaml")
-    section = dict(params["train_nll"], lr="5e-9")
+    section = dict(load_yaml(ROOT / "params.yaml")["train_nll"], lr="5e-9")
     assert build(TrainConfig, section, "train_nll").lr == pytest.approx(5e-9)
+
+
+def test_profiles_compose_and_every_section_stays_valid():
+    base = load_yaml(ROOT / "params.yaml")
+    gpu, paper = load_yaml(ROOT / "params" / "gpu.yaml"), load_yaml(ROOT / "params" / "paper.yaml")
+    for layers in ([gpu], [paper], [gpu, paper]):
+        merged = base
+        for layer in layers:
+            merged = overlay(merged, layer)
+        Params(merged).check_all()
+    both = Params(overlay(overlay(base, gpu), paper))
+    # The paper's models and token budgets, the GPU profile's precision and data.
+    assert both.models.generator == "facebook/bart-large-cnn" and both.models.max_input_tokens == 1024
+    assert both.train_nll.precision == "bf16-mixed" and both.data.max_train is None
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "overrides", "params/gpu.yaml", "params/paper.yaml"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "-S models.generator=facebook/bart-large-cnn" in result.stdout and "-S data.max_train=null" in result.stdout
+
+
+def test_a_profile_may_not_invent_keys():
+    with pytest.raises(InputError, match=r"profile: unknown key `train\.lr_schedule`"):
+        overlay(load_yaml(ROOT / "params.yaml"), {"train": {"lr_schedule": "cosine"}})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from storyrewrite.params import load_params, overlay
+from storyrewrite.params import load_yaml, overlay
 
 from conftest import ROOT, read_jsonl
 
@@ -55,7 +55,7 @@ def _ran(output: str) -> set[str]:
 
 
 def _write_params(repo: Path, *layers: dict) -> None:
-    params = load_params(repo / "params.yaml")
+    params = load_yaml(repo / "params.yaml")
     for layer in layers:
         params = overlay(params, layer)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -115,11 +115,11 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     """params/paper.yaml as a user applies it, with bart-large-cnn swapped for a tiny random BART
     (the hub is out of reach here), bundled data, CPU fp32 and a tiny budget."""
     _copy_repo(tmp_path)
-    paper = load_params(tmp_path / "params" / "paper.yaml")
+    paper = load_yaml(tmp_path / "params" / "paper.yaml")
     offline = {"download": {"source": "bundled"}, "models": {"generator": "tiny:bart", "scorer": "tiny:bart"},
                "llm": {"backend": "local", "modes": ["rag"]}}
     _write_params(tmp_path, paper, TINY, offline)
-    params = load_params(tmp_path / "params.yaml")
+    params = load_yaml(tmp_path / "params.yaml")
     assert params["models"]["max_input_tokens"] == 1024 and params["train"]["lr"] == 5e-9
     _dvc(tmp_path, "repro")
     for system in ("finetuned", "llm_rag"):

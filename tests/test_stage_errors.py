@@ -3,13 +3,13 @@ import sys
 
 import yaml
 
-from storyrewrite.params import load_params
+from storyrewrite.params import load_yaml
 
 from conftest import ROOT
 
 
 def test_a_stage_reports_bad_params_in_one_line_and_exits_2(tmp_path):
-    params = load_params(ROOT / "params.yaml")
+    params = load_yaml(ROOT / "params.yaml")
     params["data"]["max_train"] = "many"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "prepare.py"), "--raw", "raw", "--out", "out",

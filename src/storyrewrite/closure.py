@@ -40,7 +40,7 @@ def _module_name(path: Path) -> str | None:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imported_modules(path: Path) -> set[str]:
+def imported_modules(path: Path) -> set[str]:
     """Names of the modules an import statement in `path` may load (a `from m import x` loads
     `m`, and `m.x` when x is a submodule), relative imports resolved."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -74,7 +74,7 @@ def closure(entry: str | Path) -> set[Path]:
         if path in seen:
             continue
         seen.add(path)
-        for name in _imported_modules(path):
+        for name in imported_modules(path):
             parts = name.split(".")
             # Importing a.b.c runs a/__init__.py and a/b/__init__.py first.
             for depth in range(1, len(parts) + 1):

@@ -49,19 +49,37 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """The file decoded as UTF-8; an undecodable byte is an error naming file:line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(f"{path}:{line}: not valid UTF-8 (byte {data[err.start:err.start + 1]!r} at offset {err.start})") from None
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file; a decode or syntax error names file:line."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+
+
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """Yield (line number, object) for each non-blank line; a malformed line names file:line."""
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{line_number}: malformed JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{line_number}: expected a JSON object, got {type(obj).__name__}")
-            yield line_number, obj
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
+    for line_number, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{line_number}: malformed JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{line_number}: expected a JSON object, got {type(obj).__name__}")
+        yield line_number, obj
 
 
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:

@@ -3,9 +3,10 @@ import json
 import pytest
 
 from storyrewrite.data.prepare import (
-    DataConfig, build_splits, check_disjoint, load_instances, prepare, read_stories, subsample_stories,
+    build_splits, check_disjoint, load_instances, prepare, read_stories, subsample_stories,
 )
 from storyrewrite.io import InputError
+from storyrewrite.params import DataConfig
 
 from conftest import read_jsonl
 

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from storyrewrite.data.prepare import DataConfig, prepare
+from storyrewrite.data.prepare import prepare
 from storyrewrite.io import InputError
+from storyrewrite.params import DataConfig
 
 from conftest import write_raw
 

@@ -4,15 +4,15 @@ import zipfile
 
 import pytest
 
-from storyrewrite.data.sources import DownloadConfig, download
+from storyrewrite.data.sources import download
 from storyrewrite.io import InputError
-from storyrewrite.params import build, load_params
+from storyrewrite.params import DownloadConfig, build, load_yaml
 
 from conftest import BUNDLED, ROOT
 
 
 def _config(**changes) -> DownloadConfig:
-    section = load_params(ROOT / "params.yaml")["download"]
+    section = load_yaml(ROOT / "params.yaml")["download"]
     return build(DownloadConfig, {**section, **changes}, "download")
 
 

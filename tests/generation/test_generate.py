@@ -1,9 +1,11 @@
 import json
 
 import pytest
+import torch
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.generation.generate import GenerateConfig, generate_predictions
+from storyrewrite.generation.generate import generate_predictions
+from storyrewrite.params import GenerateConfig
 
 from conftest import read_jsonl, tiny_models_config
 
@@ -55,4 +57,4 @@ def test_an_interrupted_run_resumes_without_regenerating(tmp_path, tiny_model_di
 def _fingerprint_of(model_dir, instances):
     from storyrewrite.generation.generate import _fingerprint
     config = GenerateConfig(batch_size=4, num_beams=1, max_new_tokens=6, split="test")
-    return _fingerprint(model_dir, instances, config, tiny_models_config("llama"))
+    return _fingerprint(model_dir, instances, config, tiny_models_config("llama"), torch.device("cpu"))

@@ -8,10 +8,11 @@ import yaml
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import InputError
-from storyrewrite.llm.backends import OpenAIBackend, RetryPolicy
+from storyrewrite.llm.backends import OpenAIBackend
 from storyrewrite.llm.cache import ResponseCache
-from storyrewrite.llm.run import LLMConfig, run_mode
-from storyrewrite.params import build, load_params
+from storyrewrite.llm.modes import ExampleSource
+from storyrewrite.llm.run import run_mode
+from storyrewrite.params import LLMConfig, OpenAISettings, build, load_yaml
 
 from chat_server import ChatServer
 from conftest import ROOT
@@ -20,16 +21,14 @@ KEY = "sk-test-NEVER-WRITE-ME-1234"
 
 
 def _config(url: str, **openai) -> LLMConfig:
-    section = load_params(ROOT / "params.yaml")["llm"]
+    section = load_yaml(ROOT / "params.yaml")["llm"]
     section = {**section, "backend": "openai", "templates": {k: str(ROOT / v) for k, v in section["templates"].items()},
                "openai": {**section["openai"], "base_url": url, "model": "test-model", "concurrency": 1, **openai}}
     return build(LLMConfig, section, "llm")
 
 
 def _backend(config: LLMConfig, sleeps: list) -> OpenAIBackend:
-    o = config.openai
-    return OpenAIBackend(o.base_url, o.model, o.api_key_env, o.timeout, RetryPolicy(o.max_retries, o.initial_delay, o.max_delay),
-                         sleep=sleeps.append)
+    return OpenAIBackend(config.openai, sleep=sleeps.append)
 
 
 @pytest.fixture
@@ -65,7 +64,7 @@ def test_gives_up_after_max_retries(key):
 def test_missing_key_fails_at_once_naming_the_variable(monkeypatch):
     monkeypatch.delenv("MY_LLM_KEY", raising=False)
     with pytest.raises(InputError, match="the API key variable MY_LLM_KEY is not set"):
-        OpenAIBackend("http://127.0.0.1:9/v1", "m", "MY_LLM_KEY", 1.0, RetryPolicy(0, 1, 1))
+        OpenAIBackend(OpenAISettings("http://127.0.0.1:9/v1", "m", "MY_LLM_KEY", 1.0, 0, 1.0, 1.0, 1))
 
 
 def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(key, tmp_path, small_prepared):
@@ -75,12 +74,11 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
     with ChatServer(fail_after=3) as server:  # the 4th request fails (not retryable): the run stops
         config = _config(server.url)
         with pytest.raises(Exception):
-            run_mode("one_shot_random", instances, train, "timetravel", config, _backend(config, []),
-                     "test-model", cache, seed=0)
+            run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0), _backend(config, []), cache)
         assert server.successes == 3
         server.fail_after = None
-        predictions, usage = run_mode("one_shot_random", instances, train, "timetravel", config, _backend(config, []),
-                                      "test-model", cache, seed=0)
+        predictions, usage = run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0),
+                                      _backend(config, []), cache)
     assert usage.cache_hits == 3 and usage.requests == len(instances) - 3
     assert server.successes == len(instances)  # every prompt answered exactly once over both runs
     assert [p["id"] for p in predictions] == [r["id"] for r in instances]
@@ -88,7 +86,7 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
 
 def test_the_stage_never_writes_the_key(tmp_path, small_prepared):
     with ChatServer() as server:
-        params = load_params(ROOT / "params.yaml")
+        params = load_yaml(ROOT / "params.yaml")
         params["llm"] = {**params["llm"], "backend": "openai", "templates": {k: str(ROOT / v) for k, v in params["llm"]["templates"].items()},
                          "openai": {**params["llm"]["openai"], "base_url": server.url}}
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

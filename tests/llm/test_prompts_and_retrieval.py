@@ -4,14 +4,15 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import InputError
 from storyrewrite.llm.prompts import Template, messages
 from storyrewrite.llm.retrieval import Embedder, Index, build_index, extract_minilm, query_text
-from storyrewrite.llm.run import LLMConfig, choose_examples, clean_reply
-from storyrewrite.params import build, load_params
+from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
+from storyrewrite.llm.run import clean_reply
+from storyrewrite.params import LLMConfig, build, load_yaml
 
 from conftest import ROOT
 
 
 def _config(**changes) -> LLMConfig:
-    return build(LLMConfig, {**load_params(ROOT / "params.yaml")["llm"], **changes}, "llm")
+    return build(LLMConfig, {**load_yaml(ROOT / "params.yaml")["llm"], **changes}, "llm")
 
 
 def test_template_messages_with_and_without_example(small_prepared):
@@ -38,17 +39,23 @@ def test_template_errors_name_the_problem(tmp_path):
 def test_example_choice_per_mode(small_prepared):
     test = load_instances(small_prepared, "timetravel", "test")
     train = load_instances(small_prepared, "timetravel", "train")
-    config = _config()
-    assert choose_examples("zero_shot", test, train, "timetravel", config, 0) == [None] * len(test)
-    fixed = choose_examples("one_shot_fixed", test, train, "timetravel", config, 0)
-    assert all(e is train[0] for e in fixed)
-    chosen = _config(fixed_example_id={"timetravel": train[4]["id"]})
-    assert choose_examples("one_shot_fixed", test, train, "timetravel", chosen, 0)[0] is train[4]
+    def examples(mode, queries, config=_config()):
+        return get_mode(mode).examples(queries, ExampleSource(train, "timetravel", config, 0))
+
+    assert examples("zero_shot", test) == [None] * len(test)
+    assert all(e is train[0] for e in examples("one_shot_fixed", test))
+    assert examples("one_shot_fixed", test, _config(fixed_example_id={"timetravel": train[4]["id"]}))[0] is train[4]
     with pytest.raises(InputError, match=r"`llm.fixed_example_id.timetravel` = 'nope' is not a training instance id"):
-        choose_examples("one_shot_fixed", test, train, "timetravel", _config(fixed_example_id={"timetravel": "nope"}), 0)
-    random_a = choose_examples("one_shot_random", test, train, "timetravel", config, 0)
-    assert random_a == choose_examples("one_shot_random", test[::-1], train, "timetravel", config, 0)[::-1]  # per query
+        examples("one_shot_fixed", test, _config(fixed_example_id={"timetravel": "nope"}))
+    random_a = examples("one_shot_random", test)
+    assert random_a == examples("one_shot_random", test[::-1])[::-1]  # per query
     assert all(e in train for e in random_a)
+
+
+def test_an_unknown_mode_lists_the_registered_ones():
+    with pytest.raises(InputError, match=r"`llm.modes` has 'few_shot'; valid values: zero_shot, one_shot_random, one_shot_fixed, rag"):
+        get_mode("few_shot")
+    assert [m.name for m in MODES.values() if m.needs_index] == ["rag"]
 
 
 def test_clean_reply():
@@ -79,3 +86,27 @@ def test_rag_retrieves_the_duplicated_training_story_and_never_a_test_one(embedd
     assert by_id[nearest]["story_id"] == train[7]["story_id"]
     test_ids = {r["id"] for r in test}
     assert not test_ids & set(index.nearest(embedder.embed([query_text(r, "timetravel") for r in test])))
+
+
+def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tmp_path, small_prepared, monkeypatch):
+    import runpy
+    import sys
+
+    import yaml
+
+    from storyrewrite.llm import retrieval
+
+    params = load_yaml(ROOT / "params.yaml")
+    params["llm"]["modes"] = ["zero_shot", "one_shot_fixed"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+
+    def no_minilm(dest):
+        raise AssertionError("MiniLM was asked for")
+
+    monkeypatch.setattr(retrieval, "extract_minilm", no_minilm)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["llm_index.py", "--data", str(small_prepared), "--out", "index"])
+    runpy.run_path(str(ROOT / "stages" / "llm_index.py"), run_name="__main__")
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["unbuilt.json"]
+    with pytest.raises(InputError, match=r"the retrieval index was not built \(no mode of `llm.modes` \(zero_shot, one_shot_fixed\) retrieves\)"):
+        Index(tmp_path / "index")

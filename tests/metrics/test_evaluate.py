@@ -3,7 +3,7 @@ import json
 import pytest
 
 from storyrewrite.io import InputError
-from storyrewrite.metrics import LMScorer
+from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.evaluate import read_predictions, score_system
 
 INSTANCES = [

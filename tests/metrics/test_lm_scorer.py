@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from storyrewrite.metrics import LMScorer
+from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.loading import load_model, load_tokenizer
 
 SOURCES = ["Tom lost his keys. He found them.", "A short one.", "", "The cat sat on the mat and then it slept all day long."]

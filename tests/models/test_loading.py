@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from storyrewrite.io import InputError
+from storyrewrite.params import ModelsConfig
 from storyrewrite.models.loading import (
-    ModelsConfig, is_seq2seq, load_from_source, load_model, load_tokenizer, materialise, resolve_model_dir,
+    is_seq2seq, load_from_source, load_model, load_tokenizer, materialise, resolve_model_dir,
 )
 
 

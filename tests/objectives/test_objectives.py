@@ -5,12 +5,13 @@ import torch
 
 from storyrewrite.data.formatting import causal_prompt
 from storyrewrite.io import InputError
-from storyrewrite.metrics import LMScorer
+from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.encoding import Encoder, target_logits
 from storyrewrite.models.loading import load_model, load_tokenizer
 from storyrewrite.objectives import ObjectiveContext, get_objective
-from storyrewrite.objectives.cpo import CPOConfig, cpo_loss
-from storyrewrite.objectives.dto import DTOConfig, gumbel_softmax
+from storyrewrite.objectives.cpo import cpo_loss
+from storyrewrite.objectives.dto import gumbel_softmax
+from storyrewrite.params import CPOConfig, DTOConfig
 from storyrewrite.training.data import Collate
 
 from conftest import read_jsonl, tiny_models_config, tiny_train_config

@@ -26,10 +26,16 @@ def test_collects_commits_and_experiments_into_one_table():
     assert text[4] == "| faster | nll | 3e-05 | -1.500\\* | 60.0 | 30.0 | -2.500 | n/a | n/a | -2.000 |"
 
 
-def _run(name, objective, val_nll, bart, extra=None):
+LABELS = {"nll": "NLL", "cpo": "CPO", "score": "DTO-Score"}
+
+
+def _run(name, objective, val_nll, bart, settings=None):
     data = _data(1e-5, bart, 0.01)
-    data["params"]["params.yaml"]["data"] |= {"objective": objective, **(extra or {})}
-    data["metrics"]["reports/train/finetuned/summary.json"] = {"data": {"best_val_nll": val_nll}}
+    data["params"]["params.yaml"]["data"]["objective"] = objective
+    # What the train stage writes: the label from the objective registry and the objective's own settings.
+    data["metrics"]["reports/train/finetuned/summary.json"] = {"data": {"best_val_nll": val_nll, "label": LABELS[objective],
+                                                                         "settings": settings}}
+    data["metrics"]["reports/train/nll/summary.json"] = {"data": {"label": "NLL"}}
     return {"rev": name, "name": name, "data": data}
 
 
@@ -38,13 +44,14 @@ def test_objectives_table_keeps_the_best_run_of_each_objective_by_validation_nll
 
     runs = [
         _run("base", "nll", 1.50, -1.95),
-        _run("cpo-a", "cpo", 1.60, -1.80, {"cpo": {"beta": 0.1, "lambda": 1.0}}),
-        _run("cpo-b", "cpo", 1.40, -1.90, {"cpo": {"beta": 2, "lambda": 0.5}}),
-        _run("dto", "score", 1.45, -1.70),
+        _run("cpo-a", "cpo", 1.60, -1.80, {"beta": 0.1, "lambda": 1.0}),
+        _run("cpo-b", "cpo", 1.40, -1.90, {"beta": 2, "lambda": 0.5}),
+        _run("dto", "score", 1.45, -1.70, {"tau": 1.0, "hard": False}),
     ]
     lines = objectives_table(experiments([{"rev": "c0", "name": "main", "data": None, "experiments": [{"revs": [r]} for r in runs]}])).splitlines()
     assert lines[2].startswith("| NLL | - | -2.000 |")
     assert lines[3].startswith("| NLL, continued | base: 1.5000 | -1.950\\* |")
-    assert lines[4].startswith("| CPO (β=2, λ=0.5) | cpo-b: 1.4000 | -1.900\\* |")  # lower val NLL than cpo-a
-    assert lines[5].startswith("| DTO-Score | dto: 1.4500 | -1.700\\* |")
+    # Lower val NLL than cpo-a; the settings that vary across the CPO runs name the chosen one.
+    assert lines[4].startswith("| CPO (beta=2, lambda=0.5) | cpo-b: 1.4000 | -1.900\\* |")
+    assert lines[5].startswith("| DTO-Score | dto: 1.4500 | -1.700\\* |")  # one run: no settings vary
     assert len([line for line in lines if line.startswith("| ")]) == 5  # the header and four systems

@@ -30,3 +30,40 @@ def test_latex_table():
     latex = latex_table(_rows(), alpha=0.05, caption="c")
     assert "DTO-Score & \\textbf{-1.683}$^{*}$ & \\textbf{61.5} & \\textbf{35.5} & -2.990 & 39.0 & 19.0 \\\\" in latex
     assert latex.startswith("\\begin{table}") and latex.rstrip().endswith("\\end{table}")
+
+
+def _metrics(bart):
+    return {"bartscore": {"predictive": bart, "counterfactual": bart - 1}, "rougeL": {"predictive": 50.0, "counterfactual": 40.0},
+            "sacrebleu": {"predictive": 30.0, "counterfactual": 20.0}, "instances": 1, "counterfactual_metrics": "available"}
+
+
+def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
+    import json
+
+    import pytest
+
+    from storyrewrite.io import InputError
+    from storyrewrite.params import ReportConfig
+    from storyrewrite.report.build import build_report
+
+    instance = {"id": "s:0", "story_id": "s", "premise": "p", "initial": "i", "counterfactual": "c",
+                "original_ending": "o", "target": "t"}
+    for directory in ("metrics", "predictions", "train/nll", "llm"):
+        (tmp_path / directory).mkdir(parents=True)
+    # llm_old: left behind by a mode no longer in llm.modes; it must not appear as if current.
+    for system, bart in (("nll", -2.0), ("finetuned", -1.5), ("llm_old", -1.0)):
+        (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(_metrics(bart)))
+        (tmp_path / "predictions" / f"{system}.jsonl").write_text(json.dumps({"id": "s:0", "prediction": system}) + "\n")
+    (tmp_path / "train" / "nll" / "summary.json").write_text(json.dumps({"label": "NLL", "objective": "nll", "global_step": 3}))
+    (tmp_path / "significance.json").write_text(json.dumps({"finetuned": {"bartscore/predictive": 0.01}, "_n_resamples": 10}))
+
+    def report(systems):
+        return build_report(systems, [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
+                            [instance], tmp_path / "train", tmp_path / "llm", ReportConfig(examples=1), 0, "timetravel", "nll", 0.05)
+
+    markdown, _ = report(["nll", "finetuned"])
+    table = [line for line in markdown.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == ["| NLL", "| finetuned"]
+    assert "llm_old" not in markdown
+    with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
+        report(["nll", "finetuned", "llm_rag"])

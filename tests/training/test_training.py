@@ -13,7 +13,7 @@ from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.loading import load_model, load_tokenizer, materialise
 from storyrewrite.objectives import get_objective
-from storyrewrite.params import load_params
+from storyrewrite.params import load_yaml
 from storyrewrite.training.data import Collate
 from storyrewrite.training.module import RewriteModule
 from storyrewrite.training.run import fit
@@ -125,7 +125,7 @@ def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_pre
 
 def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
     """The train stage run as DVC runs it, with `devices: 2, strategy: ddp` (gloo on CPU)."""
-    params = load_params(ROOT / "params.yaml")
+    params = load_yaml(ROOT / "params.yaml")
     params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
     params["train_nll"] |= {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 2,
                             "val_check_interval": 2, "checkpoint_every_n_steps": 2}
@@ -144,7 +144,7 @@ def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
 
 
 def test_dto_trains_and_its_checkpoints_hold_the_generator_only(tmp_path, tiny_model_dirs, small_prepared):
-    from storyrewrite.objectives.dto import DTOConfig
+    from storyrewrite.params import DTOConfig
 
     config = tiny_train_config(max_steps=2)
     fit(config, init_dir=tiny_model_dirs["llama"], out_dir=tmp_path / "nll", checkpoint_dir=tmp_path / "c_nll",
@@ -165,7 +165,7 @@ def test_dto_trains_and_its_checkpoints_hold_the_generator_only(tmp_path, tiny_m
 
 @pytest.mark.parametrize("task", ["timetravel_ablated", "art"])
 def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs, small_prepared, task):
-    from storyrewrite.objectives.dto import DTOConfig
+    from storyrewrite.params import DTOConfig
 
     for objective in ("nll", "score"):
         summary = fit(tiny_train_config(max_steps=1, val_check_interval=1), init_dir=tiny_model_dirs["llama"],

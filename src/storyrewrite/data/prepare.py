@@ -3,26 +3,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 from storyrewrite.data.schema import SPLITS, TASK_COLUMNS, check_instance, parse_art_row, parse_story, Story
-from storyrewrite.io import InputError, read_jsonl, write_json_atomic, write_jsonl_atomic
-from storyrewrite.params import positive
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """`data` section of params.yaml."""
-
-    val_fraction: float
-    max_train: int | None = None  # at most this many instances, whole stories, seeded
-    max_eval: int | None = None  # the same for val and test
-
-    def check(self, where: str) -> None:
-        positive(where, max_train=self.max_train, max_eval=self.max_eval)
-        if not 0 < self.val_fraction < 1:
-            raise InputError(f"params: `{where}.val_fraction` = {self.val_fraction} must be in (0, 1)")
+from storyrewrite.io import InputError, read_jsonl, write_jsonl_atomic
+from storyrewrite.params import DataConfig
 
 
 def read_stories(path: Path) -> list[Story]:
@@ -167,10 +152,6 @@ def prepare(raw_dir: Path, out_dir: Path, config: DataConfig, seed: int) -> dict
                 "stories_full": len({row["story_id"] for row in full}),
             }
     return counts
-
-
-def write_counts(counts: dict, path: Path) -> None:
-    write_json_atomic(path, counts)
 
 
 def format_counts(counts: dict) -> str:

@@ -10,48 +10,14 @@ Sources (params `download.source`):
 """
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import urllib.request
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
-from storyrewrite.params import choices
-
-
-@dataclass(frozen=True)
-class BundledFile:
-    path: str  # relative to `bundled.dir`
-    sha256: str
-
-
-@dataclass(frozen=True)
-class BundledSource:
-    files: dict  # raw name (relative to out_dir) -> {path, sha256}
-
-
-@dataclass(frozen=True)
-class Archive:
-    url: str
-    members: dict  # raw name -> file name inside the zip (matched on its last path component)
-    sha256: dict = field(default_factory=dict)  # raw name -> expected sha256, where one is published
-
-
-@dataclass(frozen=True)
-class UrlSource:
-    archives: dict  # name -> Archive fields
-
-
-@dataclass(frozen=True)
-class DownloadConfig:
-    """`download` section of params.yaml."""
-
-    bundled: BundledSource
-    url: UrlSource
-    source: str = choices("bundled", "url")
+from storyrewrite.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
+from storyrewrite.params import BundledSource, DownloadConfig, UrlSource
 
 
 def _check_sum(path: Path, expected: str, what: str) -> None:
@@ -62,8 +28,7 @@ def _check_sum(path: Path, expected: str, what: str) -> None:
 
 def download_bundled(config: BundledSource, root: Path, out_dir: Path) -> list[Path]:
     written = []
-    for raw_name, spec in config.files.items():
-        entry = BundledFile(**spec)
+    for raw_name, entry in config.files.items():
         src = root / entry.path
         if not src.exists():
             raise InputError(f"{src}: bundled file missing (params `download.bundled.files.{raw_name}`)")
@@ -93,11 +58,10 @@ def _fetch(url: str, dest: Path) -> None:
 
 def download_urls(config: UrlSource, out_dir: Path, recorded_path: Path) -> list[Path]:
     """`recorded_path`: a JSON file (tracked by git) of the sums recorded on first download."""
-    recorded = json.loads(recorded_path.read_text()) if recorded_path.exists() else {}
+    recorded = read_json(recorded_path) if recorded_path.exists() else {}
     written = []
     with tempfile.TemporaryDirectory() as tmp_dir:
-        for name, spec in config.archives.items():
-            archive = Archive(**spec)
+        for name, archive in config.archives.items():
             zip_path = Path(tmp_dir) / f"{name}.zip"
             _fetch(archive.url, zip_path)
             with zipfile.ZipFile(zip_path) as zf:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,26 +19,15 @@ from transformers import GenerationConfig
 from storyrewrite.data.formatting import model_source
 from storyrewrite.io import InputError, read_jsonl, write_jsonl_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, weights_digest
-from storyrewrite.params import choices, positive
+from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, weights_digest
+from storyrewrite.params import GenerateConfig, ModelsConfig
 
 
-@dataclass(frozen=True)
-class GenerateConfig:
-    """`generate` section of params.yaml."""
-
-    batch_size: int
-    num_beams: int  # 1 = greedy
-    max_new_tokens: int
-    split: str = choices("val", "test", default="test")
-
-    def check(self, where: str) -> None:
-        positive(where, batch_size=self.batch_size, num_beams=self.num_beams, max_new_tokens=self.max_new_tokens)
-
-
-def _fingerprint(model_dir: Path, instances: list[dict], config: GenerateConfig, models: ModelsConfig) -> str:
+def _fingerprint(model_dir: Path, instances: list[dict], config: GenerateConfig, models: ModelsConfig,
+                 device: torch.device) -> str:
     digest = hashlib.sha256(weights_digest(model_dir).encode())
-    digest.update(json.dumps([dataclasses.asdict(config), models.max_input_tokens], sort_keys=True).encode())
+    # The device type too: a GPU's kernels may round differently, so a CPU run never resumes a GPU one.
+    digest.update(json.dumps([dataclasses.asdict(config), models.max_input_tokens, device.type], sort_keys=True).encode())
     digest.update(json.dumps(instances, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -59,23 +47,30 @@ def generate_predictions(
     models: ModelsConfig,
     out_path: str | Path,
     seed: int,
+    device: torch.device | str = "cpu",
 ) -> int:
-    """Write predictions for `instances` to `out_path`; return how many were generated now."""
+    """Write predictions for `instances` to `out_path`; return how many were generated now.
+
+    The model runs on `device` with its weights in `config.dtype` (bf16 on a GPU), batches of
+    `config.batch_size` prompts of similar length, SDPA attention (transformers' default) and,
+    with `config.cache: static`, a fixed-size KV cache (no re-allocation per new token)."""
     model_dir, out_path = Path(model_dir), Path(out_path)
     ids = [row["id"] for row in instances]
     if len(set(ids)) != len(ids):
         raise InputError("generate: duplicated instance ids in the prepared table")
     torch.manual_seed(seed)
-    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir).eval()
+    device = torch.device(device)
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir, config.dtype, device).eval()
     seq2seq = is_seq2seq(model_dir)
     encoder = Encoder(tokenizer, seq2seq, models.max_input_tokens, models.max_output_tokens)
     generation = GenerationConfig(
         max_new_tokens=config.max_new_tokens, num_beams=config.num_beams, do_sample=False,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=model.config.decoder_start_token_id if seq2seq else None,
+        cache_implementation="static" if config.cache == "static" else None,
     )
 
-    partial = out_path.parent / ".partial" / f"{out_path.stem}-{_fingerprint(model_dir, instances, config, models)}.jsonl"
+    partial = out_path.parent / ".partial" / f"{out_path.stem}-{_fingerprint(model_dir, instances, config, models, device)}.jsonl"
     partial.parent.mkdir(parents=True, exist_ok=True)
     for stale in partial.parent.glob(f"{out_path.stem}-*.jsonl"):
         if stale != partial:
@@ -89,7 +84,7 @@ def generate_predictions(
     with open(partial, "a", encoding="utf-8") as sink, torch.inference_mode():
         for start in tqdm(range(0, len(todo), config.batch_size), desc=f"generate {out_path.stem}", unit="batch"):
             batch_ids = todo[start : start + config.batch_size]
-            inputs = encoder.prompts([sources[i] for i in batch_ids])
+            inputs = {k: v.to(device) for k, v in encoder.prompts([sources[i] for i in batch_ids]).items()}
             output = model.generate(**inputs, generation_config=generation)
             new_tokens = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
             for instance_id, text in zip(batch_ids, tokenizer.batch_decode(new_tokens, skip_special_tokens=True)):

@@ -1,16 +1,26 @@
-"""Chat backends: `openai` (any OpenAI-compatible chat-completions server) and `local` (a
-transformers chat model, by default the bundled SmolLM2-135M-Instruct)."""
+"""Chat backends behind one small interface: `complete_many` answers a batch of chat prompts and
+yields each reply as it is ready, so that the caller caches every answer at once.
+
+- `openai`: any OpenAI-compatible chat-completions server (OpenAI, Gemini's compatible
+  endpoint, vLLM, llama.cpp's server, Ollama), `llm.openai.concurrency` requests at a time;
+- `local`: a transformers chat model (by default the bundled SmolLM2-135M-Instruct), batched.
+
+`make_backend(config, ...)` builds the one the params name.
+"""
 from __future__ import annotations
 
 import os
 import random
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Protocol
 
 from storyrewrite.io import InputError
+from storyrewrite.params import LLMConfig, OpenAISettings
 
 
 @dataclass
@@ -18,95 +28,139 @@ class Reply:
     text: str
     prompt_tokens: int
     completion_tokens: int
+    seconds: float  # wall time of the request (a batch's time shared by its prompts)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_retries: int
-    initial_delay: float  # seconds; doubled after each failed try, with jitter
-    max_delay: float
+class Backend(Protocol):
+    name: str  # in the cache key
+    model_id: str  # what identifies the model in the cache key (a URL and name, or a weights digest)
+    label: str  # the model as the report names it
+    batch_size: int  # prompts handed to complete_many at once
+
+    def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
+        """(position in `prompts`, reply) for every prompt, in the order they finish."""
+
+    @property
+    def retries(self) -> int: ...
 
 
 class OpenAIBackend:
-    """The official `openai` client against `base_url`: OpenAI, Gemini's OpenAI-compatible
-    endpoint, vLLM, llama.cpp's server, Ollama. The key is read from the environment variable
-    named in params, never from params; retries on rate limits (429), server errors (5xx),
-    timeouts and dropped connections, with exponential back-off that honours Retry-After."""
+    """The official `openai` client against `settings.base_url`. The key is read from the
+    environment variable named in params, never from params; rate limits (429), server errors
+    (5xx), timeouts and dropped connections are retried with exponential back-off that honours
+    Retry-After."""
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str, api_key_env: str, timeout: float, retry: RetryPolicy,
-                 sleep=time.sleep):
-        key = os.environ.get(api_key_env)
+    def __init__(self, settings: OpenAISettings, sleep=time.sleep):
+        key = os.environ.get(settings.api_key_env)
         if not key:
-            raise InputError(f"the API key variable {api_key_env} is not set (params `llm.openai.api_key_env`); "
-                             f"export {api_key_env}=... before running the LLM stage")
+            raise InputError(f"the API key variable {settings.api_key_env} is not set (params `llm.openai.api_key_env`); "
+                             f"export {settings.api_key_env}=... before running the LLM stage")
         import openai
 
         self.openai = openai
         # Retries are ours (counted, logged, Retry-After honoured), not the client's.
-        self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
-        self.model, self.retry, self.sleep = model, retry, sleep
-        self.retries = 0
+        self.client = openai.OpenAI(base_url=settings.base_url, api_key=key, timeout=settings.timeout, max_retries=0)
+        self.settings, self.sleep = settings, sleep
+        self.model_id, self.label = f"{settings.base_url} {settings.model}", settings.model
+        self.batch_size = 16 * settings.concurrency
+        self._retries, self._lock = 0, threading.Lock()  # counted from the worker threads
+
+    @property
+    def retries(self) -> int:
+        return self._retries
 
     def _delay(self, attempt: int, error: Exception) -> float:
         response = getattr(error, "response", None)
         retry_after = response.headers.get("retry-after") if response is not None else None
         if retry_after:
             try:
-                return min(float(retry_after), self.retry.max_delay)
+                return min(float(retry_after), self.settings.max_delay)
             except ValueError:
                 pass
-        return min(self.retry.initial_delay * 2**attempt, self.retry.max_delay) * (0.5 + random.random() / 2)
+        return min(self.settings.initial_delay * 2**attempt, self.settings.max_delay) * (0.5 + random.random() / 2)
 
     def complete(self, messages: list[dict], max_new_tokens: int, temperature: float) -> Reply:
         retryable = (self.openai.RateLimitError, self.openai.InternalServerError,
                      self.openai.APITimeoutError, self.openai.APIConnectionError)
-        for attempt in range(self.retry.max_retries + 1):
+        started = time.perf_counter()
+        for attempt in range(self.settings.max_retries + 1):
             try:
                 response = self.client.chat.completions.create(
-                    model=self.model, messages=messages, temperature=temperature, max_tokens=max_new_tokens)
+                    model=self.settings.model, messages=messages, temperature=temperature, max_tokens=max_new_tokens)
             except retryable as error:
-                if attempt == self.retry.max_retries:
+                if attempt == self.settings.max_retries:
                     raise
-                self.retries += 1
+                with self._lock:
+                    self._retries += 1
                 self.sleep(self._delay(attempt, error))
                 continue
             usage = response.usage
-            return Reply(response.choices[0].message.content or "",
-                         usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+            return Reply(response.choices[0].message.content or "", usage.prompt_tokens if usage else 0,
+                         usage.completion_tokens if usage else 0, time.perf_counter() - started)
         raise AssertionError("unreachable")
+
+    def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
+        pool = ThreadPoolExecutor(max_workers=self.settings.concurrency)
+        try:
+            futures = {pool.submit(self.complete, m, max_new_tokens, temperature): i for i, m in enumerate(prompts)}
+            for future in as_completed(futures):
+                yield futures[future], future.result()  # result() re-raises a request's failure
+        finally:
+            # After a failure (or an interruption) the queued requests are not sent: nothing is paid twice.
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class LocalBackend:
     """A transformers chat model with its chat template; temperature 0 is greedy decoding."""
 
     name = "local"
+    retries = 0
 
-    def __init__(self, model_dir: str | Path):
-        from storyrewrite.models.loading import load_model, load_tokenizer
+    def __init__(self, model_dir: str | Path, label: str, batch_size: int = 8, device: str = "cpu", dtype: str = "float32"):
+        from storyrewrite.models.loading import load_model, load_tokenizer, resolve_device, weights_digest
 
         self.tokenizer = load_tokenizer(model_dir)
         if self.tokenizer.chat_template is None:
             raise InputError(f"{model_dir}: the local LLM backend needs a chat model (its tokenizer has no chat template)")
-        self.model = load_model(model_dir).eval()
+        self.model = load_model(model_dir, dtype=dtype, device=resolve_device(device)).eval()
         self.seq2seq = bool(self.model.config.is_encoder_decoder)
         # A causal LM continues the prompt: pad on the left so that every prompt ends where
         # generation starts. An encoder reads absolute positions: pad on the right.
         self.tokenizer.padding_side = "right" if self.seq2seq else "left"
+        # The dtype changes the answers (bf16 rounding), so it is part of the model's identity.
+        precision = "" if dtype == "float32" else f" {dtype}"
+        self.model_id, self.label, self.batch_size = f"local {weights_digest(model_dir)}{precision}", label, batch_size
 
     def complete(self, messages: list[dict], max_new_tokens: int, temperature: float) -> Reply:
-        return self.complete_many([messages], max_new_tokens, temperature)[0]
+        return next(self.complete_many([messages], max_new_tokens, temperature))[1]
 
-    @torch.inference_mode()
-    def complete_many(self, batch: list[list[dict]], max_new_tokens: int, temperature: float) -> list[Reply]:
-        prompts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in batch]
-        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
+        import torch
+
+        started = time.perf_counter()
+        texts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
+        inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-        output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
-                                     **sampling)
+        with torch.inference_mode():
+            output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                                         **sampling)
         new = output if self.seq2seq else output[:, inputs["input_ids"].shape[1]:]
-        texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        answers = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()
         new_lengths = (new != self.tokenizer.pad_token_id).sum(dim=1).tolist()
-        return [Reply(t.strip(), p, n) for t, p, n in zip(texts, prompt_lengths, new_lengths)]
+        seconds = (time.perf_counter() - started) / len(prompts)
+        for i, (text, p, n) in enumerate(zip(answers, prompt_lengths, new_lengths)):
+            yield i, Reply(text.strip(), p, n, seconds)
+
+
+def make_backend(config: LLMConfig, local_models: Path, local_label: str, device: str) -> Backend:
+    """The backend `llm.backend` names: `openai` (settings `llm.openai`) or `local` (the
+    generator of the models stage's directory `local_models`, named `local_label`, on `device`)."""
+    if config.backend == "openai":
+        return OpenAIBackend(config.openai)
+    from storyrewrite.models.loading import resolve_model_dir
+
+    return LocalBackend(resolve_model_dir(local_models, "generator"), local_label, config.local_batch_size, device,
+                        config.local_dtype)

@@ -9,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from storyrewrite.io import write_json_atomic
+from storyrewrite.io import read_json, write_json_atomic
 
 
 def cache_key(backend: str, model: str, messages: list[dict], settings: dict) -> str:
@@ -27,7 +27,7 @@ class ResponseCache:
 
     def get(self, key: str) -> dict | None:
         path = self._path(key)
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+        return read_json(path) if path.exists() else None
 
     def put(self, key: str, entry: dict) -> None:
         write_json_atomic(self._path(key), entry)

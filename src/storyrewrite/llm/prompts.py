@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from storyrewrite.io import InputError
+from storyrewrite.io import InputError, read_text
 
 SECTIONS = ("system", "example", "query")
 
@@ -20,7 +20,7 @@ class Template:
     def read(cls, path: str | Path) -> "Template":
         sections: dict[str, list[str]] = {}
         current = None
-        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_text(path).splitlines(), start=1):
             if line.startswith("#"):
                 continue
             header = re.fullmatch(r"\[(\w+)\]", line.strip())

@@ -7,7 +7,6 @@ as sentence-transformers does for this model. Only the training split is ever in
 from __future__ import annotations
 
 import importlib.util
-import json
 import zipfile
 from pathlib import Path
 
@@ -16,7 +15,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from storyrewrite.data.schema import TASK_INPUT_FIELDS
-from storyrewrite.io import InputError, atomic_path, write_json_atomic
+from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
+from storyrewrite.models.loading import resolve_device
 
 def query_text(instance: dict, task: str) -> str:
     """What is embedded for an instance: the task's input fields (the counterfactual included)."""
@@ -33,9 +33,10 @@ def extract_minilm(dest: Path) -> Path:
 
 
 class Embedder:
-    def __init__(self, model_dir: str | Path, batch_size: int = 64):
+    def __init__(self, model_dir: str | Path, device: str = "cpu", batch_size: int = 64):
+        self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModel.from_pretrained(model_dir).eval()
+        self.model = AutoModel.from_pretrained(model_dir).to(self.device).eval()
         self.batch_size = batch_size
 
     @torch.inference_mode()
@@ -43,11 +44,11 @@ class Embedder:
         rows = []
         for start in range(0, len(texts), self.batch_size):
             inputs = self.tokenizer(texts[start : start + self.batch_size], padding=True, truncation=True,
-                                    max_length=256, return_tensors="pt")
+                                    max_length=256, return_tensors="pt").to(self.device)
             hidden = self.model(**inputs).last_hidden_state  # B×L×d
             mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            rows.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+            rows.append(torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy())
         return np.concatenate(rows).astype(np.float32)
 
 
@@ -62,11 +63,19 @@ def build_index(train: list[dict], embedder: Embedder, out: Path, task: str) -> 
     write_json_atomic(out / "ids.json", [row["id"] for row in train])
 
 
+def write_unbuilt(out: Path, reason: str) -> None:
+    """An index directory that holds no embeddings, only why (so that nothing retrieves from it)."""
+    write_json_atomic(out / "unbuilt.json", {"built": False, "reason": reason})
+
+
 class Index:
     def __init__(self, directory: str | Path):
         directory = Path(directory)
+        if (directory / "unbuilt.json").exists():
+            raise InputError(f"{directory}: the retrieval index was not built ({read_json(directory / 'unbuilt.json')['reason']}); "
+                             "run `dvc repro llm_index` with a retrieving mode in `llm.modes`")
         self.embeddings = np.load(directory / "embeddings.npy")
-        self.ids = json.loads((directory / "ids.json").read_text())
+        self.ids = read_json(directory / "ids.json")
 
     def nearest(self, queries: np.ndarray) -> list[str]:
         """Id of the training example with the highest cosine similarity to each query (unit rows)."""

@@ -1,4 +1,3 @@
-"""Evaluation metrics: the LM scorer (BARTScore), ROUGE-L, SacreBLEU and their counterfactual forms."""
-from storyrewrite.metrics.lm_scorer import LMScorer
-
-__all__ = ["LMScorer"]
+"""Evaluation metrics: the LM scorer (BARTScore, `lm_scorer`), ROUGE-L and SacreBLEU (`lexical`),
+their counterfactual forms (`counterfactual`, torch-free: significance and the report use it),
+and the scoring of one system (`evaluate`)."""

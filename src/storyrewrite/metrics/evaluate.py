@@ -12,10 +12,8 @@ from pathlib import Path
 
 from storyrewrite.io import InputError, read_jsonl
 from storyrewrite.metrics import counterfactual, lexical
+from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.lm_scorer import LMScorer
-
-METRICS = ("bartscore", "rougeL", "sacrebleu")
-
 
 def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     """id -> prediction, checked against the instances: a missing, duplicated or unknown id or a
@@ -75,12 +73,3 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     metrics["empty_predictions"] = sum(not p.strip() for p in outputs)
     metrics["counterfactual_metrics"] = "available" if "original" in references else "not available: the task has no original ending"
     return rows, metrics
-
-
-def instance_values(row: dict, metric: str, form: str) -> float:
-    """One instance's value of a metric in the given form (for the paired bootstrap)."""
-    edited = row[metric]
-    if form == "predictive":
-        return edited
-    return counterfactual.counterfactual(edited, row[f"{metric}_original"]) if form == "counterfactual" \
-        else counterfactual.delta(edited, row[f"{metric}_original"])

@@ -14,13 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from storyrewrite.data.formatting import model_target
 from storyrewrite.models.encoding import Encoder, causal_tail_logits, pad_rows, target_logits
 from storyrewrite.models.loading import load_model, load_tokenizer
-from storyrewrite.objectives.nll import token_log_probs
-
-
-def mean_target_log_prob(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
-    """Per row: Σ_t m_t log p(y_t) / Σ_t m_t. logits B×T×V, target_ids/mask B×T -> B."""
-    mask = target_mask.to(torch.float32)
-    return (token_log_probs(logits, target_ids) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+from storyrewrite.models.logprobs import mean_target_log_prob
 
 
 class LMScorer:
@@ -37,8 +31,9 @@ class LMScorer:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, max_input_tokens: int = 1024, max_output_tokens: int = 250,
-                 dtype: torch.dtype = torch.float32) -> "LMScorer":
-        return cls(load_model(model_dir, dtype=dtype), load_tokenizer(model_dir), max_input_tokens, max_output_tokens)
+                 dtype: str = "float32", device: torch.device | str = "cpu") -> "LMScorer":
+        """The scorer in `model_dir`, its weights in `dtype` (float32 | bfloat16 | float16), on `device`."""
+        return cls(load_model(model_dir, dtype, device), load_tokenizer(model_dir), max_input_tokens, max_output_tokens)
 
     @property
     def device(self) -> torch.device:

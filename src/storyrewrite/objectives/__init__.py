@@ -17,9 +17,10 @@ from transformers import PreTrainedModel
 
 from storyrewrite.io import InputError
 from storyrewrite.models.encoding import target_logits
-from storyrewrite.objectives.cpo import CPOConfig, cpo_loss
-from storyrewrite.objectives.dto import DTOConfig, delta_loss, gumbel_softmax, score_delta_loss, score_loss
+from storyrewrite.objectives.cpo import cpo_loss
+from storyrewrite.objectives.dto import delta_loss, gumbel_softmax, score_delta_loss, score_loss
 from storyrewrite.objectives.nll import nll_loss, token_log_probs
+from storyrewrite.params import CPOConfig, DTOConfig
 
 # (generator, batch, noise_seed) -> scalar loss. The batch layout is storyrewrite.models.encoding's,
 # plus the texts `targets` and `original_endings`, and `pair` (chosen + rejected) for CPO.
@@ -41,6 +42,7 @@ class Objective:
     name: str
     build: Callable[[ObjectiveContext], LossFn]
     description: str
+    label: str = ""  # in reports
     needs_scorer: bool = False
     needs_original_ending: bool = False
     pairs: bool = False  # the batch carries chosen (edited) and rejected (original) endings
@@ -87,13 +89,14 @@ def _dto(combine: Callable[..., torch.Tensor], with_original: bool) -> Callable[
 
 
 OBJECTIVES: dict[str, Objective] = {
-    "nll": Objective("nll", _nll, "negative log-likelihood of the edited ending"),
-    "cpo": Objective("cpo", _cpo, "CPO: edited ending preferred to the original ending", needs_original_ending=True, pairs=True),
-    "score": Objective("score", _dto(score_loss, False), "DTO: −M(Ŷ, Y_EE)", needs_scorer=True),
-    "delta": Objective("delta", _dto(delta_loss, True), "DTO: −[M(Ŷ, Y_EE) − M(Ŷ, X_OE)]",
+    "nll": Objective("nll", _nll, "negative log-likelihood of the edited ending", "NLL"),
+    "cpo": Objective("cpo", _cpo, "CPO: edited ending preferred to the original ending", "CPO",
+                     needs_original_ending=True, pairs=True),
+    "score": Objective("score", _dto(score_loss, False), "DTO: −M(Ŷ, Y_EE)", "DTO-Score", needs_scorer=True),
+    "delta": Objective("delta", _dto(delta_loss, True), "DTO: −[M(Ŷ, Y_EE) − M(Ŷ, X_OE)]", "DTO-Delta",
                        needs_scorer=True, needs_original_ending=True),
     "score_delta": Objective("score_delta", _dto(score_delta_loss, True), "DTO: −[2·M(Ŷ, Y_EE) − M(Ŷ, X_OE)]",
-                             needs_scorer=True, needs_original_ending=True),
+                             "DTO-Score+Delta", needs_scorer=True, needs_original_ending=True),
 }
 
 

@@ -2,26 +2,9 @@
 y_l = the original ending."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
-from storyrewrite.io import InputError
-from storyrewrite.params import positive
-
-
-@dataclass(frozen=True)
-class CPOConfig:
-    """`cpo` section of params.yaml (paper grid: beta ∈ {0.1, 0.5, 1, 2}, lambda ∈ {0.5, 1, 2})."""
-
-    beta: float
-    lambda_: float = field(metadata={"key": "lambda"})
-
-    def check(self, where: str) -> None:
-        positive(where, beta=self.beta)
-        if self.lambda_ < 0:
-            raise InputError(f"params: `{where}.lambda` = {self.lambda_} must be >= 0")
 
 
 def cpo_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, chosen_nll: torch.Tensor,

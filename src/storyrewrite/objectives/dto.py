@@ -11,23 +11,8 @@ each averaged over the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from storyrewrite.params import choices, positive
-
-
-@dataclass(frozen=True)
-class DTOConfig:
-    """`dto` section of params.yaml."""
-
-    tau: float  # Gumbel-softmax temperature (paper: 1.0, no annealing)
-    hard: bool  # straight-through one-hot samples instead of soft ones (paper: soft)
-    scorer_dtype: str = choices("float32", "bfloat16", "float16", default="float32")
-
-    def check(self, where: str) -> None:
-        positive(where, tau=self.tau)
 
 
 def gumbel_softmax(logits: torch.Tensor, tau: float, hard: bool, generator: torch.Generator) -> torch.Tensor:

@@ -2,12 +2,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-
-def token_log_probs(logits: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
-    """log p(y_t | ...) of each target token: logits B×T×V, target_ids B×T -> B×T."""
-    return torch.gather(F.log_softmax(logits.float(), dim=-1), 2, target_ids.unsqueeze(-1)).squeeze(-1)
+from storyrewrite.models.logprobs import token_log_probs
 
 
 def nll_loss(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:

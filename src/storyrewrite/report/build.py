@@ -1,69 +1,46 @@
 """Assemble reports/results.md (and the LaTeX table) from what the pipeline wrote."""
 from __future__ import annotations
 
-import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
-from storyrewrite.io import InputError, read_jsonl
-from storyrewrite.params import positive
+from storyrewrite.io import InputError, read_json, read_jsonl
+from storyrewrite.params import ReportConfig
 from storyrewrite.report.examples import example_block
-from storyrewrite.report.tables import SANITY_LABELS, Row, latex_table, markdown_table
-
-OBJECTIVE_LABELS = {"nll": "NLL", "cpo": "CPO", "score": "DTO-Score", "delta": "DTO-Delta", "score_delta": "DTO-Score+Delta"}
-
-
-@dataclass(frozen=True)
-class ReportConfig:
-    """`report` section of params.yaml."""
-
-    examples: int  # qualitative examples shown
-
-    def check(self, where: str) -> None:
-        positive(where, examples=self.examples)
-
-
-MODE_LABELS = {"zero_shot": "zero-shot", "one_shot_random": "one-shot, random example",
-               "one_shot_fixed": "one-shot, fixed example", "rag": "RAG (nearest training example)"}
-
+from storyrewrite.report.tables import Row, latex_table, markdown_table
+from storyrewrite.significance.compare import find_file
+from storyrewrite.systems import COPY_BASELINES
 
 def system_label(system: str, train_logs: Path, llm_usage: Path) -> str:
-    if system in SANITY_LABELS:
-        return SANITY_LABELS[system]
+    """How the report names a system: from what its run wrote (the training summary or the LLM
+    stage's usage file, whose labels come from the objective and mode registries)."""
+    if system in COPY_BASELINES:
+        return COPY_BASELINES[system][1]
     usage = llm_usage / f"{system.removeprefix('llm_')}.json"
     if system.startswith("llm_") and usage.exists():
-        info = json.loads(usage.read_text())
-        return f"{info['model']} {MODE_LABELS.get(info['mode'], info['mode'])} ({info['backend']})"
+        info = read_json(usage)
+        return f"{info['model']} {info['mode_label']} ({info['backend']})"
     summary = train_logs / system / "summary.json"
     if summary.exists():
-        info = json.loads(summary.read_text())
-        label = OBJECTIVE_LABELS.get(info["objective"], info["objective"])
+        info = read_json(summary)
         if system == "nll":
-            return label
-        return f"{label}, continued (+{info['global_step']} steps)" if info["objective"] == "nll" \
-            else f"{label} (from NLL, +{info['global_step']} steps)"
+            return info["label"]
+        return f"{info['label']}, continued (+{info['global_step']} steps)" if info["objective"] == "nll" \
+            else f"{info['label']} (from NLL, +{info['global_step']} steps)"
     return system
 
 
-def _read_json_dir(directories: list[Path]) -> dict[str, dict]:
-    found = {}
-    for directory in directories:
-        for path in sorted(directory.glob("*.json")):
-            found[path.stem] = json.loads(path.read_text())
-    return found
-
-
-def build_report(metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path], instances: list[dict],
-                 train_logs: Path, llm_usage: Path, config: ReportConfig, seed: int, task: str, baseline: str, alpha: float) -> tuple[str, str]:
-    """(results.md, results.tex)."""
-    metrics = _read_json_dir(metrics_dirs)
-    if baseline not in metrics:
-        raise InputError(f"no metrics for the baseline `{baseline}` in {', '.join(map(str, metrics_dirs))}")
-    significance = json.loads(significance_path.read_text())
-    order = [baseline] + sorted(s for s in metrics if s != baseline and s not in SANITY_LABELS) + [s for s in SANITY_LABELS if s in metrics]
+def build_report(systems: list[str], metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path],
+                 instances: list[dict], train_logs: Path, llm_usage: Path, config: ReportConfig, seed: int, task: str,
+                 baseline: str, alpha: float) -> tuple[str, str]:
+    """(results.md, results.tex) for exactly `systems` (the run's, see storyrewrite.systems)."""
+    if baseline not in systems:
+        raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
+    metrics = {s: read_json(find_file(s, metrics_dirs, ".json")) for s in systems}
+    significance = read_json(significance_path)
+    order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
     labels = {s: system_label(s, train_logs, llm_usage) for s in order}
-    rows = [Row(s, labels[s], metrics[s], significance.get(s, {}), sanity=s in SANITY_LABELS) for s in order]
+    rows = [Row(s, labels[s], metrics[s], significance.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
     unit = significance.get("_unit", "instance")
@@ -76,15 +53,12 @@ def build_report(metrics_dirs: list[Path], significance_path: Path, prediction_d
     if metrics[baseline].get("counterfactual_metrics") != "available":
         notes.append("Counterfactual columns: n/a, the task has no original ending.")
 
-    predictions = {}
-    for system in order:
-        path = next((d / f"{system}.jsonl" for d in prediction_dirs if (d / f"{system}.jsonl").exists()), None)
-        if path is not None:
-            predictions[system] = {row["id"]: row["prediction"] for _, row in read_jsonl(path)}
+    predictions = {system: {row["id"]: row["prediction"] for _, row in read_jsonl(find_file(system, prediction_dirs, ".jsonl"))}
+                   for system in order}
     # One instance from each of a few stories drawn with the seed (a story's endings share its input).
     first_of_story = list({row["story_id"]: row for row in reversed(instances)}.values())[::-1]
     shown = random.Random(seed).sample(first_of_story, min(config.examples, len(first_of_story)))
-    examples = [example_block(inst, {s: p[inst["id"]] for s, p in predictions.items() if s not in SANITY_LABELS}, labels)
+    examples = [example_block(inst, {s: p[inst["id"]] for s, p in predictions.items() if s not in COPY_BASELINES}, labels)
                 for inst in shown]
 
     markdown = "\n\n".join([

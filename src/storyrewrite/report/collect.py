@@ -19,6 +19,7 @@ from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
 
 SYSTEM_METRICS = "reports/metrics/{}.json"
 SIGNIFICANCE = "reports/significance.json"
+SUMMARY = "reports/train/{}/summary.json"
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -78,7 +79,7 @@ def best_per_objective(rows: list[dict], system: str = "finetuned") -> list[dict
     for row in rows:
         if row["name"] == "workspace":  # uncommitted state: the commits and experiments stand for it
             continue
-        summary = row["metrics"].get(f"reports/train/{system}/summary.json", {})
+        summary = row["metrics"].get(SUMMARY.format(system), {})
         if SYSTEM_METRICS.format(system) not in row["metrics"] or summary.get("best_val_nll") is None:
             continue
         objective = row["params"].get("objective")
@@ -88,26 +89,35 @@ def best_per_objective(rows: list[dict], system: str = "finetuned") -> list[dict
 
 
 def objectives_table(rows: list[dict], baseline: str = "nll", alpha: float = 0.05) -> str:
-    """NLL, then the best run of each objective, with significance against NLL."""
-    from storyrewrite.report.build import OBJECTIVE_LABELS
-
+    """NLL, then the best run of each objective, with significance against NLL. Labels are the
+    ones the runs wrote (from the objective registry) into their training summaries."""
+    scored = [r for r in rows if SUMMARY.format("finetuned") in r["metrics"]]
     chosen = best_per_objective(rows)
     if not chosen:
         raise InputError("no scored experiments found (run `dvc exp run -S objective=...` first)")
     header = ["System", "selected by val NLL", *(column_label(m, f) for m, f in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     base = chosen[0]["metrics"][SYSTEM_METRICS.format(baseline)]
-    lines.append("| " + " | ".join([OBJECTIVE_LABELS["nll"], "-", *plain_cells(base, {}, alpha)]) + " |")
-    order = {name: i for i, name in enumerate(OBJECTIVE_LABELS)}
-    for row in sorted(chosen, key=lambda r: order.get(r["params"].get("objective"), 99)):
+    base_label = chosen[0]["metrics"].get(SUMMARY.format(baseline), {}).get("label", baseline)
+    lines.append("| " + " | ".join([base_label, "-", *plain_cells(base, {}, alpha)]) + " |")
+
+    def settings(row: dict) -> dict:
+        return row["metrics"][SUMMARY.format("finetuned")].get("settings") or {}
+
+    def label(row: dict) -> str:
         objective = row["params"].get("objective")
-        label = OBJECTIVE_LABELS.get(objective, objective)
-        if objective == "nll":
-            label += ", continued"
-        if objective == "cpo":
-            label += f" (β={row['params'].get('cpo.beta')}, λ={row['params'].get('cpo.lambda')})"
+        text = row["metrics"][SUMMARY.format("finetuned")].get("label", objective)
+        if objective == baseline:
+            return f"{text}, continued"
+        # The objective's settings that differ between its runs (the CPO grid's beta and lambda).
+        runs = [settings(r) for r in scored if r["params"].get("objective") == objective]
+        varying = [k for k in settings(row) if len({json.dumps(r.get(k)) for r in runs}) > 1]
+        return f"{text} ({', '.join(f'{k}={settings(row)[k]}' for k in varying)})" if varying else text
+
+    # The baseline objective continued (the equal-budget control) first, then by label.
+    for row in sorted(chosen, key=lambda r: (r["params"].get("objective") != baseline, label(r))):
         p_values = row["metrics"].get(SIGNIFICANCE, {}).get("finetuned", {})
-        lines.append("| " + " | ".join([label, f"{row['name']}: {row['_val_nll']:.4f}",
+        lines.append("| " + " | ".join([label(row), f"{row['name']}: {row['_val_nll']:.4f}",
                                         *plain_cells(row["metrics"][SYSTEM_METRICS.format("finetuned")], p_values, alpha)]) + " |")
     note = (f"Each objective fine-tunes the same NLL model; of several runs of an objective (the CPO grid) the one "
             f"with the lowest validation NLL at its best checkpoint is shown. \\* p < {alpha}, one-tailed paired "

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storyrewrite.metrics.evaluate import METRICS
-from storyrewrite.significance.compare import FORMS
+from storyrewrite.metrics.counterfactual import FORMS, METRICS
 
 METRIC_LABELS = {"bartscore": "BARTScore", "rougeL": "ROUGE-L", "sacrebleu": "SacreBLEU"}
 FORM_LABELS = {"predictive": "M", "counterfactual": "M + Δ_M"}
-SANITY_LABELS = {"copy_reference": "Copy of the reference (upper bound)", "copy_original": "Copy of the original ending"}
 
 
 COLUMNS = [(metric, form) for form in FORMS for metric in METRICS]

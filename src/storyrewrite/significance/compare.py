@@ -1,13 +1,13 @@
 """Test every system against the baseline, for every metric and form, from per-instance scores."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from storyrewrite.io import InputError
-from storyrewrite.metrics.evaluate import METRICS, instance_values
+from storyrewrite.io import InputError, read_jsonl
+from storyrewrite.metrics.counterfactual import FORMS, METRICS, instance_value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
-
-FORMS = ("predictive", "counterfactual")
 
 
 def columns(rows: list[dict]) -> list[tuple[str, str]]:
@@ -23,7 +23,7 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
     base_rows = scores[baseline]
     order = [row["id"] for row in base_rows]
     pairs = columns(base_rows)
-    base = np.array([[instance_values(row, m, f) for m, f in pairs] for row in base_rows])
+    base = np.array([[instance_value(row, m, f) for m, f in pairs] for row in base_rows])
     clusters = [row["story_id"] for row in base_rows] if by_story else None
     results = {}
     for system, rows in sorted(scores.items()):
@@ -32,7 +32,20 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
         by_id = {row["id"]: row for row in rows}
         if sorted(by_id) != sorted(order):
             raise InputError(f"scores of `{system}` and `{baseline}` cover different instances")
-        values = np.array([[instance_values(by_id[i], m, f) for m, f in pairs] for i in order])
+        values = np.array([[instance_value(by_id[i], m, f) for m, f in pairs] for i in order])
         p_values = paired_bootstrap_many(values, base, n_resamples=n_resamples, seed=seed, clusters=clusters)
         results[system] = {f"{m}/{f}": round(float(p), 4) for (m, f), p in zip(pairs, p_values)}
     return results
+
+
+def find_file(system: str, directories: list[Path], suffix: str) -> Path:
+    """`<dir>/<system><suffix>` in the first of `directories` that has it; none is an error."""
+    for directory in directories:
+        if (directory / f"{system}{suffix}").exists():
+            return directory / f"{system}{suffix}"
+    raise InputError(f"no {system}{suffix} in {', '.join(map(str, directories))} (is its stage in the pipeline?)")
+
+
+def read_scores(systems: list[str], directories: list[Path]) -> dict[str, list[dict]]:
+    """system -> its per-instance score rows, for exactly the systems named."""
+    return {system: [row for _, row in read_jsonl(find_file(system, directories, ".jsonl"))] for system in systems}

@@ -19,11 +19,9 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
+from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives import OBJECTIVES, ObjectiveContext, get_objective
-from storyrewrite.objectives.cpo import CPOConfig
-from storyrewrite.objectives.dto import DTOConfig
-from storyrewrite.training.config import BUDGET_KEYS, TrainConfig
+from storyrewrite.params import CPOConfig, DTOConfig, ModelsConfig, TrainConfig
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
 
@@ -31,6 +29,10 @@ from storyrewrite.training.module import RewriteModule
 # Lightning writes to it, and mid-epoch resume is exact (ResumableRandomSampler) although the
 # DataLoader itself has no state_dict.
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+# Keys that only say how long to train: an interrupted run resumed with a larger budget continues
+# (everything else changes the run and invalidates its checkpoints).
+BUDGET_KEYS = ("max_steps", "max_epochs")
+
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 CURVES = {"train_loss.csv": ("step", "epoch", "train_loss"), "val_loss.csv": ("step", "epoch", "val_loss", "val_nll")}
@@ -171,7 +173,7 @@ def fit(
     scorer = None
     if objective.needs_scorer:
         scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens,
-                                   dtype=getattr(torch, dto.scorer_dtype))
+                                   dtype=dto.scorer_dtype)
     loss = objective.build(ObjectiveContext(dto=dto, cpo=cpo, scorer=scorer))
     module = RewriteModule(generator, loss, config.lr, config.weight_decay, config.warmup_steps, seed, scorer)
 
@@ -192,7 +194,7 @@ def fit(
     # The final state is resumable too (a later run with a larger budget continues from it).
     trainer.save_checkpoint(last)
     summary = {
-        "objective": objective_name, "task": task, "global_step": trainer.global_step, "world_size": trainer.world_size,
+        "objective": objective_name, "label": objective.label, "task": task, "global_step": trainer.global_step, "world_size": trainer.world_size,
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
         "best_val_nll": _val_nll_at_best(checkpoint_dir / "val_loss.csv"),

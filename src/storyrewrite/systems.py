@@ -1,0 +1,36 @@
+"""The systems one pipeline run compares, named explicitly (never "whatever files lie in a
+folder", which would let results of systems no longer in the pipeline pass for current ones):
+
+- trained systems: the `generate@<system>` stages (`nll`, `finetuned`), named by dvc.yaml;
+- LLM baselines: `llm_<mode>` for each mode of `llm.modes`;
+- copy baselines: the reference copied (an upper bound) and, where the task has one, the
+  original ending copied unchanged (the classic trivial baseline).
+"""
+from __future__ import annotations
+
+from storyrewrite.data.schema import TASK_COLUMNS
+
+# system -> (the instance column it copies, its label in reports)
+COPY_BASELINES = {
+    "copy_reference": ("target", "Copy of the reference (upper bound)"),
+    "copy_original": ("original_ending", "Copy of the original ending"),
+}
+
+
+def copy_systems(task: str) -> list[str]:
+    return [name for name, (column, _) in COPY_BASELINES.items() if column in TASK_COLUMNS[task]]
+
+
+def copy_predictions(instances: list[dict], task: str) -> dict[str, list[dict]]:
+    """system -> predictions [{id, prediction}] of each copy baseline the task has."""
+    return {name: [{"id": row["id"], "prediction": row[COPY_BASELINES[name][0]]} for row in instances]
+            for name in copy_systems(task)}
+
+
+def llm_system(mode: str) -> str:
+    return f"llm_{mode}"
+
+
+def pipeline_systems(trained: list[str], llm_modes: list[str], task: str) -> list[str]:
+    """Every system of the run: trained, then LLM, then copy baselines."""
+    return [*trained, *(llm_system(mode) for mode in llm_modes), *copy_systems(task)]
