@@ -1,28 +1,72 @@
 """What every bench script starts from: the default profile's params, its materialised models
-and its prepared splits (taken from the pipeline's outputs when `dvc repro` has made them)."""
+and its prepared splits (taken from the pipeline's outputs when `dvc repro` has made them), and
+timing that is honest on a GPU (synchronised) as on a CPU."""
 from __future__ import annotations
 
+import platform
+import resource
 import tempfile
+import time
 from pathlib import Path
 
-from storyrewrite.data.prepare import build_splits
+import torch
+
+from storyrewrite.data.prepare import prepare
 from storyrewrite.data.sources import download
-from storyrewrite.models.loading import materialise
-from storyrewrite.params import Params
+from storyrewrite.models.loading import materialise, resolve_device
+from storyrewrite.params import Params, load_yaml, overlay
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def default_inputs() -> tuple[Params, Path, dict]:
-    """(params, the models stage's directory, {split: instances} of the params' task)."""
-    params = Params.load(ROOT / "params.yaml")
+def inputs(profiles: list[Path] = ()) -> tuple[Params, Path, Path]:
+    """(params.yaml with the profiles overlaid, the models stage's directory, prepared tables).
+
+    The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
+    models, the data); anything else is built in a temporary directory."""
+    raw_params = load_yaml(ROOT / "params.yaml")
+    for profile in profiles:
+        raw_params = overlay(raw_params, load_yaml(profile))
+    params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
-    if not (pretrained / "index.json").exists():  # before `dvc repro models`
+    if params.models != workspace.models or not (pretrained / "index.json").exists():
         pretrained = Path(tempfile.mkdtemp()) / "pretrained"
         materialise(params.models, pretrained, params.seed)
-    raw = ROOT / "data" / "raw"
-    if not raw.exists():  # before `dvc repro download`: check and copy the bundled files
-        raw = Path(tempfile.mkdtemp()) / "raw"
-        download(params.download, raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
-    splits = build_splits(raw, params.data, params.seed)[params.task]
-    return params, pretrained, splits
+    prepared = ROOT / "data" / "prepared"
+    same_data = (params.data, params.download, params.seed) == (workspace.data, workspace.download, workspace.seed)
+    if not same_data or not (prepared / params.task / "train.jsonl").exists():
+        raw = ROOT / "data" / "raw"
+        if not raw.exists():  # before `dvc repro download`: check and copy the bundled files
+            raw = Path(tempfile.mkdtemp()) / "raw"
+            download(params.download, raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
+        prepared = Path(tempfile.mkdtemp()) / "prepared"
+        prepare(raw, prepared, params.data, params.seed)
+    return params, pretrained, prepared
+
+
+def device_of(spec: str) -> torch.device:
+    return resolve_device(spec)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device) -> float:
+    """Wall time after everything queued on the device has run."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on CUDA, else the process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1024**3
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"CPU {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"

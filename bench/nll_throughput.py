@@ -1,85 +1,94 @@
-"""NLL training throughput (instances/s), generation throughput (tokens/s) and peak memory (RSS)
-of the default profile's generator, measured in one run on this machine.
+"""NLL training throughput (instances/s), generation throughput (predictions/s and new tokens/s,
+through the `generate` stage's own function) and peak memory, measured in one run.
 
-    python bench/nll_throughput.py [--steps 6] [--generate 16]
+    python bench/nll_throughput.py [--device auto] [--precision 32-true] [--steps 6]
+        [--generate 16] [--profile params/gpu.yaml] [--batch-size N] [--dtype bfloat16] [--cache static]
 
-Uses the materialised model of `dvc repro models` when present, else builds it from its source.
+Defaults are the params' (with the profiles overlaid); --batch-size/--dtype/--cache override the
+`generate` section. Target on an H100 with SmolLM2-135M, 48 new tokens: >= 200 predictions/s.
 """
 from __future__ import annotations
 
 import argparse
-import platform
-import resource
-import time
+import dataclasses
+import tempfile
+from pathlib import Path
 
-import torch
-from common import default_inputs
+import lightning as L
+from common import clock, describe, device_of, inputs, peak_memory_gb
+from torch.utils.data import DataLoader
 
-from storyrewrite.data.formatting import model_source
-from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import ModelsConfig, is_seq2seq, load_model, load_tokenizer, resolve_model_dir
-from storyrewrite.objectives import get_objective
-from storyrewrite.params import build, experiment
-from storyrewrite.training.config import TrainConfig
-from storyrewrite.training.data import Collate
-from storyrewrite.training.module import RewriteModule
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.generation.generate import generate_predictions
+from storyrewrite.io import read_jsonl
+from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.training.run import Run, assemble
 
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+
+class Timer(L.Callback):
+    def __init__(self, device):
+        self.device, self.seconds = device, []
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self._started = clock(self.device)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self.seconds.append(clock(self.device) - self._started)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6, help="timed training steps (after one warm-up step)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--precision", default=None, help="Lightning precision (default: the params' train_nll.precision)")
+    parser.add_argument("--steps", type=int, default=6, help="timed NLL training steps (after one warm-up step)")
     parser.add_argument("--generate", type=int, default=16, help="test instances to generate for")
+    parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
+    parser.add_argument("--batch-size", type=int, help="generation batch size (default: generate.batch_size)")
+    parser.add_argument("--dtype", help="generation weights (default: generate.dtype)")
+    parser.add_argument("--cache", help="dynamic | static KV cache (default: generate.cache)")
     args = parser.parse_args()
 
-    params, pretrained, splits = default_inputs()
-    run = experiment(params)
-    models = build(ModelsConfig, params["models"], "models")
-    train = build(TrainConfig, params["train_nll"], "train_nll")
-    generate = params["generate"]
+    params, pretrained, prepared = inputs(args.profile)
+    device = device_of(args.device)
+    config = params.train_nll
     model_dir = resolve_model_dir(pretrained)
-    tokenizer, seq2seq = load_tokenizer(model_dir), is_seq2seq(model_dir)
-    encoder = Encoder(tokenizer, seq2seq, models.max_input_tokens, models.max_output_tokens)
-    collate = Collate(encoder, run.task)
+    module, datamodule = assemble(Run("train_nll", config, params.models, params.task, params.seed, "nll", None,
+                                      model_dir, prepared))
+    datamodule.setup()
+    # Training batches as the stage draws them (seeded order), the first few.
+    order = [datamodule.train_rows[i] for i in range((args.steps + 1) * config.batch_size)]
+    batches = [order[i : i + config.batch_size] for i in range(0, len(order), config.batch_size)]
+    datamodule.train_dataloader = lambda: DataLoader(batches, batch_size=None, collate_fn=datamodule.collate)
+    timer = Timer(device)
+    precision = args.precision or config.precision
+    trainer = L.Trainer(max_steps=len(batches), accelerator="gpu" if device.type == "cuda" else "cpu",
+                        devices=[device.index or 0] if device.type == "cuda" else 1, precision=precision, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer])
+    trainer.fit(module, datamodule=datamodule)
+    step_seconds = sum(timer.seconds[1:]) / len(timer.seconds[1:])  # the first step allocates optimiser state
+    train_memory = peak_memory_gb(device)
+    del module, trainer
 
-    torch.manual_seed(run.seed)
-    module = RewriteModule(load_model(model_dir), get_objective("nll").build(None), train.lr, train.weight_decay, 0)
-    optimizer = module.configure_optimizers()["optimizer"]
-    batches = [collate(splits["train"][i : i + train.batch_size]) for i in range(0, (args.steps + 1) * train.batch_size, train.batch_size)]
-    timings = []
-    for batch in batches:
-        started = time.perf_counter()
-        loss = module.loss(module.generator, batch, 0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        timings.append(time.perf_counter() - started)
-    step_seconds = sum(timings[1:]) / len(timings[1:])  # the first step allocates optimiser state
-    train_rss = peak_rss_gb()
+    generate = dataclasses.replace(params.generate, **{k: v for k, v in (("batch_size", args.batch_size), ("dtype", args.dtype),
+                                                                          ("cache", args.cache)) if v is not None})
+    rows = load_instances(prepared, params.task, "test")[: args.generate]
+    out = Path(tempfile.mkdtemp()) / "predictions.jsonl"
+    # A first small call loads the kernels (and, with a static cache, compiles): not timed.
+    generate_predictions(model_dir, rows[: generate.batch_size], params.task, generate, params.models, out, params.seed, device)
+    started = clock(device)
+    generate_predictions(model_dir, rows, params.task, generate, params.models, Path(str(out) + "2"), params.seed, device)
+    generate_seconds = clock(device) - started
+    words = sum(len(row["prediction"].split()) for _, row in read_jsonl(Path(str(out) + "2")))
 
-    model = module.generator.eval()
-    rows = splits["test"][: args.generate]
-    sources = [model_source(row, run.task, tokenizer, seq2seq) for row in rows]
-    new_tokens, started = 0, time.perf_counter()
-    with torch.inference_mode():
-        for i in range(0, len(sources), generate["batch_size"]):
-            inputs = encoder.prompts(sources[i : i + generate["batch_size"]])
-            output = model.generate(**inputs, max_new_tokens=generate["max_new_tokens"], do_sample=False,
-                                    num_beams=generate["num_beams"], pad_token_id=tokenizer.pad_token_id)
-            generated = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
-            new_tokens += int((generated != tokenizer.pad_token_id).sum())
-    generate_seconds = time.perf_counter() - started
-
-    print(f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-          f"model {models.generator}, batch {train.batch_size}")
-    print(f"NLL training: {step_seconds:.2f} s/step = {train.batch_size / step_seconds:.2f} instances/s "
-          f"(mean of {len(timings) - 1} steps after a warm-up step)")
-    print(f"generation:   {new_tokens / generate_seconds:.1f} new tokens/s "
-          f"({new_tokens} tokens for {len(rows)} instances, batch {generate['batch_size']}, "
-          f"{'greedy' if generate['num_beams'] == 1 else str(generate['num_beams']) + ' beams'})")
-    print(f"peak RSS:     {train_rss:.2f} GB after training steps, {peak_rss_gb():.2f} GB at the end")
+    print(f"{describe(device)}; model {params.models.generator}")
+    print(f"NLL training:  {step_seconds:.3f} s/step = {config.batch_size / step_seconds:.1f} instances/s "
+          f"(batch {config.batch_size}, {precision}; mean of {len(timer.seconds) - 1} steps after a warm-up step)")
+    print(f"generation:    {len(rows) / generate_seconds:.1f} predictions/s ({len(rows)} test instances, batch "
+          f"{generate.batch_size}, {generate.dtype}, {generate.cache} cache, <= {generate.max_new_tokens} new tokens, "
+          f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {words / len(rows):.1f} words each)")
+    print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak_memory_gb(device):.2f} GB at the end "
+          f"({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from storyrewrite.io import run_stage
 from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.objectives import get_objective
 from storyrewrite.params import Params
-from storyrewrite.training.run import fit
+from storyrewrite.training.run import Run, fit
 
 
 def main() -> None:
@@ -24,17 +25,18 @@ def main() -> None:
     parser.add_argument("--scorer", type=Path, help="the models stage's dir (or a model dir): DTO's frozen scorer")
     args = parser.parse_args()
     params = Params.load()
-    fine_tuning = args.section == "train"
-    summary = fit(
-        params.section(args.section),
-        init_dir=resolve_model_dir(args.init), out_dir=args.out, checkpoint_dir=args.checkpoints,
-        log_dir=args.logs, models=params.models, prepared_dir=args.data,
-        task=params.task, objective_name=params.objective if fine_tuning else "nll", seed=params.seed,
-        # The NLL stage neither reads nor depends on the fine-tuning objectives' sections.
-        dto=params.dto if fine_tuning else None, cpo=params.cpo if fine_tuning else None,
-        scorer_dir=resolve_model_dir(args.scorer, "scorer") if args.scorer else None,
+    # train_nll is NLL from the pretrained model; only `train` reads `objective`, and only the
+    # section its objective names (dto, cpo): NLL training never reads them.
+    name = params.objective if args.section == "train" else "nll"
+    objective = get_objective(name, params.task)
+    run = Run(
+        section=args.section, config=params.section(args.section), models=params.models, task=params.task,
+        seed=params.seed, objective=name, settings=params.section(objective.settings) if objective.settings else None,
+        init_dir=resolve_model_dir(args.init), prepared_dir=args.data,
+        scorer_dir=resolve_model_dir(args.scorer, "scorer") if objective.needs_scorer else None,
     )
-    print(json.dumps(summary, indent=2))
+    summary = fit(run, args.out, args.checkpoints, args.logs)
+    print(json.dumps({k: v for k, v in summary.items() if k != "curves"}, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 
 from storyrewrite.data.prepare import prepare
 from storyrewrite.models.loading import materialise, resolve_model_dir
-from storyrewrite.params import DataConfig, ModelsConfig, TrainConfig, build, load_yaml
+from storyrewrite.params import DataConfig, DTOConfig, ModelsConfig, TrainConfig, build, load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "data" / "bundled"
@@ -20,6 +20,19 @@ def tiny_train_config(**changes) -> TrainConfig:
     section = {**section, "batch_size": 2, "max_steps": 2, "val_check_interval": 2,
                "checkpoint_every_n_steps": 1, "lr": 1e-3, "accelerator": "cpu", "devices": 1, **changes}
     return build(TrainConfig, section, "train_nll")
+
+
+def tiny_run(model_dir: Path, prepared: Path, objective: str = "nll", settings=None, scorer_dir: Path | None = None,
+             task: str = "timetravel", section: str = "train_nll", kind: str = "llama", **config_changes):
+    """A training run of a tiny model (see `tiny_train_config` for the budget)."""
+    from storyrewrite.training.run import Run
+
+    return Run(section=section, config=tiny_train_config(**config_changes), models=tiny_models_config(kind), task=task,
+               seed=0, objective=objective, settings=settings, init_dir=Path(model_dir), prepared_dir=Path(prepared),
+               scorer_dir=scorer_dir)
+
+
+DTO = DTOConfig(tau=1.0, hard=False)
 
 
 def tiny_models_config(kind: str) -> ModelsConfig:

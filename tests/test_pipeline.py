@@ -2,6 +2,7 @@
 random-init models: the default profile (causal LM path) and the paper profile (seq2seq path)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -43,11 +44,11 @@ def _copy_repo(dest: Path) -> None:
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
 
 
-def _dvc(repo: Path, *args: str) -> str:
+def _dvc(repo: Path, *args: str, ok: bool = True) -> str:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+    assert (result.returncode == 0) == ok, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout if ok else result.stdout + result.stderr
 
 
 def _ran(output: str) -> set[str]:
@@ -96,18 +97,42 @@ def test_default_profile_end_to_end(tmp_path):
     ran = _ran(_dvc(tmp_path, "repro"))
     assert "significance" in ran and ran <= {"significance", "report"}
 
-    # An experiment, its metrics against the baseline commit, and the collected table.
+    # A code edit reruns the stages that run that code, and only those (their outputs' consumers follow).
+    with open(tmp_path / "src" / "storyrewrite" / "models" / "encoding.py", "a") as f:
+        f.write("# an edit\n")
+    planned = _ran(_dvc(tmp_path, "repro", "--dry"))
+    assert {"score@nll", "score@finetuned", "score_sanity", *(f"score_llm@{m}" for m in MODES)} <= planned
+    assert not planned & {"download", "prepare", "models", "sanity", "llm_index"}
+    (tmp_path / "src" / "storyrewrite" / "models" / "encoding.py").write_bytes(
+        (ROOT / "src" / "storyrewrite" / "models" / "encoding.py").read_bytes())
+
+    # A forced rerun of a finished training trains every step again.
+    _dvc(tmp_path, "repro", "-f", "-s", "train_nll")
+    summary = json.loads((tmp_path / "reports" / "train" / "nll" / "summary.json").read_text())
+    assert summary["resumed_from_step"] is None and summary["global_step"] == TINY["train_nll"]["max_steps"]
+    _dvc(tmp_path, "repro")
+
+    # An experiment, its metrics and curves against the baseline commit, and the collected table.
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"], cwd=tmp_path, check=True)
-    output = _dvc(tmp_path, "exp", "run", "-n", "dto-delta", "-S", "objective=delta")
+    output = _dvc(tmp_path, "exp", "run", "-n", "dto-score-delta", "-S", "objective=score_delta")
     assert {"train", "generate@finetuned"} <= _ran(output) and "train_nll" not in _ran(output)
     diff = _dvc(tmp_path, "metrics", "diff", "--all")
     assert "reports/metrics/finetuned.json" in diff and "bartscore.predictive" in diff
-    assert '"objective": "delta"' in (tmp_path / "reports" / "train" / "finetuned" / "summary.json").read_text()
+    assert '"objective": "score_delta"' in (tmp_path / "reports" / "train" / "finetuned" / "summary.json").read_text()
+    plots = json.loads(_dvc(tmp_path, "plots", "show", "--json"))["data"]
+    for name in ("m_target", "m_original", "delta", "gumbel_entropy", "gumbel_max_prob", "nll_target", "val_m_target"):
+        drawn = plots[f"reports/train/finetuned/curves/{name}.csv"][0]["content"]
+        assert drawn["layer"][0]["encoding"]["y"]["field"] == name
     subprocess.run([sys.executable, "-m", "storyrewrite.report.collect", "--out", "reports/experiments.md"], cwd=tmp_path,
                    check=True, capture_output=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
     collected = (tmp_path / "reports" / "experiments.md").read_text()
-    assert "| dto-delta | delta |" in collected
+    assert "| dto-score-delta | score_delta |" in collected
+
+    # A diverging run stops with the message, exports nothing, and the stage fails.
+    failed = _dvc(tmp_path, "exp", "run", "-S", "train_nll.lr=1e9", "-S", "train_nll.max_steps=4", "train_nll", ok=False)
+    assert "error: training diverged at step" in failed and "Lower `train_nll.lr`" in failed
+    assert not (tmp_path / "models" / "nll").exists()
 
 
 @pytest.mark.slow
@@ -124,3 +149,10 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     _dvc(tmp_path, "repro")
     for system in ("finetuned", "llm_rag"):
         assert len(read_jsonl(tmp_path / "predictions" / f"{system}.jsonl")) == 3
+    # CPO on the seq2seq path, with TRL's columns among its curves.
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "paper"], cwd=tmp_path, check=True)
+    _dvc(tmp_path, "exp", "run", "-S", "objective=cpo", "train")
+    curves = tmp_path / "reports" / "train" / "finetuned" / "curves"
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected", "nll_term"):
+        assert (curves / f"{name.replace('/', '_')}.csv").read_text().splitlines()[0] == f"step,epoch,{name}"

@@ -46,3 +46,13 @@ def test_bad_art_row(tmp_path):
         f.write(json.dumps({"story_id": "x", "obs1": "a", "obs2": "b", "hyp1": "c"}) + "\n")
     with pytest.raises(InputError, match=r"art/dev\.jsonl:1533: missing field `hyp2`"):
         prepare(raw, tmp_path / "prepared", DataConfig(val_fraction=0.1), seed=0)
+
+
+def test_an_undecodable_byte_names_file_and_line(tmp_path):
+    raw = write_raw(tmp_path / "raw")
+    path = raw / "timetravel" / "test.json"
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2][:20] + b"\xff" + lines[2][20:]  # line 3
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(InputError, match=r"timetravel/test\.json:3: not valid UTF-8 \(byte b'\\xff' at offset \d+\)"):
+        prepare(raw, tmp_path / "prepared", DataConfig(val_fraction=0.1), seed=0)

@@ -58,3 +58,13 @@ def _fingerprint_of(model_dir, instances):
     from storyrewrite.generation.generate import _fingerprint
     config = GenerateConfig(batch_size=4, num_beams=1, max_new_tokens=6, split="test")
     return _fingerprint(model_dir, instances, config, tiny_models_config("llama"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_a_static_kv_cache_gives_the_same_predictions(tmp_path, tiny_model_dirs, small_prepared, kind):
+    instances = load_instances(small_prepared, "timetravel", "test")
+    for cache in ("dynamic", "static"):
+        config = GenerateConfig(batch_size=4, num_beams=1, max_new_tokens=6, split="test", cache=cache)
+        generate_predictions(tiny_model_dirs[kind], instances, "timetravel", config, tiny_models_config(kind),
+                             tmp_path / f"{cache}.jsonl", seed=0)
+    assert read_jsonl(tmp_path / "dynamic.jsonl") == read_jsonl(tmp_path / "static.jsonl")

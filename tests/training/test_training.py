@@ -1,50 +1,43 @@
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
+from safetensors.torch import load_file
 
 from storyrewrite.io import InputError
-from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import load_model, load_tokenizer, materialise
-from storyrewrite.objectives import get_objective
-from storyrewrite.params import load_yaml
-from storyrewrite.training.data import Collate
-from storyrewrite.training.module import RewriteModule
-from storyrewrite.training.run import fit
+from storyrewrite.models.loading import materialise
+from storyrewrite.params import CPOConfig, load_yaml
+from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
+from storyrewrite.training.run import assemble, fit
 
-from conftest import ROOT, read_jsonl, tiny_models_config, tiny_train_config
+from conftest import DTO, ROOT, read_jsonl, tiny_models_config, tiny_run
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_training_step_lowers_the_loss(tiny_model_dirs, small_prepared, kind):
-    directory = tiny_model_dirs[kind]
     torch.manual_seed(0)
-    loss = get_objective("nll").build(None)
-    module = RewriteModule(load_model(directory), loss, lr=1e-2, weight_decay=0.0, warmup_steps=0)
-    collate = Collate(Encoder(load_tokenizer(directory), kind == "bart", 96, 40), "timetravel")
-    batch = collate(read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:2])
+    module, data = assemble(tiny_run(tiny_model_dirs[kind], small_prepared, kind=kind, lr=1e-2))
+    batch = data.collate(read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:2])
     optimizer = module.configure_optimizers()["optimizer"]
     module.generator.eval()  # no dropout: the comparison is of the same function before and after
-    before = module.loss(module.generator, batch, 0)
+    before = module.loss(module.generator, batch, 0).loss
     before.backward()
     optimizer.step()
     with torch.no_grad():
-        after = module.loss(module.generator, batch, 0)
+        after = module.loss(module.generator, batch, 0).loss
     assert after.item() < before.item() - 1e-3
 
 
-def _fit(tmp_path, model_dir, prepared, config, callbacks=()):
-    return fit(
-        config, init_dir=model_dir, out_dir=tmp_path / "out", checkpoint_dir=tmp_path / "ckpt",
-        log_dir=tmp_path / "logs", models=tiny_models_config("llama"), prepared_dir=prepared,
-        task="timetravel", objective_name="nll", seed=0, callbacks=callbacks,
-    )
+def _fit(tmp_path, run, callbacks=(), diagnostics=True):
+    return fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks, diagnostics=diagnostics)
 
 
 def _steps(path):
@@ -52,32 +45,50 @@ def _steps(path):
         return [int(row["step"]) for row in csv.DictReader(f)]
 
 
-def test_a_larger_budget_resumes_and_continues_the_step_count(tmp_path, tiny_model_dirs, small_prepared):
-    first = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2))
+def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepared):
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=2)
+    first = _fit(tmp_path, run)
     assert first["global_step"] == 2 and first["resumed_from_step"] is None
-    second = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=4))
-    assert second["resumed_from_step"] == 2 and second["global_step"] == 4
-    assert _steps(tmp_path / "logs" / "train_loss.csv") == [1, 2, 3, 4]
-    assert _steps(tmp_path / "logs" / "val_loss.csv") == [2, 4]
+    # The same run again (what `dvc repro -f` asks for) trains every step again.
+    again = _fit(tmp_path, run)
+    assert again["resumed_from_step"] is None and again["global_step"] == 2
+    # A larger budget after a finished run: a new run from step 0, not a continuation.
+    longer = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=4))
+    assert longer["resumed_from_step"] is None and longer["global_step"] == 4
+    assert _steps(tmp_path / "logs" / "curves" / "train_loss.csv") == [1, 2, 3, 4]
+    assert _steps(tmp_path / "logs" / "curves" / "val_loss.csv") == [2, 4]
     assert (tmp_path / "out" / "config.json").exists()
-    assert json.loads((tmp_path / "logs" / "summary.json").read_text())["global_step"] == 4
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["global_step"] == 4 and summary["best_step"] in (2, 4)
 
 
 class Crash(Callback):
+    def __init__(self, at: int):
+        self.at = at
+
     def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == 3:
+        if trainer.global_step == self.at:
             raise RuntimeError("simulated crash")
 
 
 def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_model_dirs, small_prepared):
-    config = tiny_train_config(max_steps=5, checkpoint_every_n_steps=2, val_check_interval=5)
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=5, checkpoint_every_n_steps=2, val_check_interval=5)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, config, callbacks=(Crash(),))
+        _fit(tmp_path, run, callbacks=(Crash(3),))
     assert not (tmp_path / "out").exists()
-    summary = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, config)
+    summary = _fit(tmp_path, run)
     assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
     # Step 3 was logged before the crash, after the last checkpoint: logged once, not twice.
-    assert _steps(tmp_path / "logs" / "train_loss.csv") == [1, 2, 3, 4, 5]
+    assert _steps(tmp_path / "logs" / "curves" / "train_loss.csv") == [1, 2, 3, 4, 5]
+    assert _steps(tmp_path / "logs" / "curves" / "grad_norm.csv") == [1, 2, 3, 4, 5]
+
+
+def test_an_interrupted_run_continues_under_a_larger_budget(tmp_path, tiny_model_dirs, small_prepared):
+    settings = dict(checkpoint_every_n_steps=2, val_check_interval=5)
+    with pytest.raises(RuntimeError):
+        _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=5, **settings), callbacks=(Crash(3),))
+    summary = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, **settings))
+    assert summary["resumed_from_step"] == 2 and summary["global_step"] == 6
 
 
 class BatchRecorder(Callback):
@@ -90,19 +101,13 @@ class BatchRecorder(Callback):
 
 def test_a_resumed_run_sees_the_batches_the_interrupted_one_had_not_reached(tmp_path, tiny_model_dirs, small_prepared):
     # 12 training instances, batch 2: 6 batches an epoch; 8 steps cross into a second epoch.
-    config = tiny_train_config(max_steps=8, checkpoint_every_n_steps=4, val_check_interval=8)
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=8, checkpoint_every_n_steps=4, val_check_interval=8)
     straight = BatchRecorder()
-    _fit(tmp_path / "straight", tiny_model_dirs["llama"], small_prepared, config, callbacks=(straight,))
+    _fit(tmp_path / "straight", run, callbacks=(straight,))
     resumed = BatchRecorder()
-
-    class CrashAt5(Callback):
-        def on_train_batch_end(self, trainer, *args):
-            if trainer.global_step == 5:
-                raise RuntimeError("simulated crash")
-
     with pytest.raises(RuntimeError):
-        _fit(tmp_path / "resumed", tiny_model_dirs["llama"], small_prepared, config, callbacks=(resumed, CrashAt5()))
-    _fit(tmp_path / "resumed", tiny_model_dirs["llama"], small_prepared, config, callbacks=(resumed,))
+        _fit(tmp_path / "resumed", run, callbacks=(resumed, Crash(5)))
+    _fit(tmp_path / "resumed", run, callbacks=(resumed,))
     assert sorted(straight.ids) == list(range(1, 9))
     assert resumed.ids == straight.ids
     epoch_one = [i for step in range(1, 7) for i in straight.ids[step]]
@@ -111,16 +116,60 @@ def test_a_resumed_run_sees_the_batches_the_interrupted_one_had_not_reached(tmp_
 
 
 def test_a_changed_setting_starts_afresh(tmp_path, tiny_model_dirs, small_prepared):
-    _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2))
-    summary = _fit(tmp_path, tiny_model_dirs["llama"], small_prepared, tiny_train_config(max_steps=2, lr=5e-4))
-    assert summary["resumed_from_step"] is None and summary["global_step"] == 2
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=3, checkpoint_every_n_steps=1, val_check_interval=3)
+    with pytest.raises(RuntimeError):
+        _fit(tmp_path, run, callbacks=(Crash(2),))
+    summary = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=3, lr=5e-4, val_check_interval=3))
+    assert summary["resumed_from_step"] is None and summary["global_step"] == 3
 
 
 def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_prepared):
     with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll, cpo, score, delta, score_delta"):
-        fit(tiny_train_config(), init_dir=tiny_model_dirs["llama"], out_dir=tmp_path / "o", checkpoint_dir=tmp_path / "c",
-            log_dir=tmp_path / "l", models=tiny_models_config("llama"), prepared_dir=small_prepared,
-            task="timetravel", objective_name="dpo", seed=0)
+        _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, objective="dpo"))
+
+
+def test_divergence_stops_at_once_and_exports_nothing(tmp_path, tiny_model_dirs, small_prepared):
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, lr=1e9, checkpoint_every_n_steps=1, val_check_interval=6)
+    with pytest.raises(TrainingDiverged) as caught:
+        _fit(tmp_path, run)
+    message = str(caught.value)
+    assert message.startswith("training diverged at step ") and "(train_nll, objective nll): train_loss = " in message
+    assert "lr = 1e+09. Lower `train_nll.lr` or change `train_nll.precision` (now 32-true)" in message
+    assert not (tmp_path / "out").exists() and not (tmp_path / "logs" / "summary.json").exists()
+    step = int(message.split("step ")[1].split(" ")[0])
+    # The last checkpoint is the one before the diverged step, and finite.
+    state = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == step - 1
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values())
+
+
+def test_a_non_finite_gradient_stops_unless_fp16_loss_scaling_is_at_work():
+    monitor = TrainingMonitor.__new__(TrainingMonitor)
+    monitor.section, monitor.objective = "train", "score"
+    trainer = SimpleNamespace(global_step=7, precision="32-true", default_root_dir="ckpt",
+                              precision_plugin=SimpleNamespace(scaler=None))
+    with pytest.raises(TrainingDiverged, match=r"at step 7 \(train, objective score\): train_loss = 1\.5, grad_norm = inf; lr = 1e-05"):
+        monitor._check(trainer, {"train_loss": 1.5}, math.inf, 1e-5)
+    trainer.precision_plugin.scaler = object()  # a GradScaler skips that step and lowers its scale
+    monitor._check(trainer, {"train_loss": 1.5}, math.inf, 1e-5)
+    with pytest.raises(TrainingDiverged, match=r"m_original = nan"):
+        monitor._check(trainer, {"train_loss": 1.5, "m_original": math.nan}, 2.0, 1e-5)
+
+
+def test_the_stage_exits_2_with_one_message_on_divergence(tmp_path, small_prepared):
+    params = load_yaml(ROOT / "params.yaml")
+    params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
+    params["train_nll"] |= {"accelerator": "cpu", "lr": 1e9, "max_steps": 4, "val_check_interval": 4, "checkpoint_every_n_steps": 1}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    materialise(tiny_models_config("llama"), tmp_path / "pretrained", seed=0)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "train.py"), "--section", "train_nll", "--init", "pretrained",
+         "--data", str(small_prepared), "--out", "nll", "--checkpoints", "ckpt", "--logs", "logs"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: training diverged at step ")
+    assert not (tmp_path / "nll").exists()
 
 
 def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
@@ -144,32 +193,62 @@ def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
 
 
 def test_dto_trains_and_its_checkpoints_hold_the_generator_only(tmp_path, tiny_model_dirs, small_prepared):
-    from storyrewrite.params import DTOConfig
-
-    config = tiny_train_config(max_steps=2)
-    fit(config, init_dir=tiny_model_dirs["llama"], out_dir=tmp_path / "nll", checkpoint_dir=tmp_path / "c_nll",
-        log_dir=tmp_path / "l_nll", models=tiny_models_config("llama"), prepared_dir=small_prepared,
-        task="timetravel", objective_name="nll", seed=0)
-    summary = fit(config, init_dir=tmp_path / "nll", out_dir=tmp_path / "dto", checkpoint_dir=tmp_path / "c_dto",
-                  log_dir=tmp_path / "l_dto", models=tiny_models_config("llama"), prepared_dir=small_prepared,
-                  task="timetravel", objective_name="score_delta", seed=0, dto=DTOConfig(tau=1.0, hard=False),
-                  scorer_dir=tiny_model_dirs["llama"])
-    assert summary["objective"] == "score_delta" and summary["global_step"] == 2
-    assert summary["best_val_nll"] is not None
-    for name in ("best.ckpt", "last.ckpt"):
-        nll_size, dto_size = (tmp_path / "c_nll" / name).stat().st_size, (tmp_path / "c_dto" / name).stat().st_size
-        assert dto_size <= nll_size * 1.01, name
-    state = torch.load(tmp_path / "c_dto" / "last.ckpt", map_location="cpu", weights_only=False)
+    fit(tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=2), tmp_path / "nll", tmp_path / "c_nll", tmp_path / "l_nll")
+    summary = fit(tiny_run(tmp_path / "nll", small_prepared, "score_delta", DTO, tiny_model_dirs["llama"], section="train", max_steps=2),
+                  tmp_path / "dto", tmp_path / "c_dto", tmp_path / "l_dto")
+    assert summary["objective"] == "score_delta" and summary["label"] == "DTO-Score+Delta" and summary["global_step"] == 2
+    assert summary["best_val_nll"] is not None and summary["settings"] == {"tau": 1.0, "hard": False, "scorer_dtype": "float32"}
+    nll_size, dto_size = (tmp_path / "c_nll" / "best.ckpt").stat().st_size, (tmp_path / "c_dto" / "best.ckpt").stat().st_size
+    assert dto_size <= nll_size * 1.01
+    state = torch.load(tmp_path / "c_dto" / "best.ckpt", map_location="cpu", weights_only=False)
     assert all(key.startswith("generator.") for key in state["state_dict"])
 
 
 @pytest.mark.parametrize("task", ["timetravel_ablated", "art"])
 def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs, small_prepared, task):
-    from storyrewrite.params import DTOConfig
-
     for objective in ("nll", "score"):
-        summary = fit(tiny_train_config(max_steps=1, val_check_interval=1), init_dir=tiny_model_dirs["llama"],
-                      out_dir=tmp_path / objective, checkpoint_dir=tmp_path / f"c_{objective}", log_dir=tmp_path / f"l_{objective}",
-                      models=tiny_models_config("llama"), prepared_dir=small_prepared, task=task, objective_name=objective,
-                      seed=0, dto=DTOConfig(tau=1.0, hard=False), scorer_dir=tiny_model_dirs["llama"])
+        run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, DTO if objective == "score" else None,
+                       tiny_model_dirs["llama"], task=task, section="train", max_steps=1, val_check_interval=1)
+        summary = fit(run, tmp_path / objective, tmp_path / f"c_{objective}", tmp_path / f"l_{objective}")
         assert summary["task"] == task and summary["global_step"] == 1 and summary["best_val_loss"] is not None
+
+
+COMMON = {"train_loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_nll"}
+DTO_TRAIN = {"m_target", "gumbel_entropy", "gumbel_max_prob", "nll_target"}
+DTO_VAL = {"val_m_target", "val_m_original", "val_delta", "val_gumbel_entropy", "val_gumbel_max_prob", "val_nll_target"}
+CPO = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected", "nll_term"}
+
+
+@pytest.mark.parametrize("objective, settings, columns", [
+    ("nll", None, COMMON | {"token_accuracy", "val_token_accuracy"}),
+    ("score", DTO, COMMON | DTO_TRAIN | DTO_VAL),  # m_original needs an extra pass: validation only
+    ("score_delta", DTO, COMMON | DTO_TRAIN | {"m_original", "delta"} | DTO_VAL),
+    ("cpo", CPOConfig(beta=0.5, lambda_=1.0), COMMON | CPO | {"preference"} | {f"val_{c}" for c in CPO | {"preference"}}),
+])
+def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small_prepared, objective, settings, columns):
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"], section="train",
+                   max_steps=2, val_check_interval=2)
+    summary = _fit(tmp_path, run)
+    written = {}
+    for path in (tmp_path / "logs" / "curves").glob("*.csv"):
+        header = path.read_text().splitlines()[0].split(",")
+        assert header[:2] == ["step", "epoch"] and len(header) == 3, path
+        written[header[2]] = path
+    assert set(written) == columns
+    assert all(math.isfinite(v["last"]) for v in summary["curves"].values())
+    # What the report's training section shows: logged in training, or (DTO-Score's m_original) in validation.
+    assert all(name in columns or f"val_{name}" in columns for name in summary["main_diagnostics"])
+
+
+def test_diagnostics_leave_the_loss_and_the_trained_weights_unchanged(tmp_path, tiny_model_dirs, small_prepared):
+    for objective, settings in (("score_delta", DTO), ("cpo", CPOConfig(beta=0.5, lambda_=1.0))):
+        weights, losses = [], []
+        for diagnostics in (True, False):
+            directory = tmp_path / f"{objective}-{diagnostics}"
+            run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"],
+                           section="train", max_steps=3, val_check_interval=3)
+            _fit(directory, run, diagnostics=diagnostics)
+            weights.append(load_file(directory / "out" / "model.safetensors"))
+            losses.append((directory / "logs" / "curves" / "train_loss.csv").read_text())
+        assert losses[0] == losses[1]
+        assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -14,3 +14,9 @@ def nll_loss(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.
     """
     mask = target_mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
     return -(token_log_probs(logits, target_ids) * mask).sum() / mask.sum().clamp(min=1)
+
+
+def token_accuracy(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """Share of real target tokens that are the generator's argmax (teacher-forced)."""
+    mask = target_mask.to(torch.float32)
+    return ((logits.argmax(dim=-1) == target_ids).float() * mask).sum() / mask.sum().clamp(min=1)

@@ -32,6 +32,9 @@ class Collate:
             # Chosen (edited) and rejected (original) endings in one padded batch: one forward.
             rejected = self.encoder.target_ids([model_target(text, seq2seq) for text in batch["original_endings"]])
             batch["pair"] = self.encoder.batch_ids(source_ids + source_ids, target_ids + rejected)
+        # Real tokens the generator reads (source and target; both rows of a pair), for tokens/s.
+        read = batch["pair"] if self.pairs else batch
+        batch["num_tokens"] = int(read["attention_mask"].sum()) + (int(read["target_mask"].sum()) if seq2seq else 0)
         return batch
 
 

@@ -5,50 +5,71 @@ import lightning as L
 import torch
 from transformers import PreTrainedModel
 
-from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.encoding import target_logits
-from storyrewrite.objectives import LossFn
-from storyrewrite.objectives.nll import nll_loss
+from storyrewrite.objectives import Loss
 
 VALIDATION_NOISE_OFFSET = 10**9  # validation draws its own Gumbel noise, the same every time
 
 
 class RewriteModule(L.LightningModule):
-    """`scorer` (DTO) is a plain attribute, not a submodule: it is frozen, gets no optimiser
-    state and is not saved in checkpoints (it is reloaded from its source)."""
+    """The objective's frozen scorer (DTO) lives in `loss`, not as a submodule: it gets no
+    optimiser state and is not saved in checkpoints (it is reloaded from its source).
 
-    def __init__(self, generator: PreTrainedModel, loss: LossFn, lr: float, weight_decay: float,
-                 warmup_steps: int, seed: int = 0, scorer: LMScorer | None = None):
+    Each training step leaves what the curves log in `step_logs` (detached tensors, read once
+    per step by storyrewrite.training.monitor): the loss, its terms and, with `diagnostics`, the
+    gradient norm before clipping and the objective's diagnostics; `step_terms` names the ones
+    that make up the loss. Validation logs the same quantities, averaged, prefixed `val_`.
+    """
+
+    def __init__(self, generator: PreTrainedModel, loss: Loss, lr: float, weight_decay: float,
+                 warmup_steps: int, seed: int = 0, diagnostics: bool = True):
         super().__init__()
         # from_pretrained returns a model in eval mode; Lightning keeps module modes as they
         # are, so switch dropout on for training here.
         self.generator = generator.train()
         self.loss = loss
-        self.scorer = scorer
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         self.noise_seed = seed * 1_000_003
+        self.diagnostics = diagnostics
+        self.step_logs: dict[str, torch.Tensor] = {}
+        self.step_terms: tuple[str, ...] = ()
 
     def on_fit_start(self) -> None:
-        if self.scorer is not None:
-            self.scorer.model.to(self.device)
+        if self.loss.scorer is not None:
+            self.loss.scorer.model.to(self.device)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(self.generator, batch, self.noise_seed + self.global_step)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
-        return loss
+        out = self.loss(self.generator, batch, self.noise_seed + self.global_step)
+        self.step_terms = ("train_loss", *out.terms)
+        self.step_logs = {"train_loss": out.loss.detach(), **out.terms}
+        if self.diagnostics:
+            with torch.no_grad():
+                self.step_logs |= out.diagnostics()
+        self.log("train_loss", self.step_logs["train_loss"], prog_bar=True, batch_size=len(batch["ids"]))
+        return out.loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Lightning calls this after unscaling fp16 gradients and before clipping them.
+        grads = [p.grad for p in self.generator.parameters() if p.grad is not None]
+        if grads and self.diagnostics:
+            self.step_logs["grad_norm"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         size = len(batch["ids"])
-        loss = self.loss(self.generator, batch, self.noise_seed + VALIDATION_NOISE_OFFSET + batch_idx)
-        self.log("val_loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
+        out = self.loss(self.generator, batch, self.noise_seed + VALIDATION_NOISE_OFFSET + batch_idx, validation=True)
+        self.log("val_loss", out.loss, prog_bar=True, batch_size=size, sync_dist=True)
         # NLL on validation whatever the objective: comparable across objectives.
-        nll = nll_loss(target_logits(self.generator, batch), batch["target_ids"], batch["target_mask"])
-        self.log("val_nll", nll, batch_size=size, sync_dist=True)
+        self.log("val_nll", out.nll, batch_size=size, sync_dist=True)
+        values = {**out.terms, **(out.diagnostics() if self.diagnostics else {})}
+        for name, value in values.items():
+            self.log(f"val_{name}", value, batch_size=size, sync_dist=True)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(
-            [p for p in self.generator.parameters() if p.requires_grad], lr=self.lr, weight_decay=self.weight_decay
-        )
+        parameters = [p for p in self.generator.parameters() if p.requires_grad]
+        # On a GPU the fused kernel updates every parameter in one launch (the per-tensor loop
+        # launches a dozen kernels per tensor); on the CPU the default implementation stays, so
+        # CPU runs keep their numbers.
+        fused = all(p.is_cuda for p in parameters)
+        optimizer = torch.optim.AdamW(parameters, lr=self.lr, weight_decay=self.weight_decay, fused=fused or None)
         warmup = self.warmup_steps
         # Linear warm-up to lr, then constant (the paper trains at a constant lr).
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)

@@ -1,87 +1,74 @@
-"""Run one training: Trainer set-up, resume, best/last checkpoints, curves, export."""
+"""Run one training: `assemble` wires the Lightning module and data module from the typed
+configs; `fit` runs them (Trainer, resume, best/last checkpoints, curves, divergence, export)."""
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import json
 import shutil
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from storyrewrite import closure
-from storyrewrite.data.schema import TASK_COLUMNS
-from storyrewrite.io import InputError, atomic_path, sha256_file, write_json_atomic
-from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.io import InputError, sha256_file, write_json_atomic, write_text_atomic
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
-from storyrewrite.objectives import OBJECTIVES, ObjectiveContext, get_objective
-from storyrewrite.params import CPOConfig, DTOConfig, ModelsConfig, TrainConfig
+from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
+from storyrewrite.params import ModelsConfig, TrainConfig
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
+from storyrewrite.training.monitor import TrainingMonitor, read_curve
+
+# Keys that only say how long to train: an interrupted run resumed with a larger budget continues
+# (everything else changes the run and invalidates its checkpoints).
+BUDGET_KEYS = ("max_steps", "max_epochs")
 
 # Both are expected here: the checkpoint directory holds the run's fingerprint and curves before
 # Lightning writes to it, and mid-epoch resume is exact (ResumableRandomSampler) although the
 # DataLoader itself has no state_dict.
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
-# Keys that only say how long to train: an interrupted run resumed with a larger budget continues
-# (everything else changes the run and invalidates its checkpoints).
-BUDGET_KEYS = ("max_steps", "max_epochs")
-
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
-CURVES = {"train_loss.csv": ("step", "epoch", "train_loss"), "val_loss.csv": ("step", "epoch", "val_loss", "val_nll")}
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: its settings and inputs. The train stage builds it from params.yaml
+    (`section` is train_nll or train) and the paths dvc.yaml gives."""
+
+    section: str
+    config: TrainConfig
+    models: ModelsConfig
+    task: str
+    seed: int
+    objective: str
+    settings: Any  # the objective's params section (Objective.settings), or None
+    init_dir: Path
+    prepared_dir: Path
+    scorer_dir: Path | None = None
 
 
-class CurveLogger(Callback):
-    """Appends tidy per-step CSV curves (one file per curve, so `dvc plots` reads them as they
-    are). The files live beside the checkpoints; on resume, rows after the resumed step (written
-    after the last checkpoint, before an interruption) are dropped."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-
-    def truncate_after(self, step: int) -> None:
-        for name, header in CURVES.items():
-            path = self.directory / name
-            if path.exists():
-                with open(path, newline="") as f:
-                    rows = [row for row in csv.DictReader(f) if int(row["step"]) <= step]
-                _write_csv(path, header, rows)
-
-    def _append(self, name: str, row: dict) -> None:
-        path = self.directory / name
-        new = not path.exists()
-        with open(path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CURVES[name])
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.is_global_zero and outputs is not None:
-            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            self._append("train_loss.csv", {"step": trainer.global_step, "epoch": trainer.current_epoch, "train_loss": f"{loss.item():.6f}"})
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.is_global_zero and not trainer.sanity_checking:
-            metrics = trainer.callback_metrics
-            self._append("val_loss.csv", {
-                "step": trainer.global_step, "epoch": trainer.current_epoch,
-                "val_loss": f"{metrics['val_loss'].item():.6f}", "val_nll": f"{metrics['val_nll'].item():.6f}",
-            })
-
-
-def _write_csv(path: Path, header: tuple, rows: list[dict]) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
+def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, RewriteDataModule]:
+    """The ready Lightning module (generator, the objective's loss, optimiser) and data module.
+    `diagnostics: False` leaves out the objective's logged diagnostics (for measuring their cost)."""
+    objective = get_objective(run.objective, run.task)
+    if objective.needs_scorer and run.scorer_dir is None:
+        raise InputError(f"objective {run.objective!r} needs a scorer model directory")
+    tokenizer = load_tokenizer(run.init_dir)
+    encoder = Encoder(tokenizer, is_seq2seq(run.init_dir), run.models.max_input_tokens, run.models.max_output_tokens)
+    datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
+                                   run.config.num_workers, pairs=objective.pairs)
+    loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
+                                            run.models.max_output_tokens))
+    module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
+                           run.config.warmup_steps, run.seed, diagnostics)
+    return module, datamodule
 
 
 def code_digest() -> str:
@@ -91,12 +78,20 @@ def code_digest() -> str:
     return closure.digest(closure.closure(__file__))
 
 
-def run_fingerprint(config: TrainConfig, context: dict) -> str:
-    """What makes two runs the same run (so one may resume the other): every setting but the
-    training budget, the objective, the task, the seed, the data, the starting weights and the
-    code."""
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BUDGET_KEYS}
-    blob = json.dumps({"settings": settings, "code": code_digest(), **context}, sort_keys=True)
+def run_fingerprint(run: Run, objective: Objective) -> str:
+    """What makes two runs the same run (so that one may resume the other): every setting but
+    the training budget, the objective and its own settings (NLL reads neither `dto` nor `cpo`),
+    the task, the seed, the data, the starting weights, the scorer and the code."""
+    train_file = run.prepared_dir / run.task / "train.jsonl"
+    blob = json.dumps({
+        "settings": {k: v for k, v in dataclasses.asdict(run.config).items() if k not in BUDGET_KEYS},
+        "objective": run.objective, "objective_settings": dataclasses.asdict(run.settings) if run.settings else None,
+        "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
+        "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
+        "init_weights": weights_digest(run.init_dir),
+        "scorer": weights_digest(run.scorer_dir) if objective.needs_scorer else None,
+        "code": code_digest(),
+    }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -114,108 +109,78 @@ def _trainer_kwargs(config: TrainConfig) -> dict:
     )
 
 
-def fit(
-    config: TrainConfig,
-    *,
-    init_dir: str | Path,
-    out_dir: str | Path,
-    checkpoint_dir: str | Path,
-    log_dir: str | Path,
-    models: ModelsConfig,
-    prepared_dir: str | Path,
-    task: str,
-    objective_name: str,
-    seed: int,
-    dto: DTOConfig | None = None,
-    cpo: CPOConfig | None = None,
-    scorer_dir: str | Path | None = None,
-    callbacks: tuple[Callback, ...] = (),
-) -> dict:
-    """Train the generator in `init_dir` with `objective_name`; export the best-on-val weights
-    to `out_dir`. `checkpoint_dir` keeps the best and last Lightning checkpoints and the CSV
-    curves (it survives between runs, for resuming); `log_dir` receives the curves for `dvc
-    plots` and `summary.json`. Returns the summary."""
-    objective = get_objective(objective_name)
-    if objective.needs_original_ending and "original_ending" not in TASK_COLUMNS[task]:
-        usable = [name for name, o in OBJECTIVES.items() if not o.needs_original_ending]
-        raise InputError(f"params: `objective` = {objective_name!r} needs the original ending, which task {task!r} "
-                         f"does not have; objectives for this task: {', '.join(usable)}")
-    if objective.needs_scorer and scorer_dir is None:
-        raise InputError(f"objective {objective_name!r} needs a scorer model directory")
-    init_dir, checkpoint_dir, log_dir = Path(init_dir), Path(checkpoint_dir), Path(log_dir)
-    L.seed_everything(seed, workers=True, verbose=False)
+def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks: tuple[Callback, ...] = (),
+        diagnostics: bool = True) -> dict:
+    """Train; export the best-on-val weights to `out_dir`. `checkpoint_dir` keeps the best and
+    last Lightning checkpoints and the curves while a run is under way: an interrupted run with
+    the same fingerprint resumes from last.ckpt, a finished one is never resumed (a rerun, e.g.
+    `dvc repro -f`, trains again). `log_dir` receives the curves (`dvc plots`) and summary.json.
+    `diagnostics: False` logs only the loss, its terms, lr, grad_norm and tokens/s. Returns the
+    summary."""
+    objective = get_objective(run.objective, run.task)
+    out_dir, checkpoint_dir, log_dir = Path(out_dir), Path(checkpoint_dir), Path(log_dir)
+    L.seed_everything(run.seed, workers=True, verbose=False)
 
-    train_file = Path(prepared_dir) / task / "train.jsonl"
-    fingerprint = run_fingerprint(config, {
-        "objective": objective_name, "task": task, "seed": seed,
-        # Only the settings the objective reads: NLL neither reads nor fingerprints `dto`/`cpo`.
-        "objective_settings": [dataclasses.asdict(c) if c and used else None
-                               for c, used in ((dto, objective.needs_scorer), (cpo, objective.pairs))],
-        "scorer": weights_digest(Path(scorer_dir)) if objective.needs_scorer else None,
-        "max_tokens": [models.max_input_tokens, models.max_output_tokens],
-        "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
-        "init_weights": weights_digest(init_dir),
-    })
-    fingerprint_file = checkpoint_dir / "fingerprint.txt"
-    last = checkpoint_dir / "last.ckpt"
-    same_run = fingerprint_file.exists() and fingerprint_file.read_text().strip() == fingerprint
-    resume_from = last if config.resume and same_run and last.exists() else None
+    fingerprint = run_fingerprint(run, objective)
+    fingerprint_file, finished, last = checkpoint_dir / "fingerprint.txt", checkpoint_dir / "finished", checkpoint_dir / "last.ckpt"
+    interrupted = (fingerprint_file.exists() and fingerprint_file.read_text().strip() == fingerprint
+                   and not finished.exists() and last.exists())
+    resume_from = last if run.config.resume and interrupted else None
     if resume_from is None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     fingerprint_file.write_text(fingerprint + "\n")
 
-    tokenizer = load_tokenizer(init_dir)
-    generator = load_model(init_dir)
-    encoder = Encoder(tokenizer, is_seq2seq(init_dir), models.max_input_tokens, models.max_output_tokens)
-    datamodule = RewriteDataModule(str(prepared_dir), task, encoder, config.batch_size, seed, config.num_workers,
-                                   pairs=objective.pairs)
-    scorer = None
-    if objective.needs_scorer:
-        scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens,
-                                   dtype=dto.scorer_dtype)
-    loss = objective.build(ObjectiveContext(dto=dto, cpo=cpo, scorer=scorer))
-    module = RewriteModule(generator, loss, config.lr, config.weight_decay, config.warmup_steps, seed, scorer)
-
-    curves = CurveLogger(checkpoint_dir)
+    module, datamodule = assemble(run, diagnostics)
+    monitor = TrainingMonitor(checkpoint_dir / "curves", run.section, run.objective)
     resumed_step = None
     if resume_from is not None:
         resumed_step = torch.load(resume_from, map_location="cpu", weights_only=False, mmap=True)["global_step"]
-        curves.truncate_after(resumed_step)
+        monitor.truncate_after(resumed_step)
     best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
                            save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
-                             every_n_train_steps=config.checkpoint_every_n_steps, enable_version_counter=False)
-    trainer = L.Trainer(callbacks=[best, latest, curves, *callbacks], default_root_dir=str(checkpoint_dir), **_trainer_kwargs(config))
+                             every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
+    trainer = L.Trainer(callbacks=[best, latest, monitor, *callbacks], default_root_dir=str(checkpoint_dir),
+                        **_trainer_kwargs(run.config))
 
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - started
-    # The final state is resumable too (a later run with a larger budget continues from it).
-    trainer.save_checkpoint(last)
+    curves = dict(read_curve(path) for path in sorted((checkpoint_dir / "curves").glob("*.csv")))
     summary = {
-        "objective": objective_name, "label": objective.label, "task": task, "global_step": trainer.global_step, "world_size": trainer.world_size,
+        "objective": run.objective, "label": objective.label,
+        "settings": dataclasses.asdict(run.settings) if run.settings else None,
+        "task": run.task, "global_step": trainer.global_step, "world_size": trainer.world_size,
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
-        "best_val_nll": _val_nll_at_best(checkpoint_dir / "val_loss.csv"),
+        **_best_step(curves), "main_diagnostics": list(objective.main_diagnostics),
+        "curves": {name: _first_last(name, rows) for name, rows in curves.items() if rows},
     }
     if trainer.is_global_zero:
-        _export(module, tokenizer, best, Path(out_dir), checkpoint_dir, log_dir)
+        _export(module, datamodule.encoder.tokenizer, best, out_dir, checkpoint_dir / "curves", log_dir)
         write_json_atomic(log_dir / "summary.json", summary)
+        write_text_atomic(finished, f"{trainer.global_step}\n")
     return summary
 
 
-def _val_nll_at_best(curve: Path) -> float | None:
-    """Validation NLL at the best validation loss: comparable across objectives (model selection
-    for a grid such as CPO's)."""
-    if not curve.exists():
-        return None
-    with open(curve, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return round(float(min(rows, key=lambda r: float(r["val_loss"]))["val_nll"]), 6) if rows else None
+def _first_last(name: str, rows: list[dict]) -> dict:
+    """The first and last logged values of a curve, with their steps."""
+    return {"first": float(rows[0][name]), "last": float(rows[-1][name]),
+            "first_step": int(rows[0]["step"]), "last_step": int(rows[-1]["step"])}
 
 
-def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Path, checkpoint_dir: Path, log_dir: Path) -> None:
+def _best_step(curves: dict[str, list[dict]]) -> dict:
+    """The step of the best validation loss (the exported checkpoint) and the validation NLL
+    there (comparable across objectives: model selection for a grid such as CPO's)."""
+    if "val_loss" not in curves:
+        return {"best_step": None, "best_val_nll": None}
+    best = min(curves["val_loss"], key=lambda row: float(row["val_loss"]))
+    nll = next(float(row["val_nll"]) for row in curves["val_nll"] if row["step"] == best["step"])
+    return {"best_step": int(best["step"]), "best_val_nll": round(nll, 6)}
+
+
+def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Path, curves: Path, log_dir: Path) -> None:
     best_path = Path(best.best_model_path) if best.best_model_path else None
     if best_path is not None and best_path.exists():
         state = torch.load(best_path, map_location="cpu", weights_only=False)["state_dict"]
@@ -224,8 +189,9 @@ def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Pa
         # No validation ran (a budget shorter than val_check_interval): the final weights stand.
         print("warning: no validation ran; exporting the final weights, not the best-on-val ones")
     save_model(module.generator, tokenizer, out_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for name, header in CURVES.items():
-        source = checkpoint_dir / name
-        rows = list(csv.DictReader(open(source, newline=""))) if source.exists() else []
-        _write_csv(log_dir / name, header, rows)
+    # The curves as one directory (a DVC plots output), swapped in whole: never half-written.
+    staged = log_dir / ".curves.tmp"
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(curves, staged)
+    shutil.rmtree(log_dir / "curves", ignore_errors=True)
+    staged.rename(log_dir / "curves")

@@ -1,0 +1,41 @@
+"""Every text input is read through storyrewrite.io, so a bad byte or bad JSON names file:line."""
+import pytest
+
+from storyrewrite.io import InputError, read_json, read_jsonl, read_text
+from storyrewrite.llm.prompts import Template
+from storyrewrite.metrics.evaluate import read_predictions
+from storyrewrite.params import load_yaml
+
+
+def test_an_undecodable_byte_names_its_line(tmp_path):
+    path = tmp_path / "table.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "b"}\n{"id": "\xe9"}\n')  # latin-1, not UTF-8
+    with pytest.raises(InputError, match=r"table\.jsonl:3: not valid UTF-8 \(byte b'\\xe9' at offset 32\)"):
+        read_text(path)
+    with pytest.raises(InputError, match=r"table\.jsonl:3: not valid UTF-8"):
+        list(read_jsonl(path))
+
+
+def test_line_separators_inside_json_strings_are_not_line_breaks(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "a\u2028b"}\n\n{"text": "c"}\n', encoding="utf-8")
+    assert list(read_jsonl(path)) == [(1, {"text": "a\u2028b"}), (3, {"text": "c"})]
+
+
+def test_malformed_json_names_its_line(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text('{\n  "a": 1,\n  "b": \n}\n')
+    with pytest.raises(InputError, match=r"metrics\.json:4: malformed JSON"):
+        read_json(path)
+
+
+@pytest.mark.parametrize("reader, name", [
+    (Template.read, "prompt.txt"),
+    (load_yaml, "params.yaml"),
+    (lambda path: read_predictions(path, [{"id": "a"}]), "predictions.jsonl"),
+])
+def test_prompts_params_and_predictions_name_the_bad_line(tmp_path, reader, name):
+    path = tmp_path / name
+    path.write_bytes(b"# first\n# second\n\xff\n")
+    with pytest.raises(InputError, match=rf"{name.replace('.', '[.]')}:3: not valid UTF-8"):
+        reader(path)
