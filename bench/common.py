@@ -60,9 +60,14 @@ def clock(device: torch.device) -> float:
 
 
 def peak_memory_gb(device: torch.device) -> float:
-    """Peak GPU memory allocated by torch on CUDA, else the process's peak RSS."""
+    """Peak GPU memory allocated by torch on CUDA, else the process's peak RSS: VmHWM, which
+    starts afresh with the process (getrusage's ru_maxrss carries a parent's peak across exec)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1024**3
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024**2  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
 

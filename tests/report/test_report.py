@@ -54,7 +54,8 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     for system, bart in (("nll", -2.0), ("finetuned", -1.5), ("llm_old", -1.0)):
         (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(_metrics(bart)))
         (tmp_path / "predictions" / f"{system}.jsonl").write_text(json.dumps({"id": "s:0", "prediction": system}) + "\n")
-    (tmp_path / "train" / "nll" / "summary.json").write_text(json.dumps({"label": "NLL", "objective": "nll", "global_step": 3}))
+    (tmp_path / "train" / "nll" / "summary.json").write_text(json.dumps({"label": "NLL", "objective": "nll", "global_step": 3,
+                                                                            "train_seconds": 1.0}))
     (tmp_path / "significance.json").write_text(json.dumps({"finetuned": {"bartscore/predictive": 0.01}, "_n_resamples": 10}))
 
     def report(systems):
@@ -62,8 +63,27 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
                             [instance], tmp_path / "train", tmp_path / "llm", ReportConfig(examples=1), 0, "timetravel", "nll", 0.05)
 
     markdown, _ = report(["nll", "finetuned"])
-    table = [line for line in markdown.splitlines() if line.startswith("| ")]
+    table = [line for line in markdown.split("## Training")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == ["| NLL", "| finetuned"]
     assert "llm_old" not in markdown
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
         report(["nll", "finetuned", "llm_rag"])
+
+
+def test_the_training_section_reads_the_runs_summaries(tmp_path):
+    import json
+
+    from storyrewrite.report.build import training_section
+
+    def curve(first, last):
+        return {"first": first, "last": last, "first_step": 1, "last_step": 10}
+
+    (tmp_path / "finetuned").mkdir()
+    (tmp_path / "finetuned" / "summary.json").write_text(json.dumps({
+        "global_step": 10, "train_seconds": 42.4, "best_step": 10, "main_diagnostics": ["m_target", "m_original", "delta"],
+        "curves": {"train_loss": curve(3.2, 2.9), "val_loss": curve(3.1, 2.8), "m_target": curve(-3.21, -2.95),
+                   "val_m_original": curve(-2.5, -2.6)},
+    }))
+    table = training_section(["nll", "finetuned"], tmp_path, {"nll": "NLL", "finetuned": "DTO-Score"}).splitlines()
+    assert len(table) == 3  # no summary for nll here: no row
+    assert table[2] == ("| DTO-Score | 10 | 42 s | 10 | 2.9 | 2.8 | m_target -3.21 → -2.95; m_original (val) -2.5 → -2.6 |")

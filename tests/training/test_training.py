@@ -84,7 +84,8 @@ def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_mode
 
 
 def test_an_interrupted_run_continues_under_a_larger_budget(tmp_path, tiny_model_dirs, small_prepared):
-    settings = dict(checkpoint_every_n_steps=2, val_check_interval=5)
+    # With data-loading workers, as the GPU profile uses them.
+    settings = dict(checkpoint_every_n_steps=2, val_check_interval=5, num_workers=2)
     with pytest.raises(RuntimeError):
         _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=5, **settings), callbacks=(Crash(3),))
     summary = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, **settings))
@@ -178,6 +179,7 @@ def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
     params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
     params["train_nll"] |= {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 2,
                             "val_check_interval": 2, "checkpoint_every_n_steps": 2}
+    params["dto"]["tau"] = -1.0  # invalid, and no concern of NLL training, which never reads it
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     materialise(tiny_models_config("llama"), tmp_path / "pretrained", seed=0)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

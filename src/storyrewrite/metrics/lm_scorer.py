@@ -82,8 +82,9 @@ class LMScorer:
 
     def score_soft_many(self, source_probs: torch.Tensor, source_mask: torch.Tensor,
                         target_sets: list[list[str]]) -> list[torch.Tensor]:
-        """`score_soft` against several target lists that share the same soft sources. For a
-        seq2seq scorer the encoder runs once for all of them."""
+        """`score_soft` against several target lists that share the same soft sources: the
+        sources are run once for all of them (a seq2seq scorer's encoder; a causal scorer's
+        prefix, whose key/value cache each target set continues)."""
         embeds = self.soft_embeddings(source_probs)  # B×S×d
         source_mask = source_mask.to(self.device)
         if self.seq2seq:
@@ -97,26 +98,42 @@ class LMScorer:
                 ).logits
                 results.append(mean_target_log_prob(logits, target_ids, target_mask))
             return results
-        return [self._score_soft_causal(embeds, source_mask, targets) for targets in target_sets]
+        return self._score_soft_causal(embeds, source_mask, target_sets)
 
     def _padded_targets(self, targets: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = pad_rows(self.encoder.target_ids(self._targets(targets)), self.encoder.tokenizer.pad_token_id, left=False)
         return ids.to(self.device), mask.to(self.device)
 
-    def _score_soft_causal(self, embeds: torch.Tensor, source_mask: torch.Tensor, targets: list[str]) -> torch.Tensor:
-        target_ids, target_mask = self._padded_targets(targets)
+    def _score_soft_causal(self, embeds: torch.Tensor, source_mask: torch.Tensor,
+                           target_sets: list[list[str]]) -> list[torch.Tensor]:
+        """The soft sources run once, as a prefix whose key/value cache every target set then
+        continues (the prefix's last position predicts each target's first token): for DTO-Delta
+        and DTO-Score+Delta one source pass instead of two, with the same values."""
         batch, width = source_mask.shape
-        # Move each row's padding to the left ([pad | source | target | pad]), the layout of
+        sets = len(target_sets)
+        # Move each row's padding to the left ([pad | source]), the layout of
         # storyrewrite.models.encoding, so that every target starts at column `width`.
         lengths = source_mask.sum(dim=1)
         columns = torch.arange(width, device=self.device)
         gather = (columns.unsqueeze(0) - (width - lengths).unsqueeze(1)) % width  # B×S
         left_embeds = torch.gather(embeds, 1, gather.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
         left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
-        target_embeds = self.model.get_input_embeddings()(target_ids)
-        inputs = torch.cat([left_embeds, target_embeds], dim=1)[:, :-1]
-        attention_mask = torch.cat([left_mask, target_mask], dim=1)[:, :-1]
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        logits = causal_tail_logits(self.model, target_ids.shape[1], inputs_embeds=inputs,
-                                    attention_mask=attention_mask, position_ids=position_ids)
-        return mean_target_log_prob(logits, target_ids, target_mask)
+        body, head = self.model.base_model, self.model.get_output_embeddings()
+        prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask,
+                      position_ids=(left_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=True)
+        # Rows b·K + k: source b with target set k.
+        target_ids, target_mask = self._padded_targets([targets[b] for b in range(batch) for targets in target_sets])
+        hidden = prefix.last_hidden_state[:, -1:].repeat_interleave(sets, dim=0)  # (B·K)×1×d
+        if target_ids.shape[1] > 1:
+            cache = prefix.past_key_values
+            cache.batch_repeat_interleave(sets)
+            attention_mask = torch.cat([left_mask.repeat_interleave(sets, dim=0), target_mask[:, :-1]], dim=1)
+            position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, width:]
+            rest = body(inputs_embeds=self.model.get_input_embeddings()(target_ids[:, :-1]), attention_mask=attention_mask,
+                        position_ids=position_ids, past_key_values=cache, use_cache=True)
+            hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)  # (B·K)×T×d
+        logits = head(hidden)
+        if cap := getattr(self.model.config, "final_logit_softcapping", None):
+            logits = torch.tanh(logits / cap) * cap
+        scores = mean_target_log_prob(logits, target_ids, target_mask).view(batch, sets)
+        return list(scores.unbind(dim=1))

@@ -30,6 +30,34 @@ def system_label(system: str, train_logs: Path, llm_usage: Path) -> str:
     return system
 
 
+def _value(number: float) -> str:
+    return f"{number:.4g}"
+
+
+def training_section(systems: list[str], train_logs: Path, labels: dict[str, str]) -> str:
+    """A table of the trained systems from their runs' summaries: steps, wall time, the step of
+    the exported (best-on-validation) checkpoint, the final losses, and the first → last values
+    of the objective's main diagnostics (from training, or validation where only it has them)."""
+    lines = ["| System | steps | wall time | best step | final train loss | final val loss | diagnostics, first → last |",
+             "|---|---|---|---|---|---|---|"]
+    for system in systems:
+        path = train_logs / system / "summary.json"
+        if not path.exists():
+            continue
+        info = read_json(path)
+        curves = info.get("curves", {})
+        shown = []
+        for name in info.get("main_diagnostics", []):
+            for key, where in ((name, ""), (f"val_{name}", " (val)")):
+                if key in curves:
+                    shown.append(f"{name}{where} {_value(curves[key]['first'])} → {_value(curves[key]['last'])}")
+                    break
+        final = {k: _value(curves[k]["last"]) if k in curves else "n/a" for k in ("train_loss", "val_loss")}
+        lines.append(f"| {labels[system]} | {info['global_step']} | {info['train_seconds']:.0f} s | {info.get('best_step') or 'n/a'} | "
+                     f"{final['train_loss']} | {final['val_loss']} | {'; '.join(shown) or '-'} |")
+    return "\n".join(lines)
+
+
 def build_report(systems: list[str], metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path],
                  instances: list[dict], train_logs: Path, llm_usage: Path, config: ReportConfig, seed: int, task: str,
                  baseline: str, alpha: float) -> tuple[str, str]:
@@ -63,7 +91,9 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     markdown = "\n\n".join([
         "# Results", markdown_table(rows, alpha), *notes,
-        "Training curves: `dvc plots show` (reports/train/*/train_loss.csv, val_loss.csv).",
+        "## Training", training_section(order, train_logs, labels),
+        "Every logged quantity over the steps: `dvc plots show reports/train/<system>/curves` "
+        "(`dvc plots diff <experiment>` to compare runs); see the README for what each curve tells.",
         "## Examples", *examples,
     ]) + "\n"
     latex = latex_table(rows, alpha, caption=f"Results on {task} ({n} test instances). "

@@ -14,7 +14,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from storyrewrite.io import InputError, write_text_atomic
+from storyrewrite.io import InputError, read_json, write_text_atomic
 from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
 
 SYSTEM_METRICS = "reports/metrics/{}.json"
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="one row per objective (its best run by validation NLL) instead of one per experiment")
     args = parser.parse_args(argv)
     if args.json:
-        exp_show = json.loads(args.json.read_text())
+        exp_show = read_json(args.json)
     else:
         command = ["dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
         exp_show = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)

@@ -115,7 +115,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     last Lightning checkpoints and the curves while a run is under way: an interrupted run with
     the same fingerprint resumes from last.ckpt, a finished one is never resumed (a rerun, e.g.
     `dvc repro -f`, trains again). `log_dir` receives the curves (`dvc plots`) and summary.json.
-    `diagnostics: False` logs only the loss, its terms, lr, grad_norm and tokens/s. Returns the
+    `diagnostics: False` logs only the loss, its terms, lr and tokens/s. Returns the
     summary."""
     objective = get_objective(run.objective, run.task)
     out_dir, checkpoint_dir, log_dir = Path(out_dir), Path(checkpoint_dir), Path(log_dir)
