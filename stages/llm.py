@@ -29,6 +29,8 @@ def main() -> None:
     instances = load_instances(args.data, task, params.generate.split)
     train = load_instances(args.data, task, "train")
     backend = make_backend(config, args.local_model, params.models.generator, params.device)
+    print(f"llm {mode.name}: backend {config.backend}, model {backend.label}"
+          + (f" on {backend.model.device} ({config.local_dtype})" if config.backend == "local" else ""))
     retrieve = None
     if mode.needs_index:
         index, embedder = Index(args.index), Embedder(args.index / "embedder", params.device)
