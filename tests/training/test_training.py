@@ -157,17 +157,24 @@ def test_a_non_finite_gradient_stops_unless_fp16_loss_scaling_is_at_work():
         monitor._check(trainer, {"train_loss": 1.5, "m_original": math.nan}, 2.0, 1e-5)
 
 
-def test_the_stage_exits_2_with_one_message_on_divergence(tmp_path, small_prepared):
+def _train_nll_stage(tmp_path, small_prepared, changes: dict, dto: dict | None = None) -> subprocess.CompletedProcess:
+    """The train stage's script run as DVC runs it (`--section train_nll`), on a tiny Llama."""
     params = load_yaml(ROOT / "params.yaml")
     params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
-    params["train_nll"] |= {"accelerator": "cpu", "lr": 1e9, "max_steps": 4, "val_check_interval": 4, "checkpoint_every_n_steps": 1}
+    params["train_nll"] |= {"accelerator": "cpu", **changes}
+    params["dto"] |= dto or {}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     materialise(tiny_models_config("llama"), tmp_path / "pretrained", seed=0)
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(ROOT / "stages" / "train.py"), "--section", "train_nll", "--init", "pretrained",
          "--data", str(small_prepared), "--out", "nll", "--checkpoints", "ckpt", "--logs", "logs"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
     )
+
+
+def test_the_stage_exits_2_with_one_message_on_divergence(tmp_path, small_prepared):
+    result = _train_nll_stage(tmp_path, small_prepared, {"lr": 1e9, "max_steps": 4, "val_check_interval": 4,
+                                                         "checkpoint_every_n_steps": 1})
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: training diverged at step ")
     assert not (tmp_path / "nll").exists()
@@ -175,19 +182,10 @@ def test_the_stage_exits_2_with_one_message_on_divergence(tmp_path, small_prepar
 
 def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
     """The train stage run as DVC runs it, with `devices: 2, strategy: ddp` (gloo on CPU)."""
-    params = load_yaml(ROOT / "params.yaml")
-    params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
-    params["train_nll"] |= {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 2,
-                            "val_check_interval": 2, "checkpoint_every_n_steps": 2}
-    params["dto"]["tau"] = -1.0  # invalid, and no concern of NLL training, which never reads it
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    materialise(tiny_models_config("llama"), tmp_path / "pretrained", seed=0)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "stages" / "train.py"), "--section", "train_nll", "--init", "pretrained",
-         "--data", str(small_prepared), "--out", "nll", "--checkpoints", "ckpt", "--logs", "logs"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
+    # An invalid `dto` section is no concern of NLL training, which never reads it.
+    result = _train_nll_stage(tmp_path, small_prepared, {"devices": 2, "strategy": "ddp", "max_steps": 2,
+                                                         "val_check_interval": 2, "checkpoint_every_n_steps": 2},
+                              dto={"tau": -1.0})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2

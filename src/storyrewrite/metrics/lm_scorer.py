@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
-from storyrewrite.models.encoding import Encoder, causal_tail_logits, pad_rows, target_logits
+from storyrewrite.models.encoding import Encoder, pad_rows, target_logits
 from storyrewrite.models.loading import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
