@@ -136,6 +136,7 @@ def test_divergence_stops_at_once_and_exports_nothing(tmp_path, tiny_model_dirs,
     message = str(caught.value)
     assert message.startswith("training diverged at step ") and "(train_nll, objective nll): train_loss = " in message
     assert "lr = 1e+09. Lower `train_nll.lr` or change `train_nll.precision` (now 32-true)" in message
+    assert message.endswith("last.ckpt keeps the last finite checkpoint")
     assert not (tmp_path / "out").exists() and not (tmp_path / "logs" / "summary.json").exists()
     step = int(message.split("step ")[1].split(" ")[0])
     # The last checkpoint is the one before the diverged step, and finite.
@@ -147,9 +148,10 @@ def test_divergence_stops_at_once_and_exports_nothing(tmp_path, tiny_model_dirs,
 def test_a_non_finite_gradient_stops_unless_fp16_loss_scaling_is_at_work():
     monitor = TrainingMonitor.__new__(TrainingMonitor)
     monitor.section, monitor.objective = "train", "score"
-    trainer = SimpleNamespace(global_step=7, precision="32-true", default_root_dir="ckpt",
+    trainer = SimpleNamespace(global_step=7, precision="32-true", default_root_dir="no-such-dir",
                               precision_plugin=SimpleNamespace(scaler=None))
-    with pytest.raises(TrainingDiverged, match=r"at step 7 \(train, objective score\): train_loss = 1\.5, grad_norm = inf; lr = 1e-05"):
+    with pytest.raises(TrainingDiverged, match=r"at step 7 \(train, objective score\): train_loss = 1\.5, grad_norm = inf; lr = 1e-05\. "
+                                               r".*no model was exported, and no checkpoint had been written yet$"):
         monitor._check(trainer, {"train_loss": 1.5}, math.inf, 1e-5)
     trainer.precision_plugin.scaler = object()  # a GradScaler skips that step and lowers its scale
     monitor._check(trainer, {"train_loss": 1.5}, math.inf, 1e-5)

@@ -105,8 +105,10 @@ class TrainingMonitor(Callback):
         if not (bad_terms or bad_grad):
             return
         shown = ", ".join(f"{name} = {_number(v)}" for name, v in {**terms, **({"grad_norm": grad_norm} if grad_norm is not None else {})}.items())
+        last = Path(trainer.default_root_dir) / "last.ckpt"
+        kept = f"{last} keeps the last finite checkpoint" if last.exists() else "no checkpoint had been written yet"
         raise TrainingDiverged(
             f"training diverged at step {trainer.global_step} ({self.section}, objective {self.objective}): {shown}; "
             f"lr = {lr:g}. Lower `{self.section}.lr` or change `{self.section}.precision` (now {trainer.precision}); "
-            f"no model was exported, and {trainer.default_root_dir}/last.ckpt keeps the last finite checkpoint"
+            f"no model was exported, and {kept}"
         )
