@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from storyrewrite.models.logprobs import masked_mean
+
 
 def gumbel_softmax(logits: torch.Tensor, tau: float, hard: bool, seed: int) -> torch.Tensor:
     """softmax((logits + g) / tau), g ~ Gumbel(0, 1), in float32.
@@ -36,11 +38,8 @@ def gumbel_statistics(probs: torch.Tensor, mask: torch.Tensor) -> dict[str, torc
     """Over the real target positions (mask B×T) of the relaxed samples (probs B×T×V): the mean
     entropy −Σ_v p log p (0 when collapsed to one-hot) and the mean largest probability (1.0
     when collapsed)."""
-    weights = mask.to(torch.float32)
-    total = weights.sum().clamp(min=1)
     entropy = torch.special.entr(probs).sum(dim=-1)  # B×T; entr(0) = 0, no 0·log 0 NaN
-    return {"gumbel_entropy": (entropy * weights).sum() / total,
-            "gumbel_max_prob": (probs.amax(dim=-1) * weights).sum() / total}
+    return {"gumbel_entropy": masked_mean(entropy, mask), "gumbel_max_prob": masked_mean(probs.amax(dim=-1), mask)}
 
 
 def score_loss(m_edited: torch.Tensor) -> torch.Tensor:

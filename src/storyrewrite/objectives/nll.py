@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from storyrewrite.models.logprobs import token_log_probs
+from storyrewrite.models.logprobs import masked_mean, token_log_probs
 
 
 def nll_loss(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
@@ -12,11 +12,9 @@ def nll_loss(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.
 
     logits: B×T×V; target_ids, target_mask: B×T.
     """
-    mask = target_mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
-    return -(token_log_probs(logits, target_ids) * mask).sum() / mask.sum().clamp(min=1)
+    return -masked_mean(token_log_probs(logits, target_ids), target_mask)
 
 
 def token_accuracy(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
     """Share of real target tokens that are the generator's argmax (teacher-forced)."""
-    mask = target_mask.to(torch.float32)
-    return ((logits.argmax(dim=-1) == target_ids).float() * mask).sum() / mask.sum().clamp(min=1)
+    return masked_mean((logits.argmax(dim=-1) == target_ids).float(), target_mask)
