@@ -13,7 +13,7 @@ import torch
 
 from storyrewrite.data.prepare import prepare
 from storyrewrite.data.sources import download
-from storyrewrite.models.loading import materialise, resolve_device
+from storyrewrite.models.loading import materialise
 from storyrewrite.params import Params, load_yaml, overlay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +42,6 @@ def inputs(profiles: list[Path] = ()) -> tuple[Params, Path, Path]:
         prepared = Path(tempfile.mkdtemp()) / "prepared"
         prepare(raw, prepared, params.data, params.seed)
     return params, pretrained, prepared
-
-
-def device_of(spec: str) -> torch.device:
-    return resolve_device(spec)
 
 
 def synchronize(device: torch.device) -> None:

@@ -15,13 +15,13 @@ import tempfile
 from pathlib import Path
 
 import lightning as L
-from common import clock, describe, device_of, inputs, peak_memory_gb
+from common import clock, describe, inputs, peak_memory_gb
 from torch.utils.data import DataLoader
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl
-from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.models.loading import resolve_device, resolve_model_dir
 from storyrewrite.training.run import Run, assemble
 
 
@@ -49,11 +49,10 @@ def main() -> None:
     args = parser.parse_args()
 
     params, pretrained, prepared = inputs(args.profile)
-    device = device_of(args.device)
+    device = resolve_device(args.device)
     config = params.train_nll
     model_dir = resolve_model_dir(pretrained)
-    module, datamodule = assemble(Run("train_nll", config, params.models, params.task, params.seed, "nll", None,
-                                      model_dir, prepared))
+    module, datamodule = assemble(Run.from_params(params, "train_nll", "nll", model_dir, prepared))
     datamodule.setup()
     # Training batches as the stage draws them (seeded order), the first few.
     order = [datamodule.train_rows[i] for i in range((args.steps + 1) * config.batch_size)]

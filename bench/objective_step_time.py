@@ -31,63 +31,54 @@ import sys
 from pathlib import Path
 
 import torch
-from common import clock, describe, device_of, inputs, peak_memory_gb
+from common import clock, describe, inputs, peak_memory_gb
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from storyrewrite.models.loading import resolve_model_dir
-from storyrewrite.objectives import get_objective
+from storyrewrite.models.loading import resolve_device, resolve_model_dir
+from storyrewrite.training.monitor import read_logs
 from storyrewrite.training.run import Run, assemble
 
 
 def build(objective: str, args, device: torch.device):
     """(module on the device, its optimiser, the fixed batch on the device)."""
     params, pretrained, prepared = inputs(args.profile)
-    found = get_objective(objective, params.task)
-    config = dataclasses.replace(params.train, batch_size=args.batch_size or params.train.batch_size)
-    run = Run(section="train", config=config, models=params.models, task=params.task, seed=params.seed,
-              objective=objective, settings=params.section(found.settings) if found.settings else None,
-              init_dir=resolve_model_dir(pretrained), prepared_dir=prepared,
-              scorer_dir=resolve_model_dir(pretrained, "scorer") if found.needs_scorer else None)
+    run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
+                          resolve_model_dir(pretrained, "scorer"))
+    run = dataclasses.replace(run, config=dataclasses.replace(run.config, batch_size=args.batch_size or run.config.batch_size))
     module, datamodule = assemble(run)
     datamodule.setup()
-    batch = datamodule.collate(datamodule.train_rows[: config.batch_size])  # the same batch for every objective
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    if "pair" in batch:
-        batch["pair"] = {k: v.to(device) for k, v in batch["pair"].items()}
+    # The same batch for every objective, on the device as Lightning would move it.
+    batch = move_data_to_device(datamodule.collate(datamodule.train_rows[: run.config.batch_size]), device)
     module.to(device)
     module.on_fit_start()  # the frozen scorer to the device
     return module, module.configure_optimizers()["optimizer"], batch
 
 
-def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, seed: int) -> None:
+def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool) -> None:
     module.diagnostics = diagnostics
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed"
                 else contextlib.nullcontext())
     with autocast:
-        out = module.loss(module.generator, batch, seed)
-    logs = {"train_loss": out.loss.detach(), **out.terms}
-    if diagnostics:
-        with torch.no_grad():
-            logs |= out.diagnostics()
-    out.loss.backward()
-    module.step_logs = logs
+        loss = module.step_loss(batch)
+    loss.backward()
     module.on_before_optimizer_step(optimizer)  # the gradient norm, with diagnostics
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if diagnostics:  # the monitor's one device-to-host copy per step
-        torch.stack([v.float().reshape(()) for v in module.step_logs.values()]).tolist()
+        read_logs(module.step_logs)
 
 
 def measure(objective: str, args) -> dict:
     """One objective in this process: medians with and without diagnostics, peak memory, GPU busy."""
-    device = device_of(args.device)
+    device = resolve_device(args.device)
     torch.manual_seed(0)
     module, optimizer, batch = build(objective, args, device)
-    step(module, optimizer, batch, device, args.precision, True, 0)  # allocates the optimiser state
+    step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state
     times: dict[bool, list[float]] = {True: [], False: []}
     for pair in range(args.steps):
         for diagnostics in (True, False) if pair % 2 == 0 else (False, True):
             started = clock(device)
-            step(module, optimizer, batch, device, args.precision, diagnostics, pair)
+            step(module, optimizer, batch, device, args.precision, diagnostics)
             times[diagnostics].append(clock(device) - started)
     result = {"with": statistics.median(times[True]), "without": statistics.median(times[False]),
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
@@ -96,8 +87,8 @@ def measure(objective: str, args) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profiler:
             started = clock(device)
-            for seed in range(4):
-                step(module, optimizer, batch, device, args.precision, True, seed)
+            for _ in range(4):
+                step(module, optimizer, batch, device, args.precision, True)
             wall = clock(device) - started
         averages = profiler.key_averages()
         result["gpu_busy"] = sum(getattr(e, "self_device_time_total", 0) for e in averages) / 1e6 / wall

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import clock, describe, device_of, inputs
+from common import clock, describe, inputs
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.models.loading import resolve_device, resolve_model_dir
 from storyrewrite.significance import paired_bootstrap_many
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     args = parser.parse_args()
     params, pretrained, prepared = inputs(args.profile)
-    device = device_of(args.device)
+    device = resolve_device(args.device)
     models = params.models
     test = load_instances(prepared, params.task, "test")[: args.pairs]
     # Score the original ending against the edited one: realistic lengths, as in the score stage.

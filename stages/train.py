@@ -9,7 +9,6 @@ from pathlib import Path
 
 from storyrewrite.io import run_stage
 from storyrewrite.models.loading import resolve_model_dir
-from storyrewrite.objectives import get_objective
 from storyrewrite.params import Params
 from storyrewrite.training.run import Run, fit
 
@@ -25,16 +24,10 @@ def main() -> None:
     parser.add_argument("--scorer", type=Path, help="the models stage's dir (or a model dir): DTO's frozen scorer")
     args = parser.parse_args()
     params = Params.load()
-    # train_nll is NLL from the pretrained model; only `train` reads `objective`, and only the
-    # section its objective names (dto, cpo): NLL training never reads them.
-    name = params.objective if args.section == "train" else "nll"
-    objective = get_objective(name, params.task)
-    run = Run(
-        section=args.section, config=params.section(args.section), models=params.models, task=params.task,
-        seed=params.seed, objective=name, settings=params.section(objective.settings) if objective.settings else None,
-        init_dir=resolve_model_dir(args.init), prepared_dir=args.data,
-        scorer_dir=resolve_model_dir(args.scorer, "scorer") if objective.needs_scorer else None,
-    )
+    # train_nll is NLL from the pretrained model; only `train` reads `objective`.
+    objective = params.objective if args.section == "train" else "nll"
+    run = Run.from_params(params, args.section, objective, resolve_model_dir(args.init), args.data,
+                          resolve_model_dir(args.scorer, "scorer") if args.scorer else None)
     summary = fit(run, args.out, args.checkpoints, args.logs)
     print(json.dumps({k: v for k, v in summary.items() if k != "curves"}, indent=2))
 

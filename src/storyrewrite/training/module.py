@@ -37,15 +37,20 @@ class RewriteModule(L.LightningModule):
         if self.loss.scorer is not None:
             self.loss.scorer.model.to(self.device)
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def step_loss(self, batch: dict) -> torch.Tensor:
+        """The loss of a training step, leaving what the curves log in `step_logs`."""
         out = self.loss(self.generator, batch, self.noise_seed + self.global_step)
         self.step_terms = ("train_loss", *out.terms)
         self.step_logs = {"train_loss": out.loss.detach(), **out.terms}
         if self.diagnostics:
             with torch.no_grad():
                 self.step_logs |= out.diagnostics()
-        self.log("train_loss", self.step_logs["train_loss"], prog_bar=True, batch_size=len(batch["ids"]))
         return out.loss
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.step_loss(batch)
+        self.log("train_loss", self.step_logs["train_loss"], prog_bar=True, batch_size=len(batch["ids"]))
+        return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning calls this after unscaling fp16 gradients and before clipping them.

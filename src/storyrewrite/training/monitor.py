@@ -43,6 +43,12 @@ def write_curve(path: Path, name: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
+    """A step's logged scalars as numbers, in one device-to-host copy (one sync on a GPU)."""
+    names = list(logs)
+    return dict(zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist()))
+
+
 def _number(value: float) -> str:
     return f"{value:.6g}"
 
@@ -78,9 +84,7 @@ class TrainingMonitor(Callback):
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        logs = pl_module.step_logs
-        names = list(logs)
-        values = dict(zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist()))  # one sync
+        values = read_logs(pl_module.step_logs)
         seconds = time.perf_counter() - self._started
         lr = trainer.optimizers[0].param_groups[0]["lr"]
         self._check(trainer, {n: values[n] for n in pl_module.step_terms}, values.get("grad_norm"), lr)

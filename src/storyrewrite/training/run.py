@@ -21,7 +21,7 @@ from storyrewrite.io import InputError, sha256_file, write_json_atomic, write_te
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
-from storyrewrite.params import ModelsConfig, TrainConfig
+from storyrewrite.params import ModelsConfig, Params, TrainConfig
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
 from storyrewrite.training.monitor import TrainingMonitor, read_curve
@@ -52,6 +52,17 @@ class Run:
     init_dir: Path
     prepared_dir: Path
     scorer_dir: Path | None = None
+
+    @classmethod
+    def from_params(cls, params: Params, section: str, objective: str, init_dir: Path, prepared_dir: Path,
+                    scorer_dir: Path | None = None) -> "Run":
+        """The run of `section` with `objective`, reading only the params section that objective
+        names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one."""
+        found = get_objective(objective, params.task)
+        return cls(section=section, config=params.section(section), models=params.models, task=params.task,
+                   seed=params.seed, objective=objective,
+                   settings=params.section(found.settings) if found.settings else None, init_dir=Path(init_dir),
+                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None)
 
 
 def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, RewriteDataModule]:
