@@ -82,6 +82,14 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
         yield line_number, obj
 
 
+def find_file(system: str, directories: list[Path], suffix: str) -> Path:
+    """`<dir>/<system><suffix>` in the first of `directories` that has it; none is an error."""
+    for directory in directories:
+        if (directory / f"{system}{suffix}").exists():
+            return directory / f"{system}{suffix}"
+    raise InputError(f"no {system}{suffix} in {', '.join(map(str, directories))} (is its stage in the pipeline?)")
+
+
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

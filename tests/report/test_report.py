@@ -73,7 +73,7 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
 def test_the_training_section_reads_the_runs_summaries(tmp_path):
     import json
 
-    from storyrewrite.report.build import training_section
+    from storyrewrite.report.build import read_summaries, training_section
 
     def curve(first, last):
         return {"first": first, "last": last, "first_step": 1, "last_step": 10}
@@ -84,6 +84,6 @@ def test_the_training_section_reads_the_runs_summaries(tmp_path):
         "curves": {"train_loss": curve(3.2, 2.9), "val_loss": curve(3.1, 2.8), "m_target": curve(-3.21, -2.95),
                    "val_m_original": curve(-2.5, -2.6)},
     }))
-    table = training_section(["nll", "finetuned"], tmp_path, {"nll": "NLL", "finetuned": "DTO-Score"}).splitlines()
+    table = training_section(read_summaries(["nll", "finetuned"], tmp_path), {"nll": "NLL", "finetuned": "DTO-Score"}).splitlines()
     assert len(table) == 3  # no summary for nll here: no row
     assert table[2] == ("| DTO-Score | 10 | 42 s | 10 | 2.9 | 2.8 | m_target -3.21 → -2.95; m_original (val) -2.5 → -2.6 |")

@@ -4,14 +4,19 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from storyrewrite.io import InputError, read_json, read_jsonl
+from storyrewrite.io import InputError, find_file, read_json, read_jsonl
 from storyrewrite.params import ReportConfig
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.tables import Row, latex_table, markdown_table
-from storyrewrite.significance.compare import find_file
 from storyrewrite.systems import COPY_BASELINES
 
-def system_label(system: str, train_logs: Path, llm_usage: Path) -> str:
+
+def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
+    """system -> its training summary, for the systems that were trained."""
+    return {s: read_json(path) for s in systems if (path := train_logs / s / "summary.json").exists()}
+
+
+def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
     """How the report names a system: from what its run wrote (the training summary or the LLM
     stage's usage file, whose labels come from the objective and mode registries)."""
     if system in COPY_BASELINES:
@@ -20,13 +25,11 @@ def system_label(system: str, train_logs: Path, llm_usage: Path) -> str:
     if system.startswith("llm_") and usage.exists():
         info = read_json(usage)
         return f"{info['model']} {info['mode_label']} ({info['backend']})"
-    summary = train_logs / system / "summary.json"
-    if summary.exists():
-        info = read_json(summary)
+    if summary is not None:
         if system == "nll":
-            return info["label"]
-        return f"{info['label']}, continued (+{info['global_step']} steps)" if info["objective"] == "nll" \
-            else f"{info['label']} (from NLL, +{info['global_step']} steps)"
+            return summary["label"]
+        return f"{summary['label']}, continued (+{summary['global_step']} steps)" if summary["objective"] == "nll" \
+            else f"{summary['label']} (from NLL, +{summary['global_step']} steps)"
     return system
 
 
@@ -34,17 +37,13 @@ def _value(number: float) -> str:
     return f"{number:.4g}"
 
 
-def training_section(systems: list[str], train_logs: Path, labels: dict[str, str]) -> str:
+def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
     """A table of the trained systems from their runs' summaries: steps, wall time, the step of
     the exported (best-on-validation) checkpoint, the final losses, and the first → last values
     of the objective's main diagnostics (from training, or validation where only it has them)."""
     lines = ["| System | steps | wall time | best step | final train loss | final val loss | diagnostics, first → last |",
              "|---|---|---|---|---|---|---|"]
-    for system in systems:
-        path = train_logs / system / "summary.json"
-        if not path.exists():
-            continue
-        info = read_json(path)
+    for system, info in summaries.items():
         curves = info.get("curves", {})
         shown = []
         for name in info.get("main_diagnostics", []):
@@ -67,7 +66,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     metrics = {s: read_json(find_file(s, metrics_dirs, ".json")) for s in systems}
     significance = read_json(significance_path)
     order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
-    labels = {s: system_label(s, train_logs, llm_usage) for s in order}
+    summaries = read_summaries(order, train_logs)
+    labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
     rows = [Row(s, labels[s], metrics[s], significance.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
@@ -91,7 +91,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     markdown = "\n\n".join([
         "# Results", markdown_table(rows, alpha), *notes,
-        "## Training", training_section(order, train_logs, labels),
+        "## Training", training_section(summaries, labels),
         "Every logged quantity over the steps: `dvc plots show reports/train/<system>/curves` "
         "(`dvc plots diff <experiment>` to compare runs); see the README for what each curve tells.",
         "## Examples", *examples,

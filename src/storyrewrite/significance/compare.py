@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from storyrewrite.io import InputError, read_jsonl
+from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.metrics.counterfactual import FORMS, METRICS, instance_value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
@@ -36,14 +36,6 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
         p_values = paired_bootstrap_many(values, base, n_resamples=n_resamples, seed=seed, clusters=clusters)
         results[system] = {f"{m}/{f}": round(float(p), 4) for (m, f), p in zip(pairs, p_values)}
     return results
-
-
-def find_file(system: str, directories: list[Path], suffix: str) -> Path:
-    """`<dir>/<system><suffix>` in the first of `directories` that has it; none is an error."""
-    for directory in directories:
-        if (directory / f"{system}{suffix}").exists():
-            return directory / f"{system}{suffix}"
-    raise InputError(f"no {system}{suffix} in {', '.join(map(str, directories))} (is its stage in the pipeline?)")
 
 
 def read_scores(systems: list[str], directories: list[Path]) -> dict[str, list[dict]]:
