@@ -8,6 +8,7 @@ from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import run_stage
 from storyrewrite.models.loading import resolve_device
 from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
 
 
 def main() -> None:
@@ -15,7 +16,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True, help="prepared data dir")
     parser.add_argument("--out", type=Path, required=True, help="predictions .jsonl")
+    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
     args = parser.parse_args()
+    record = StageRecord.start(args.record)
     params = Params.load()
     config = params.generate
     instances = load_instances(args.data, params.task, config.split)
@@ -25,6 +28,9 @@ def main() -> None:
     seconds = time.perf_counter() - started
     print(f"{args.out}: {len(instances)} predictions ({n} generated now, {len(instances) - n} resumed) on {device} "
           f"({config.dtype}) in {seconds:.1f} s = {n / seconds:.1f} predictions/s")
+    if record:
+        record.finish(device, config.dtype, n, "predictions", generate_s=round(seconds, 2),
+                      predictions_per_s=round(n / seconds, 3) if seconds > 0 else None, resumed=len(instances) - n)
 
 
 if __name__ == "__main__":

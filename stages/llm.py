@@ -12,6 +12,7 @@ from storyrewrite.llm.retrieval import Embedder, Index, query_text
 from storyrewrite.llm.modes import ExampleSource, get_mode
 from storyrewrite.llm.run import run_mode
 from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
 
 
 def main() -> None:
@@ -23,7 +24,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, required=True, help="response cache dir (kept between runs)")
     parser.add_argument("--out", type=Path, required=True, help="predictions .jsonl")
     parser.add_argument("--usage", type=Path, required=True, help="usage summary .json")
+    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
     args = parser.parse_args()
+    record = StageRecord.start(args.record)
     params = Params.load()
     config, task, mode = params.llm, params.task, get_mode(args.mode)
     instances = load_instances(args.data, task, params.generate.split)
@@ -41,6 +44,13 @@ def main() -> None:
     summary = {"mode": mode.name, "mode_label": mode.label, "backend": config.backend, "model": backend.label, **usage.summary()}
     write_json_atomic(args.usage, summary)
     print(json.dumps(summary, indent=2))
+    # A remote backend runs elsewhere: the record names this machine and the backend. Replies from the
+    # response cache cost nothing; the rate counts the requests made.
+    if record:
+        local = config.backend == "local"
+        record.finish(backend.model.device if local else "cpu", config.local_dtype if local else None,
+                      usage.requests, "requests", cache_hits=usage.cache_hits, predictions=len(predictions),
+                      backend=config.backend, model=backend.label)
 
 
 if __name__ == "__main__":

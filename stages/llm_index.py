@@ -9,22 +9,29 @@ from storyrewrite.io import run_stage
 from storyrewrite.llm.retrieval import Embedder, build_index, extract_minilm, write_unbuilt
 from storyrewrite.llm.modes import needs_index
 from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
     args = parser.parse_args()
+    record = StageRecord.start(args.record)
     params = Params.load()
     if not needs_index(params.llm.modes):
         write_unbuilt(args.out, f"no mode of `llm.modes` ({', '.join(params.llm.modes) or 'none'}) retrieves")
         print(f"{args.out}: not built (no retrieving mode in llm.modes)")
+        if record:
+            record.finish("cpu", None, 0, "training instances", built=False)
         return
     train = load_instances(args.data, params.task, "train")
     embedder = Embedder(extract_minilm(args.out / "embedder"), params.device)
     build_index(train, embedder, args.out, params.task)
     print(f"{args.out}: {len(train)} training instances of {params.task} indexed on {embedder.device}")
+    if record:
+        record.finish(embedder.device, None, len(train), "training instances", built=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from storyrewrite.metrics.evaluate import read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.loading import resolve_device, resolve_model_dir
 from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
 
 
 def main() -> None:
@@ -18,7 +19,9 @@ def main() -> None:
     parser.add_argument("--scorer", type=Path, required=True, help="the models stage's dir (or a model dir)")
     parser.add_argument("--scores-dir", type=Path, required=True, help="per-instance scores, <system>.jsonl")
     parser.add_argument("--metrics-dir", type=Path, required=True, help="corpus metrics, <system>.json")
+    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
     args = parser.parse_args()
+    record = StageRecord.start(args.record)
     params = Params.load()
     config, models = params.score, params.models
     instances = load_instances(args.data, params.task, params.generate.split)
@@ -27,11 +30,15 @@ def main() -> None:
                                dtype=config.dtype, device=device)
     print(f"scorer on {device} ({config.dtype})")
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
+    scored = 0
     for path in files:
         rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size)
         write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
         write_json_atomic(args.metrics_dir / f"{path.stem}.json", metrics)
+        scored += len(rows)
         print(path.stem, {k: v for k, v in metrics.items() if k in ("bartscore", "rougeL", "sacrebleu")})
+    if record:
+        record.finish(device, config.dtype, scored, "predictions", systems=len(files))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from storyrewrite.io import run_stage, write_json_atomic
 from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
 from storyrewrite.significance.compare import compare, read_scores
 from storyrewrite.systems import pipeline_systems
 
@@ -14,7 +15,9 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", required=True, help="the trained systems (generate@<system>)")
     parser.add_argument("--scores", type=Path, nargs="+", required=True, help="directories of <system>.jsonl scores")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
     args = parser.parse_args()
+    record = StageRecord.start(args.record)
     params = Params.load()
     config = params.significance
     systems = pipeline_systems(args.systems, params.llm.modes, params.task)
@@ -23,6 +26,8 @@ def main() -> None:
     write_json_atomic(args.out, {**results, "_baseline": config.baseline, "_n_resamples": config.n_resamples, "_unit": config.unit})
     for system, p_values in results.items():
         print(system, p_values)
+    if record:
+        record.finish("cpu", None, len(results) * config.n_resamples, "resamples", unit_of_resampling=config.unit)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 from storyrewrite.io import run_stage
 from storyrewrite.models.loading import resolve_model_dir
 from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
 from storyrewrite.training.run import Run, fit
 
 
@@ -22,7 +23,9 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, required=True, help="Lightning checkpoints, kept for resuming")
     parser.add_argument("--logs", type=Path, required=True, help="training curves and summary")
     parser.add_argument("--scorer", type=Path, help="the models stage's dir (or a model dir): DTO's frozen scorer")
+    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
     args = parser.parse_args()
+    record = StageRecord.start(args.record)
     params = Params.load()
     # train_nll is NLL from the pretrained model; only `train` reads `objective`.
     objective = params.objective if args.section == "train" else "nll"
@@ -30,6 +33,9 @@ def main() -> None:
                           resolve_model_dir(args.scorer, "scorer") if args.scorer else None)
     summary = fit(run, args.out, args.checkpoints, args.logs)
     print(json.dumps({k: v for k, v in summary.items() if k != "curves"}, indent=2))
+    if record:
+        record.finish(summary["device"], summary["precision"], summary["global_step"], "steps",
+                      train_s=summary["train_seconds"], objective=objective)
 
 
 if __name__ == "__main__":

@@ -57,15 +57,22 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     (tmp_path / "train" / "nll" / "summary.json").write_text(json.dumps({"label": "NLL", "objective": "nll", "global_step": 3,
                                                                             "train_seconds": 1.0}))
     (tmp_path / "significance.json").write_text(json.dumps({"finetuned": {"bartscore/predictive": 0.01}, "_n_resamples": 10}))
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps(
+        {"stage": "generate-nll", "device": "cuda:0", "device_name": "H100", "dtype": "bfloat16", "wall_s": 20.0,
+         "items": 5000, "unit": "predictions", "items_per_s": 250.0, "peak_rss_gb": 3.0, "peak_cuda_gb": 9.5}))
 
     def report(systems):
         return build_report(systems, [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
-                            [instance], tmp_path / "train", tmp_path / "llm", ReportConfig(examples=1), 0, "timetravel", "nll", 0.05)
+                            [instance], tmp_path / "train", tmp_path / "llm", tmp_path / "stages", ReportConfig(examples=1), 0,
+                            "timetravel", "nll", 0.05)
 
     markdown, _ = report(["nll", "finetuned"])
     table = [line for line in markdown.split("## Training")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == ["| NLL", "| finetuned"]
     assert "llm_old" not in markdown
+    assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GB, CUDA 9.5 GB |" \
+        in markdown.split("## Stages")[1]
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
         report(["nll", "finetuned", "llm_rag"])
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from storyrewrite.io import InputError, find_file, read_json, read_jsonl
 from storyrewrite.params import ReportConfig
+from storyrewrite.records import read_records, stages_table
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.tables import Row, latex_table, markdown_table
 from storyrewrite.systems import COPY_BASELINES
@@ -58,8 +59,8 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
 
 
 def build_report(systems: list[str], metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path],
-                 instances: list[dict], train_logs: Path, llm_usage: Path, config: ReportConfig, seed: int, task: str,
-                 baseline: str, alpha: float) -> tuple[str, str]:
+                 instances: list[dict], train_logs: Path, llm_usage: Path, stage_records: Path, config: ReportConfig,
+                 seed: int, task: str, baseline: str, alpha: float) -> tuple[str, str]:
     """(results.md, results.tex) for exactly `systems` (the run's, see storyrewrite.systems)."""
     if baseline not in systems:
         raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
@@ -94,6 +95,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         "## Training", training_section(summaries, labels),
         "Every logged quantity over the steps: `dvc plots show reports/train/<system>/curves` "
         "(`dvc plots diff <experiment>` to compare runs); see the README for what each curve tells.",
+        "## Stages", stages_table(read_records(stage_records)),
+        "Where each model stage ran and what it cost (from `reports/stages/<stage>.json`; wall time from the start of its work to its last output, after Python's imports; peak memory of the whole process).",
         "## Examples", *examples,
     ]) + "\n"
     latex = latex_table(rows, alpha, caption=f"Results on {task} ({n} test instances). "

@@ -163,6 +163,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         "objective": run.objective, "label": objective.label,
         "settings": dataclasses.asdict(run.settings) if run.settings else None,
         "task": run.task, "global_step": trainer.global_step, "world_size": trainer.world_size,
+        "device": str(trainer.strategy.root_device), "precision": str(run.config.precision),
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
         **_best_step(curves), "main_diagnostics": list(objective.main_diagnostics),

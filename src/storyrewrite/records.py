@@ -1,0 +1,139 @@
+"""Where a stage ran and how long it took: `reports/stages/<stage>.json`, one per model stage.
+
+Every stage that loads a model (and the bootstrap) writes one when it succeeds:
+
+    {"stage": "generate-nll", "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+     "dtype": "bfloat16", "wall_s": 31.2, "items": 5613, "unit": "predictions",
+     "items_per_s": 179.9, "peak_rss_gb": 3.1, "peak_cuda_gb": 9.8, "started_at": "...",
+     "experiment": "gpu-dto-score", "torch": "2.13.0", "cuda": "12.8"}
+
+The report and the experiment collector turn them into a table, so a GPU run states which stage
+ran where (the issue's "no model stage on the CPU") and what each cost. The wall time runs from
+`StageRecord.start` (after the stage's imports) to `finish`. No torch import here: the device
+is described from the object the stage passes, importing torch only for a CUDA device.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from storyrewrite.io import InputError, write_json_atomic
+
+STAGE_DIR = Path("reports/stages")
+
+
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (platform's guess elsewhere), with its core count."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} cores)"
+
+
+def describe_device(device) -> dict:
+    """{"device": "cuda:0" | "cpu", "device_name": ...} for a torch.device or its string."""
+    text = str(device)
+    if text.startswith("cuda"):
+        import torch
+
+        index = torch.device(text).index
+        index = torch.cuda.current_device() if index is None else index
+        return {"device": f"cuda:{index}", "device_name": torch.cuda.get_device_name(index)}
+    if text.startswith("cpu"):
+        return {"device": "cpu", "device_name": cpu_name()}
+    return {"device": text, "device_name": text}
+
+
+def _peak_memory(device: str) -> dict:
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory, all of it.
+    peak = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    if device.startswith("cuda"):
+        import torch
+
+        peak["peak_cuda_gb"] = round(torch.cuda.max_memory_allocated(torch.device(device)) / 2**30, 2)
+    return peak
+
+
+def _versions() -> dict:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    return {"torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+class StageRecord:
+    """Started when the stage begins its work; `finish` writes the record atomically (a failed
+    stage writes none)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.started = time.perf_counter()
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    @classmethod
+    def start(cls, path: str | os.PathLike | None) -> StageRecord | None:
+        return None if path is None else cls(path)
+
+    def finish(self, device, dtype: str | None = None, items: int | None = None, unit: str | None = None,
+               **extra) -> dict:
+        """Write the record: `device` where the stage's model ran; `items` of `unit` it
+        processed (for a rate); `extra` any further facts (numbers or short strings)."""
+        wall = time.perf_counter() - self.started
+        where = describe_device(device)
+        record = {"stage": self.path.stem, **where, "dtype": dtype, "wall_s": round(wall, 2),
+                  "items": items, "unit": unit,
+                  "items_per_s": round(items / wall, 3) if items is not None and wall > 0 else None,
+                  **_peak_memory(where["device"]), **extra, "started_at": self.started_at,
+                  "experiment": os.environ.get("DVC_EXP_NAME"), **_versions()}
+        write_json_atomic(self.path, record)
+        return record
+
+
+RECORD_KEYS = ("stage", "device", "device_name", "dtype", "wall_s", "items", "unit", "items_per_s")
+
+
+def check_record(record: dict, source: str) -> dict:
+    """A record read back, with the keys every table needs (an error names the file)."""
+    missing = [key for key in RECORD_KEYS if key not in record]
+    if missing:
+        raise InputError(f"{source}: not a stage record (missing {', '.join(missing)})")
+    return record
+
+
+def read_records(directory: Path) -> list[dict]:
+    """The stage records in `directory`, in the order the pipeline runs them."""
+    from storyrewrite.io import read_json
+
+    records = [check_record(read_json(path), str(path)) for path in sorted(Path(directory).glob("*.json"))]
+    return sorted(records, key=lambda r: (_PIPELINE_ORDER.index(r["stage"].split("-")[0])
+                                          if r["stage"].split("-")[0] in _PIPELINE_ORDER else len(_PIPELINE_ORDER), r["stage"]))
+
+
+_PIPELINE_ORDER = ["train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance"]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def stages_table(records: list[dict]) -> str:
+    """Markdown: one row per stage record (device, dtype, wall time, work done and its rate,
+    peak memory)."""
+    lines = ["| Stage | device | dtype | wall time | work | rate | peak memory |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        where = r["device"] if r["device_name"] == r["device"] else f"{r['device']} ({r['device_name']})"
+        work = "-" if r["items"] is None else f"{r['items']} {r['unit']}"
+        rate = "-" if not r["items_per_s"] else f"{r['items_per_s']:.3g} {r['unit']}/s"
+        memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GB" + (f", CUDA {r['peak_cuda_gb']} GB" if "peak_cuda_gb" in r else "")
+        lines.append(f"| {r['stage']} | {where} | {r['dtype'] or '-'} | {_seconds(r['wall_s'])} | {work} | {rate} | {memory} |")
+    return "\n".join(lines)

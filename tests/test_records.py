@@ -1,0 +1,59 @@
+"""Stage records: where a stage ran, how long, what it did; the table the report makes of them."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from storyrewrite.io import InputError
+from storyrewrite.records import StageRecord, describe_device, read_records, stages_table
+
+
+def test_a_record_names_the_device_the_wall_time_and_the_rate(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_EXP_NAME", "gpu-dto-score")
+    record = StageRecord.start(tmp_path / "stages" / "generate-nll.json")
+    time.sleep(0.2)
+    written = record.finish("cpu", "float32", 10, "predictions", generate_s=0.1)
+    on_disk = json.loads((tmp_path / "stages" / "generate-nll.json").read_text())
+    assert on_disk == written
+    assert on_disk["stage"] == "generate-nll" and on_disk["device"] == "cpu" and on_disk["dtype"] == "float32"
+    assert "cores)" in on_disk["device_name"]
+    assert 0.2 <= on_disk["wall_s"] < 5
+    assert on_disk["items_per_s"] == pytest.approx(10 / on_disk["wall_s"], rel=0.05)
+    assert on_disk["peak_rss_gb"] > 0 and "peak_cuda_gb" not in on_disk
+    assert on_disk["experiment"] == "gpu-dto-score" and on_disk["generate_s"] == 0.1
+
+
+def test_no_record_is_asked_for_none_is_written(tmp_path):
+    assert StageRecord.start(None) is None
+
+
+def test_a_torch_device_is_described_like_its_string():
+    torch = pytest.importorskip("torch")
+    assert describe_device(torch.device("cpu"))["device"] == "cpu"
+
+
+def test_records_are_read_in_pipeline_order_and_tabulated(tmp_path):
+    def write(stage, device="cpu", wall=1.0, items=None, unit=None, **extra):
+        (tmp_path / f"{stage}.json").write_text(json.dumps({
+            "stage": stage, "device": device, "device_name": "NVIDIA H100" if device != "cpu" else "cpu",
+            "dtype": None, "wall_s": wall, "items": items, "unit": unit,
+            "items_per_s": items / wall if items else None, "peak_rss_gb": 2.5, **extra}))
+
+    write("significance", wall=3.0, items=60000, unit="resamples")
+    write("score-nll", device="cuda:0", wall=12.0, items=5613, unit="predictions", peak_cuda_gb=4.0)
+    write("train_nll", device="cuda:0", wall=102.4, items=316, unit="steps")
+    write("generate-finetuned", device="cuda:0", wall=25.0, items=5613, unit="predictions")
+    records = read_records(tmp_path)
+    assert [r["stage"] for r in records] == ["train_nll", "generate-finetuned", "score-nll", "significance"]
+    rows = stages_table(records).splitlines()
+    assert rows[2] == "| train_nll | cuda:0 (NVIDIA H100) | - | 102 s | 316 steps | 3.09 steps/s | RSS 2.5 GB |"
+    assert rows[4] == "| score-nll | cuda:0 (NVIDIA H100) | - | 12 s | 5613 predictions | 468 predictions/s | RSS 2.5 GB, CUDA 4.0 GB |"
+    assert rows[5] == "| significance | cpu | - | 3.0 s | 60000 resamples | 2e+04 resamples/s | RSS 2.5 GB |"
+
+
+def test_a_file_that_is_not_a_record_is_named(tmp_path):
+    (tmp_path / "train.json").write_text(json.dumps({"stage": "train", "device": "cpu"}))
+    with pytest.raises(InputError, match=r"train\.json: not a stage record \(missing device_name, dtype, wall_s"):
+        read_records(tmp_path)
