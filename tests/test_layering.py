@@ -56,7 +56,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_significance_and_report_import_without_torch():
     code = ("import sys, storyrewrite.significance, storyrewrite.significance.compare, storyrewrite.report.build, "
-            "storyrewrite.report.collect, storyrewrite.report.tables, storyrewrite.report.examples; "
+            "storyrewrite.report.collect, storyrewrite.report.gather, storyrewrite.report.tables, storyrewrite.report.examples, "
+            "storyrewrite.records; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -124,10 +124,17 @@ def test_default_profile_end_to_end(tmp_path):
     for name in ("m_target", "m_original", "delta", "gumbel_entropy", "gumbel_max_prob", "nll_target", "val_m_target"):
         drawn = plots[f"reports/train/finetuned/curves/{name}.csv"][0]["content"]
         assert drawn["layer"][0]["encoding"]["y"]["field"] == name
-    subprocess.run([sys.executable, "-m", "storyrewrite.report.collect", "--out", "reports/experiments.md"], cwd=tmp_path,
-                   check=True, capture_output=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
-    collected = (tmp_path / "reports" / "experiments.md").read_text()
+    # Gathered through DVC's file system at the experiment's revision (cached scores included),
+    # then collected into the comparison's folder.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for command in (["gather", "--out", "runs/test", "--names", "dto-*"], ["collect", "runs/test", "--out", "reports/test"]):
+        subprocess.run([sys.executable, "-m", f"storyrewrite.report.{command[0]}", *command[1:]], cwd=tmp_path, check=True,
+                       capture_output=True, env=env)
+    collected = (tmp_path / "reports" / "test" / "experiments.md").read_text()
     assert "| dto-score-delta | score_delta |" in collected
+    assert "| DTO-Score+Delta | dto-score-delta: " in (tmp_path / "reports" / "test" / "objectives.md").read_text()
+    stages = (tmp_path / "reports" / "test" / "stages.md").read_text()
+    assert "| train | cpu (" in stages and "| generate-finetuned | cpu (" in stages
 
     # A diverging run stops with the message, exports nothing, and the stage fails.
     failed = _dvc(tmp_path, "exp", "run", "-S", "train_nll.lr=1e9", "-S", "train_nll.max_steps=4", "train_nll", ok=False)

@@ -1,57 +1,218 @@
-from storyrewrite.report.collect import experiments, table
+"""Gathering experiments into a folder and collecting the comparison from it: the selection by
+validation NLL, the p-values against each run's own NLL model (instances and stories), the copy
+baseline's comparison, the stage records and the files of the bundle."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from storyrewrite.io import InputError
+from storyrewrite.report.collect import load_runs, write_bundle
+from storyrewrite.report.gather import experiments, gather_run, select
+from storyrewrite.significance.compare import compare
+
+STORIES = 3  # three stories of three endings each: nine test instances
 
 
-def _data(lr, bart, p):
+class DictFS:
+    """The calls gather makes of DVC's file system, over a dict {path: bytes}."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files = files
+
+    def isdir(self, path):
+        return any(name.startswith(path + "/") for name in self.files)
+
+    def exists(self, path):
+        return path in self.files or self.isdir(path)
+
+    def find(self, path, detail=False):
+        return sorted(name for name in self.files if name.startswith(path + "/"))
+
+    def read_bytes(self, path):
+        return self.files[path]
+
+
+def _scores(shift: float) -> list[dict]:
+    """Per-instance scores: the NLL model's values plus `shift` on every instance (original-ending
+    scores unchanged), so a positive shift beats NLL on every resample."""
+    rows = []
+    for s in range(STORIES):
+        for e in range(3):
+            base = -2.0 + 0.1 * s - 0.05 * e
+            rows.append({"id": f"s{s}:{e}", "story_id": f"s{s}", "bartscore": base + shift, "bartscore_original": -1.0,
+                         "rougeL": 50 + 10 * shift + e, "rougeL_original": 70.0, "sacrebleu": 30 + 10 * shift + s,
+                         "sacrebleu_original": 60.0})
+    return rows
+
+
+def _metrics(bart: float, rouge: float = 60.0) -> dict:
+    return {"instances": 3 * STORIES, "counterfactual_metrics": "available",
+            "bartscore": {"predictive": bart, "counterfactual": 2 * bart + 1},
+            "rougeL": {"predictive": rouge, "counterfactual": 2 * rouge - 70},
+            "sacrebleu": {"predictive": 30.0, "counterfactual": 0.0}}
+
+
+def _record(stage: str, experiment: str, wall: float) -> dict:
+    return {"stage": stage, "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16", "wall_s": wall,
+            "items": 100, "unit": "steps", "items_per_s": 100 / wall, "peak_rss_gb": 3.0, "peak_cuda_gb": 10.0,
+            "started_at": f"2026-11-23T10:00:{int(wall):02d}+00:00", "experiment": experiment}
+
+
+def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll_record_from="exp-nll") -> dict[str, bytes]:
+    def dump(obj):
+        return json.dumps(obj).encode()
+
+    def jsonl(rows):
+        return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+    params = {"seed": 0, "task": "timetravel", "objective": objective, "train": {"lr": 1e-5},
+              "cpo": {"beta": (settings or {}).get("beta", 0.1)}, "significance": {"n_resamples": 200, "unit": "instance"}}
     return {
-        "params": {"params.yaml": {"data": {"objective": "nll", "seed": 0, "train": {"lr": lr}}}},
-        "metrics": {
-            "reports/metrics/finetuned.json": {"data": {"bartscore": {"predictive": bart, "counterfactual": bart - 1},
-                                                        "rougeL": {"predictive": 60.0}, "sacrebleu": {"predictive": 30.0}}},
-            "reports/metrics/nll.json": {"data": {"bartscore": {"predictive": -2.0}}},
-            "reports/significance.json": {"data": {"finetuned": {"bartscore/predictive": p}}},
-        },
+        "params.yaml": yaml.safe_dump(params).encode(),
+        "reports/metrics/nll.json": dump(_metrics(-1.9)),
+        "reports/metrics/finetuned.json": dump(_metrics(bart, 60 + 10 * shift)),
+        "reports/metrics/llm_zero_shot.json": dump(_metrics(-2.5, 40.0)),
+        "reports/sanity/metrics/copy_original.json": dump(_metrics(-1.0, 70.0)),
+        "reports/scores/nll.jsonl": jsonl(_scores(0.0)),
+        "reports/scores/finetuned.jsonl": jsonl(_scores(shift)),
+        "reports/scores/llm_zero_shot.jsonl": jsonl(_scores(-0.5)),
+        "reports/scores/.gitignore": b"/finetuned.jsonl\n",
+        "reports/sanity/scores/copy_original.jsonl": jsonl(_scores(1.0)),
+        "reports/significance.json": dump({"finetuned": {"bartscore/predictive": 0.0 if shift > 0 else 1.0}}),
+        "reports/llm/zero_shot.json": dump({"model": "SmolLM2", "mode_label": "zero-shot", "backend": "local"}),
+        "reports/train/nll/summary.json": dump({"label": "NLL", "objective": "nll", "global_step": 316, "train_seconds": 90.0}),
+        "reports/train/finetuned/summary.json": dump({"label": label or objective.upper(), "objective": objective,
+                                                      "settings": settings, "global_step": 300, "train_seconds": 60.0,
+                                                      "best_step": 200, "best_val_nll": val_nll}),
+        "reports/train/finetuned/curves/train_loss.csv": b"step,train_loss\n1,2.0\n300,1.5\n",
+        "reports/stages/train_nll.json": dump(_record("train_nll", nll_record_from, 90.0)),
+        "reports/stages/train.json": dump(_record("train", name, 60.0 + val_nll)),
     }
 
 
-def test_collects_commits_and_experiments_into_one_table():
+RUNS = [  # name, objective, best val NLL, score shift against NLL, BARTScore, settings, label
+    ("exp-nll", "nll", 1.50, 0.0, -1.9, None, "NLL"),
+    ("cpo-a", "cpo", 1.60, 0.5, -1.5, {"beta": 0.1, "lambda": 1.0}, "CPO"),
+    ("cpo-b", "cpo", 1.40, -0.2, -2.0, {"beta": 2, "lambda": 1.0}, "CPO"),
+    ("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0, "hard": False}, "DTO-Score"),
+]
+
+
+@pytest.fixture()
+def gathered(tmp_path):
+    root = tmp_path / "runs"
+    for name, objective, val_nll, shift, bart, settings, label in RUNS:
+        gather_run(DictFS(_files(name, objective, val_nll, shift, bart, settings, label)),
+                   {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    return root
+
+
+def test_experiments_are_read_from_dvc_exp_show_and_selected_by_name():
     exp_show = [
-        {"rev": "workspace", "name": None, "data": _data(1e-5, -1.9, 0.2), "experiments": None},
-        {"rev": "abcdef1234", "name": "main", "data": _data(1e-5, -1.9, 0.2),
-         "experiments": [{"name": "faster", "revs": [{"rev": "9876", "name": "faster", "data": _data(3e-5, -1.5, 0.01)}]}]},
+        {"rev": "workspace", "name": None, "data": {}, "experiments": None},
+        {"rev": "abcdef1234", "name": "main", "data": {},
+         "experiments": [{"name": "gpu-dto", "revs": [{"rev": "9876", "name": "gpu-dto", "data": {}}]},
+                         {"name": "cpu-dto", "revs": [{"rev": "5432", "name": "cpu-dto", "data": {}}]}]},
     ]
-    rows = experiments(exp_show)
-    assert [r["name"] for r in rows] == ["workspace", "main", "faster"]
-    text = table(rows).splitlines()
-    assert text[0].startswith("| Experiment | objective | train.lr | BARTScore (M) |")
-    assert text[4] == "| faster | nll | 3e-05 | -1.500\\* | 60.0 | 30.0 | -2.500 | n/a | n/a | -2.000 |"
+    runs = experiments(exp_show)
+    assert runs == [{"name": "gpu-dto", "rev": "9876", "base": "abcdef1234"}, {"name": "cpu-dto", "rev": "5432", "base": "abcdef1234"}]
+    assert [r["name"] for r in select(runs, "gpu-*")] == ["gpu-dto"]
+    with pytest.raises(InputError, match=r"--names 'tpu-\*' matches no experiment; experiments: gpu-dto, cpu-dto"):
+        select(runs, "tpu-*")
 
 
-LABELS = {"nll": "NLL", "cpo": "CPO", "score": "DTO-Score"}
+def test_gathering_stores_each_file_once_by_content(gathered):
+    manifest = json.loads((gathered / "cpo-a.json").read_text())
+    assert "reports/scores/.gitignore" not in manifest["files"]
+    assert manifest["rev"].startswith("cpo-a-rev") and manifest["base"] == "abcdef1234"
+    # The NLL scores are the same bytes in every run: one blob; the fine-tuned ones differ by run.
+    nll = {json.loads((gathered / f"{r[0]}.json").read_text())["files"]["reports/scores/nll.jsonl"] for r in RUNS}
+    finetuned = {json.loads((gathered / f"{r[0]}.json").read_text())["files"]["reports/scores/finetuned.jsonl"] for r in RUNS}
+    assert len(nll) == 1 and len(finetuned) == len(RUNS)
+    assert len(list((gathered / "blobs").iterdir())) < sum(len(json.loads((gathered / f"{r[0]}.json").read_text())["files"]) for r in RUNS)
 
 
-def _run(name, objective, val_nll, bart, settings=None):
-    data = _data(1e-5, bart, 0.01)
-    data["params"]["params.yaml"]["data"]["objective"] = objective
-    # What the train stage writes: the label from the objective registry and the objective's own settings.
-    data["metrics"]["reports/train/finetuned/summary.json"] = {"data": {"best_val_nll": val_nll, "label": LABELS[objective],
-                                                                         "settings": settings}}
-    data["metrics"]["reports/train/nll/summary.json"] = {"data": {"label": "NLL"}}
-    return {"rev": name, "name": name, "data": data}
+def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, tmp_path):
+    out = tmp_path / "reports" / "gpu"
+    runs = load_runs([gathered])
+    write_bundle(runs, out, "test profile")
+    results = (out / "results.md").read_text()
+    table = [line for line in results.split("## The copy")[0].splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == [
+        "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the original ending"]
+    # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
+    assert "CPO (beta=2): cpo-b" in results
+    # DTO-Score is above NLL on every instance: p = 0 resampling instances and stories (*†);
+    # CPO (cpo-b) is below on every instance: p = 1, no mark.
+    assert "| DTO-Score | **-1.700**\\*† | **63.0**\\*† |" in results
+    assert "| CPO (beta=2) | -2.000 | 58.0 |" in results
+    significance = json.loads((out / "significance.json").read_text())
+    assert significance["DTO-Score"]["run"] == "dto"
+    assert significance["DTO-Score"]["instance"]["bartscore/predictive"] == 0.0
+    assert significance["CPO (beta=2)"]["story"]["bartscore/predictive"] == 1.0
+    # Each p-value is the bootstrap of that run's fine-tuned scores against that run's NLL scores.
+    for unit in ("instance", "story"):
+        direct = compare({"nll": _scores(0.0), "x": _scores(-0.5)}, "nll", 200, 0, by_story=unit == "story")["x"]
+        assert significance["SmolLM2 zero-shot (local)"][unit] == direct
+    # The copy of the original ending (ROUGE-L 70.0) beats every trained system on ROUGE-L (M).
+    assert "| ROUGE-L (M) | 70.0 | DTO-Score: 63.0 | 4 of 4 (NLL; NLL, continued; CPO (beta=2); DTO-Score) |" in results
+    assert "| BARTScore (M) | -1.000 | DTO-Score: -1.700 | 4 of 4" in results
+
+    objectives = (out / "objectives.md").read_text()
+    assert "| DTO-Score | dto: 1.4500 | -1.700\\* |" in objectives
+    assert "| DTO-Score | 0.0000 / 0.0000 |" in objectives
+
+    experiments_table = (out / "experiments.md").read_text()
+    assert "| cpo-a | cpo | 0.1 | -1.500\\* | 65.0 |" in experiments_table  # cpo.beta varies across runs
+    stages = (out / "stages.md").read_text()
+    # train_nll ran once (in exp-nll) and was restored in the three others: one row, used by 4 runs.
+    assert stages.count("| train_nll |") == 1 and "| exp-nll | 4 runs |" in stages
+    assert stages.count("| train |") == 4 and "cuda:0 (NVIDIA H100 80GB HBM3)" in stages
+
+    assert yaml.safe_load((out / "params" / "dto.yaml").read_text())["objective"] == "score"
+    assert (out / "train" / "dto" / "finetuned" / "curves" / "train_loss.csv").read_text().startswith("step,train_loss")
+    assert json.loads((out / "metrics" / "cpo-a" / "copy_original.json").read_text())["rougeL"]["predictive"] == 70.0
+    assert json.loads((out / "stages" / "dto" / "train.json").read_text())["experiment"] == "dto"
+
+    # Collecting again replaces the folder as a whole: nothing of an earlier bundle stays.
+    (out / "stale.md").write_text("old")
+    write_bundle(runs, out, "test profile")
+    assert not (out / "stale.md").exists() and (out / "results.md").exists()
+    assert [p.name for p in out.parent.iterdir()] == ["gpu"]
 
 
-def test_objectives_table_keeps_the_best_run_of_each_objective_by_validation_nll():
-    from storyrewrite.report.collect import objectives_table
+def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gathered, tmp_path):
+    second = tmp_path / "runs-2"
+    gather_run(DictFS(_files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")),
+               {"name": "dto-delta", "rev": "f" * 40, "base": "abcdef1234"}, second)
+    runs = load_runs([gathered, second])
+    assert len(runs) == 5
+    write_bundle(runs, tmp_path / "out", "two parts")
+    assert "| DTO-Delta |" in (tmp_path / "out" / "results.md").read_text()
+    gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0}, "DTO-Score")),
+               {"name": "dto", "rev": "e" * 40, "base": "abcdef1234"}, second)
+    with pytest.raises(InputError, match=r"run 'dto' is in both .*runs and .*runs-2"):
+        load_runs([gathered, second])
 
-    runs = [
-        _run("base", "nll", 1.50, -1.95),
-        _run("cpo-a", "cpo", 1.60, -1.80, {"beta": 0.1, "lambda": 1.0}),
-        _run("cpo-b", "cpo", 1.40, -1.90, {"beta": 2, "lambda": 0.5}),
-        _run("dto", "score", 1.45, -1.70, {"tau": 1.0, "hard": False}),
-    ]
-    lines = objectives_table(experiments([{"rev": "c0", "name": "main", "data": None, "experiments": [{"revs": [r]} for r in runs]}])).splitlines()
-    assert lines[2].startswith("| NLL | - | -2.000 |")
-    assert lines[3].startswith("| NLL, continued | base: 1.5000 | -1.950\\* |")
-    # Lower val NLL than cpo-a; the settings that vary across the CPO runs name the chosen one.
-    assert lines[4].startswith("| CPO (beta=2, lambda=0.5) | cpo-b: 1.4000 | -1.900\\* |")
-    assert lines[5].startswith("| DTO-Score | dto: 1.4500 | -1.700\\* |")  # one run: no settings vary
-    assert len([line for line in lines if line.startswith("| ")]) == 5  # the header and four systems
+
+def test_a_damaged_or_missing_blob_is_named(gathered):
+    manifest = json.loads((gathered / "dto.json").read_text())
+    digest = manifest["files"]["reports/train/finetuned/summary.json"]
+    blob = gathered / "blobs" / f"{digest}.gz"
+    import gzip
+
+    blob.write_bytes(gzip.compress(b"{}"))
+    run = next(r for r in load_runs([gathered]) if r.name == "dto")
+    with pytest.raises(InputError, match=r"blobs/[0-9a-f]{64}\.gz: content does not match its name"):
+        run.summary("finetuned")
+    blob.unlink()
+    with pytest.raises(InputError, match=r"blobs/[0-9a-f]{64}\.gz: missing \(the gathered folder .* is incomplete\)"):
+        run.summary("finetuned")
+
+
+def test_no_gathered_runs_is_an_error_naming_the_folder(tmp_path):
+    with pytest.raises(InputError, match=r"empty: no gathered runs \(run `python -m storyrewrite.report.gather"):
+        load_runs([tmp_path / "empty"])

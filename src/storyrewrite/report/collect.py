@@ -1,25 +1,41 @@
-"""Collect several DVC experiments into one table.
+"""Collect gathered experiments (storyrewrite.report.gather) into one folder of tables.
 
-    dvc exp run --queue -S objective=score ; dvc exp run --queue -S objective=delta ; dvc queue start
-    python -m storyrewrite.report.collect --out reports/experiments.md
+    python -m storyrewrite.report.collect runs/gpu [runs/gpu-part2 ...] --out reports/gpu
 
-One row per experiment (and the commits they are based on): the params in which the experiments
-differ, then the `finetuned` system's metrics (its objective is a column) with significance marks
-against that experiment's own NLL baseline, and that baseline's metrics for reference.
+Writes, into `--out` (replaced as a whole, atomically):
+- results.md: NLL, then for each objective its run with the lowest validation NLL at its best
+  checkpoint (the model-selection rule; for CPO: the best of the grid), the LLM modes and the
+  copy baselines; each system tested against the NLL model of its own run with a one-tailed
+  paired bootstrap over instances (\\*) and over stories (†); how the copy of the original ending
+  compares with the trained systems; their training;
+- objectives.md: the chosen runs with what chose them and every p-value, both units;
+- experiments.md: every run, the params in which they differ, metrics, validation NLL;
+- stages.md: where each stage ran (device) and how long it took, from the stage records;
+- significance.json, and per run: metrics/<run>/, train/<run>/<system>/ (summary and curves),
+  stages/<run>/, params/<run>.yaml (the run's exact params).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
-from storyrewrite.io import InputError, read_json, write_text_atomic
-from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
+import yaml
 
-SYSTEM_METRICS = "reports/metrics/{}.json"
-SIGNIFICANCE = "reports/significance.json"
-SUMMARY = "reports/train/{}/summary.json"
+from storyrewrite.io import InputError, write_json_atomic, write_text_atomic
+from storyrewrite.records import check_record, stages_table
+from storyrewrite.report.build import training_section
+from storyrewrite.report.gather import manifests, read_blob
+from storyrewrite.report.tables import COLUMNS, Row, column_label, markdown_table, number, plain_cells
+from storyrewrite.significance.compare import compare
+from storyrewrite.systems import COPY_BASELINES
+
+BASELINE, FINETUNED = "nll", "finetuned"
+UNITS = ("instance", "story")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -32,118 +48,326 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def experiments(exp_show: list[dict]) -> list[dict]:
-    """[{name, params (flat), metrics: {path: data}}] from `dvc exp show --json` output."""
-    found = []
+class Run:
+    """One gathered experiment: its name, revision and the files its stages wrote."""
 
-    def add(name: str, data: dict) -> None:
-        params = _flatten(data.get("params", {}).get("params.yaml", {}).get("data", {}))
-        metrics = {path: entry.get("data", {}) for path, entry in (data.get("metrics") or {}).items()}
-        found.append({"name": name, "params": params, "metrics": metrics})
+    def __init__(self, manifest: dict, root: Path):
+        self.name, self.rev, self.base = manifest["name"], manifest["rev"], manifest.get("base")
+        self.files, self.root = manifest["files"], Path(root)
 
-    for commit in exp_show:
-        if commit.get("data"):
-            rev = commit["rev"]
-            add(commit.get("name") or (rev if rev == "workspace" else rev[:7]), commit["data"])
-        for experiment in commit.get("experiments") or []:
-            for rev in experiment.get("revs", []):
-                if rev.get("data"):
-                    add(rev.get("name") or experiment.get("name") or rev["rev"][:7], rev["data"])
+    def has(self, path: str) -> bool:
+        return path in self.files
+
+    def text(self, path: str) -> str:
+        if path not in self.files:
+            raise InputError(f"{self.root}/{self.name}.json: run {self.name} has no {path}")
+        try:
+            return read_blob(self.root, self.files[path]).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path} of run {self.name} ({self.root}): not valid UTF-8 ({err.reason})") from None
+
+    def json(self, path: str):
+        try:
+            return json.loads(self.text(path))
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path} of run {self.name} ({self.root}):{err.lineno}: invalid JSON ({err.msg})") from None
+
+    def under(self, prefix: str) -> list[str]:
+        return sorted(path for path in self.files if path.startswith(prefix))
+
+    @cached_property
+    def params(self) -> dict:
+        return yaml.safe_load(self.text("params.yaml")) or {}
+
+    @cached_property
+    def flat_params(self) -> dict:
+        return _flatten(self.params)
+
+    def metrics_path(self, system: str) -> str | None:
+        for directory in ("reports/metrics", "reports/sanity/metrics"):
+            if self.has(path := f"{directory}/{system}.json"):
+                return path
+        return None
+
+    def metrics(self, system: str) -> dict | None:
+        path = self.metrics_path(system)
+        return None if path is None else self.json(path)
+
+    def scores(self, system: str) -> list[dict]:
+        path = self.metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
+        return [json.loads(line) for line in self.text(path).splitlines() if line.strip()]
+
+    def summary(self, system: str) -> dict | None:
+        path = f"reports/train/{system}/summary.json"
+        return self.json(path) if self.has(path) else None
+
+    def systems(self) -> list[str]:
+        return [Path(p).stem for p in self.under("reports/metrics/") + self.under("reports/sanity/metrics/")]
+
+    @property
+    def val_nll(self) -> float | None:
+        summary = self.summary(FINETUNED)
+        return None if summary is None else summary.get("best_val_nll")
+
+
+def load_runs(roots: list[Path]) -> list[Run]:
+    runs, seen = [], {}
+    for root in roots:
+        for manifest in manifests(root):
+            if manifest["name"] in seen:
+                raise InputError(f"run {manifest['name']!r} is in both {seen[manifest['name']]} and {root}; "
+                                 "rename one of the experiments (dvc exp rename) and gather it again")
+            seen[manifest["name"]] = root
+            runs.append(Run(manifest, root))
+    return runs
+
+
+def best_per_objective(runs: list[Run]) -> list[Run]:
+    """For each objective, the scored run with the lowest validation NLL at its best checkpoint,
+    in the order: the baseline objective continued (the equal-budget control), then by label."""
+    best: dict[str, Run] = {}
+    for run in runs:
+        if run.metrics(FINETUNED) is None or run.val_nll is None:
+            continue
+        objective = run.params.get("objective")
+        if objective not in best or run.val_nll < best[objective].val_nll:
+            best[objective] = run
+    if not best:
+        raise InputError("no scored experiment among the gathered runs (run `dvc exp run -S objective=...` first)")
+    return sorted(best.values(), key=lambda r: (r.params.get("objective") != BASELINE, r.summary(FINETUNED)["label"]))
+
+
+def objective_label(run: Run, runs: list[Run]) -> str:
+    """The label the run wrote (from the objective registry) and, for an objective run several
+    times (the CPO grid), the settings that differ between its runs."""
+    summary = run.summary(FINETUNED)
+    objective = run.params.get("objective")
+    if objective == BASELINE:
+        return f"{summary['label']}, continued"
+    siblings = [r.summary(FINETUNED).get("settings") or {} for r in runs
+                if r.params.get("objective") == objective and r.summary(FINETUNED)]
+    settings = summary.get("settings") or {}
+    varying = [k for k in settings if len({json.dumps(s.get(k)) for s in siblings}) > 1]
+    return f"{summary['label']} ({', '.join(f'{k}={settings[k]}' for k in varying)})" if varying else summary["label"]
+
+
+@dataclass
+class Entry:
+    """A system of the comparison: which run it comes from and its name there."""
+    label: str
+    run: Run
+    system: str
+    kind: str  # baseline | trained | llm | copy
+
+
+def comparison(runs: list[Run]) -> list[Entry]:
+    chosen = best_per_objective(runs)
+    # The NLL model, the LLM modes and the copy baselines of one commit are the same in every run
+    # (DVC's run cache); they are taken from the first chosen run.
+    reference = chosen[0]
+    entries = [Entry(reference.summary(BASELINE)["label"] if reference.summary(BASELINE) else BASELINE, reference, BASELINE, "baseline")]
+    entries += [Entry(objective_label(run, runs), run, FINETUNED, "trained") for run in chosen]
+    for system in sorted(s for s in reference.systems() if s.startswith("llm_")):
+        usage = f"reports/llm/{system.removeprefix('llm_')}.json"
+        info = reference.json(usage) if reference.has(usage) else None
+        entries.append(Entry(f"{info['model']} {info['mode_label']} ({info['backend']})" if info else system, reference, system, "llm"))
+    entries += [Entry(label, reference, system, "copy") for system, (_, label) in COPY_BASELINES.items()
+                if system in reference.systems()]
+    return entries
+
+
+def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
+    """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run,
+    resampling instances and, separately, whole stories (a story's endings share one input)."""
+    config = reference.params.get("significance", {})
+    n_resamples, seed = config.get("n_resamples", 10000), reference.params.get("seed", 0)
+    found = {}
+    for entry in entries:
+        if entry.kind == "baseline":
+            continue
+        scores = {BASELINE: entry.run.scores(BASELINE), entry.label: entry.run.scores(entry.system)}
+        found[entry.label] = {unit: compare(scores, BASELINE, n_resamples, seed, by_story=unit == "story")[entry.label]
+                              for unit in UNITS}
     return found
 
 
-def table(rows: list[dict], system: str = "finetuned", baseline: str = "nll", alpha: float = 0.05) -> str:
-    if not rows:
-        raise InputError("no experiments found (run `dvc exp run` first)")
-    varying = sorted(k for k in set().union(*(r["params"] for r in rows))
-                     if len({json.dumps(r["params"].get(k)) for r in rows}) > 1 and k != "objective")
-    header = ["Experiment", "objective", *varying] + [column_label(m, f) for m, f in COLUMNS] + [f"{baseline} BARTScore (M)"]
+def copy_against_trained(entries: list[Entry]) -> str:
+    """Per column: the copy of the original ending against the trained systems (NLL included)."""
+    copy = next((e for e in entries if e.system == "copy_original"), None)
+    if copy is None:
+        return "The task has no original ending: no copy baseline of it."
+    trained = [e for e in entries if e.kind in ("baseline", "trained")]
+    lines = ["| Column | copy of the original ending | best trained system | trained systems it matches or beats |",
+             "|---|---|---|---|"]
+    copy_metrics = copy.run.metrics(copy.system)
+    for metric, form in COLUMNS:
+        copied = copy_metrics.get(metric, {}).get(form)
+        values = [(e.label, v) for e in trained if (v := e.run.metrics(e.system).get(metric, {}).get(form)) is not None]
+        if copied is None or not values:
+            continue
+        best_label, best = max(values, key=lambda item: item[1])
+        beaten = [label for label, v in values if copied >= v]
+        lines.append(f"| {column_label(metric, form)} | {number(metric, copied)} | {best_label}: {number(metric, best)} | "
+                     f"{len(beaten)} of {len(values)}" + (f" ({'; '.join(beaten)})" if beaten else "") + " |")
+    return "\n".join(lines)
+
+
+def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float) -> str:
+    reference = entries[0].run
+    rows = [Row(e.system, e.label, e.run.metrics(e.system), tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
+                story_p_values=tests.get(e.label, {}).get("story", {})) for e in entries]
+    base_metrics = reference.metrics(BASELINE)
+    bases = sorted({run.base[:7] for run in runs if run.base})
+    devices = sorted({f"{r['device']} ({r['device_name']})" for run in runs for r in _records(run)})
+    runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
+    summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
+    n_resamples = reference.params.get("significance", {}).get("n_resamples")
+    return "\n\n".join([
+        f"# Results: {title}",
+        f"Task `{reference.params.get('task')}`, {base_metrics['instances']} test instances; {len(runs)} runs "
+        f"(experiments of commit {', '.join(bases) or 'unknown'}), devices: {', '.join(devices) or 'not recorded'}. "
+        "Collected by `python -m storyrewrite.report.collect`; every number below comes from the runs' own outputs.",
+        markdown_table(rows, alpha),
+        f"Each objective fine-tunes the NLL model; of several runs of an objective (the CPO grid) the one with the "
+        f"lowest validation NLL at its best checkpoint is shown (runs: {', '.join(f'{k}: {v}' for k, v in runs_of.items())}). "
+        f"One-tailed paired bootstrap against the NLL model of the same run ({n_resamples} resamples): \\* p < {alpha} "
+        f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
+        "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE).",
+        "## The copy of the original ending", copy_against_trained(entries),
+        "## Training", training_section(summaries, {label: label for label in summaries}),
+        "Curves: `train/<run>/<system>/curves/` (one CSV per quantity); every stage's device and wall time: stages.md.",
+    ]) + "\n"
+
+
+def objectives_markdown(entries: list[Entry], tests: dict, alpha: float) -> str:
+    header = ["System", "run: best val NLL", *(column_label(m, f) for m, f in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        metrics = row["metrics"].get(SYSTEM_METRICS.format(system), {})
-        p_values = row["metrics"].get(SIGNIFICANCE, {}).get(system, {})
-        cells = [row["name"], str(row["params"].get("objective", ""))] + [str(row["params"].get(k, "")) for k in varying]
-        cells += plain_cells(metrics, p_values, alpha)
-        base = row["metrics"].get(SYSTEM_METRICS.format(baseline), {}).get("bartscore", {}).get("predictive")
-        cells.append("n/a" if base is None else f"{base:.3f}")
+    for e in entries:
+        if e.kind not in ("baseline", "trained"):
+            continue
+        test = tests.get(e.label, {})
+        chosen = f"{e.run.name}: {e.run.val_nll:.4f}" if e.kind == "trained" else "-"
+        lines.append("| " + " | ".join([e.label, chosen, *plain_cells(e.run.metrics(e.system), test.get("instance", {}), alpha)]) + " |")
+    p_header = ["System", *(column_label(m, f) for m, f in COLUMNS)]
+    p_lines = ["| " + " | ".join(p_header) + " |", "|" + "---|" * len(p_header)]
+    for e in entries:
+        if e.label in tests:
+            test = tests[e.label]
+            p_lines.append("| " + " | ".join([e.label] + [" / ".join(f"{test[u][f'{m}/{f}']:.4f}" if f"{m}/{f}" in test[u] else "n/a"
+                                                                     for u in UNITS) for m, f in COLUMNS]) + " |")
+    return "\n\n".join([
+        "# Objectives", "\n".join(lines),
+        f"Of several runs of an objective the one with the lowest validation NLL at its best checkpoint is shown; "
+        f"\\* p < {alpha}, one-tailed paired bootstrap over instances against the NLL model of the same run.",
+        "## p-values against NLL (instances / stories)", "\n".join(p_lines),
+        "One-tailed (H1: the system scores higher than NLL); resampling instances / resampling whole stories.",
+    ]) + "\n"
+
+
+def experiments_markdown(runs: list[Run], alpha: float) -> str:
+    varying = sorted(k for k in set().union(*(r.flat_params for r in runs))
+                     if len({json.dumps(r.flat_params.get(k)) for r in runs}) > 1 and k != "objective")
+    header = ["Experiment", "objective", *varying, *(column_label(m, f) for m, f in COLUMNS), "best val NLL", "NLL BARTScore (M)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        significance = run.json("reports/significance.json") if run.has("reports/significance.json") else {}
+        base = (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")
+        cells = [run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
+                 *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha),
+                 "n/a" if run.val_nll is None else f"{run.val_nll:.4f}", "n/a" if base is None else number("bartscore", base)]
         lines.append("| " + " | ".join(cells) + " |")
-    note = (f"\\* p < {alpha}, one-tailed paired bootstrap of `{system}` against its own `{baseline}` baseline. "
-            "Rows without metrics have not been run to the score stage.")
-    return "\n".join(lines) + "\n\n" + note + "\n"
+    return "\n\n".join([
+        "# Experiments", "\n".join(lines),
+        f"\\* p < {alpha}, the run's own significance stage (`finetuned` against its NLL model, its `significance.unit`). "
+        "Rows with n/a have not been run to the score stage.",
+    ]) + "\n"
 
 
-def best_per_objective(rows: list[dict], system: str = "finetuned") -> list[dict]:
-    """For each objective, the run with the lowest validation NLL at its best checkpoint (the
-    model-selection rule for the CPO grid); runs without scores, and the workspace, are left out."""
-    best: dict[str, dict] = {}
-    for row in rows:
-        if row["name"] == "workspace":  # uncommitted state: the commits and experiments stand for it
-            continue
-        summary = row["metrics"].get(SUMMARY.format(system), {})
-        if SYSTEM_METRICS.format(system) not in row["metrics"] or summary.get("best_val_nll") is None:
-            continue
-        objective = row["params"].get("objective")
-        if objective not in best or summary["best_val_nll"] < best[objective]["_val_nll"]:
-            best[objective] = {**row, "_val_nll": summary["best_val_nll"]}
-    return list(best.values())
+def _records(run: Run) -> list[dict]:
+    return [check_record(run.json(path), f"{path} of run {run.name}") for path in run.under("reports/stages/")]
 
 
-def objectives_table(rows: list[dict], baseline: str = "nll", alpha: float = 0.05) -> str:
-    """NLL, then the best run of each objective, with significance against NLL. Labels are the
-    ones the runs wrote (from the objective registry) into their training summaries."""
-    scored = [r for r in rows if SUMMARY.format("finetuned") in r["metrics"]]
-    chosen = best_per_objective(rows)
-    if not chosen:
-        raise InputError("no scored experiments found (run `dvc exp run -S objective=...` first)")
-    header = ["System", "selected by val NLL", *(column_label(m, f) for m, f in COLUMNS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    base = chosen[0]["metrics"][SYSTEM_METRICS.format(baseline)]
-    base_label = chosen[0]["metrics"].get(SUMMARY.format(baseline), {}).get("label", baseline)
-    lines.append("| " + " | ".join([base_label, "-", *plain_cells(base, {}, alpha)]) + " |")
+def stages_markdown(runs: list[Run]) -> str:
+    """Every stage that ran, once: a stage DVC restored from its run cache in a later experiment
+    carries the record of the run that computed it."""
+    unique: dict[str, dict] = {}
+    for run in runs:
+        for record in _records(run):
+            key = json.dumps(record, sort_keys=True)
+            unique.setdefault(key, {**record, "ran_in": record.get("experiment") or run.name, "used_by": []})["used_by"].append(run.name)
+    records = sorted(unique.values(), key=lambda r: (r["started_at"] if "started_at" in r else "", r["stage"]))
+    total = sum(r["wall_s"] for r in records)
+    lines = stages_table(records).splitlines()
+    lines[0] += " ran in | used by |"
+    lines[1] += "---|---|"
+    for i, record in enumerate(records, start=2):
+        used = record["used_by"]
+        lines[i] += f" {record['ran_in']} | {len(used)} run{'s' if len(used) > 1 else ''} |"
+    return "\n\n".join([
+        "# Stages", "\n".join(lines),
+        f"{len(records)} stage runs, {total / 60:.1f} min of wall time in all (from the start of each stage's work to its "
+        "last output; model loading included, Python's imports not). A stage DVC restored from its run cache is listed "
+        "once, with the experiment that ran it.",
+    ]) + "\n"
 
-    def settings(row: dict) -> dict:
-        return row["metrics"][SUMMARY.format("finetuned")].get("settings") or {}
 
-    def label(row: dict) -> str:
-        objective = row["params"].get("objective")
-        text = row["metrics"][SUMMARY.format("finetuned")].get("label", objective)
-        if objective == baseline:
-            return f"{text}, continued"
-        # The objective's settings that differ between its runs (the CPO grid's beta and lambda).
-        runs = [settings(r) for r in scored if r["params"].get("objective") == objective]
-        varying = [k for k in settings(row) if len({json.dumps(r.get(k)) for r in runs}) > 1]
-        return f"{text} ({', '.join(f'{k}={settings(row)[k]}' for k in varying)})" if varying else text
-
-    # The baseline objective continued (the equal-budget control) first, then by label.
-    for row in sorted(chosen, key=lambda r: (r["params"].get("objective") != baseline, label(r))):
-        p_values = row["metrics"].get(SIGNIFICANCE, {}).get("finetuned", {})
-        lines.append("| " + " | ".join([label(row), f"{row['name']}: {row['_val_nll']:.4f}",
-                                        *plain_cells(row["metrics"][SYSTEM_METRICS.format("finetuned")], p_values, alpha)]) + " |")
-    note = (f"Each objective fine-tunes the same NLL model; of several runs of an objective (the CPO grid) the one "
-            f"with the lowest validation NLL at its best checkpoint is shown. \\* p < {alpha}, one-tailed paired "
-            f"bootstrap against NLL.")
-    return "\n".join(lines) + "\n\n" + note + "\n"
+def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) -> None:
+    entries = comparison(runs)
+    tests = p_values(entries, entries[0].run)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_text_atomic(staging / "results.md", results_markdown(entries, tests, runs, title, alpha))
+        write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha))
+        write_text_atomic(staging / "experiments.md", experiments_markdown(runs, alpha))
+        write_text_atomic(staging / "stages.md", stages_markdown(runs))
+        write_json_atomic(staging / "significance.json", {
+            "_baseline": "NLL model of each system's own run", "_units": list(UNITS),
+            "_n_resamples": entries[0].run.params.get("significance", {}).get("n_resamples"),
+            **{label: {"run": next(e.run.name for e in entries if e.label == label), **by_unit} for label, by_unit in tests.items()},
+        })
+        for run in runs:
+            write_text_atomic(staging / "params" / f"{run.name}.yaml", run.text("params.yaml"))
+            for path in run.files:
+                parts = Path(path).parts
+                if parts[:2] in (("reports", "metrics"), ("reports", "sanity")) and parts[-2] == "metrics":
+                    target = staging / "metrics" / run.name / parts[-1]
+                elif parts[:2] == ("reports", "train"):
+                    target = staging / "train" / run.name / Path(*parts[2:])
+                elif parts[:2] == ("reports", "stages"):
+                    target = staging / "stages" / run.name / parts[-1]
+                else:
+                    continue
+                write_text_atomic(target, run.text(path))
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            staging.rename(out)
+            shutil.rmtree(old)
+        else:
+            staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.collect", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
-    parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
-    parser.add_argument("--out", type=Path, default=Path("reports/experiments.md"))
-    parser.add_argument("--objectives", action="store_true",
-                        help="one row per objective (its best run by validation NLL) instead of one per experiment")
+    parser.add_argument("runs", type=Path, nargs="+", help="folders written by storyrewrite.report.gather")
+    parser.add_argument("--out", type=Path, required=True, help="the tables' folder (replaced)")
+    parser.add_argument("--title", default="gathered experiments", help="the results' title, e.g. the profile and device")
+    parser.add_argument("--alpha", type=float, default=0.05)
     args = parser.parse_args(argv)
-    if args.json:
-        exp_show = read_json(args.json)
-    else:
-        command = ["dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
-        exp_show = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
-    rows = experiments(exp_show)
-    text = ("# Objectives\n\n" + objectives_table(rows)) if args.objectives else ("# Experiments\n\n" + table(rows))
-    write_text_atomic(args.out, text)
-    print(text)
+    if not 0 < args.alpha < 1:
+        raise InputError(f"--alpha must lie in (0, 1), got {args.alpha}")
+    runs = load_runs(args.runs)
+    write_bundle(runs, args.out, args.title, args.alpha)
+    print((args.out / "results.md").read_text(encoding="utf-8").split("## Training")[0])
 
 
 if __name__ == "__main__":
-    main()
+    from storyrewrite.io import run_stage
+
+    run_stage(main)

@@ -3,7 +3,7 @@ M(Ŷ, Y_EE) and counterfactual M(Ŷ, Y_EE) + Δ_M; significance marks against th
 best value of each column (among the real systems, not the copy baselines) in bold."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from storyrewrite.metrics.counterfactual import FORMS, METRICS
 
@@ -40,6 +40,7 @@ class Row:
     metrics: dict  # the metrics JSON of the system
     p_values: dict  # "<metric>/<form>" -> p, empty for the baseline
     sanity: bool = False
+    story_p_values: dict = field(default_factory=dict)  # the same, resampling whole stories (marked †)
 
 
 def value(row: Row, metric: str, form: str) -> float | None:
@@ -62,11 +63,12 @@ def _cell(row: Row, metric: str, form: str, best: dict, alpha: float, latex: boo
         return "n/a"
     text = number(metric, v)
     mark = significant(row.p_values, metric, form, alpha)
+    story = significant(row.story_p_values, metric, form, alpha)
     if latex:
         text = f"\\textbf{{{text}}}" if not row.sanity and v == best.get((metric, form)) else text
-        return text + ("$^{*}$" if mark else "")
+        return text + ("$^{*}$" if mark else "") + ("$^{\\dagger}$" if story else "")
     text = f"**{text}**" if not row.sanity and v == best.get((metric, form)) else text
-    return text + ("\\*" if mark else "")
+    return text + ("\\*" if mark else "") + ("†" if story else "")
 
 
 def markdown_table(rows: list[Row], alpha: float) -> str:

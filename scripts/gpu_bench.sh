@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU benchmarks (issue 10's targets), each printing ratios measured in one run, with the GPU's
+# utilisation sampled every second beside them. Everything lands in OUT (default bench-out/):
+#   bash scripts/gpu_bench.sh [OUT]
+# objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step (bf16-mixed, batch 16),
+#   GPU busy share from torch.profiler, operator tables in OUT/traces/;
+# nll_throughput: NLL steps/s and generation >= 200 test predictions/s (dynamic, then static KV cache);
+# scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, and its bf16 rate.
+set -euo pipefail
+OUT=${1:-bench-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvidia-smi.csv" 2>&1 &
+SMI=$!
+trap 'kill $SMI 2>/dev/null || true' EXIT
+export PYTHONUNBUFFERED=1
+python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \
+  --objectives nll score score_delta delta cpo --trace "$OUT/traces" 2>&1 | tee "$OUT/objective_step_time.txt"
+python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 20 --generate 1024 2>&1 | tee "$OUT/nll_throughput.txt"
+python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1 --generate 1024 --cache static 2>&1 \
+  | tee "$OUT/nll_throughput_static.txt"
+python bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64 2>&1 \
+  | tee "$OUT/scorer_and_bootstrap.txt"

@@ -1,0 +1,131 @@
+"""Gather what DVC experiments produced into a plain folder that travels, to collect tables from.
+
+    dvc queue start -j 1 ...                  # the experiments ran here (README: "On a GPU")
+    python -m storyrewrite.report.gather --out runs/gpu --names 'gpu-*'
+    tar czf gpu-runs.tgz runs/gpu             # a few MB: bring it home, or collect right here
+    python -m storyrewrite.report.collect runs/gpu --out reports/gpu
+
+For each experiment (from `dvc exp show --json`) it reads, at the experiment's own revision
+(through DVC's file system: git-tracked files and cached outputs alike), the run's params, its
+dvc.lock and every report a stage wrote: metrics, per-instance scores, significance, training
+summaries and curves, LLM usage, stage records (device, wall time). Files are stored once by
+content (`blobs/<sha256>.gz`: the NLL model's scores are the same file in every experiment
+of one commit) and each run gets a manifest `<name>.json` {path: sha256}. Folders gathered in
+different sessions (a run split over several GPU loans) are collected together.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gzip
+import hashlib
+import json
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
+
+# What a run's stages write that the tables need (models and predictions stay behind).
+GATHERED = ("params.yaml", "dvc.lock", "reports/data_counts.json", "reports/metrics", "reports/sanity/metrics",
+            "reports/sanity/scores", "reports/scores", "reports/significance.json", "reports/results.md",
+            "reports/train", "reports/llm", "reports/stages")
+
+
+def experiments(exp_show: list[dict]) -> list[dict]:
+    """[{name, rev, base}] of the experiments in `dvc exp show --json` output (not the commits
+    they derive from, nor the workspace: those did not run as experiments)."""
+    found = []
+    for commit in exp_show:
+        for experiment in commit.get("experiments") or []:
+            for rev in experiment.get("revs", []):
+                name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
+                found.append({"name": name, "rev": rev["rev"], "base": commit["rev"]})
+    return found
+
+
+def select(runs: list[dict], pattern: str) -> list[dict]:
+    chosen = [run for run in runs if fnmatch.fnmatchcase(run["name"], pattern)]
+    if not chosen:
+        names = ", ".join(run["name"] for run in runs) or "none"
+        raise InputError(f"--names {pattern!r} matches no experiment; experiments: {names}")
+    return chosen
+
+
+def store_blob(data: bytes, blobs: Path) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    path = blobs / f"{digest}.gz"
+    if not path.exists():
+        with atomic_path(path) as tmp:
+            # mtime=0: the same content gives the same bytes, whoever gathers it.
+            tmp.write_bytes(gzip.compress(data, mtime=0))
+    return digest
+
+
+def gather_run(fs, run: dict, out: Path) -> dict:
+    """Store one run's files (read through `fs`, a file system at the run's revision) and write
+    its manifest; returns the manifest."""
+    files = {}
+    for top in GATHERED:
+        if not fs.exists(top):
+            continue
+        paths = fs.find(top, detail=False) if fs.isdir(top) else [top]
+        for path in sorted(paths):
+            if Path(path).name == ".gitignore":
+                continue
+            files[path] = store_blob(fs.read_bytes(path), out / "blobs")
+    if "params.yaml" not in files:
+        raise InputError(f"experiment {run['name']} ({run['rev'][:7]}): no params.yaml at its revision")
+    manifest = {**run, "gathered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}
+    write_json_atomic(out / f"{run['name']}.json", manifest)
+    return manifest
+
+
+def read_blob(root: Path, digest: str) -> bytes:
+    path = root / "blobs" / f"{digest}.gz"
+    if not path.exists():
+        raise InputError(f"{path}: missing (the gathered folder {root} is incomplete)")
+    data = gzip.decompress(path.read_bytes())
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise InputError(f"{path}: content does not match its name (a damaged copy)")
+    return data
+
+
+def manifests(root: Path) -> list[dict]:
+    """The manifests of a gathered folder, sorted by run name."""
+    found = sorted(Path(root).glob("*.json"))
+    if not found:
+        raise InputError(f"{root}: no gathered runs (run `python -m storyrewrite.report.gather --out {root}` first)")
+    runs = []
+    for path in found:
+        manifest = read_json(path)
+        if not {"name", "rev", "files"} <= set(manifest):
+            raise InputError(f"{path}: not a run manifest (needs name, rev, files)")
+        runs.append(manifest)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dvc.api import DVCFileSystem
+
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.gather", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder of the gathered runs (added to, run by run)")
+    parser.add_argument("--names", default="*", help="shell pattern of the experiment names to gather (default: all)")
+    parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
+    parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
+    args = parser.parse_args(argv)
+    if args.json:
+        exp_show = read_json(args.json)
+    else:
+        command = ["dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
+        exp_show = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    for run in select(experiments(exp_show), args.names):
+        manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
+        print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
+
+
+if __name__ == "__main__":
+    from storyrewrite.io import run_stage
+
+    run_stage(main)
