@@ -171,6 +171,7 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     # train_nll ran once (in exp-nll) and was restored in the three others: one row, used by 4 runs.
     assert stages.count("| train_nll |") == 1 and "| exp-nll | 4 runs |" in stages
     assert stages.count("| train |") == 4 and "cuda:0 (NVIDIA H100 80GB HBM3)" in stages
+    assert "ran on the CPU although a GPU" not in stages
 
     assert yaml.safe_load((out / "params" / "dto.yaml").read_text())["objective"] == "score"
     assert (out / "train" / "dto" / "finetuned" / "curves" / "train_loss.csv").read_text().startswith("step,train_loss")
@@ -186,12 +187,23 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
 
 def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gathered, tmp_path):
     second = tmp_path / "runs-2"
-    gather_run(DictFS(_files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")),
-               {"name": "dto-delta", "rev": "f" * 40, "base": "abcdef1234"}, second)
+    # Gathered on another machine: its own NLL model (BARTScore -1.95), its own scores.
+    files = _files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")
+    files["reports/metrics/nll.json"] = json.dumps(_metrics(-1.95)).encode()
+    files["reports/stages/generate-finetuned.json"] = json.dumps({**_record("generate-finetuned", "dto-delta", 30.0),
+                                                                  "device": "cpu", "device_name": "cpu", "dtype": "float32"}).encode()
+    gather_run(DictFS(files), {"name": "dto-delta", "rev": "f" * 40, "base": "abcdef1234"}, second)
     runs = load_runs([gathered, second])
     assert len(runs) == 5
     write_bundle(runs, tmp_path / "out", "two parts")
-    assert "| DTO-Delta |" in (tmp_path / "out" / "results.md").read_text()
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "| DTO-Delta |" in results
+    assert ("The chosen runs hold 2 different NLL models (trained apart, e.g. on different machines): "
+            "cpo-b, dto, exp-nll: BARTScore (M) -1.900; dto-delta: BARTScore (M) -1.950.") in results
+    assert ("**Model stages that ran on the CPU although a GPU was used:** generate-finetuned (dto-delta)."
+            in (tmp_path / "out" / "stages.md").read_text())
+    write_bundle(load_runs([gathered]), tmp_path / "one", "one part")
+    assert "different NLL models" not in (tmp_path / "one" / "results.md").read_text()
     gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0}, "DTO-Score")),
                {"name": "dto", "rev": "e" * 40, "base": "abcdef1234"}, second)
     with pytest.raises(InputError, match=r"run 'dto' is in both .*runs and .*runs-2"):

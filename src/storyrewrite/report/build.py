@@ -17,6 +17,11 @@ def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
     return {s: read_json(path) for s in systems if (path := train_logs / s / "summary.json").exists()}
 
 
+def llm_label(usage: dict) -> str:
+    """An LLM baseline's name in reports, from its stage's usage file: model, mode, backend."""
+    return f"{usage['model']} {usage['mode_label']} ({usage['backend']})"
+
+
 def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
     """How the report names a system: from what its run wrote (the training summary or the LLM
     stage's usage file, whose labels come from the objective and mode registries)."""
@@ -24,8 +29,7 @@ def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
         return COPY_BASELINES[system][1]
     usage = llm_usage / f"{system.removeprefix('llm_')}.json"
     if system.startswith("llm_") and usage.exists():
-        info = read_json(usage)
-        return f"{info['model']} {info['mode_label']} ({info['backend']})"
+        return llm_label(read_json(usage))
     if summary is not None:
         if system == "nll":
             return summary["label"]

@@ -28,7 +28,7 @@ import yaml
 
 from storyrewrite.io import InputError, write_json_atomic, write_text_atomic
 from storyrewrite.records import check_record, stages_table
-from storyrewrite.report.build import training_section
+from storyrewrite.report.build import llm_label, training_section
 from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import COLUMNS, Row, column_label, markdown_table, number, plain_cells
 from storyrewrite.significance.compare import compare
@@ -148,7 +148,11 @@ def objective_label(run: Run, runs: list[Run]) -> str:
                 if r.params.get("objective") == objective and r.summary(FINETUNED)]
     settings = summary.get("settings") or {}
     varying = [k for k in settings if len({json.dumps(s.get(k)) for s in siblings}) > 1]
-    return f"{summary['label']} ({', '.join(f'{k}={settings[k]}' for k in varying)})" if varying else summary["label"]
+    if not varying:
+        return summary["label"]
+    # A field named after a Python keyword ends in "_" (CPO's lambda_); the paper says lambda.
+    shown = [f"{key.removesuffix('_')}={settings[key]}" for key in varying]
+    return f"{summary['label']} ({', '.join(shown)})"
 
 
 @dataclass
@@ -170,7 +174,7 @@ def comparison(runs: list[Run]) -> list[Entry]:
     for system in sorted(s for s in reference.systems() if s.startswith("llm_")):
         usage = f"reports/llm/{system.removeprefix('llm_')}.json"
         info = reference.json(usage) if reference.has(usage) else None
-        entries.append(Entry(f"{info['model']} {info['mode_label']} ({info['backend']})" if info else system, reference, system, "llm"))
+        entries.append(Entry(llm_label(info) if info else system, reference, system, "llm"))
     entries += [Entry(label, reference, system, "copy") for system, (_, label) in COPY_BASELINES.items()
                 if system in reference.systems()]
     return entries
@@ -212,6 +216,21 @@ def copy_against_trained(entries: list[Entry]) -> str:
     return "\n".join(lines)
 
 
+def baseline_note(entries: list[Entry]) -> str | None:
+    """Where the chosen runs do not share one NLL model (gathered on different machines), say so:
+    each of them is tested against its own."""
+    models: dict[str, list[str]] = {}
+    for e in entries:
+        if e.kind in ("baseline", "trained"):
+            models.setdefault(json.dumps(e.run.metrics(BASELINE), sort_keys=True), []).append(e.run.name)
+    if len(models) < 2:
+        return None
+    parts = [f"{', '.join(sorted(set(names)))}: BARTScore (M) {number('bartscore', json.loads(key)['bartscore']['predictive'])}"
+             for key, names in models.items()]
+    return (f"The chosen runs hold {len(models)} different NLL models (trained apart, e.g. on different machines): "
+            f"{'; '.join(parts)}. The NLL row is the first; each system is tested against the NLL model of its own run.")
+
+
 def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float) -> str:
     reference = entries[0].run
     rows = [Row(e.system, e.label, e.run.metrics(e.system), tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
@@ -233,6 +252,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"One-tailed paired bootstrap against the NLL model of the same run ({n_resamples} resamples): \\* p < {alpha} "
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
         "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE).",
+        *([note] if (note := baseline_note(entries)) else []),
         "## The copy of the original ending", copy_against_trained(entries),
         "## Training", training_section(summaries, {label: label for label in summaries}),
         "Curves: `train/<run>/<system>/curves/` (one CSV per quantity); every stage's device and wall time: stages.md.",
@@ -294,9 +314,14 @@ def stages_markdown(runs: list[Run]) -> str:
     for run in runs:
         for record in _records(run):
             key = json.dumps(record, sort_keys=True)
-            unique.setdefault(key, {**record, "ran_in": record.get("experiment") or run.name, "used_by": []})["used_by"].append(run.name)
+            # No experiment name: DVC restored the output of a plain `dvc repro` from its run cache.
+            ran_in = record.get("experiment") or "`dvc repro` (no experiment)"
+            unique.setdefault(key, {**record, "ran_in": ran_in, "used_by": []})["used_by"].append(run.name)
     records = sorted(unique.values(), key=lambda r: (r["started_at"] if "started_at" in r else "", r["stage"]))
     total = sum(r["wall_s"] for r in records)
+    # A stage that ran a model (it has a dtype) on the CPU of a run that had a GPU elsewhere.
+    on_cpu = sorted({f"{r['stage']} ({r['ran_in']})" for r in records if r["device"] == "cpu" and r["dtype"]})
+    gpu = any(r["device"].startswith("cuda") for r in records)
     lines = stages_table(records).splitlines()
     lines[0] += " ran in | used by |"
     lines[1] += "---|---|"
@@ -308,6 +333,7 @@ def stages_markdown(runs: list[Run]) -> str:
         f"{len(records)} stage runs, {total / 60:.1f} min of wall time in all (from the start of each stage's work to its "
         "last output; model loading included, Python's imports not). A stage DVC restored from its run cache is listed "
         "once, with the experiment that ran it.",
+        *([f"**Model stages that ran on the CPU although a GPU was used:** {', '.join(on_cpu)}."] if gpu and on_cpu else []),
     ]) + "\n"
 
 
