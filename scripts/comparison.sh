@@ -13,7 +13,8 @@
 # with `dvc exp run --temp` (the workspace and params.yaml stay as they are); stages whose deps and
 # params are unchanged (the NLL model, the LLM baselines) come from DVC's run cache, so they run
 # once. An experiment that already exists is skipped: after an interruption, the same command goes
-# on where it stopped. A folder gathered on another machine (one part there, the other here), put
+# on where it stopped. An experiment that fails (a diverging CPO setting, say) does not stop the
+# others: the script gathers and collects what ran, names the failures and exits 1. A folder gathered on another machine (one part there, the other here), put
 # beside this one as runs/NAME.<anything>, is collected together with it.
 set -euo pipefail
 
@@ -35,6 +36,7 @@ if [ $# -gt 0 ]; then
 fi
 EXISTING=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
 
+FAILED=()
 run() {  # run NAME-SUFFIX with the profile's overrides and the given ones, unless it exists
   local experiment="$NAME-$1"
   shift
@@ -43,7 +45,7 @@ run() {  # run NAME-SUFFIX with the profile's overrides and the given ones, unle
     return
   fi
   echo "== $experiment: $* ($(date -u +%H:%M:%S))"
-  dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "$@"
+  dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "$@" || FAILED+=("$experiment")
 }
 
 if [ "$PART" != cpo ]; then
@@ -63,3 +65,7 @@ fi
 python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*"
 shopt -s nullglob
 python -m storyrewrite.report.collect "runs/$NAME" "runs/$NAME".* --out "reports/$NAME" --title "$NAME (${*:-params.yaml})"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "error: ${#FAILED[@]} experiment(s) failed (see their output above): ${FAILED[*]}" >&2
+  exit 1
+fi

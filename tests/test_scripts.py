@@ -1,0 +1,78 @@
+"""scripts/comparison.sh with `dvc` and `python` replaced by stubs that log their calls: which
+experiments it runs with which overrides, that it skips existing ones, goes on after a failure
+and still gathers and collects, and how it refuses a bad part."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "comparison.sh"
+GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]
+
+
+def _stubs(tmp_path, existing: str, failing: str):
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    stubs = {
+        "dvc": f"""echo "dvc $*" >> {log}
+if [ "$1 $2" = "exp list" ]; then echo {existing}; exit 0; fi
+case " $* " in *" -n {failing} "*) exit 1;; esac""",
+        "python": f"""echo "python $*" >> {log}
+if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi""",
+    }
+    for name, body in stubs.items():
+        path = bin_dir / name
+        path.write_text(f"#!/usr/bin/env bash\n{body}\nexit 0\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+def _run(tmp_path, *args, existing="none", failing="none"):
+    env, log = _stubs(tmp_path, existing, failing)
+    result = subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return result, calls
+
+
+def test_the_whole_comparison_runs_each_experiment_once_and_goes_on_after_a_failure(tmp_path):
+    result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml", existing="gpu-dto-score", failing="gpu-cpo-b2-l2")
+    assert result.returncode == 1
+    assert "error: 1 experiment(s) failed (see their output above): gpu-cpo-b2-l2" in result.stderr
+    assert "== gpu-dto-score: exists, skipped" in result.stdout
+    runs = [c for c in calls if c.startswith("dvc exp run")]
+    names = [c.split(" -n ")[1].split()[0] for c in runs]
+    assert names == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta", *(f"gpu-{n}" for n in GRID)]
+    assert all(c.startswith("dvc exp run --temp -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs)
+    assert runs[2].endswith("-S objective=score_delta")
+    assert runs[3].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
+    assert "python -m storyrewrite.params overrides params/gpu.yaml" in calls
+    # What ran is gathered and collected although one experiment failed.
+    assert calls[-2] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-*"
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"
+
+
+def test_a_part_runs_only_its_experiments_and_no_profile_means_params_yaml(tmp_path):
+    result, calls = _run(tmp_path, "grid", "core")
+    assert result.returncode == 0, result.stderr
+    names = [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
+    assert names == ["grid-nll-continued", "grid-dto-score", "grid-dto-delta", "grid-dto-score-delta"]
+    assert not any("overrides" in c for c in calls)
+
+
+def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
+    (tmp_path / "runs" / "grid.2").mkdir(parents=True)
+    result, calls = _run(tmp_path, "grid", "cpo")
+    assert result.returncode == 0, result.stderr
+    names = [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
+    assert names == [f"grid-{n}" for n in GRID]
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/grid runs/grid.2 --out reports/grid --title grid (params.yaml)"
+
+
+def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
+    result, calls = _run(tmp_path, "gpu", "dto")
+    assert result.returncode == 2
+    assert "error: PART must be core, cpo or all, got 'dto'" in result.stderr
+    assert calls == []
