@@ -16,7 +16,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True, help="prepared data dir")
     parser.add_argument("--out", type=Path, required=True, help="predictions .jsonl")
-    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
+    StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
     params = Params.load()

@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, required=True, help="response cache dir (kept between runs)")
     parser.add_argument("--out", type=Path, required=True, help="predictions .jsonl")
     parser.add_argument("--usage", type=Path, required=True, help="usage summary .json")
-    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
+    StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
     params = Params.load()

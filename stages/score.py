@@ -19,7 +19,7 @@ def main() -> None:
     parser.add_argument("--scorer", type=Path, required=True, help="the models stage's dir (or a model dir)")
     parser.add_argument("--scores-dir", type=Path, required=True, help="per-instance scores, <system>.jsonl")
     parser.add_argument("--metrics-dir", type=Path, required=True, help="corpus metrics, <system>.json")
-    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
+    StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
     params = Params.load()

@@ -15,7 +15,7 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", required=True, help="the trained systems (generate@<system>)")
     parser.add_argument("--scores", type=Path, nargs="+", required=True, help="directories of <system>.jsonl scores")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
+    StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
     params = Params.load()

@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, required=True, help="Lightning checkpoints, kept for resuming")
     parser.add_argument("--logs", type=Path, required=True, help="training curves and summary")
     parser.add_argument("--scorer", type=Path, help="the models stage's dir (or a model dir): DTO's frozen scorer")
-    parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
+    StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
     params = Params.load()

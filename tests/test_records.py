@@ -57,3 +57,12 @@ def test_a_file_that_is_not_a_record_is_named(tmp_path):
     (tmp_path / "train.json").write_text(json.dumps({"stage": "train", "device": "cpu"}))
     with pytest.raises(InputError, match=r"train\.json: not a stage record \(missing device_name, dtype, wall_s"):
         read_records(tmp_path)
+
+
+def test_under_ddp_only_the_first_process_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    StageRecord.start(tmp_path / "train.json").finish("cpu", "32-true", 3, "steps")
+    assert not (tmp_path / "train.json").exists()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    StageRecord.start(tmp_path / "train.json").finish("cpu", "32-true", 3, "steps")
+    assert (tmp_path / "train.json").exists()

@@ -14,6 +14,7 @@ is described from the object the stage passes, importing torch only for a CUDA d
 """
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import resource
@@ -22,9 +23,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from storyrewrite.io import InputError, write_json_atomic
+from storyrewrite.io import InputError, read_json, write_json_atomic
 
-STAGE_DIR = Path("reports/stages")
+# Stage records are tabulated in the order the pipeline runs their stages.
+PIPELINE_ORDER = ("train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance")
 
 
 def cpu_name() -> str:
@@ -80,6 +82,10 @@ class StageRecord:
         self.started = time.perf_counter()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
+    @staticmethod
+    def add_argument(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--record", type=Path, help="stage record: where it ran, how long (reports/stages/<stage>.json)")
+
     @classmethod
     def start(cls, path: str | os.PathLike | None) -> StageRecord | None:
         return None if path is None else cls(path)
@@ -95,7 +101,9 @@ class StageRecord:
                   "items_per_s": round(items / wall, 3) if items is not None and wall > 0 else None,
                   **_peak_memory(where["device"]), **extra, "started_at": self.started_at,
                   "experiment": os.environ.get("DVC_EXP_NAME"), **_versions()}
-        write_json_atomic(self.path, record)
+        # Under DDP every process runs the stage; the first process of the first node writes.
+        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+            write_json_atomic(self.path, record)
         return record
 
 
@@ -110,16 +118,15 @@ def check_record(record: dict, source: str) -> dict:
     return record
 
 
+def _pipeline_position(record: dict) -> tuple[int, str]:
+    stage = record["stage"].split("-")[0]  # generate-nll -> generate
+    return (PIPELINE_ORDER.index(stage) if stage in PIPELINE_ORDER else len(PIPELINE_ORDER), record["stage"])
+
+
 def read_records(directory: Path) -> list[dict]:
     """The stage records in `directory`, in the order the pipeline runs them."""
-    from storyrewrite.io import read_json
-
     records = [check_record(read_json(path), str(path)) for path in sorted(Path(directory).glob("*.json"))]
-    return sorted(records, key=lambda r: (_PIPELINE_ORDER.index(r["stage"].split("-")[0])
-                                          if r["stage"].split("-")[0] in _PIPELINE_ORDER else len(_PIPELINE_ORDER), r["stage"]))
-
-
-_PIPELINE_ORDER = ["train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance"]
+    return sorted(records, key=_pipeline_position)
 
 
 def _seconds(value: float) -> str:
