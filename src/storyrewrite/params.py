@@ -449,10 +449,11 @@ def overlay(base: dict, changes: dict, where: str = "") -> dict:
     return merged
 
 
-def _leaves(tree: dict, prefix: str = ""):
+def leaves(tree: dict, prefix: str = ""):
+    """(dotted key, value) of every leaf of a nested dict: {a: {b: 1}} -> ("a.b", 1)."""
     for key, value in tree.items():
         if isinstance(value, dict):
-            yield from _leaves(value, f"{prefix}{key}.")
+            yield from leaves(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
 
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.action == "apply":
             write_text_atomic(args.params, yaml.safe_dump(merged, sort_keys=False))
         elif args.action == "overrides":
-            print(" ".join(f"-S {shlex.quote(f'{key}={_yaml_scalar(value)}')}" for key, value in _leaves(changes)))
+            print(" ".join(f"-S {shlex.quote(f'{key}={_yaml_scalar(value)}')}" for key, value in leaves(changes)))
         else:
             print(f"ok: {' + '.join(map(str, [args.params, *args.profiles]))}")
 

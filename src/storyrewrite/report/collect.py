@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from storyrewrite.io import InputError, write_json_atomic, write_text_atomic
+from storyrewrite.params import leaves
 from storyrewrite.records import check_record, stages_table
 from storyrewrite.report.build import llm_label, training_section
 from storyrewrite.report.gather import manifests, read_blob
@@ -38,22 +39,13 @@ BASELINE, FINETUNED = "nll", "finetuned"
 UNITS = ("instance", "story")
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 class Run:
     """One gathered experiment: its name, revision and the files its stages wrote."""
 
     def __init__(self, manifest: dict, root: Path):
         self.name, self.rev, self.base = manifest["name"], manifest["rev"], manifest.get("base")
         self.files, self.root = manifest["files"], Path(root)
+        self._texts: dict[str, str] = {}  # each file decompressed and checked once
 
     def has(self, path: str) -> bool:
         return path in self.files
@@ -61,10 +53,12 @@ class Run:
     def text(self, path: str) -> str:
         if path not in self.files:
             raise InputError(f"{self.root}/{self.name}.json: run {self.name} has no {path}")
-        try:
-            return read_blob(self.root, self.files[path]).decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise InputError(f"{path} of run {self.name} ({self.root}): not valid UTF-8 ({err.reason})") from None
+        if path not in self._texts:
+            try:
+                self._texts[path] = read_blob(self.root, self.files[path]).decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{path} of run {self.name} ({self.root}): not valid UTF-8 ({err.reason})") from None
+        return self._texts[path]
 
     def json(self, path: str):
         try:
@@ -81,7 +75,7 @@ class Run:
 
     @cached_property
     def flat_params(self) -> dict:
-        return _flatten(self.params)
+        return dict(leaves(self.params))
 
     def metrics_path(self, system: str) -> str | None:
         for directory in ("reports/metrics", "reports/sanity/metrics"):
