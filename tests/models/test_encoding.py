@@ -54,3 +54,23 @@ def test_nll_loss_hand_computed():
         2 - math.log(math.exp(2) + 2),
     ]
     assert nll_loss(logits, target, mask).item() == pytest.approx(-sum(log_p) / 3, rel=1e-6)
+
+
+def test_tail_logits_of_a_soft_capped_model_match_its_own_forward():
+    """output_logits soft-caps as the model's forward does (Gemma-2's final_logit_softcapping),
+    so causal_tail_logits and the scorer's prefix path agree with the plain forward."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from storyrewrite.models.encoding import causal_tail_logits
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5)
+    model = Gemma2ForCausalLM(config).eval()
+    input_ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        full = model(input_ids=input_ids).logits
+        tail = causal_tail_logits(model, 3, input_ids=input_ids)
+        uncapped = model.get_output_embeddings()(model.base_model(input_ids=input_ids).last_hidden_state)
+    assert not torch.allclose(uncapped[:, -3:], full[:, -3:], atol=1e-3)  # the cap changes these logits
+    torch.testing.assert_close(tail, full[:, -3:], atol=1e-6, rtol=1e-5)

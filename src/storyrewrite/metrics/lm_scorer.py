@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
-from storyrewrite.models.encoding import Encoder, pad_rows, target_logits
+from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, target_logits
 from storyrewrite.models.loading import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -118,7 +118,7 @@ class LMScorer:
         gather = (columns.unsqueeze(0) - (width - lengths).unsqueeze(1)) % width  # B×S
         left_embeds = torch.gather(embeds, 1, gather.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
         left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
-        body, head = self.model.base_model, self.model.get_output_embeddings()
+        body = self.model.base_model
         prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask,
                       position_ids=(left_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=True)
         # Rows b·K + k: source b with target set k.
@@ -132,8 +132,6 @@ class LMScorer:
             rest = body(inputs_embeds=self.model.get_input_embeddings()(target_ids[:, :-1]), attention_mask=attention_mask,
                         position_ids=position_ids, past_key_values=cache, use_cache=True)
             hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)  # (B·K)×T×d
-        logits = head(hidden)
-        if cap := getattr(self.model.config, "final_logit_softcapping", None):
-            logits = torch.tanh(logits / cap) * cap
+        logits = output_logits(self.model, hidden)
         scores = mean_target_log_prob(logits, target_ids, target_mask).view(batch, sets)
         return list(scores.unbind(dim=1))

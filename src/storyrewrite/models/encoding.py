@@ -100,15 +100,22 @@ def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
     )
 
 
+def output_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """A causal LM's logits from its last hidden states (B×T×d -> B×T×V): the output
+    projection, then the soft-capping of models that have it (as their own forward does)."""
+    logits = model.get_output_embeddings()(hidden)
+    if cap := getattr(model.config, "final_logit_softcapping", None):
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
 def causal_tail_logits(model: PreTrainedModel, width: int, **inputs) -> torch.Tensor:
     """Logits at the last `width` positions only (B×width×V) of a causal LM.
 
     The vocabulary projection runs on those positions alone, on a contiguous copy of their
     hidden states: `logits_to_keep` would project a strided slice, which PyTorch turns into a
     batched matmul that copies the whole output matrix once per row (measured: 3/4 of a scoring
-    forward in bf16). Models that post-process their logits (soft-capping) take the plain path.
+    forward in bf16).
     """
-    if getattr(model.config, "final_logit_softcapping", None):
-        return model(**inputs, logits_to_keep=width).logits
     hidden = model.base_model(**inputs).last_hidden_state
-    return model.get_output_embeddings()(hidden[:, -width:].contiguous())
+    return output_logits(model, hidden[:, -width:].contiguous())
