@@ -4,7 +4,6 @@ timing that is honest on a GPU (synchronised) as on a CPU."""
 from __future__ import annotations
 
 import platform
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from storyrewrite.data.prepare import prepare
 from storyrewrite.data.sources import download
 from storyrewrite.models.loading import materialise
 from storyrewrite.params import Params, load_yaml, overlay
+from storyrewrite.records import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,15 +56,10 @@ def clock(device: torch.device) -> float:
 
 
 def peak_memory_gb(device: torch.device) -> float:
-    """Peak GPU memory allocated by torch on CUDA, else the process's peak RSS: VmHWM, which
-    starts afresh with the process (getrusage's ru_maxrss carries a parent's peak across exec)."""
+    """Peak GPU memory allocated by torch on CUDA, else the process's peak RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1024**3
-    status = Path("/proc/self/status")
-    if status.exists():
-        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
-        return int(line.split()[1]) / 1024**2  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+    return peak_rss_gb()
 
 
 def describe(device: torch.device) -> str:

@@ -66,3 +66,19 @@ def test_under_ddp_only_the_first_process_writes(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     StageRecord.start(tmp_path / "train.json").finish("cpu", "32-true", 3, "steps")
     assert (tmp_path / "train.json").exists()
+
+
+def test_peak_memory_is_the_processs_own_not_its_parents():
+    """A stage runs in a process DVC started: its peak must not include DVC's (getrusage's
+    ru_maxrss carries the parent's peak across exec; VmHWM does not)."""
+    import subprocess
+    import sys
+
+    from storyrewrite.records import peak_rss_gb
+
+    ballast = bytearray(400 * 2**20)  # this process's peak: at least 0.4 GB
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is resident
+    child = subprocess.run([sys.executable, "-c", "from storyrewrite.records import peak_rss_gb; print(peak_rss_gb())"],
+                           capture_output=True, text=True, check=True)
+    assert peak_rss_gb() >= 0.4
+    assert float(child.stdout) < 0.2

@@ -56,9 +56,18 @@ def describe_device(device) -> dict:
     return {"device": text, "device_name": text}
 
 
+def peak_rss_gb() -> float:
+    """The process's peak resident memory: VmHWM, which starts afresh with the process
+    (getrusage's ru_maxrss carries a parent's peak across exec: DVC's, for a stage)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 2**20  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
 def _peak_memory(device: str) -> dict:
-    # ru_maxrss is in KiB on Linux: the process's peak resident memory, all of it.
-    peak = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    peak = {"peak_rss_gb": round(peak_rss_gb(), 2)}
     if device.startswith("cuda"):
         import torch
 
