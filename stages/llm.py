@@ -32,8 +32,10 @@ def main() -> None:
     instances = load_instances(args.data, task, params.generate.split)
     train = load_instances(args.data, task, "train")
     backend = make_backend(config, args.local_model, params.models.generator, params.device)
-    print(f"llm {mode.name}: backend {config.backend}, model {backend.label}"
-          + (f" on {backend.model.device} ({config.local_dtype})" if config.backend == "local" else ""))
+    # A remote backend runs elsewhere: this machine runs no model (the record says so).
+    local = config.backend == "local"
+    device, dtype = (backend.model.device, config.local_dtype) if local else ("cpu", None)
+    print(f"llm {mode.name}: backend {config.backend}, model {backend.label}" + (f" on {device} ({dtype})" if local else ""))
     retrieve = None
     if mode.needs_index:
         index, embedder = Index(args.index), Embedder(args.index / "embedder", params.device)
@@ -44,13 +46,9 @@ def main() -> None:
     summary = {"mode": mode.name, "mode_label": mode.label, "backend": config.backend, "model": backend.label, **usage.summary()}
     write_json_atomic(args.usage, summary)
     print(json.dumps(summary, indent=2))
-    # A remote backend runs elsewhere: the record names this machine and the backend. Replies from the
-    # response cache cost nothing; the rate counts the requests made.
-    if record:
-        local = config.backend == "local"
-        record.finish(backend.model.device if local else "cpu", config.local_dtype if local else None,
-                      usage.requests, "requests", cache_hits=usage.cache_hits, predictions=len(predictions),
-                      backend=config.backend, model=backend.label)
+    if record:  # replies from the response cache cost nothing: the rate counts the requests made
+        record.finish(device, dtype, usage.requests, "requests", cache_hits=usage.cache_hits,
+                      predictions=len(predictions), backend=config.backend, model=backend.label)
 
 
 if __name__ == "__main__":
