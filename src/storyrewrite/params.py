@@ -127,6 +127,7 @@ class TrainConfig:
     accumulate_grad_batches: int = 1
     limit_val_batches: int | float | None = None
     num_workers: int = 0
+    validate_at_start: bool = True  # validate the starting weights (the curves' step 0) before training
 
     def check(self, where: str) -> None:
         positive(

@@ -56,7 +56,8 @@ def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepar
     longer = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=4))
     assert longer["resumed_from_step"] is None and longer["global_step"] == 4
     assert _steps(tmp_path / "logs" / "curves" / "train_loss.csv") == [1, 2, 3, 4]
-    assert _steps(tmp_path / "logs" / "curves" / "val_loss.csv") == [2, 4]
+    # Step 0: the starting weights, validated before training; never the exported checkpoint.
+    assert _steps(tmp_path / "logs" / "curves" / "val_loss.csv") == [0, 2, 4]
     assert (tmp_path / "out" / "config.json").exists()
     summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
     assert summary["global_step"] == 4 and summary["best_step"] in (2, 4)
@@ -78,9 +79,12 @@ def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_mode
     assert not (tmp_path / "out").exists()
     summary = _fit(tmp_path, run)
     assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
-    # Step 3 was logged before the crash, after the last checkpoint: logged once, not twice.
+    # Step 3 was logged before the crash, after the last checkpoint: logged once, not twice; the
+    # starting weights were validated once, by the interrupted run.
     assert _steps(tmp_path / "logs" / "curves" / "train_loss.csv") == [1, 2, 3, 4, 5]
     assert _steps(tmp_path / "logs" / "curves" / "grad_norm.csv") == [1, 2, 3, 4, 5]
+    assert _steps(tmp_path / "logs" / "curves" / "val_loss.csv") == [0, 5]
+    assert summary["start_val_loss"] is not None
 
 
 def test_an_interrupted_run_continues_under_a_larger_budget(tmp_path, tiny_model_dirs, small_prepared):
@@ -157,6 +161,11 @@ def test_a_non_finite_gradient_stops_unless_fp16_loss_scaling_is_at_work():
     monitor._check(trainer, {"train_loss": 1.5}, math.inf, 1e-5)
     with pytest.raises(TrainingDiverged, match=r"m_original = nan"):
         monitor._check(trainer, {"train_loss": 1.5, "m_original": math.nan}, 2.0, 1e-5)
+    # The validation of the starting weights (no optimiser, no lr yet): the model, not the lr, is at fault.
+    trainer.global_step = 0
+    with pytest.raises(TrainingDiverged, match=r"^the starting weights give non-finite values before training \(train, objective "
+                                               r"score, validation\): val_loss = nan\. .*nothing was trained or exported$"):
+        monitor._check(trainer, {"val_loss": math.nan}, None, None)
 
 
 def _train_nll_stage(tmp_path, small_prepared, changes: dict, dto: dict | None = None) -> subprocess.CompletedProcess:
@@ -240,6 +249,37 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     assert all(math.isfinite(v["last"]) for v in summary["curves"].values())
     # What the report's training section shows: logged in training, or (DTO-Score's m_original) in validation.
     assert all(name in columns or f"val_{name}" in columns for name in summary["main_diagnostics"])
+
+
+def test_the_starting_weights_are_validated_at_step_0_and_training_is_the_same_without(tmp_path, tiny_model_dirs, small_prepared):
+    """DTO (its scorer must be on the generator's device in `Trainer.validate` as in fit): the
+    step-0 validation loss is the starting weights' loss averaged over the validation batches,
+    computed here by hand; with or without it, training logs the same losses and exports the
+    same weights."""
+    from storyrewrite.training.module import VALIDATION_NOISE_OFFSET
+
+    runs, weights, losses = {}, [], []
+    for at_start in (True, False):
+        run = tiny_run(tiny_model_dirs["llama"], small_prepared, "score_delta", DTO, tiny_model_dirs["llama"],
+                       section="train", max_steps=3, val_check_interval=3, validate_at_start=at_start)
+        runs[at_start] = _fit(tmp_path / str(at_start), run)
+        weights.append(load_file(tmp_path / str(at_start) / "out" / "model.safetensors"))
+        losses.append((tmp_path / str(at_start) / "logs" / "curves" / "train_loss.csv").read_text())
+    assert losses[0] == losses[1]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert _steps(tmp_path / "False" / "logs" / "curves" / "val_loss.csv") == [3]
+    assert runs[False]["start_val_loss"] is None and runs[True]["best_step"] == 3
+
+    module, data = assemble(run)
+    data.setup()
+    module.generator.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for index, batch in enumerate(data.val_dataloader()):
+            out = module.loss(module.generator, batch, module.noise_seed + VALIDATION_NOISE_OFFSET + index, validation=True)
+            total, count = total + out.loss.item() * len(batch["ids"]), count + len(batch["ids"])
+    assert runs[True]["start_val_loss"] == pytest.approx(total / count, rel=1e-5)
+    assert runs[True]["curves"]["val_loss"]["first_step"] == 0
 
 
 def test_diagnostics_leave_the_loss_and_the_trained_weights_unchanged(tmp_path, tiny_model_dirs, small_prepared):

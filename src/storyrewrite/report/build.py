@@ -44,9 +44,11 @@ def _value(number: float) -> str:
 
 def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
     """A table of the trained systems from their runs' summaries: steps, wall time, the step of
-    the exported (best-on-validation) checkpoint, the final losses, and the first → last values
-    of the objective's main diagnostics (from training, or validation where only it has them)."""
-    lines = ["| System | steps | wall time | best step | final train loss | final val loss | diagnostics, first → last |",
+    the exported (best-on-validation) checkpoint, the final training loss, the validation loss of
+    the starting weights and of the exported checkpoint (did training improve its own objective on
+    validation?), and the first → last values of the objective's main diagnostics (from training,
+    or validation where only it has them)."""
+    lines = ["| System | steps | wall time | best step | final train loss | val loss, start → best | diagnostics, first → last |",
              "|---|---|---|---|---|---|---|"]
     for system, info in summaries.items():
         curves = info.get("curves", {})
@@ -56,9 +58,11 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
                 if key in curves:
                     shown.append(f"{name}{where} {_value(curves[key]['first'])} → {_value(curves[key]['last'])}")
                     break
-        final = {k: _value(curves[k]["last"]) if k in curves else "n/a" for k in ("train_loss", "val_loss")}
+        train = _value(curves["train_loss"]["last"]) if "train_loss" in curves else "n/a"
+        start, best = info.get("start_val_loss"), info.get("best_val_loss")
+        val = " → ".join(_value(v) if v is not None else "n/a" for v in (start, best))
         lines.append(f"| {labels[system]} | {info['global_step']} | {info['train_seconds']:.0f} s | {info.get('best_step') or 'n/a'} | "
-                     f"{final['train_loss']} | {final['val_loss']} | {'; '.join(shown) or '-'} |")
+                     f"{train} | {val} | {'; '.join(shown) or '-'} |")
     return "\n".join(lines)
 
 

@@ -33,9 +33,12 @@ class RewriteModule(L.LightningModule):
         self.step_logs: dict[str, torch.Tensor] = {}
         self.step_terms: tuple[str, ...] = ()
 
-    def on_fit_start(self) -> None:
+    def _place_scorer(self) -> None:
         if self.loss.scorer is not None:
             self.loss.scorer.model.to(self.device)
+
+    # Fit, and the validation of the starting weights that comes before it (`Trainer.validate`).
+    on_fit_start = on_validation_start = _place_scorer
 
     def step_loss(self, batch: dict) -> torch.Tensor:
         """The loss of a training step, leaving what the curves log in `step_logs`."""

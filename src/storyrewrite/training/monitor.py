@@ -3,7 +3,8 @@
 Curves are tidy CSV files, one per quantity (`step,epoch,<name>`), in one directory, so that
 `dvc plots show` draws each (its y is the file's last column) whatever the objective logs:
 `train_loss`, `lr`, `grad_norm`, `tokens_per_s`, the objective's terms and diagnostics, and the
-same averaged over validation, prefixed `val_`. A non-finite loss or loss term, or a non-finite
+same averaged over validation, prefixed `val_` (at step 0 the starting weights', with
+`validate_at_start`). A non-finite loss or loss term, or a non-finite
 gradient norm that is not fp16 loss scaling at work, stops the run at once (before that step's
 checkpoint is written) with one message naming the step, the values and the learning rate.
 """
@@ -96,12 +97,14 @@ class TrainingMonitor(Callback):
         if trainer.sanity_checking:
             return
         values = {name: float(value) for name, value in trainer.callback_metrics.items() if name.startswith("val_")}
-        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        # The validation of the starting weights (Trainer.validate, before fit) has no optimiser yet.
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         self._check(trainer, {"val_loss": values["val_loss"]}, None, lr)
         if trainer.is_global_zero:
             self._append(trainer.global_step, trainer.current_epoch, values)
 
-    def _check(self, trainer, terms: dict[str, float], grad_norm: float | None, lr: float) -> None:
+    def _check(self, trainer, terms: dict[str, float], grad_norm: float | None, lr: float | None) -> None:
+        """`lr` None: the validation of the starting weights, before training."""
         bad_terms = any(not math.isfinite(v) for v in terms.values())
         # With fp16 a GradScaler skips steps whose gradients overflow and lowers its scale: normal.
         scaling = getattr(trainer.precision_plugin, "scaler", None) is not None
@@ -109,6 +112,11 @@ class TrainingMonitor(Callback):
         if not (bad_terms or bad_grad):
             return
         shown = ", ".join(f"{name} = {_number(v)}" for name, v in {**terms, **({"grad_norm": grad_norm} if grad_norm is not None else {})}.items())
+        if lr is None:
+            raise TrainingDiverged(
+                f"the starting weights give non-finite values before training ({self.section}, objective "
+                f"{self.objective}, validation): {shown}. Check the model given to the stage, or change "
+                f"`{self.section}.precision` (now {trainer.precision}); nothing was trained or exported")
         last = Path(trainer.default_root_dir) / "last.ckpt"
         kept = f"{last} keeps the last finite checkpoint" if last.exists() else "no checkpoint had been written yet"
         raise TrainingDiverged(

@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.seed import isolate_rng
 
 from storyrewrite import closure
 from storyrewrite.io import InputError, sha256_file, write_json_atomic, write_text_atomic
@@ -156,6 +157,12 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
                         **_trainer_kwargs(run.config))
 
     started = time.perf_counter()
+    if run.config.validate_at_start and resume_from is None:
+        # The starting weights' validation values: the val curves' step 0, the baseline that shows
+        # whether training improves its own objective. Not a checkpoint candidate (ModelCheckpoint
+        # saves only while fitting); RNG state isolated, so training is the same with or without.
+        with isolate_rng():
+            trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - started
     curves = dict(read_curve(path) for path in sorted((checkpoint_dir / "curves").glob("*.csv")))
@@ -166,7 +173,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         "device": str(trainer.strategy.root_device), "precision": str(run.config.precision),
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
-        **_best_step(curves), "main_diagnostics": list(objective.main_diagnostics),
+        **_best_step(best, curves), "main_diagnostics": list(objective.main_diagnostics),
         "curves": {name: _first_last(name, rows) for name, rows in curves.items() if rows},
     }
     if trainer.is_global_zero:
@@ -182,14 +189,20 @@ def _first_last(name: str, rows: list[dict]) -> dict:
             "first_step": int(rows[0]["step"]), "last_step": int(rows[-1]["step"])}
 
 
-def _best_step(curves: dict[str, list[dict]]) -> dict:
-    """The step of the best validation loss (the exported checkpoint) and the validation NLL
-    there (comparable across objectives: model selection for a grid such as CPO's)."""
-    if "val_loss" not in curves:
-        return {"best_step": None, "best_val_nll": None}
-    best = min(curves["val_loss"], key=lambda row: float(row["val_loss"]))
-    nll = next(float(row["val_nll"]) for row in curves["val_nll"] if row["step"] == best["step"])
-    return {"best_step": int(best["step"]), "best_val_nll": round(nll, 6)}
+def _best_step(best: ModelCheckpoint, curves: dict[str, list[dict]]) -> dict:
+    """The step of the exported best-on-validation checkpoint (read from it: the step-0 validation
+    of the starting weights is in the curves but is never a candidate), the validation NLL there
+    (comparable across objectives: model selection for a grid such as CPO's) and the validation
+    loss at step 0 (null without `validate_at_start`, or on a resumed run's summary if the
+    interrupted run had none)."""
+    start = next((float(row["val_loss"]) for row in curves.get("val_loss", []) if int(row["step"]) == 0), None)
+    path = Path(best.best_model_path) if best.best_model_path else None
+    if path is None or not path.exists():
+        return {"best_step": None, "best_val_nll": None, "start_val_loss": start}
+    step = int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
+    # The last row at that step: with gradient accumulation a validation can share step 0 with the start.
+    nll = [float(row["val_nll"]) for row in curves["val_nll"] if int(row["step"]) == step][-1]
+    return {"best_step": step, "best_val_nll": round(nll, 6), "start_val_loss": start}
 
 
 def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Path, curves: Path, log_dir: Path) -> None:
