@@ -90,12 +90,14 @@ def test_the_training_section_reads_the_runs_summaries(tmp_path):
         "global_step": 10, "train_seconds": 42.4, "best_step": 10, "main_diagnostics": ["m_target", "m_original", "delta"],
         "start_val_loss": 3.1, "best_val_loss": 2.75,
         "curves": {"train_loss": curve(3.2, 2.9), "val_loss": curve(3.1, 2.8), "m_target": curve(-3.21, -2.95),
-                   "val_m_original": curve(-2.5, -2.6)},
+                   "val_m_original": curve(-2.5, -2.6), "delta": curve(0.1, 0.3), "val_delta": curve(0.2, 0.25)},
     }))
     table = training_section(read_summaries(["nll", "finetuned"], tmp_path), {"nll": "NLL", "finetuned": "DTO-Score"}).splitlines()
     assert len(table) == 3  # no summary for nll here: no row
-    # The validation loss of the starting weights → that of the exported checkpoint (not the last validation's).
-    assert table[2] == ("| DTO-Score | 10 | 42 s | 10 | 2.9 | 3.1 → 2.75 | m_target -3.21 → -2.95; m_original (val) -2.5 → -2.6 |")
+    # The validation loss of the starting weights → that of the exported checkpoint (not the last
+    # validation's); diagnostics from validation where it has them (delta), else from training.
+    assert table[2] == ("| DTO-Score | 10 | 42 s | 10 | 2.9 | 3.1 → 2.75 | "
+                        "m_target -3.21 → -2.95; m_original (val) -2.5 → -2.6; delta (val) 0.2 → 0.25 |")
     # A summary from before validate_at_start (or a run without it): the start is n/a.
     summary = json.loads((tmp_path / "finetuned" / "summary.json").read_text())
     del summary["start_val_loss"]

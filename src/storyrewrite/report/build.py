@@ -46,15 +46,16 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
     """A table of the trained systems from their runs' summaries: steps, wall time, the step of
     the exported (best-on-validation) checkpoint, the final training loss, the validation loss of
     the starting weights and of the exported checkpoint (did training improve its own objective on
-    validation?), and the first → last values of the objective's main diagnostics (from training,
-    or validation where only it has them)."""
+    validation?), and the first → last values of the objective's main diagnostics: on validation
+    where it logs them (the same instances each time, from the starting weights at step 0 with
+    `validate_at_start`), else from training (one batch a step: noisy at small batch sizes)."""
     lines = ["| System | steps | wall time | best step | final train loss | val loss, start → best | diagnostics, first → last |",
              "|---|---|---|---|---|---|---|"]
     for system, info in summaries.items():
         curves = info.get("curves", {})
         shown = []
         for name in info.get("main_diagnostics", []):
-            for key, where in ((name, ""), (f"val_{name}", " (val)")):
+            for key, where in ((f"val_{name}", " (val)"), (name, "")):
                 if key in curves:
                     shown.append(f"{name}{where} {_value(curves[key]['first'])} → {_value(curves[key]['last'])}")
                     break
