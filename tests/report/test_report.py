@@ -73,8 +73,16 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     assert "llm_old" not in markdown
     assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GB, CUDA 9.5 GB |" \
         in markdown.split("## Stages")[1]
+    assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
         report(["nll", "finetuned", "llm_rag"])
+    # A task without an original ending (ART): the caption says so and what M scores against.
+    for system in ("nll", "finetuned"):
+        art = _metrics(-2.0) | {"counterfactual_metrics": "n/a: the task has no original ending"}
+        (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(art))
+    markdown, _ = report(["nll", "finetuned"])
+    assert ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so the "
+            "counterfactual columns (M + Δ_M) are n/a.") in markdown and "edited ending" not in markdown
 
 
 def test_the_training_section_reads_the_runs_summaries(tmp_path):

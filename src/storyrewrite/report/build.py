@@ -82,14 +82,17 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     n = metrics[baseline]["instances"]
     unit = significance.get("_unit", "instance")
+    if metrics[baseline].get("counterfactual_metrics") == "available":
+        what = ("M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) "
+                "rewards moving away from the original ending as well.")
+    else:
+        what = ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so "
+                "the counterfactual columns (M + Δ_M) are n/a.")
     notes = [
-        f"Task `{task}`, {n} test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending; "
-        "M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) rewards moving away from the original ending as well.",
+        f"Task `{task}`, {n} test instances. {what}",
         f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.get('_n_resamples')} resamples "
         f"over {unit}s), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
     ]
-    if metrics[baseline].get("counterfactual_metrics") != "available":
-        notes.append("Counterfactual columns: n/a, the task has no original ending.")
 
     predictions = {system: {row["id"]: row["prediction"] for _, row in read_jsonl(find_file(system, prediction_dirs, ".jsonl"))}
                    for system in order}
