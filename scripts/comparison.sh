@@ -29,6 +29,9 @@ case $PART in core | cpo | all) ;; *)
   exit 2
   ;;
 esac
+# Where DVC is importable but its command is not on PATH (the GPU machine's `pip install --target`,
+# see ../shared/gpu/README.md), run it as a module.
+command -v dvc >/dev/null 2>&1 || dvc() { python -m dvc "$@"; }
 OVERRIDES=()
 if [ $# -gt 0 ]; then
   # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces

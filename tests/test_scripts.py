@@ -76,3 +76,26 @@ def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     assert result.returncode == 2
     assert "error: PART must be core, cpo or all, got 'dto'" in result.stderr
     assert calls == []
+
+
+def test_without_a_dvc_command_dvc_runs_as_a_python_module(tmp_path):
+    """The GPU machine has DVC installed with `pip --target`: importable, no `dvc` on PATH."""
+    import shutil
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+if [ "$*" = "-m dvc exp list --name-only" ]; then echo gpu-dto-score; fi
+exit 0
+""")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    assert shutil.which("dvc", path=path) is None
+    result = subprocess.run(["bash", str(SCRIPT), "gpu", "core"], cwd=tmp_path, env={**os.environ, "PATH": path},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "== gpu-dto-score: exists, skipped" in result.stdout
+    runs = [c for c in log.read_text().splitlines() if c.startswith("python -m dvc exp run --temp -n ")]
+    assert [c.split(" -n ")[1].split()[0] for c in runs] == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta"]
