@@ -12,10 +12,12 @@
 # copy baselines; `cpo` = the CPO grid (4 betas x 3 lambdas); `all` = both. Each experiment runs
 # with `dvc exp run --temp` (the workspace and params.yaml stay as they are); stages whose deps and
 # params are unchanged (the NLL model, the LLM baselines) come from DVC's run cache, so they run
-# once. An experiment that already exists is skipped: after an interruption, the same command goes
-# on where it stopped. An experiment that fails (a diverging CPO setting, say) does not stop the
-# others: the script gathers and collects what ran, names the failures and exits 1. A folder gathered on another machine (one part there, the other here), put
-# beside this one as runs/NAME.<anything>, is collected together with it.
+# once. Each finished experiment is gathered into runs/NAME/ at once, so that folder holds what
+# ran even if the machine goes away before the end. An experiment that already exists is skipped:
+# after an interruption, the same command goes on where it stopped. An experiment that fails (a
+# diverging CPO setting, say) does not stop the others: the script gathers and collects what ran,
+# names the failures and exits 1. A folder gathered on another machine (one part there, the other
+# here), put beside this one as runs/NAME.<anything>, is collected together with it.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -48,7 +50,13 @@ run() {  # run NAME-SUFFIX with the profile's overrides and the given ones, unle
     return
   fi
   echo "== $experiment: $* ($(date -u +%H:%M:%S))"
-  dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "$@" || FAILED+=("$experiment")
+  if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "$@"; then
+    # Gathered at once: runs/NAME holds every finished experiment even if the machine goes away
+    # before the end (bring it home with a tar at any time).
+    python -m storyrewrite.report.gather --out "runs/$NAME" --names "$experiment" || FAILED+=("$experiment (gather)")
+  else
+    FAILED+=("$experiment")
+  fi
 }
 
 if [ "$PART" != cpo ]; then

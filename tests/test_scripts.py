@@ -49,7 +49,11 @@ def test_the_whole_comparison_runs_each_experiment_once_and_goes_on_after_a_fail
     assert runs[2].endswith("-S objective=score_delta")
     assert runs[3].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
     assert "python -m storyrewrite.params overrides params/gpu.yaml" in calls
-    # What ran is gathered and collected although one experiment failed.
+    # Each finished experiment is gathered as soon as it ends (the failed one is not); at the end
+    # everything is gathered again and collected although one experiment failed.
+    gathered = [c.split(" --names ")[1] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
+    assert gathered == [n for n in names if n != "gpu-cpo-b2-l2"] + ["gpu-*"]
+    assert calls[calls.index(runs[0]) + 1] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-nll-continued"
     assert calls[-2] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-*"
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"
 

@@ -228,3 +228,22 @@ def test_a_damaged_or_missing_blob_is_named(gathered):
 def test_no_gathered_runs_is_an_error_naming_the_folder(tmp_path):
     with pytest.raises(InputError, match=r"empty: no gathered runs \(run `python -m storyrewrite.report.gather"):
         load_runs([tmp_path / "empty"])
+
+
+def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
+    """As on the GPU machine (DVC installed with `pip --target`): gather still lists the
+    experiments, and says there are none to match, naming the pattern."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    path = f"/usr/bin{os.pathsep}/bin"
+    assert shutil.which("dvc", path=path) is None
+    env = {**os.environ, "PATH": path}
+    for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(command, cwd=tmp_path, env=env, check=True, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.report.gather", "--out", "runs/x", "--names", "gpu-*"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "--names 'gpu-*' matches no experiment; experiments: none" in result.stderr

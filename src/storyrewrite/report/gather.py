@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import json
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         exp_show = read_json(args.json)
     else:
-        command = ["dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
+        # DVC as a module of this interpreter: also where it has no `dvc` command on PATH (the GPU machine).
+        command = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
         exp_show = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     for run in select(experiments(exp_show), args.names):
         manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
