@@ -145,6 +145,7 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
         "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the original ending"]
     # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
     assert "CPO (beta=2): cpo-b" in results
+    assert "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) rewards" in results
     # DTO-Score is above NLL on every instance: p = 0 resampling instances and stories (*†);
     # CPO (cpo-b) is below on every instance: p = 1, no mark.
     assert "| DTO-Score | **-1.700**\\*† | **63.0**\\*† |" in results

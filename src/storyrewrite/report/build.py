@@ -22,6 +22,16 @@ def llm_label(usage: dict) -> str:
     return f"{usage['model']} {usage['mode_label']} ({usage['backend']})"
 
 
+def what_m_scores(metrics: dict) -> str:
+    """The caption's sentence on what M scores against, for the task of a system's `metrics`:
+    the counterfactual form where the task has an original ending (TimeTravel), n/a where not (ART)."""
+    if metrics.get("counterfactual_metrics") == "available":
+        return ("M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) "
+                "rewards moving away from the original ending as well.")
+    return ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so "
+            "the counterfactual columns (M + Δ_M) are n/a.")
+
+
 def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
     """How the report names a system: from what its run wrote (the training summary or the LLM
     stage's usage file, whose labels come from the objective and mode registries)."""
@@ -82,14 +92,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     n = metrics[baseline]["instances"]
     unit = significance.get("_unit", "instance")
-    if metrics[baseline].get("counterfactual_metrics") == "available":
-        what = ("M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) "
-                "rewards moving away from the original ending as well.")
-    else:
-        what = ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so "
-                "the counterfactual columns (M + Δ_M) are n/a.")
     notes = [
-        f"Task `{task}`, {n} test instances. {what}",
+        f"Task `{task}`, {n} test instances. {what_m_scores(metrics[baseline])}",
         f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.get('_n_resamples')} resamples "
         f"over {unit}s), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
     ]

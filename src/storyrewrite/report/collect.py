@@ -29,7 +29,7 @@ import yaml
 from storyrewrite.io import InputError, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite.records import check_record, stages_table
-from storyrewrite.report.build import llm_label, training_section
+from storyrewrite.report.build import llm_label, training_section, what_m_scores
 from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import COLUMNS, Row, column_label, markdown_table, number, plain_cells
 from storyrewrite.significance.compare import compare
@@ -245,7 +245,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"lowest validation NLL at its best checkpoint is shown (runs: {', '.join(f'{k}: {v}' for k, v in runs_of.items())}). "
         f"One-tailed paired bootstrap against the NLL model of the same run ({n_resamples} resamples): \\* p < {alpha} "
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
-        "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE).",
+        f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
         "## The copy of the original ending", copy_against_trained(entries),
         "## Training", training_section(summaries, {label: label for label in summaries}),
