@@ -166,6 +166,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - started
     curves = dict(read_curve(path) for path in sorted((checkpoint_dir / "curves").glob("*.csv")))
+    best_checkpoint = _load_best(best)
     summary = {
         "objective": run.objective, "label": objective.label,
         "settings": dataclasses.asdict(run.settings) if run.settings else None,
@@ -173,11 +174,11 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         "device": str(trainer.strategy.root_device), "precision": str(run.config.precision),
         "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
         "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
-        **_best_step(best, curves), "main_diagnostics": list(objective.main_diagnostics),
+        **_best_step(best_checkpoint, curves), "main_diagnostics": list(objective.main_diagnostics),
         "curves": {name: _first_last(name, rows) for name, rows in curves.items() if rows},
     }
     if trainer.is_global_zero:
-        _export(module, datamodule.encoder.tokenizer, best, out_dir, checkpoint_dir / "curves", log_dir)
+        _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir, checkpoint_dir / "curves", log_dir)
         write_json_atomic(log_dir / "summary.json", summary)
         write_text_atomic(finished, f"{trainer.global_step}\n")
     return summary
@@ -189,27 +190,33 @@ def _first_last(name: str, rows: list[dict]) -> dict:
             "first_step": int(rows[0]["step"]), "last_step": int(rows[-1]["step"])}
 
 
-def _best_step(best: ModelCheckpoint, curves: dict[str, list[dict]]) -> dict:
+def _load_best(best: ModelCheckpoint) -> dict | None:
+    """The exported best-on-validation checkpoint (memory-mapped: its step for the summary, its
+    weights for the export), or None where no validation ran."""
+    path = Path(best.best_model_path) if best.best_model_path else None
+    if path is None or not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+
+
+def _best_step(checkpoint: dict | None, curves: dict[str, list[dict]]) -> dict:
     """The step of the exported best-on-validation checkpoint (read from it: the step-0 validation
     of the starting weights is in the curves but is never a candidate), the validation NLL there
     (comparable across objectives: model selection for a grid such as CPO's) and the validation
     loss at step 0 (null without `validate_at_start`, or on a resumed run's summary if the
     interrupted run had none)."""
     start = next((float(row["val_loss"]) for row in curves.get("val_loss", []) if int(row["step"]) == 0), None)
-    path = Path(best.best_model_path) if best.best_model_path else None
-    if path is None or not path.exists():
+    if checkpoint is None:
         return {"best_step": None, "best_val_nll": None, "start_val_loss": start}
-    step = int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
+    step = int(checkpoint["global_step"])
     # The last row at that step: with gradient accumulation a validation can share step 0 with the start.
     nll = [float(row["val_nll"]) for row in curves["val_nll"] if int(row["step"]) == step][-1]
     return {"best_step": step, "best_val_nll": round(nll, 6), "start_val_loss": start}
 
 
-def _export(module: RewriteModule, tokenizer, best: ModelCheckpoint, out_dir: Path, curves: Path, log_dir: Path) -> None:
-    best_path = Path(best.best_model_path) if best.best_model_path else None
-    if best_path is not None and best_path.exists():
-        state = torch.load(best_path, map_location="cpu", weights_only=False)["state_dict"]
-        module.load_state_dict(state)
+def _export(module: RewriteModule, tokenizer, checkpoint: dict | None, out_dir: Path, curves: Path, log_dir: Path) -> None:
+    if checkpoint is not None:
+        module.load_state_dict(checkpoint["state_dict"])
     else:
         # No validation ran (a budget shorter than val_check_interval): the final weights stand.
         print("warning: no validation ran; exporting the final weights, not the best-on-val ones")
