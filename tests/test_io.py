@@ -39,3 +39,24 @@ def test_prompts_params_and_predictions_name_the_bad_line(tmp_path, reader, name
     path.write_bytes(b"# first\n# second\n\xff\n")
     with pytest.raises(InputError, match=rf"{name.replace('.', '[.]')}:3: not valid UTF-8"):
         reader(path)
+
+
+def test_atomic_dir_swaps_a_directory_in_whole_or_leaves_the_old_one(tmp_path):
+    from storyrewrite.io import atomic_dir
+
+    target = tmp_path / "curves"
+    with atomic_dir(target) as staging:
+        assert staging.is_dir() and not target.exists()
+        (staging / "a.csv").write_text("1")
+    assert [p.name for p in target.iterdir()] == ["a.csv"]
+    # A failure inside the block leaves the old directory as it was, and no staging behind.
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target) as staging:
+            (staging / "b.csv").write_text("2")
+            raise RuntimeError("interrupted")
+    assert [p.name for p in target.iterdir()] == ["a.csv"]
+    # A success replaces the old directory whole: nothing of it stays, nor any sibling.
+    with atomic_dir(target) as staging:
+        (staging / "b.csv").write_text("2")
+    assert [p.name for p in target.iterdir()] == ["b.csv"]
+    assert [p.name for p in tmp_path.iterdir()] == ["curves"]

@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -32,6 +33,28 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty staging directory beside `path`; swap it in for `path` (a directory there
+    is replaced whole) only if the block succeeds. The old directory stays in place until the
+    swap, and a failure leaves it as it was, with no staging directory behind."""
+    path = Path(path)
+    staging, old = path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+            staging.rename(path)
+            shutil.rmtree(old)
+        else:
+            staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -35,7 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from storyrewrite.io import InputError, read_json, read_text, sha256_file, write_json_atomic
+from storyrewrite.io import InputError, atomic_dir, read_json, read_text, sha256_file, write_json_atomic
 from storyrewrite.params import ModelsConfig
 
 BUNDLED = {
@@ -147,13 +147,10 @@ def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrained
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path) -> None:
-    """save_pretrained into a temporary sibling directory, then rename: never half-written."""
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
+    """save_pretrained into a temporary sibling directory, then swap it in: never half-written."""
+    with atomic_dir(dest) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
 
 
 def materialise(config: ModelsConfig, out: Path, seed: int) -> dict[str, str]:

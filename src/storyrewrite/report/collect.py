@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import yaml
 
-from storyrewrite.io import InputError, write_json_atomic, write_text_atomic
+from storyrewrite.io import InputError, atomic_dir, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite.records import check_record, stages_table
 from storyrewrite.report.build import llm_label, training_section, what_m_scores
@@ -334,10 +332,7 @@ def stages_markdown(runs: list[Run]) -> str:
 def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) -> None:
     entries = comparison(runs)
     tests = p_values(entries, entries[0].run)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as staging:
         write_text_atomic(staging / "results.md", results_markdown(entries, tests, runs, title, alpha))
         write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha))
         write_text_atomic(staging / "experiments.md", experiments_markdown(runs, alpha))
@@ -360,16 +355,6 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
                 else:
                     continue
                 write_text_atomic(target, run.text(path))
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            staging.rename(out)
-            shutil.rmtree(old)
-        else:
-            staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

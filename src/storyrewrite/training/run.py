@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from storyrewrite import closure
-from storyrewrite.io import InputError, sha256_file, write_json_atomic, write_text_atomic
+from storyrewrite.io import InputError, atomic_dir, sha256_file, write_json_atomic, write_text_atomic
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
@@ -222,8 +222,5 @@ def _export(module: RewriteModule, tokenizer, checkpoint: dict | None, out_dir: 
         print("warning: no validation ran; exporting the final weights, not the best-on-val ones")
     save_model(module.generator, tokenizer, out_dir)
     # The curves as one directory (a DVC plots output), swapped in whole: never half-written.
-    staged = log_dir / ".curves.tmp"
-    shutil.rmtree(staged, ignore_errors=True)
-    shutil.copytree(curves, staged)
-    shutil.rmtree(log_dir / "curves", ignore_errors=True)
-    staged.rename(log_dir / "curves")
+    with atomic_dir(log_dir / "curves") as staged:
+        shutil.copytree(curves, staged, dirs_exist_ok=True)
