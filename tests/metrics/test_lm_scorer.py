@@ -85,3 +85,25 @@ def test_identical_pairs_are_scored_once(scorer_and_parts):
     handle.remove()
     assert scores == scorer.score(SOURCES[:2], TARGETS[:2]) * 3
     assert sum(rows) == 2  # two distinct pairs, not six
+
+
+def test_soft_sources_run_once_whatever_the_number_of_target_sets(scorer_and_parts):
+    """DTO-Score (one target set) runs the scorer's source-reading module once over source and
+    target together; the delta variants (two sets) run the sources once and continue them per set.
+    Targets of one token (empty endings: the end token alone) go through both paths."""
+    scorer, seq2seq = scorer_and_parts[0], scorer_and_parts[3]
+    body = scorer.model.get_encoder() if seq2seq else scorer.model.base_model
+    calls = []
+    handle = body.register_forward_hook(lambda module, inputs, output: calls.append(1))
+    probs, mask = _one_hot_sources(scorer, SOURCES)
+    one = scorer.score_soft(probs, mask, TARGETS)
+    one_pass_calls, calls[:] = len(calls), []
+    two = scorer.score_soft_many(probs, mask, [TARGETS, TARGETS[::-1]])
+    two_sets_calls = len(calls)
+    empty = scorer.score_soft_many(probs, mask, [[""] * 4])[0], scorer.score_soft_many(probs, mask, [[""] * 4, TARGETS])
+    handle.remove()
+    assert one_pass_calls == 1
+    assert two_sets_calls == (1 if seq2seq else 2)  # causal: the sources once, then both sets from their cache
+    torch.testing.assert_close(two[0], one, atol=1e-5, rtol=1e-5)
+    assert empty[0].tolist() == pytest.approx(scorer.score(SOURCES, [""] * 4), abs=1e-4)
+    torch.testing.assert_close(empty[1][0], empty[0], atol=1e-5, rtol=1e-5)

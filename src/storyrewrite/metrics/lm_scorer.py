@@ -106,32 +106,43 @@ class LMScorer:
 
     def _score_soft_causal(self, embeds: torch.Tensor, source_mask: torch.Tensor,
                            target_sets: list[list[str]]) -> list[torch.Tensor]:
-        """The soft sources run once, as a prefix whose key/value cache every target set then
-        continues (the prefix's last position predicts each target's first token): for DTO-Delta
-        and DTO-Score+Delta one source pass instead of two, with the same values."""
+        """Each row is laid out [pad | soft source | target], so that every target starts at
+        column `width` and the source's last position predicts its first token. One target set
+        (DTO-Score) runs as one pass over those rows; several (DTO-Delta, DTO-Score+Delta) run the
+        soft sources once, as a prefix whose key/value cache every target set then continues
+        (one source pass instead of K, with the same values). For one set, a single pass over
+        S+T positions beats a pass over S and another over T: DTO-Score's scorer forward and
+        backward took 0.94-0.98 s against 1.16-1.20 s (2-vCPU VM, SmolLM2-135M, batch 2, fp32)."""
         batch, width = source_mask.shape
         sets = len(target_sets)
         # Move each row's padding to the left ([pad | source]), the layout of
-        # storyrewrite.models.encoding, so that every target starts at column `width`.
+        # storyrewrite.models.encoding.
         lengths = source_mask.sum(dim=1)
         columns = torch.arange(width, device=self.device)
         gather = (columns.unsqueeze(0) - (width - lengths).unsqueeze(1)) % width  # B×S
         left_embeds = torch.gather(embeds, 1, gather.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
         left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
         body = self.model.base_model
-        prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask,
-                      position_ids=(left_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=True)
         # Rows b·K + k: source b with target set k.
         target_ids, target_mask = self._padded_targets([targets[b] for b in range(batch) for targets in target_sets])
-        hidden = prefix.last_hidden_state[:, -1:].repeat_interleave(sets, dim=0)  # (B·K)×1×d
-        if target_ids.shape[1] > 1:
-            cache = prefix.past_key_values
-            cache.batch_repeat_interleave(sets)
-            attention_mask = torch.cat([left_mask.repeat_interleave(sets, dim=0), target_mask[:, :-1]], dim=1)
-            position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, width:]
-            rest = body(inputs_embeds=self.model.get_input_embeddings()(target_ids[:, :-1]), attention_mask=attention_mask,
-                        position_ids=position_ids, past_key_values=cache, use_cache=True)
-            hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)  # (B·K)×T×d
+        target_embeds = self.model.get_input_embeddings()(target_ids[:, :-1])  # the inputs that predict tokens 1..T-1
+        if sets == 1:
+            attention_mask = torch.cat([left_mask, target_mask[:, :-1]], dim=1)
+            hidden = body(inputs_embeds=torch.cat([left_embeds, target_embeds], dim=1), attention_mask=attention_mask,
+                          position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=False).last_hidden_state
+            hidden = hidden[:, width - 1 :].contiguous()  # B×T×d (contiguous: see causal_tail_logits)
+        else:
+            prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask,
+                          position_ids=(left_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=True)
+            hidden = prefix.last_hidden_state[:, -1:].repeat_interleave(sets, dim=0)  # (B·K)×1×d
+            if target_ids.shape[1] > 1:
+                cache = prefix.past_key_values
+                cache.batch_repeat_interleave(sets)
+                attention_mask = torch.cat([left_mask.repeat_interleave(sets, dim=0), target_mask[:, :-1]], dim=1)
+                position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, width:]
+                rest = body(inputs_embeds=target_embeds, attention_mask=attention_mask,
+                            position_ids=position_ids, past_key_values=cache, use_cache=True)
+                hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)  # (B·K)×T×d
         logits = output_logits(self.model, hidden)
         scores = mean_target_log_prob(logits, target_ids, target_mask).view(batch, sets)
         return list(scores.unbind(dim=1))
