@@ -111,8 +111,8 @@ class LMScorer:
         (DTO-Score) runs as one pass over those rows; several (DTO-Delta, DTO-Score+Delta) run the
         soft sources once, as a prefix whose key/value cache every target set then continues
         (one source pass instead of K, with the same values). For one set, a single pass over
-        S+T positions beats a pass over S and another over T: DTO-Score's scorer forward and
-        backward took 0.94-0.98 s against 1.16-1.20 s (2-vCPU VM, SmolLM2-135M, batch 2, fp32)."""
+        S+T positions costs less than a pass over S and another over T (about a fifth less for
+        DTO-Score's scorer forward and backward on a 2-vCPU VM, SmolLM2-135M, batch 2, fp32)."""
         batch, width = source_mask.shape
         sets = len(target_sets)
         # Move each row's padding to the left ([pad | source]), the layout of
