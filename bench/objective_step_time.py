@@ -14,10 +14,11 @@ the gradient norm, AdamW (fused on CUDA), and one device-to-host copy of the log
 in a process of its own (as in training, only its models are resident; its peak memory is its
 own), the objectives one after the other, the whole sequence `--repeats` times so that a machine
 whose speed drifts slows them alike; a step time is the mean over the repeats of each process's
-median. Inside a process the steps come in pairs, one with the diagnostics and one without
-(which first alternates), so their cost is measured against the same state of the machine. On
-CUDA the torch profiler then runs a few more steps and gives the share of their wall time
-during which GPU kernels ran ("GPU busy"); --trace writes its operator table and Chrome trace.
+median, and each repeat's own ratios are printed beside it. Inside a process the steps come in
+pairs, one with the diagnostics and one without (which first alternates), so their cost is
+measured against the same state of the machine. On CUDA the torch profiler then runs a few more
+steps and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
+writes its operator table and Chrome trace.
 """
 from __future__ import annotations
 
@@ -133,12 +134,15 @@ def main() -> None:
     busy = "gpu_busy" in first
     print(f"{first['device']}; precision {args.precision}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
           f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
-    print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'peak mem GB':>13}{'diagnostics':>13}" + (f"{'GPU busy':>10}" if busy else ""))
+    print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>18}{'peak mem GB':>13}{'diagnostics':>13}"
+          + (f"{'GPU busy':>10}" if busy else ""))
     for objective in args.objectives:
+        per_repeat = " ".join(f"{r['with'] / b['with']:.2f}" for r, b in zip(runs[objective], runs[base]))
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
-              f"{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x"
-              + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
-    print(f"ratio: s/step against {base}'s; diagnostics: s/step with them / without them; peak memory: "
+              f"{per_repeat:>18}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
+              f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x" + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
+    print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
+          f"machine's drift); diagnostics: s/step with them / without them; peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}")
 
 
