@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
-from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, target_logits
+from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, position_ids, target_logits
 from storyrewrite.models.loading import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -123,25 +123,25 @@ class LMScorer:
         left_embeds = torch.gather(embeds, 1, gather.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
         left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
         body = self.model.base_model
-        # Rows b·K + k: source b with target set k.
+        # Rows b·K + k: source b with target set k; the columns [pad | source | target[:-1]].
         target_ids, target_mask = self._padded_targets([targets[b] for b in range(batch) for targets in target_sets])
         target_embeds = self.model.get_input_embeddings()(target_ids[:, :-1])  # the inputs that predict tokens 1..T-1
+        attention_mask = torch.cat([left_mask.repeat_interleave(sets, dim=0), target_mask[:, :-1]], dim=1)
+        positions = position_ids(attention_mask)
         if sets == 1:
-            attention_mask = torch.cat([left_mask, target_mask[:, :-1]], dim=1)
             hidden = body(inputs_embeds=torch.cat([left_embeds, target_embeds], dim=1), attention_mask=attention_mask,
-                          position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=False).last_hidden_state
+                          position_ids=positions, use_cache=False).last_hidden_state
             hidden = hidden[:, width - 1 :].contiguous()  # B×T×d (contiguous: see causal_tail_logits)
         else:
-            prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask,
-                          position_ids=(left_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=True)
+            # The prefix once per source (rows 0, K, 2K, …), its cache then repeated for each set.
+            prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask, position_ids=positions[::sets, :width],
+                          use_cache=True)
             hidden = prefix.last_hidden_state[:, -1:].repeat_interleave(sets, dim=0)  # (B·K)×1×d
             if target_ids.shape[1] > 1:
                 cache = prefix.past_key_values
                 cache.batch_repeat_interleave(sets)
-                attention_mask = torch.cat([left_mask.repeat_interleave(sets, dim=0), target_mask[:, :-1]], dim=1)
-                position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, width:]
                 rest = body(inputs_embeds=target_embeds, attention_mask=attention_mask,
-                            position_ids=position_ids, past_key_values=cache, use_cache=True)
+                            position_ids=positions[:, width:], past_key_values=cache, use_cache=True)
                 hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)  # (B·K)×T×d
         logits = output_logits(self.model, hidden)
         scores = mean_target_log_prob(logits, target_ids, target_mask).view(batch, sets)

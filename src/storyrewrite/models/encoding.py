@@ -60,7 +60,7 @@ class Encoder:
         return {
             "input_ids": torch.cat([prompt, target], dim=1),
             "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+            "position_ids": position_ids(attention_mask),
             "target_ids": target,
             "target_mask": target_mask,
         }
@@ -80,6 +80,11 @@ def pad_rows(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tens
         ids[i, span] = torch.tensor(row, dtype=torch.long)
         mask[i, span] = 1
     return ids, mask
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token (padding gets 0 too)."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
 def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
