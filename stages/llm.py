@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--local-model", type=Path, required=True, help="the models stage's dir (local backend)")
     parser.add_argument("--cache", type=Path, required=True, help="response cache dir (kept between runs)")
     parser.add_argument("--out", type=Path, required=True, help="predictions .jsonl")
-    parser.add_argument("--usage", type=Path, required=True, help="usage summary .json")
+    parser.add_argument("--usage", type=Path, required=True, help="usage .json (DVC metrics): prompts and tokens")
     StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
@@ -43,11 +43,14 @@ def main() -> None:
     source = ExampleSource(train, task, config, params.seed, retrieve)
     predictions, usage = run_mode(mode.name, instances, source, backend, ResponseCache(args.cache))
     write_jsonl_atomic(args.out, predictions)
-    summary = {"mode": mode.name, "mode_label": mode.label, "backend": config.backend, "model": backend.label, **usage.summary()}
+    # The metrics hold what the predictions cost, the same whatever the response cache held;
+    # what this run did (requests, cache hits, time) goes to the stage record.
+    summary = {"mode": mode.name, "mode_label": mode.label, "backend": config.backend, "model": backend.label, **usage.metrics()}
     write_json_atomic(args.usage, summary)
-    print(json.dumps(summary, indent=2))
+    print(json.dumps({**summary, "this_run": usage.run_facts()}, indent=2))
     if record:  # replies from the response cache cost nothing: the rate counts the requests made
-        record.finish(device, dtype, usage.requests, "requests", cache_hits=usage.cache_hits,
+        facts = usage.run_facts()
+        record.finish(device, dtype, facts.pop("requests"), "requests", **facts,
                       predictions=len(predictions), backend=config.backend, model=backend.label)
 
 

@@ -21,13 +21,16 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     cache = ResponseCache(tmp_path)
     source = ExampleSource(train, "timetravel", config, 0)
     predictions, usage = run_mode("zero_shot", test, source, backend, cache)
-    assert usage.requests == 2 and usage.cache_hits == 0 and 0 < usage.completion_tokens <= 10
+    assert usage.requests == 2 and usage.cache_hits == 0 and usage.prompts == 2 and 0 < usage.completion_tokens <= 10
     assert [p["id"] for p in predictions] == [r["id"] for r in test]
     # Batched generation gives what one prompt at a time gives.
     single = [backend.complete(m, 5, 0.0).text for m in [backend_messages(config, r) for r in test[::3]]]
     assert [p["prediction"] for p in predictions[::3]] == [" ".join(s.split("\n\n")[0].split()) for s in single]
-    again, usage = run_mode("zero_shot", test, source, backend, cache)
-    assert again == predictions and usage.requests == 0 and usage.cache_hits == 2
+    again, cached = run_mode("zero_shot", test, source, backend, cache)
+    assert again == predictions and cached.requests == 0 and cached.cache_hits == 2
+    # What the predictions cost is counted the same from the cache as from the model.
+    assert cached.metrics() == usage.metrics()
+    assert usage.metrics()["instances"] == 6 and usage.prompt_tokens > 0
 
 
 def backend_messages(config, row):

@@ -90,18 +90,30 @@ def test_the_stage_never_writes_the_key(tmp_path, small_prepared):
         params["llm"] = {**params["llm"], "backend": "openai", "templates": {k: str(ROOT / v) for k, v in params["llm"]["templates"].items()},
                          "openai": {**params["llm"]["openai"], "base_url": server.url}}
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "stages" / "llm.py"), "--mode", "zero_shot", "--data", str(small_prepared),
-             "--index", "unused", "--local-model", "unused", "--cache", "cache", "--out", "predictions/llm_zero_shot.jsonl",
-             "--usage", "reports/llm/zero_shot.json"],
-            cwd=tmp_path, env={**os.environ, "OPENAI_API_KEY": KEY}, capture_output=True, text=True, timeout=120,
-        )
-    assert result.returncode == 0, result.stderr[-2000:]
-    usage = json.loads((tmp_path / "reports" / "llm" / "zero_shot.json").read_text())
-    assert usage["requests"] == 2 and usage["cache_hits"] == 0  # 6 instances, 2 distinct stories = 2 prompts
-    assert usage["prompt_tokens"] == 20 and usage["completion_tokens"] == 10
+
+        def stage() -> tuple[dict, dict]:
+            result = subprocess.run(
+                [sys.executable, str(ROOT / "stages" / "llm.py"), "--mode", "zero_shot", "--data", str(small_prepared),
+                 "--index", "unused", "--local-model", "unused", "--cache", "cache", "--out", "predictions/llm_zero_shot.jsonl",
+                 "--usage", "reports/llm/zero_shot.json", "--record", "reports/stages/llm-zero_shot.json"],
+                cwd=tmp_path, env={**os.environ, "OPENAI_API_KEY": KEY}, capture_output=True, text=True, timeout=120,
+            )
+            assert result.returncode == 0, result.stderr[-2000:]
+            assert KEY not in result.stdout + result.stderr
+            return (json.loads((tmp_path / "reports" / "llm" / "zero_shot.json").read_text()),
+                    json.loads((tmp_path / "reports" / "stages" / "llm-zero_shot.json").read_text()))
+
+        usage, record = stage()
+        # 6 instances, 2 distinct stories = 2 prompts; the server counts 10 + 5 tokens a reply.
+        assert {k: usage[k] for k in ("instances", "prompts", "prompt_tokens", "completion_tokens")} == {
+            "instances": 6, "prompts": 2, "prompt_tokens": 20, "completion_tokens": 10}
+        assert record["items"] == 2 and record["unit"] == "requests" and record["cache_hits"] == 0
+        # Again, every answer from the cache: the same metrics (DVC sees no change); the record
+        # says what this run did.
+        again, record = stage()
+        assert again == usage and "requests" not in usage and "cache_hits" not in usage
+        assert record["items"] == 0 and record["cache_hits"] == 2 and len(server.requests) == 2
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.parent.parent.name == "cache" for p in written)
     for path in written:
         assert KEY not in path.read_text(errors="replace"), path
-    assert KEY not in result.stdout + result.stderr

@@ -13,19 +13,37 @@ from storyrewrite.llm.prompts import Template, messages
 
 @dataclass
 class Usage:
-    requests: int = 0
-    cache_hits: int = 0
+    """What a mode's predictions cost, and what this run of it did.
+
+    The cost (`metrics`: distinct prompts, their prompt and completion tokens) counts every
+    answer, from the backend or from the response cache, so it is the same for the same
+    predictions whatever the cache held. What this run did (`run_facts`: requests sent, cache
+    hits, retries, request time) depends on the cache, and goes to the stage record."""
+    instances: int = 0
+    prompts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    requests: int = 0
+    cache_hits: int = 0
     retries: int = 0
     seconds: float = 0.0
     per_request_seconds: list = field(default_factory=list)
 
-    def summary(self) -> dict:
+    def count(self, answer: dict) -> None:
+        """One distinct prompt's answer (a cache entry or a reply just cached)."""
+        self.prompts += 1
+        self.prompt_tokens += answer["prompt_tokens"]
+        self.completion_tokens += answer["completion_tokens"]
+
+    def metrics(self) -> dict:
+        return {"instances": self.instances, "prompts": self.prompts, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens}
+
+    def run_facts(self) -> dict:
         latency = sorted(self.per_request_seconds)
         return {
-            "requests": self.requests, "cache_hits": self.cache_hits, "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens, "retries": self.retries, "seconds": round(self.seconds, 2),
+            "requests": self.requests, "cache_hits": self.cache_hits, "retries": self.retries,
+            "request_seconds": round(self.seconds, 2),
             "median_request_seconds": round(latency[len(latency) // 2], 3) if latency else None,
         }
 
@@ -41,17 +59,18 @@ def clean_reply(text: str) -> str:
 
 def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: Backend,
              cache: ResponseCache) -> tuple[list[dict], Usage]:
-    """Predictions [{id, prediction}] in instance order, and the usage of this run."""
+    """Predictions [{id, prediction}] in instance order, and their `Usage`."""
     config = source.config
     template = Template.read(config.templates[source.task])
     examples = get_mode(mode).examples(instances, source)
     settings = {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens}
     queries = [messages(template, row, example) for row, example in zip(instances, examples)]
     keys = [cache_key(backend.name, backend.model_id, m, settings) for m in queries]
-    usage, replies = Usage(), {}
+    usage, replies = Usage(instances=len(instances)), {}
     for key in keys:
         if key not in replies and (entry := cache.get(key)) is not None:
             replies[key] = entry["text"]
+            usage.count(entry)
             usage.cache_hits += 1
     todo = list(dict.fromkeys(k for k in keys if k not in replies))  # each distinct prompt once
     by_key = dict(zip(keys, queries))
@@ -62,12 +81,11 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
         # and cached here, in this thread: an interruption loses at most the calls in flight.
         for position, reply in backend.complete_many([by_key[k] for k in batch], config.max_new_tokens, config.temperature):
             key = batch[position]
-            cache.put(key, {"text": reply.text, "prompt_tokens": reply.prompt_tokens,
-                            "completion_tokens": reply.completion_tokens})
+            entry = {"text": reply.text, "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
+            cache.put(key, entry)
             replies[key] = reply.text
+            usage.count(entry)
             usage.requests += 1
-            usage.prompt_tokens += reply.prompt_tokens
-            usage.completion_tokens += reply.completion_tokens
             usage.per_request_seconds.append(reply.seconds)
     usage.seconds = time.perf_counter() - started
     usage.retries = backend.retries
