@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.loading import load_model, load_tokenizer
 
@@ -88,9 +89,9 @@ def test_identical_pairs_are_scored_once(scorer_and_parts):
 
 
 def test_soft_sources_run_once_whatever_the_number_of_target_sets(scorer_and_parts):
-    """DTO-Score (one target set) runs the scorer's source-reading module once over source and
-    target together; the delta variants (two sets) run the sources once and continue them per set.
-    Targets of one token (empty endings: the end token alone) go through both paths."""
+    """The scorer's source-reading module (a seq2seq encoder, a causal LM's body) runs once
+    whatever the number of target sets: the causal body reads each source followed by all its
+    sets in one pass. Targets of one token (empty endings: the end token alone) included."""
     scorer, seq2seq = scorer_and_parts[0], scorer_and_parts[3]
     body = scorer.model.get_encoder() if seq2seq else scorer.model.base_model
     calls = []
@@ -98,12 +99,45 @@ def test_soft_sources_run_once_whatever_the_number_of_target_sets(scorer_and_par
     probs, mask = _one_hot_sources(scorer, SOURCES)
     one = scorer.score_soft(probs, mask, TARGETS)
     one_pass_calls, calls[:] = len(calls), []
-    two = scorer.score_soft_many(probs, mask, [TARGETS, TARGETS[::-1]])
-    two_sets_calls = len(calls)
+    three = scorer.score_soft_many(probs, mask, [TARGETS, TARGETS[::-1], TARGETS[1:] + TARGETS[:1]])
+    three_sets_calls = len(calls)
     empty = scorer.score_soft_many(probs, mask, [[""] * 4])[0], scorer.score_soft_many(probs, mask, [[""] * 4, TARGETS])
     handle.remove()
-    assert one_pass_calls == 1
-    assert two_sets_calls == (1 if seq2seq else 2)  # causal: the sources once, then both sets from their cache
-    torch.testing.assert_close(two[0], one, atol=1e-5, rtol=1e-5)
+    assert one_pass_calls == 1 and three_sets_calls == 1
+    torch.testing.assert_close(three[0], one, atol=1e-5, rtol=1e-5)
+    for scores, targets in zip(three[1:], (TARGETS[::-1], TARGETS[1:] + TARGETS[:1])):
+        assert scores.tolist() == pytest.approx(scorer.score(SOURCES, targets), abs=1e-4)
     assert empty[0].tolist() == pytest.approx(scorer.score(SOURCES, [""] * 4), abs=1e-4)
     torch.testing.assert_close(empty[1][0], empty[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(empty[1][1], one, atol=1e-5, rtol=1e-5)
+
+
+def test_target_sets_in_one_pass_give_each_set_its_own_values_and_gradients(tiny_model_dirs):
+    """Causal scorer, two target sets of different lengths in one pass under the block mask:
+    scores and gradients with respect to the soft sources equal those of each set scored alone,
+    with SDPA and with eager attention (whose mask is additive). An implementation that takes
+    no custom mask is refused, naming the valid ones."""
+    results = {}
+    for implementation in ("sdpa", "eager"):
+        scorer = LMScorer.from_dir(tiny_model_dirs["llama"])
+        scorer.model.config._attn_implementation = implementation
+        probs, mask = _one_hot_sources(scorer, SOURCES)
+        logits = torch.log(probs + 0.05)
+        sets = [TARGETS, [t + " And more words here." for t in TARGETS[::-1]]]
+
+        def value_and_grad(fn):
+            source = logits.clone().requires_grad_(True)
+            values = fn(torch.softmax(source, dim=-1))
+            (values[0] * 2 - values[1]).sum().backward()  # Score+Delta's combination
+            return [v.detach() for v in values], source.grad
+
+        together = value_and_grad(lambda p: scorer.score_soft_many(p, mask, sets))
+        alone = value_and_grad(lambda p: [scorer.score_soft(p, mask, s) for s in sets])
+        for a, b in zip(together[0], alone[0]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(together[1], alone[1], atol=1e-6, rtol=1e-4)
+        results[implementation] = together
+    torch.testing.assert_close(results["eager"][0], results["sdpa"][0], atol=1e-5, rtol=1e-5)
+    scorer.model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(InputError, match="'flash_attention_2'.*valid implementations: sdpa .*eager"):
+        scorer.score_soft_many(torch.softmax(logits, dim=-1), mask, sets)

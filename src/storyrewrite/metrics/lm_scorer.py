@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
+from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, position_ids, target_logits
 from storyrewrite.models.loading import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
@@ -83,8 +84,8 @@ class LMScorer:
     def score_soft_many(self, source_probs: torch.Tensor, source_mask: torch.Tensor,
                         target_sets: list[list[str]]) -> list[torch.Tensor]:
         """`score_soft` against several target lists that share the same soft sources: the
-        sources are run once for all of them (a seq2seq scorer's encoder; a causal scorer's
-        prefix, whose key/value cache each target set continues)."""
+        sources are run once for all of them (a seq2seq scorer's encoder; for a causal scorer,
+        one pass over each source followed by all its target sets, see `_score_soft_causal`)."""
         embeds = self.soft_embeddings(source_probs)  # B×S×d
         source_mask = source_mask.to(self.device)
         if self.seq2seq:
@@ -106,13 +107,15 @@ class LMScorer:
 
     def _score_soft_causal(self, embeds: torch.Tensor, source_mask: torch.Tensor,
                            target_sets: list[list[str]]) -> list[torch.Tensor]:
-        """Each row is laid out [pad | soft source | target], so that every target starts at
-        column `width` and the source's last position predicts its first token. One target set
-        (DTO-Score) runs as one pass over those rows; several (DTO-Delta, DTO-Score+Delta) run the
-        soft sources once, as a prefix whose key/value cache every target set then continues
-        (one source pass instead of K, with the same values). For one set, a single pass over
-        S+T positions costs less than a pass over S and another over T (about a fifth less for
-        DTO-Score's scorer forward and backward on a 2-vCPU VM, SmolLM2-135M, batch 2, fp32)."""
+        """One pass over rows laid out [pad | soft source | inputs of target set 1 | … | set K]:
+        every target starts at the source's end, whose last position predicts each set's first
+        token, and each set's positions continue from the source's length. With one set
+        (DTO-Score) the usual causal mask serves. With several (DTO-Delta, DTO-Score+Delta) a
+        block mask lets each set's tokens see the source and the earlier tokens of their own set,
+        never another set, so every set gets the values of a pass of its own, and the sources
+        run once. One pass over S + K·T positions costs less than a pass over the sources and a
+        continuation of their key/value cache (measured on a 2-vCPU VM, SmolLM2-135M, batch 2,
+        fp32, scorer forward and backward: about a fifth less for one set, a quarter for two)."""
         batch, width = source_mask.shape
         sets = len(target_sets)
         # Move each row's padding to the left ([pad | source]), the layout of
@@ -122,27 +125,54 @@ class LMScorer:
         gather = (columns.unsqueeze(0) - (width - lengths).unsqueeze(1)) % width  # B×S
         left_embeds = torch.gather(embeds, 1, gather.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
         left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
-        body = self.model.base_model
-        # Rows b·K + k: source b with target set k; the columns [pad | source | target[:-1]].
+        # Target rows b·K + k: source b with target set k. Each set's inputs (its tokens but the
+        # last) predict its tokens 1..T-1; they are laid out set after set in source b's row.
         target_ids, target_mask = self._padded_targets([targets[b] for b in range(batch) for targets in target_sets])
-        target_embeds = self.model.get_input_embeddings()(target_ids[:, :-1])  # the inputs that predict tokens 1..T-1
-        attention_mask = torch.cat([left_mask.repeat_interleave(sets, dim=0), target_mask[:, :-1]], dim=1)
-        positions = position_ids(attention_mask)
+        steps = target_ids.shape[1] - 1
+        target_embeds = self.model.get_input_embeddings()(target_ids[:, :-1]).reshape(batch, sets * steps, -1)
+        target_positions = (lengths.unsqueeze(1) + torch.arange(steps, device=self.device)).repeat(1, sets)
+        input_mask = target_mask[:, :-1].reshape(batch, sets * steps)
         if sets == 1:
-            hidden = body(inputs_embeds=torch.cat([left_embeds, target_embeds], dim=1), attention_mask=attention_mask,
-                          position_ids=positions, use_cache=False).last_hidden_state
-            hidden = hidden[:, width - 1 :].contiguous()  # B×T×d (contiguous: see causal_tail_logits)
+            attention_mask = torch.cat([left_mask, input_mask], dim=1)
         else:
-            # The prefix once per source (rows 0, K, 2K, …), its cache then repeated for each set.
-            prefix = body(inputs_embeds=left_embeds, attention_mask=left_mask, position_ids=positions[::sets, :width],
-                          use_cache=True)
-            hidden = prefix.last_hidden_state[:, -1:].repeat_interleave(sets, dim=0)  # (B·K)×1×d
-            if target_ids.shape[1] > 1:
-                cache = prefix.past_key_values
-                cache.batch_repeat_interleave(sets)
-                rest = body(inputs_embeds=target_embeds, attention_mask=attention_mask,
-                            position_ids=positions[:, width:], past_key_values=cache, use_cache=True)
-                hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)  # (B·K)×T×d
+            attention_mask = self._target_sets_mask(left_mask.bool(), input_mask.bool(), sets, embeds.dtype)
+        hidden = self.model.base_model(
+            inputs_embeds=torch.cat([left_embeds, target_embeds], dim=1), attention_mask=attention_mask,
+            position_ids=torch.cat([position_ids(left_mask), target_positions], dim=1), use_cache=False,
+        ).last_hidden_state
+        # Set k's hidden states: the source's last position, then its own inputs' (B·K)×T×d,
+        # contiguous (see causal_tail_logits).
+        first = hidden[:, width - 1 : width].unsqueeze(1).expand(-1, sets, -1, -1)
+        hidden = torch.cat([first, hidden[:, width:].reshape(batch, sets, steps, -1)], dim=2).reshape(batch * sets, steps + 1, -1)
         logits = output_logits(self.model, hidden)
         scores = mean_target_log_prob(logits, target_ids, target_mask).view(batch, sets)
         return list(scores.unbind(dim=1))
+
+    def _target_sets_mask(self, source_mask: torch.Tensor, input_mask: torch.Tensor, sets: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+        """The B×1×Q×Q attention mask of rows [source (S) | set 1 | … | set K] (each set's
+        inputs T-1 wide; masks True for real tokens): source queries see the real source tokens
+        up to themselves; a set's queries see the real source tokens and their own set's real
+        tokens up to themselves. Every query also sees itself, so that a padding position has
+        something to attend to (its output is never read). In the form the scorer's attention
+        implementation takes: boolean for SDPA, additive for eager."""
+        batch, width = source_mask.shape
+        length = width + input_mask.shape[1]
+        steps = input_mask.shape[1] // sets
+        # Segment of each column: 0 for the source, k + 1 for target set k.
+        segment = torch.cat([torch.zeros(width, dtype=torch.long, device=self.device),
+                             torch.arange(1, sets + 1, device=self.device).repeat_interleave(steps)])
+        index = torch.arange(length, device=self.device)
+        causal = index.unsqueeze(1) >= index.unsqueeze(0)  # query (row) sees key (column)
+        same_set_or_source = (segment.unsqueeze(0) == 0) | (segment.unsqueeze(0) == segment.unsqueeze(1))
+        real_keys = torch.cat([source_mask, input_mask], dim=1).unsqueeze(1)  # B×1×Q
+        allowed = ((causal & same_set_or_source).unsqueeze(0) & real_keys) | torch.eye(length, dtype=torch.bool, device=self.device)
+        implementation = self.model.config._attn_implementation
+        if implementation == "sdpa":
+            return allowed.unsqueeze(1)
+        if implementation == "eager":
+            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(
+                ~allowed, torch.finfo(dtype).min).unsqueeze(1)
+        raise InputError(f"scorer: DTO with two target sets (delta, score_delta) scores them in one pass under a block "
+                         f"attention mask, which the scorer's attention implementation {implementation!r} does not take; "
+                         "valid implementations: sdpa (the default), eager")
