@@ -115,7 +115,7 @@ class LMScorer:
         never another set, so every set gets the values of a pass of its own, and the sources
         run once. One pass over S + K·T positions costs less than a pass over the sources and a
         continuation of their key/value cache (measured on a 2-vCPU VM, SmolLM2-135M, batch 2,
-        fp32, scorer forward and backward: about a fifth less for one set, a quarter for two)."""
+        fp32, scorer forward and backward: about a fifth less, for one set and for two)."""
         batch, width = source_mask.shape
         sets = len(target_sets)
         # Move each row's padding to the left ([pad | source]), the layout of
