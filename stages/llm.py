@@ -47,9 +47,9 @@ def main() -> None:
     # what this run did (requests, cache hits, time) goes to the stage record.
     summary = {"mode": mode.name, "mode_label": mode.label, "backend": config.backend, "model": backend.label, **usage.metrics()}
     write_json_atomic(args.usage, summary)
-    print(json.dumps({**summary, "this_run": usage.run_facts()}, indent=2))
+    facts = usage.run_facts()
+    print(json.dumps({**summary, "this_run": facts}, indent=2))
     if record:  # replies from the response cache cost nothing: the rate counts the requests made
-        facts = usage.run_facts()
         record.finish(device, dtype, facts.pop("requests"), "requests", **facts,
                       predictions=len(predictions), backend=config.backend, model=backend.label)
 
