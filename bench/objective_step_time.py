@@ -4,6 +4,7 @@ one run of this script.
 
     python bench/objective_step_time.py [--device auto] [--precision 32-true] [--batch-size N]
         [--steps 4] [--repeats 2] [--objectives nll score score_delta] [--profile params/gpu.yaml] [--trace DIR]
+        [--compile]
 
 Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in bf16-mixed);
 diagnostics <= 5 % of a step.
@@ -18,7 +19,9 @@ median, and each repeat's own ratios are printed beside it. Inside a process the
 pairs, one with the diagnostics and one without (which first alternates), so their cost is
 measured against the same state of the machine. On CUDA the torch profiler then runs a few more
 steps and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
-writes its operator table and Chrome trace.
+writes its operator table and Chrome trace. `--compile` runs the steps as `compile: true` trains
+(torch.compile of the transformer bodies); the first step, which the timings leave out, then
+includes the compilation, and its time is printed.
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ def build(objective: str, args, device: torch.device):
     params, pretrained, prepared = inputs(args.profile)
     run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
                           resolve_model_dir(pretrained, "scorer"))
-    run = dataclasses.replace(run, config=dataclasses.replace(run.config, batch_size=args.batch_size or run.config.batch_size))
+    run = dataclasses.replace(run, config=dataclasses.replace(run.config, batch_size=args.batch_size or run.config.batch_size,
+                                                              compile=args.compile))
     module, datamodule = assemble(run)
     datamodule.setup()
     # The same batch for every objective, on the device as Lightning would move it.
@@ -74,14 +78,16 @@ def measure(objective: str, args) -> dict:
     device = resolve_device(args.device)
     torch.manual_seed(0)
     module, optimizer, batch = build(objective, args, device)
-    step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state
+    started = clock(device)
+    step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state (and compiles)
+    first_step = clock(device) - started
     times: dict[bool, list[float]] = {True: [], False: []}
     for pair in range(args.steps):
         for diagnostics in (True, False) if pair % 2 == 0 else (False, True):
             started = clock(device)
             step(module, optimizer, batch, device, args.precision, diagnostics)
             times[diagnostics].append(clock(device) - started)
-    result = {"with": statistics.median(times[True]), "without": statistics.median(times[False]),
+    result = {"with": statistics.median(times[True]), "without": statistics.median(times[False]), "first": first_step,
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"]}
     if device.type == "cuda":
@@ -110,6 +116,7 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"])
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
     args = parser.parse_args()
     if args.one:
@@ -122,6 +129,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--one", objective, "--device", args.device, "--precision", args.precision,
                        "--steps", str(args.steps), *sum((["--profile", str(p)] for p in args.profile), [])]
             command += (["--batch-size", str(args.batch_size)] if args.batch_size else []) + (["--trace", args.trace] if args.trace else [])
+            command += ["--compile"] if args.compile else []
             output = subprocess.run(command, capture_output=True, text=True)
             if output.returncode != 0:
                 raise SystemExit(output.stderr[-3000:])
@@ -132,18 +140,19 @@ def main() -> None:
 
     base, first = args.objectives[0], runs[args.objectives[0]][0]
     busy = "gpu_busy" in first
-    print(f"{first['device']}; precision {args.precision}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
+    print(f"{first['device']}; precision {args.precision}; {'compiled' if args.compile else 'eager'}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
           f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
-    print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>18}{'peak mem GB':>13}{'diagnostics':>13}"
+    print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>18}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
           + (f"{'GPU busy':>10}" if busy else ""))
     for objective in args.objectives:
         per_repeat = " ".join(f"{r['with'] / b['with']:.2f}" for r, b in zip(runs[objective], runs[base]))
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
               f"{per_repeat:>18}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
-              f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x" + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
+              f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s" + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them; peak memory: "
-          f"{'allocated by torch on the GPU' if busy else 'the process RSS'}")
+          f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
+          f"(optimiser state{', compilation' if args.compile else ''})")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # The GPU benchmarks (issue 10's targets), each printing ratios measured in one run, with the GPU's
 # utilisation sampled every second beside them. Everything lands in OUT (default bench-out/):
-#   bash scripts/gpu_bench.sh [OUT]
+#   bash scripts/gpu_bench.sh [OUT] [compile]
 # objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step (bf16-mixed, batch 16),
 #   GPU busy share from torch.profiler, operator tables in OUT/traces/;
 # nll_throughput: NLL steps/s and generation >= 200 test predictions/s (dynamic, then static KV cache);
 # scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, and its bf16 rate.
+# With `compile` as the second argument, objective_step_time then runs once more with the models'
+# bodies compiled (`compile: true`; each process first compiles, a minute or more), after the rest.
 set -euo pipefail
 OUT=${1:-bench-out}
+case ${2:-} in "" | compile) ;; *)
+  echo "error: the second argument may only be 'compile', got '$2'" >&2
+  exit 2
+  ;;
+esac
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvidia-smi.csv" 2>&1 &
 SMI=$!
@@ -20,3 +27,7 @@ python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1
   | tee "$OUT/nll_throughput_static.txt"
 python bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64 2>&1 \
   | tee "$OUT/scorer_and_bootstrap.txt"
+if [ "${2:-}" = compile ]; then
+  python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \
+    --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 | tee "$OUT/objective_step_time_compiled.txt"
+fi

@@ -128,6 +128,9 @@ class TrainConfig:
     limit_val_batches: int | float | None = None
     num_workers: int = 0
     validate_at_start: bool = True  # validate the starting weights (the curves' step 0) before training
+    # torch.compile the generator's (and a DTO scorer's) transformer body: for a GPU, where an
+    # eager step of a small model waits on kernel launches; no faster on the CPU (see README)
+    compile: bool = False
 
     def check(self, where: str) -> None:
         positive(

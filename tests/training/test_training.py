@@ -294,3 +294,28 @@ def test_diagnostics_leave_the_loss_and_the_trained_weights_unchanged(tmp_path, 
             losses.append((directory / "logs" / "curves" / "train_loss.csv").read_text())
         assert losses[0] == losses[1]
         assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_compiled_training_is_the_same_run(tmp_path, tiny_model_dirs, small_prepared,
+                                                                                monkeypatch):
+    """`compile: true` (DTO-Score+Delta: the generator's and the scorer's bodies compiled, in
+    training and in validation) logs the losses and exports the weights of the eager run."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from storyrewrite.training import run as run_module
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")  # dynamo's graphs and AOT autograd, no generated kernels
+    monkeypatch.setattr(run_module, "COMPILE_BACKEND", counter)
+    weights, losses = [], []
+    for compiled in (False, True):
+        run = tiny_run(tiny_model_dirs["llama"], small_prepared, "score_delta", DTO, tiny_model_dirs["llama"],
+                       section="train", max_steps=3, val_check_interval=3, compile=compiled)
+        _fit(tmp_path / str(compiled), run)
+        weights.append(load_file(tmp_path / str(compiled) / "out" / "model.safetensors"))
+        with open(tmp_path / str(compiled) / "logs" / "curves" / "train_loss.csv", newline="") as f:
+            losses.append([float(row["train_loss"]) for row in csv.DictReader(f)])
+        assert (counter.frame_count > 0) == compiled
+    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-6)
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-6) for k in weights[0])

@@ -95,7 +95,7 @@ class LMScorer:
                 target_ids, target_mask = self._padded_targets(targets)
                 logits = self.model(
                     encoder_outputs=encoded, attention_mask=source_mask,
-                    decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels=target_ids),
+                    decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels=target_ids), use_cache=False,
                 ).logits
                 results.append(mean_target_log_prob(logits, target_ids, target_mask))
             return results

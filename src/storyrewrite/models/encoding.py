@@ -95,13 +95,13 @@ def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
         return model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
-            decoder_input_ids=decoder_input_ids,
+            decoder_input_ids=decoder_input_ids, use_cache=False,
         ).logits
     # Drop the last column: positions prompt_width-1 .. end-1, the last T of what remains, predict
     # the target tokens.
     return causal_tail_logits(
         model, target.shape[1], input_ids=batch["input_ids"][:, :-1],
-        attention_mask=batch["attention_mask"][:, :-1], position_ids=batch["position_ids"][:, :-1],
+        attention_mask=batch["attention_mask"][:, :-1], position_ids=batch["position_ids"][:, :-1], use_cache=False,
     )
 
 

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from storyrewrite import closure
 from storyrewrite.io import InputError, atomic_dir, sha256_file, write_json_atomic, write_text_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
+from storyrewrite.models.loading import compile_body, is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
 from storyrewrite.params import ModelsConfig, Params, TrainConfig
 from storyrewrite.training.data import RewriteDataModule
@@ -30,6 +30,10 @@ from storyrewrite.training.monitor import TrainingMonitor, read_curve
 # Keys that only say how long to train: an interrupted run resumed with a larger budget continues
 # (everything else changes the run and invalidates its checkpoints).
 BUDGET_KEYS = ("max_steps", "max_epochs")
+
+# torch.compile's backend for `compile: true` (tests use "aot_eager": the same tracing and
+# autograd graphs, without generating kernels)
+COMPILE_BACKEND: Any = "inductor"
 
 # Both are expected here: the checkpoint directory holds the run's fingerprint and curves before
 # Lightning writes to it, and mid-epoch resume is exact (ResumableRandomSampler) although the
@@ -80,6 +84,9 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
                                             run.models.max_output_tokens))
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
                            run.config.warmup_steps, run.seed, diagnostics)
+    if run.config.compile:
+        for model in (module.generator, *([loss.scorer.model] if loss.scorer is not None else [])):
+            compile_body(model, COMPILE_BACKEND)
     return module, datamodule
 
 
