@@ -1,47 +1,70 @@
 """What every bench script starts from: the default profile's params, its materialised models
-and its prepared splits (taken from the pipeline's outputs when `dvc repro` has made them), and
-timing that is honest on a GPU (synchronised) as on a CPU."""
+and its prepared splits (taken from the pipeline's outputs when `dvc repro` has made them, else
+built once into .cache/bench/ and reused by every later process), and timing that is honest on a
+GPU (synchronised) as on a CPU."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import platform
-import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from storyrewrite import closure
+from storyrewrite.data import prepare as prepare_module
 from storyrewrite.data.prepare import prepare
 from storyrewrite.data.sources import download
+from storyrewrite.io import atomic_dir
+from storyrewrite.models import loading
 from storyrewrite.models.loading import materialise
 from storyrewrite.params import Params, load_yaml, overlay
 from storyrewrite.records import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "bench"
 
 
 def inputs(profiles: list[Path] = ()) -> tuple[Params, Path, Path]:
     """(params.yaml with the profiles overlaid, the models stage's directory, prepared tables).
 
     The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
-    models, the data); anything else is built in a temporary directory."""
+    models, the data); anything else comes from .cache/bench/ (see `cached`)."""
     raw_params = load_yaml(ROOT / "params.yaml")
     for profile in profiles:
         raw_params = overlay(raw_params, load_yaml(profile))
     params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
     if params.models != workspace.models or not (pretrained / "index.json").exists():
-        pretrained = Path(tempfile.mkdtemp()) / "pretrained"
-        materialise(params.models, pretrained, params.seed)
+        pretrained = cached("models", [dataclasses.asdict(params.models), params.seed], loading.__file__,
+                            lambda out: materialise(params.models, out, params.seed))
     prepared = ROOT / "data" / "prepared"
     same_data = (params.data, params.download, params.seed) == (workspace.data, workspace.download, workspace.seed)
     if not same_data or not (prepared / params.task / "train.jsonl").exists():
-        raw = ROOT / "data" / "raw"
-        if not raw.exists():  # before `dvc repro download`: check and copy the bundled files
-            raw = Path(tempfile.mkdtemp()) / "raw"
-            download(params.download, raw, ROOT / "data" / "bundled", raw.parent / "sums.json")
-        prepared = Path(tempfile.mkdtemp()) / "prepared"
-        prepare(raw, prepared, params.data, params.seed)
+        def build(out: Path) -> None:  # the bundled files checked and copied (or downloaded), then prepared
+            download(params.download, out / "raw", ROOT / "data" / "bundled", out / "sums.json")
+            prepare(out / "raw", out / "prepared", params.data, params.seed)
+
+        key = [dataclasses.asdict(params.data), dataclasses.asdict(params.download), params.seed]
+        prepared = cached("data", key, prepare_module.__file__, build) / "prepared"
     return params, pretrained, prepared
+
+
+def cached(kind: str, settings: object, code: str, build: Callable[[Path], object]) -> Path:
+    """.cache/bench/<kind>-<digest>/, filled by `build` the first time: the digest covers the
+    settings and the package code that `code` (a module file) runs, so a changed setting or
+    changed code builds anew. Built in a staging directory and renamed when complete, so a bench
+    killed while building leaves nothing that a later one would take (the models of a GGUF
+    spec take half a minute to de-quantise, once instead of once per process)."""
+    blob = json.dumps({"settings": settings, "code": closure.digest(closure.closure(code))}, sort_keys=True, default=str)
+    out = CACHE / f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+    if not out.exists():
+        with atomic_dir(out) as staging:
+            build(staging)
+    return out
 
 
 def synchronize(device: torch.device) -> None:

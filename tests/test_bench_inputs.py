@@ -1,0 +1,34 @@
+"""The bench scripts' shared inputs (bench/common.py): what they build is built once."""
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (bench/ is a folder of scripts, not a package)
+
+
+def test_a_cached_input_is_built_once_per_setting_and_never_taken_half_built(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    code = common.prepare_module.__file__
+    built = []
+
+    def build(out):
+        built.append(out)
+        (out / "table.txt").write_text("rows")
+
+    first = common.cached("data", {"max_train": 60}, code, build)
+    assert common.cached("data", {"max_train": 60}, code, build) == first and len(built) == 1
+    assert (first / "table.txt").read_text() == "rows"
+    other = common.cached("data", {"max_train": None}, code, build)
+    assert other != first and len(built) == 2
+
+    def fails(out):
+        (out / "half.txt").write_text("half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        common.cached("data", {"max_train": 1}, code, fails)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, other.name])  # no staging left
+    assert common.cached("data", {"max_train": 1}, code, build).joinpath("table.txt").exists() and len(built) == 3
