@@ -28,6 +28,9 @@ python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1
 python bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64 2>&1 \
   | tee "$OUT/scorer_and_bootstrap.txt"
 if [ "${2:-}" = compile ]; then
+  # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
+  # there), and whatever follows this script (a comparison run) should not depend on it.
   python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \
-    --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 | tee "$OUT/objective_step_time_compiled.txt"
+    --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 \
+    | tee "$OUT/objective_step_time_compiled.txt" || echo "warning: the compiled step bench failed (see above); the eager results stand" >&2
 fi

@@ -1,6 +1,7 @@
 """scripts/comparison.sh with `dvc` and `python` replaced by stubs that log their calls: which
 experiments it runs with which overrides, that it skips existing ones, goes on after a failure
-and still gathers and collects, and how it refuses a bad part."""
+and still gathers and collects, and how it refuses a bad part. Last, scripts/gpu_bench.sh the
+same way."""
 from __future__ import annotations
 
 import os
@@ -103,3 +104,28 @@ exit 0
     assert "== gpu-dto-score: exists, skipped" in result.stdout
     runs = [c for c in log.read_text().splitlines() if c.startswith("python -m dvc exp run --temp -n ")]
     assert [c.split(" -n ")[1].split()[0] for c in runs] == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta"]
+
+
+def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failure(tmp_path):
+    """scripts/gpu_bench.sh with stub `python` (whose compiled run fails) and `nvidia-smi`."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for name, body in {"python": f'echo "$*" >> {log}\ncase "$*" in *--compile*) exit 1;; esac\nexit 0',
+                       "nvidia-smi": "exec sleep 30"}.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    script = ROOT / "scripts" / "gpu_bench.sh"
+    result = subprocess.run(["bash", str(script), "out", "compile"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["bench/objective_step_time.py", "bench/nll_throughput.py",
+                                             "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py",
+                                             "bench/objective_step_time.py"]
+    assert "--compile" in calls[-1] and not any("--compile" in c for c in calls[:-1])
+    assert "warning: the compiled step bench failed" in result.stderr
+    plain = subprocess.run(["bash", str(script), "out2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 4
+    bad = subprocess.run(["bash", str(script), "out3", "compiled"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "may only be 'compile', got 'compiled'" in bad.stderr
