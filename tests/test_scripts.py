@@ -14,20 +14,28 @@ SCRIPT = ROOT / "scripts" / "comparison.sh"
 GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]
 
 
-def _stubs(tmp_path, existing: str, failing: str):
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+def _write_stubs(tmp_path, stubs: dict[str, str]):
+    """Executable bash scripts `tmp_path/bin/<name>` with the given bodies; returns that folder."""
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stubs = {
-        "dvc": f"""echo "dvc $*" >> {log}
-if [ "$1 $2" = "exp list" ]; then echo {existing}; exit 0; fi
-case " $* " in *" -n {failing} "*) exit 1;; esac""",
-        "python": f"""echo "python $*" >> {log}
-if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi""",
-    }
     for name, body in stubs.items():
         path = bin_dir / name
-        path.write_text(f"#!/usr/bin/env bash\n{body}\nexit 0\n")
+        path.write_text(f"#!/usr/bin/env bash\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def _stubs(tmp_path, existing: str, failing: str):
+    log = tmp_path / "calls.log"
+    bin_dir = _write_stubs(tmp_path, {
+        "dvc": f"""echo "dvc $*" >> {log}
+if [ "$1 $2" = "exp list" ]; then echo {existing}; exit 0; fi
+case " $* " in *" -n {failing} "*) exit 1;; esac
+exit 0""",
+        "python": f"""echo "python $*" >> {log}
+if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
+exit 0""",
+    })
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, log
 
 
@@ -87,15 +95,10 @@ def test_without_a_dvc_command_dvc_runs_as_a_python_module(tmp_path):
     """The GPU machine has DVC installed with `pip --target`: importable, no `dvc` on PATH."""
     import shutil
 
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
-    bin_dir.mkdir()
-    python = bin_dir / "python"
-    python.write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
+    log = tmp_path / "calls.log"
+    bin_dir = _write_stubs(tmp_path, {"python": f"""echo "python $*" >> {log}
 if [ "$*" = "-m dvc exp list --name-only" ]; then echo gpu-dto-score; fi
-exit 0
-""")
-    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+exit 0"""})
     path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
     assert shutil.which("dvc", path=path) is None
     result = subprocess.run(["bash", str(SCRIPT), "gpu", "core"], cwd=tmp_path, env={**os.environ, "PATH": path},
@@ -108,12 +111,9 @@ exit 0
 
 def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failure(tmp_path):
     """scripts/gpu_bench.sh with stub `python` (whose compiled run fails) and `nvidia-smi`."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
-    bin_dir.mkdir()
-    for name, body in {"python": f'echo "$*" >> {log}\ncase "$*" in *--compile*) exit 1;; esac\nexit 0',
-                       "nvidia-smi": "exec sleep 30"}.items():
-        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    bin_dir = _write_stubs(tmp_path, {"python": f'echo "$*" >> {log}\ncase "$*" in *--compile*) exit 1;; esac\nexit 0',
+                                         "nvidia-smi": "exec sleep 30"})
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     script = ROOT / "scripts" / "gpu_bench.sh"
     result = subprocess.run(["bash", str(script), "out", "compile"], cwd=tmp_path, env=env, capture_output=True, text=True,
