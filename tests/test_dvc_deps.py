@@ -1,6 +1,9 @@
-"""dvc.yaml's code deps against what each stage really runs: the import closure of its script
-inside the package (storyrewrite.closure). A missing dep would let `dvc repro` report "up to
-date" over a stale result; an extra one reruns a stage for code it never runs."""
+"""dvc.yaml against what DVC needs of it. Code deps against what each stage really runs: the
+import closure of its script inside the package (storyrewrite.closure). A missing dep would let
+`dvc repro` report "up to date" over a stale result; an extra one reruns a stage for code it never
+runs. Outputs against DVC's run cache: one `outs` entry with `cache: false` and DVC never saves
+the stage there, so every experiment of a profile would run it again (train_nll, the LLM
+baselines) instead of restoring it."""
 from __future__ import annotations
 
 import re
@@ -13,6 +16,8 @@ from storyrewrite.closure import closure
 from conftest import ROOT
 
 SCRIPT = re.compile(r"python (stages/\w+\.py)")
+# Stages allowed outs kept in git (`cache: false`), so never restored from the run cache.
+IN_GIT = {"report": "the results table of the commit; the last stage, and cheap"}
 
 
 def stage_deps(dvc: dict) -> dict[str, tuple[str, list[str]]]:
@@ -61,3 +66,30 @@ def test_the_closure_follows_imports_inside_functions_and_package_inits():
     assert "src/storyrewrite/models/loading.py" in files
     assert {"src/storyrewrite/__init__.py", "src/storyrewrite/llm/__init__.py"} <= files
     assert not any(name.startswith("src/storyrewrite/training/") for name in files)
+
+
+def run_cache_problems(dvc: dict) -> list[str]:
+    """The stages DVC would never save to its run cache (dvc/stage/__init__.py, Stage.run: any
+    `outs` entry that is not cached turns it off; `metrics` and `plots` entries do not)."""
+    problems = []
+    for name, stage in dvc["stages"].items():
+        for out in stage.get("do", stage).get("outs", []):
+            path, options = next(iter(out.items())) if isinstance(out, dict) else (out, {})
+            if options.get("cache", True) is False and name not in IN_GIT:
+                problems.append(f"stage `{name}`: `outs` entry {path} has `cache: false`, so DVC never saves the "
+                                "stage to its run cache (cache it, or declare it under `metrics` or `plots`)")
+    return problems
+
+
+def test_every_stage_but_the_report_can_be_restored_from_the_run_cache():
+    assert run_cache_problems(_dvc()) == []
+
+
+def test_an_output_kept_in_git_is_named_with_its_stage():
+    dvc = _dvc()
+    outs = dvc["stages"]["score"]["do"]["outs"]
+    outs[outs.index("reports/stages/score-${item}.json")] = {"reports/stages/score-${item}.json": {"cache": False}}
+    assert run_cache_problems(dvc) == [
+        "stage `score`: `outs` entry reports/stages/score-${item}.json has `cache: false`, so DVC never saves the "
+        "stage to its run cache (cache it, or declare it under `metrics` or `plots`)"
+    ]

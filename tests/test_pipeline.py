@@ -136,6 +136,17 @@ def test_default_profile_end_to_end(tmp_path):
     stages = (tmp_path / "reports" / "test" / "stages.md").read_text()
     assert "| train | cpu (" in stages and "| generate-finetuned | cpu (" in stages
 
+    # A stage whose params come back to values that ran before is restored from DVC's run cache,
+    # not run: each experiment of a profile overlay would otherwise train the NLL model again.
+    assert "train_nll" in _ran(_dvc(tmp_path, "exp", "run", "-S", "train_nll.max_steps=1", "train_nll"))
+    output = _dvc(tmp_path, "exp", "run", "-S", f"train_nll.max_steps={TINY['train_nll']['max_steps']}", "train_nll")
+    assert _ran(output) == set() and "Stage 'train_nll' is cached - skipping run" in output
+    summary = json.loads((tmp_path / "reports" / "train" / "nll" / "summary.json").read_text())
+    assert summary["global_step"] == TINY["train_nll"]["max_steps"]
+    # The record of the run restored: the forced `dvc repro` above, not an experiment.
+    record = json.loads((tmp_path / "reports" / "stages" / "train_nll.json").read_text())
+    assert record["items"] == TINY["train_nll"]["max_steps"] and record["experiment"] is None
+
     # A diverging run stops with the message, exports nothing, and the stage fails.
     failed = _dvc(tmp_path, "exp", "run", "-S", "train_nll.lr=1e9", "-S", "train_nll.max_steps=4", "train_nll", ok=False)
     assert "error: training diverged at step" in failed and "Lower `train_nll.lr`" in failed
