@@ -3,7 +3,9 @@ import closure of its script inside the package (storyrewrite.closure). A missin
 `dvc repro` report "up to date" over a stale result; an extra one reruns a stage for code it never
 runs. Outputs against DVC's run cache: one `outs` entry with `cache: false` and DVC never saves
 the stage there, so every experiment of a profile would run it again (train_nll, the LLM
-baselines) instead of restoring it."""
+baselines) instead of restoring it. Deps against outputs: a dep inside another stage's output
+folder fails `dvc exp run` where it restores that stage on a machine that never built the
+commit's outputs (dvc.yaml, "Run cache")."""
 from __future__ import annotations
 
 import re
@@ -92,4 +94,36 @@ def test_an_output_kept_in_git_is_named_with_its_stage():
     assert run_cache_problems(dvc) == [
         "stage `score`: `outs` entry reports/stages/score-${item}.json has `cache: false`, so DVC never saves the "
         "stage to its run cache (cache it, or declare it under `metrics` or `plots`)"
+    ]
+
+
+def nested_dep_problems(stages: list[tuple[str, list[str], list[str]]]) -> list[str]:
+    """Deps that lie inside another stage's output folder, from (stage, deps, outs) with paths
+    resolved (`foreach` items and `${task}` filled in)."""
+    outs = {out: name for name, _, paths in stages for out in paths}
+    problems = []
+    for name, deps, _ in stages:
+        for dep in deps:
+            for out, producer in outs.items():
+                if dep.startswith(out.rstrip("/") + "/"):
+                    problems.append(f"stage `{name}`: dep {dep} lies inside {out}, an output of `{producer}`; "
+                                    "depend on the whole output, or make that folder an output of its own")
+    return problems
+
+
+def test_no_dep_lies_inside_an_output_folder():
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        stages = [(stage.addressing, [dep.def_path for dep in stage.deps], [out.def_path for out in stage.outs])
+                  for stage in repo.index.stages]
+    assert {"train_nll", "score@nll", "report"} <= {name for name, _, _ in stages}
+    assert nested_dep_problems(stages) == []
+
+
+def test_a_dep_inside_an_output_folder_is_named_with_both_stages():
+    stages = [("prepare", ["data/raw"], ["data/prepared"]), ("train_nll", ["data/prepared/timetravel", "data/prepared2"], [])]
+    assert nested_dep_problems(stages) == [
+        "stage `train_nll`: dep data/prepared/timetravel lies inside data/prepared, an output of `prepare`; "
+        "depend on the whole output, or make that folder an output of its own"
     ]
