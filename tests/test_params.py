@@ -78,7 +78,8 @@ def test_exponent_without_dot_reads_as_float():
 def test_profiles_compose_and_every_section_stays_valid():
     base = load_yaml(ROOT / "params.yaml")
     gpu, paper = load_yaml(ROOT / "params" / "gpu.yaml"), load_yaml(ROOT / "params" / "paper.yaml")
-    for layers in ([gpu], [paper], [gpu, paper]):
+    smoke = load_yaml(ROOT / "params" / "smoke.yaml")
+    for layers in ([gpu], [paper], [gpu, paper], [gpu, smoke]):
         merged = base
         for layer in layers:
             merged = overlay(merged, layer)
@@ -87,6 +88,10 @@ def test_profiles_compose_and_every_section_stays_valid():
     # The paper's models and token budgets, the GPU profile's precision and data.
     assert both.models.generator == "facebook/bart-large-cnn" and both.models.max_input_tokens == 1024
     assert both.train_nll.precision == "bf16-mixed" and both.data.max_train is None
+    # The rehearsal: the GPU profile's precision and workers, a few instances and steps.
+    rehearsal = Params(overlay(overlay(base, gpu), smoke))
+    assert rehearsal.train.precision == "bf16-mixed" and rehearsal.train.num_workers == gpu["train"]["num_workers"]
+    assert rehearsal.data.max_train == 24 and rehearsal.train_nll.max_steps == 4
     result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "overrides", "params/gpu.yaml", "params/paper.yaml"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
