@@ -19,8 +19,8 @@ from storyrewrite.data import prepare as prepare_module
 from storyrewrite.data.prepare import prepare
 from storyrewrite.data.sources import download
 from storyrewrite.io import atomic_dir
-from storyrewrite.models import loading
-from storyrewrite.models.loading import materialise
+from storyrewrite.models import materialise as materialise_module
+from storyrewrite.models.materialise import materialise
 from storyrewrite.params import Params, load_yaml, overlay
 from storyrewrite.records import peak_rss_gb
 
@@ -28,18 +28,57 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
 
 
-def inputs(profiles: list[Path] = ()) -> tuple[Params, Path, Path]:
-    """(params.yaml with the profiles overlaid, the models stage's directory, prepared tables).
+def evaluators_dir(params: Params) -> Path:
+    """The eval_models stage's directory for these params: the pipeline's where its models are
+    these params' (`dvc repro`), else materialised once into .cache/bench/."""
+    workspace = Params.load(ROOT / "params.yaml")
+    evaluators = ROOT / "models" / "evaluators"
+    if params.models != workspace.models or not (evaluators / "index.json").exists():
+        roles = ("judge", "embedder", "nli")
+        evaluators = cached("evaluators", [dataclasses.asdict(params.models), params.seed], materialise_module.__file__,
+                            lambda out: materialise(params.models, out, params.seed, roles))
+    return evaluators
+
+
+def write_result(script: str, device: torch.device, figures: dict, settings: dict) -> Path:
+    """reports/bench/<script>.json: this run's figures with where they were measured (machine,
+    device, versions, commit), kept per device: a run replaces the previous one of its device."""
+    import subprocess
+    import sys
+    from datetime import datetime, timezone
+
+    from storyrewrite.io import read_json, write_json_atomic
+    from storyrewrite.records import cpu_name, describe_device
+
+    path = ROOT / "reports" / "bench" / f"{script}.json"
+    runs = read_json(path) if path.exists() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    where = describe_device(device)
+    runs[where["device_name"] if where["device"] != "cpu" else f"cpu: {where['device_name']}"] = {
+        "script": f"bench/{script}.py", "command": " ".join(["python", f"bench/{script}.py", *sys.argv[1:]]),
+        **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "python": platform.python_version(), "commit": commit + ("+changes" if dirty else ""),
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": settings, "figures": figures,
+    }
+    write_json_atomic(path, runs)
+    print(f"figures written to {path.relative_to(ROOT)}")
+    return path
+
+
+def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Params, Path, Path]:
+    """(params.yaml with the profiles, then `overrides`, overlaid; the models stage's directory;
+    prepared tables).
 
     The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
     models, the data); anything else comes from .cache/bench/ (see `cached`)."""
     raw_params = load_yaml(ROOT / "params.yaml")
-    for profile in profiles:
-        raw_params = overlay(raw_params, load_yaml(profile))
+    for layer in [*(load_yaml(profile) for profile in profiles), overrides or {}]:
+        raw_params = overlay(raw_params, layer)
     params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
     if params.models != workspace.models or not (pretrained / "index.json").exists():
-        pretrained = cached("models", [dataclasses.asdict(params.models), params.seed], loading.__file__,
+        pretrained = cached("models", [dataclasses.asdict(params.models), params.seed], materialise_module.__file__,
                             lambda out: materialise(params.models, out, params.seed))
     prepared = ROOT / "data" / "prepared"
     same_data = (params.data, params.download, params.seed) == (workspace.data, workspace.download, workspace.seed)

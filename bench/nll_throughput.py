@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl
-from storyrewrite.models.loading import resolve_device, resolve_model_dir
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.training.run import Run, assemble
 
 

@@ -38,7 +38,8 @@ import torch
 from common import clock, describe, inputs, peak_memory_gb
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from storyrewrite.models.loading import resolve_device, resolve_model_dir
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.training.monitor import read_logs
 from storyrewrite.training.run import Run, assemble
 

@@ -20,7 +20,8 @@ from common import clock, describe, inputs
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.loading import resolve_device, resolve_model_dir
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.significance import paired_bootstrap_many
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import run_stage
-from storyrewrite.models.loading import resolve_device
+from storyrewrite.models.device import resolve_device
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 

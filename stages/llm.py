@@ -8,9 +8,11 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import run_stage, write_json_atomic, write_jsonl_atomic
 from storyrewrite.llm.backends import make_backend
 from storyrewrite.llm.cache import ResponseCache
-from storyrewrite.llm.retrieval import Embedder, Index, query_text
+from storyrewrite.llm.retrieval import Index, query_text
 from storyrewrite.llm.modes import ExampleSource, get_mode
 from storyrewrite.llm.run import run_mode
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 
@@ -38,7 +40,7 @@ def main() -> None:
     print(f"llm {mode.name}: backend {config.backend}, model {backend.label}" + (f" on {device} ({dtype})" if local else ""))
     retrieve = None
     if mode.needs_index:
-        index, embedder = Index(args.index), Embedder(args.index / "embedder", params.device)
+        index, embedder = Index(args.index), SentenceEncoder(args.index / "embedder", resolve_device(params.device))
         retrieve = lambda rows: index.nearest(embedder.embed([query_text(r, task) for r in rows]))  # noqa: E731
     source = ExampleSource(train, task, config, params.seed, retrieve)
     predictions, usage = run_mode(mode.name, instances, source, backend, ResponseCache(args.cache))

@@ -6,8 +6,10 @@ from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import run_stage
-from storyrewrite.llm.retrieval import Embedder, build_index, extract_minilm, write_unbuilt
+from storyrewrite.llm.indexing import build_index, extract_minilm, write_unbuilt
 from storyrewrite.llm.modes import needs_index
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 
@@ -27,7 +29,7 @@ def main() -> None:
             record.finish("cpu", None, 0, "training instances", built=False)
         return
     train = load_instances(args.data, params.task, "train")
-    embedder = Embedder(extract_minilm(args.out / "embedder"), params.device)
+    embedder = SentenceEncoder(extract_minilm(args.out / "embedder"), resolve_device(params.device))
     build_index(train, embedder, args.out, params.task)
     print(f"{args.out}: {len(train)} training instances of {params.task} indexed on {embedder.device}")
     if record:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from storyrewrite.io import run_stage
-from storyrewrite.models.loading import resolve_model_dir
+from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 from storyrewrite.training.run import Run, fit

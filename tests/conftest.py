@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from storyrewrite.data.prepare import prepare
-from storyrewrite.models.loading import materialise, resolve_model_dir
+from storyrewrite.models.materialise import materialise
+from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import DataConfig, DTOConfig, ModelsConfig, TrainConfig, build, load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,17 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
         materialise(tiny_models_config(kind), out / kind, seed=0)
         dirs[kind] = resolve_model_dir(out / kind)
     return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_evaluators(tmp_path_factory) -> Path:
+    """The eval_models stage's directory for tiny models: judge tiny:llama, embedder
+    tiny:roberta ([CLS]), NLI classifier tiny:roberta-nli (MNLI labels)."""
+    out = tmp_path_factory.mktemp("evaluators")
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=96, max_output_tokens=40,
+                          judge="tiny:llama", embedder="tiny:roberta", nli="tiny:roberta-nli")
+    materialise(config, out, seed=0, roles=("judge", "embedder", "nli"))
+    return out
 
 
 def write_raw(raw: Path) -> Path:

@@ -28,8 +28,8 @@ TINY = {
     "significance": {"n_resamples": 1000},
 }
 MODES = ("zero_shot", "one_shot_random", "one_shot_fixed", "rag")
-ALL_STAGES = {"download", "prepare", "models", "train_nll", "train", "generate@nll", "generate@finetuned", "sanity",
-              "score@nll", "score@finetuned", "score_sanity", "significance", "report", "llm_index",
+ALL_STAGES = {"download", "prepare", "models", "eval_models", "train_nll", "train", "generate@nll", "generate@finetuned",
+              "sanity", "score@nll", "score@finetuned", "score_sanity", "validity", "significance", "report", "llm_index",
               *(f"llm@{m}" for m in MODES), *(f"score_llm@{m}" for m in MODES)}
 
 
@@ -65,7 +65,8 @@ def _write_params(repo: Path, *layers: dict) -> None:
 @pytest.mark.slow
 def test_default_profile_end_to_end(tmp_path):
     _copy_repo(tmp_path)
-    _write_params(tmp_path, TINY, {"models": {"generator": "tiny:llama", "scorer": "tiny:llama"}})
+    _write_params(tmp_path, TINY, {"models": {"generator": "tiny:llama", "scorer": "tiny:llama", "judge": "tiny:llama",
+                                              "embedder": "tiny:roberta"}})
     output = _dvc(tmp_path, "repro")
     assert _ran(output) == ALL_STAGES
     for system in ("nll", "finetuned"):
@@ -79,6 +80,13 @@ def test_default_profile_end_to_end(tmp_path):
                   "| tiny:llama one-shot, fixed example (local) |", "| tiny:llama RAG (nearest training example) (local) |"):
         assert label in results
     assert (tmp_path / "reports" / "results.tex").read_text().startswith("\\begin{table}")
+    # The coherence table, with the judge named as the training scorer, and the validity figures.
+    following = results.split("## Following the counterfactual")[1].split("## Metric validity")[0]
+    assert "| System | CF-PMI | follows X_CE (%) | drift |" in following and "The judge is the training scorer" in following
+    assert "EntScore and HMean: not computed (`models.nli` is null" in following
+    assert "| CF-PMI | as they are | 3 |" in results and "| drift similarity | against the story's other references | 3 |" in results
+    significance = json.loads((tmp_path / "reports" / "significance.json").read_text())
+    assert {"cf_pmi", "cf_follow", "drift"} <= set(significance["finetuned"])
 
     started = time.perf_counter()
     output = _dvc(tmp_path, "repro")
@@ -95,7 +103,7 @@ def test_default_profile_end_to_end(tmp_path):
     assert {"train", "generate@finetuned"} <= ran <= {"train", "generate@finetuned", "score@finetuned", "significance", "report"}
     _write_params(tmp_path, {"significance": {"n_resamples": 500}})
     ran = _ran(_dvc(tmp_path, "repro"))
-    assert "significance" in ran and ran <= {"significance", "report"}
+    assert {"significance", "validity"} <= ran <= {"significance", "validity", "report"}  # both resample
 
     # A code edit reruns the stages that run that code, and only those (their outputs' consumers follow).
     with open(tmp_path / "src" / "storyrewrite" / "models" / "encoding.py", "a") as f:
@@ -119,6 +127,7 @@ def test_default_profile_end_to_end(tmp_path):
     assert {"train", "generate@finetuned"} <= _ran(output) and "train_nll" not in _ran(output)
     diff = _dvc(tmp_path, "metrics", "diff", "--all")
     assert "reports/metrics/finetuned.json" in diff and "bartscore.predictive" in diff
+    assert all(re.search(rf"\s{name}\s", diff) for name in ("cf_pmi", "cf_follow", "drift"))
     assert '"objective": "score_delta"' in (tmp_path / "reports" / "train" / "finetuned" / "summary.json").read_text()
     plots = json.loads(_dvc(tmp_path, "plots", "show", "--json"))["data"]
     for name in ("m_target", "m_original", "delta", "gumbel_entropy", "gumbel_max_prob", "nll_target", "val_m_target"):
@@ -159,7 +168,8 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     (the hub is out of reach here), bundled data, CPU fp32 and a tiny budget."""
     _copy_repo(tmp_path)
     paper = load_yaml(tmp_path / "params" / "paper.yaml")
-    offline = {"download": {"source": "bundled"}, "models": {"generator": "tiny:bart", "scorer": "tiny:bart"},
+    offline = {"download": {"source": "bundled"}, "models": {"generator": "tiny:bart", "scorer": "tiny:bart", "judge": "tiny:llama",
+                                                             "embedder": "tiny:roberta", "nli": "tiny:roberta-nli"},
                "llm": {"backend": "local", "modes": ["rag"]}}
     _write_params(tmp_path, paper, TINY, offline)
     params = load_yaml(tmp_path / "params.yaml")
@@ -167,6 +177,10 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     _dvc(tmp_path, "repro")
     for system in ("finetuned", "llm_rag"):
         assert len(read_jsonl(tmp_path / "predictions" / f"{system}.jsonl")) == 3
+    # A judge other than the scorer, and the NLI classifier: EntScore and HMean in the table.
+    results = (tmp_path / "reports" / "results.md").read_text()
+    assert "| EntScore | HMean |" in results and "The judge is the training scorer" not in results
+    assert "ents" in read_jsonl(tmp_path / "reports" / "scores" / "nll.jsonl")[0]
     # CPO on the seq2seq path, with TRL's columns among its curves.
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "paper"], cwd=tmp_path, check=True)

@@ -7,11 +7,13 @@ from the source with `ast`, following every `storyrewrite.*` import, module-leve
 import inside a function runs too), without importing anything.
 
     python -m storyrewrite.closure stages/score.py   # the files, as dvc.yaml lists them
+    python -m storyrewrite.closure --update dvc.yaml # write them into every stage's deps
 """
 from __future__ import annotations
 
 import ast
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -92,9 +94,46 @@ def digest(files: set[Path]) -> str:
     return sha.hexdigest()
 
 
-def main(argv: list[str] | None = None) -> None:
+def update_dvc_yaml(path: Path) -> list[str]:
+    """Rewrite, in place and keeping every comment, each stage's `src/` deps of dvc.yaml as the
+    import closure of the stage's script (listed right after the script, in path order);
+    returns the names of the stages whose lists changed."""
     root = PACKAGE_DIR.parents[1]
-    for entry in argv if argv is not None else sys.argv[1:]:
+    lines = path.read_text(encoding="utf-8").split("\n")
+    out, changed, i = [], [], 0
+    stage = None
+    while i < len(lines):
+        line = lines[i]
+        if re.fullmatch(r"  [A-Za-z_][\w-]*:.*", line):
+            stage = line.strip().split(":")[0]
+        script = re.fullmatch(r"(\s+)- (stages/\w+\.py)", line)
+        out.append(line)
+        i += 1
+        if script is None:
+            continue
+        indent = script.group(1)
+        old = []
+        while i < len(lines) and re.fullmatch(rf"{indent}- src/\S+", lines[i]):
+            old.append(lines[i])
+            i += 1
+        new = [f"{indent}- {p.relative_to(root).as_posix()}" for p in sorted(closure(root / script.group(2)))]
+        if new != old:
+            changed.append(stage)
+        out.extend(new)
+    path.write_text("\n".join(out), encoding="utf-8")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m storyrewrite.closure SCRIPT ...` prints each script's closure;
+    `python -m storyrewrite.closure --update dvc.yaml` writes every stage's code deps."""
+    root = PACKAGE_DIR.parents[1]
+    args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["--update"]:
+        for name in update_dvc_yaml(Path(args[1] if len(args) > 1 else "dvc.yaml")):
+            print(f"{name}: code deps updated")
+        return
+    for entry in args:
         print(f"{entry}:")
         for path in sorted(closure(entry)):
             print(f"  - {path.relative_to(root).as_posix()}")

@@ -94,12 +94,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelsConfig:
-    """`models`: model specs (see storyrewrite.models.loading) and token budgets."""
+    """`models`: model specs (see storyrewrite.models.specs and .roles) and token budgets."""
 
     generator: str
     scorer: str
     max_input_tokens: int
     max_output_tokens: int
+    # Evaluation models (the eval_models stage); null leaves their metrics out
+    judge: str | None = None  # causal LM of CF-PMI
+    embedder: str | None = None  # sentence encoder of drift similarity
+    nli: str | None = None  # NLI classifier of EntScore / HMean
 
     def check(self, where: str) -> None:
         positive(where, max_input_tokens=self.max_input_tokens, max_output_tokens=self.max_output_tokens)

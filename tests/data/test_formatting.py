@@ -1,7 +1,7 @@
 import pytest
 
 from storyrewrite.data.formatting import model_source, model_target
-from storyrewrite.models.loading import load_tokenizer
+from storyrewrite.models.store import load_tokenizer
 
 TT = {
     "id": "s:0", "story_id": "s", "premise": "Ann baked.", "initial": "She burnt it.",

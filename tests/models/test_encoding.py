@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from storyrewrite.models.encoding import Encoder, target_logits
-from storyrewrite.models.loading import load_model, load_tokenizer
+from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.objectives.nll import nll_loss
 
 SOURCES = ["Premise: A short one.\nEdited ending:", "Premise: A much longer prompt with many more words in it.\nEdited ending:"]

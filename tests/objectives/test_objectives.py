@@ -6,7 +6,7 @@ import torch
 from storyrewrite.data.formatting import causal_prompt
 from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder, target_logits
-from storyrewrite.models.loading import load_model, load_tokenizer
+from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.objectives import ObjectiveContext, get_objective
 from storyrewrite.objectives.cpo import cpo_loss
 from storyrewrite.objectives.dto import gumbel_softmax

@@ -44,7 +44,7 @@ def _scores(shift: float) -> list[dict]:
             base = -2.0 + 0.1 * s - 0.05 * e
             rows.append({"id": f"s{s}:{e}", "story_id": f"s{s}", "bartscore": base + shift, "bartscore_original": -1.0,
                          "rougeL": 50 + 10 * shift + e, "rougeL_original": 70.0, "sacrebleu": 30 + 10 * shift + s,
-                         "sacrebleu_original": 60.0})
+                         "sacrebleu_original": 60.0, "cf_pmi": 0.01 * (e - 1) + shift / 10, "drift": 0.3 + shift / 10})
     return rows
 
 
@@ -52,7 +52,10 @@ def _metrics(bart: float, rouge: float = 60.0) -> dict:
     return {"instances": 3 * STORIES, "counterfactual_metrics": "available",
             "bartscore": {"predictive": bart, "counterfactual": 2 * bart + 1},
             "rougeL": {"predictive": rouge, "counterfactual": 2 * rouge - 70},
-            "sacrebleu": {"predictive": 30.0, "counterfactual": 0.0}}
+            "sacrebleu": {"predictive": 30.0, "counterfactual": 0.0}, "coherence_metrics": "available",
+            "cf_pmi": round((bart + 1.9) / 10, 4), "cf_follow": 0.5, "drift": round(0.3 + (bart + 1.9) / 10, 4),
+            "evaluators": {"judge": "bundled:smollm2-135m-instruct", "embedder": "bundled:all-minilm-l6-v2", "nli": None,
+                           "judge_is_scorer": True}}
 
 
 def _record(stage: str, experiment: str, wall: float) -> dict:
@@ -140,7 +143,7 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     runs = load_runs([gathered])
     write_bundle(runs, out, "test profile")
     results = (out / "results.md").read_text()
-    table = [line for line in results.split("## The copy")[0].splitlines() if line.startswith("| ")]
+    table = [line for line in results.split("## Following")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == [
         "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the original ending"]
     # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
@@ -161,10 +164,16 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     # The copy of the original ending (ROUGE-L 70.0) beats every trained system on ROUGE-L (M).
     assert "| ROUGE-L (M) | 70.0 | DTO-Score: 63.0 | 4 of 4 (NLL; NLL, continued; CPO (beta=2); DTO-Score) |" in results
     assert "| BARTScore (M) | -1.000 | DTO-Score: -1.700 | 4 of 4" in results
+    # The coherence table: DTO-Score's CF-PMI is above NLL's on every instance (*†); the copy's row too.
+    following = results.split("## Following the counterfactual")[1].split("## The copy")[0]
+    assert "| System | CF-PMI | follows X_CE (%) | drift |" in following
+    assert "| DTO-Score | **0.020**\\*† | **50.0**\\*† | **0.320**\\*† |" in following and "The judge is the training scorer" in following
+    assert significance["DTO-Score"]["instance"]["cf_pmi"] == 0.0
+    assert "| CF-PMI | 0.090 | DTO-Score: 0.020 | 4 of 4" in results
 
     objectives = (out / "objectives.md").read_text()
     assert "| DTO-Score | dto: 1.4500 | -1.700\\* |" in objectives
-    assert "| DTO-Score | 0.0000 / 0.0000 |" in objectives
+    assert "| DTO-Score | 0.0000 / 0.0000 |" in objectives and "| CF-PMI | follows X_CE (%) | drift |" in objectives
 
     experiments_table = (out / "experiments.md").read_text()
     assert "| cpo-a | cpo | 0.1 | -1.500\\* | 65.0 |" in experiments_table  # cpo.beta varies across runs

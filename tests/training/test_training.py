@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
 
 from storyrewrite.io import InputError
-from storyrewrite.models.loading import materialise
+from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
 from storyrewrite.training.run import assemble, fit

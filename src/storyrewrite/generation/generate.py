@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 from storyrewrite.data.formatting import model_source
 from storyrewrite.io import InputError, read_jsonl, write_jsonl_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import is_seq2seq, load_model, load_tokenizer, weights_digest
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, weights_digest
 from storyrewrite.params import GenerateConfig, ModelsConfig
 
 

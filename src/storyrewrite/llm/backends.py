@@ -119,7 +119,8 @@ class LocalBackend:
     retries = 0
 
     def __init__(self, model_dir: str | Path, label: str, batch_size: int = 8, device: str = "cpu", dtype: str = "float32"):
-        from storyrewrite.models.loading import load_model, load_tokenizer, resolve_device, weights_digest
+        from storyrewrite.models.device import resolve_device
+        from storyrewrite.models.store import load_model, load_tokenizer, weights_digest
 
         self.tokenizer = load_tokenizer(model_dir)
         if self.tokenizer.chat_template is None:
@@ -160,7 +161,7 @@ def make_backend(config: LLMConfig, local_models: Path, local_label: str, device
     generator of the models stage's directory `local_models`, named `local_label`, on `device`)."""
     if config.backend == "openai":
         return OpenAIBackend(config.openai)
-    from storyrewrite.models.loading import resolve_model_dir
+    from storyrewrite.models.store import resolve_model_dir
 
     return LocalBackend(resolve_model_dir(local_models, "generator"), local_label, config.local_batch_size, device,
                         config.local_dtype)

@@ -1,19 +1,55 @@
 """Score one system's predictions: per-instance scores and corpus metrics.
 
-Per instance, each metric is computed against the edited ending (Y_EE) and, where the task has
-one, against the original ending (X_OE); the counterfactual forms are derived from those two
-(`storyrewrite.metrics.counterfactual`). Corpus numbers: BARTScore and ROUGE-L are means of the
-sentence scores; SacreBLEU is corpus BLEU.
+Per instance, each overlap metric is computed against the edited ending (Y_EE) and, where the
+task has one, against the original ending (X_OE); the counterfactual forms are derived from
+those two (`storyrewrite.metrics.counterfactual`). Where the task has a counterfactual event,
+the coherence metrics say whether the ending follows it (`storyrewrite.metrics.coherence`).
+Corpus numbers: BARTScore, ROUGE-L and the coherence metrics are means over instances (cf_follow
+the share with cf_pmi > 0); SacreBLEU is corpus BLEU, HMean combines it with mean EntScore.
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from storyrewrite.io import InputError, read_jsonl
-from storyrewrite.metrics import counterfactual, lexical
+from storyrewrite.metrics import coherence, counterfactual, lexical
 from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.models.sentence import SentenceEncoder
+from storyrewrite.models.store import optional_model_dir, role_spec, weights_digest
+
+# The columns the coherence metrics read: the tasks without them (ART) get none.
+COHERENCE_INPUTS = ("premise", "initial", "counterfactual", "original_ending")
+
+
+@dataclass
+class Evaluators:
+    """The models of the coherence metrics, each None where its spec is null."""
+
+    judge: LMScorer | None = None
+    encoder: SentenceEncoder | None = None
+    nli: coherence.EntailmentScorer | None = None
+    specs: dict = field(default_factory=dict)  # role -> spec (None where null)
+    judge_is_scorer: bool = False  # the judge has the training scorer's weights (DTO optimised its likelihoods)
+
+    @classmethod
+    def load(cls, directory: Path, scorer: LMScorer, scorer_dir: Path, device: torch.device, dtype: str,
+             max_input_tokens: int, max_output_tokens: int) -> "Evaluators":
+        """The eval_models stage's models, on `device`; a judge with the scorer's weights is the
+        scorer itself (loaded once)."""
+        judge_dir, embedder_dir, nli_dir = (optional_model_dir(directory, role) for role in ("judge", "embedder", "nli"))
+        same = judge_dir is not None and weights_digest(judge_dir) == weights_digest(scorer_dir)
+        judge = scorer if same else (None if judge_dir is None else
+                                     LMScorer.from_dir(judge_dir, max_input_tokens, max_output_tokens, dtype, device))
+        return cls(
+            judge=judge, encoder=None if embedder_dir is None else SentenceEncoder(embedder_dir, device),
+            nli=None if nli_dir is None else coherence.EntailmentScorer(nli_dir, role_spec(directory, "nli"), device),
+            specs={role: role_spec(directory, role) for role in ("judge", "embedder", "nli")}, judge_is_scorer=same,
+        )
 
 def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     """id -> prediction, checked against the instances: a missing, duplicated or unknown id or a
@@ -42,8 +78,10 @@ def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     return predictions
 
 
-def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMScorer, batch_size: int) -> tuple[list[dict], dict]:
-    """(per-instance rows, corpus metrics) for one system."""
+def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMScorer, batch_size: int,
+                 evaluators: Evaluators | None = None) -> tuple[list[dict], dict]:
+    """(per-instance rows, corpus metrics) for one system; the coherence metrics of the
+    `evaluators` given (none without)."""
     outputs = [predictions[row["id"]] for row in instances]
     references = {"edited": [row["target"] for row in instances]}
     if all("original_ending" in row for row in instances):
@@ -72,4 +110,31 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     metrics["instances"] = len(instances)
     metrics["empty_predictions"] = sum(not p.strip() for p in outputs)
     metrics["counterfactual_metrics"] = "available" if "original" in references else "not available: the task has no original ending"
+    if not all(column in instances[0] for column in COHERENCE_INPUTS):
+        metrics["coherence_metrics"] = "not available: the task has no counterfactual event"
+    elif evaluators is not None:
+        metrics |= score_coherence(outputs, instances, rows, evaluators, corpus["edited"]["sacrebleu"], batch_size)
     return rows, metrics
+
+
+def score_coherence(outputs: list[str], instances: list[dict], rows: list[dict], evaluators: Evaluators,
+                    bleu: float, batch_size: int) -> dict:
+    """Adds each coherence metric's per-instance value to `rows`; returns their corpus values."""
+    per_instance = {}
+    if evaluators.judge is not None:
+        per_instance["cf_pmi"] = coherence.cf_pmi(evaluators.judge, instances, outputs, batch_size)
+    if evaluators.encoder is not None:
+        per_instance["drift"] = coherence.drift_similarity(evaluators.encoder, instances, outputs)
+    if evaluators.nli is not None:
+        per_instance["ents"] = coherence.entailment(evaluators.nli, instances, outputs, batch_size)
+    for name, values in per_instance.items():
+        for row, value in zip(rows, values):
+            row[name] = value
+    corpus = {name: sum(values) / len(values) for name, values in per_instance.items()}
+    if "cf_pmi" in per_instance:
+        corpus["cf_follow"] = sum(v > 0 for v in per_instance["cf_pmi"]) / len(instances)
+    if "ents" in per_instance:
+        corpus["hmean"] = coherence.hmean(bleu, corpus["ents"])
+    ordered = {name: round(corpus[name], 4) for name in ("cf_pmi", "cf_follow", "drift", "ents", "hmean") if name in corpus}
+    return {**ordered, "coherence_metrics": "available",
+            "evaluators": {**evaluators.specs, "judge_is_scorer": evaluators.judge_is_scorer}}

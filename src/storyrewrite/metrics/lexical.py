@@ -30,3 +30,13 @@ def sentence_bleu(predictions: list[str], references: list[str]) -> list[float]:
 
 def corpus_bleu(predictions: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(predictions, [references]).score
+
+
+def best_rouge_l(predictions: list[str], references: list[list[str]]) -> list[float]:
+    """Sentence-level ROUGE-L F1 × 100 against several references each: the best of them."""
+    return [max(100 * _rouge().score(ref, pred)["rougeL"].fmeasure for ref in refs) for pred, refs in zip(predictions, references)]
+
+
+def multi_reference_bleu(predictions: list[str], references: list[list[str]]) -> list[float]:
+    """SacreBLEU sentence BLEU against several references each (BLEU's own multi-reference form)."""
+    return [sacrebleu.sentence_bleu(pred, refs).score for pred, refs in zip(predictions, references)]

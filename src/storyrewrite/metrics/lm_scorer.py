@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, position_ids, target_logits
-from storyrewrite.models.loading import load_model, load_tokenizer
+from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
 

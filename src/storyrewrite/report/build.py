@@ -7,8 +7,9 @@ from pathlib import Path
 from storyrewrite.io import InputError, find_file, read_json, read_jsonl
 from storyrewrite.params import ReportConfig
 from storyrewrite.records import read_records, stages_table
+from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.report.examples import example_block
-from storyrewrite.report.tables import Row, latex_table, markdown_table
+from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
 from storyrewrite.systems import COPY_BASELINES
 
 
@@ -77,9 +78,36 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def coherence_notes(metrics: dict) -> list[str]:
+    """What the "Following the counterfactual" columns measure, with which models, and what they
+    leave out, from a system's metrics (the same evaluators scored every system)."""
+    if metrics.get("coherence_metrics") != "available":
+        return [f"Following the counterfactual: {metrics.get('coherence_metrics', 'not computed')}."]
+    models = metrics["evaluators"]
+    notes = []
+    if models.get("judge"):
+        notes.append(f"CF-PMI = M_J(Ŷ | X_P ⊕ X_CE) − M_J(Ŷ | X_P ⊕ X_IE), the judge J = `{models['judge']}`: positive when "
+                     "the ending fits the counterfactual story better than the original one; follows X_CE: the share of "
+                     "instances with CF-PMI > 0.")
+        if models.get("judge_is_scorer"):
+            notes.append("The judge is the training scorer: DTO optimised this model's likelihoods, so its CF-PMI may "
+                         "favour the DTO systems for that reason alone (the paper profile judges with another model).")
+    if models.get("embedder"):
+        notes.append(f"Drift (Qin et al. 2019): cos(φ(X_P ⊕ X_CE ⊕ Ŷ) − φ(X_P ⊕ X_IE ⊕ X_OE), φ(X_P ⊕ X_CE ⊕ Y_EE) − "
+                     f"φ(X_P ⊕ X_IE ⊕ X_OE)), φ = `{models['embedder']}`: does the ending move the story the way the "
+                     "reference rewrite does?")
+    if models.get("nli"):
+        notes.append(f"EntScore: P(entailment | X_P ⊕ X_CE, Ŷ) from `{models['nli']}`; HMean: the harmonic mean of corpus "
+                     "SacreBLEU/100 and mean EntScore (a corpus figure, not resampled).")
+    else:
+        notes.append("EntScore and HMean: not computed (`models.nli` is null; no NLI model ships offline, the paper "
+                     "profile names FacebookAI/roberta-large-mnli).")
+    return notes
+
+
 def build_report(systems: list[str], metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path],
                  instances: list[dict], train_logs: Path, llm_usage: Path, stage_records: Path, config: ReportConfig,
-                 seed: int, task: str, baseline: str, alpha: float) -> tuple[str, str]:
+                 seed: int, task: str, baseline: str, alpha: float, validity_path: Path | None = None) -> tuple[str, str]:
     """(results.md, results.tex) for exactly `systems` (the run's, see storyrewrite.systems)."""
     if baseline not in systems:
         raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
@@ -106,8 +134,19 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     examples = [example_block(inst, {s: p[inst["id"]] for s, p in predictions.items() if s not in COPY_BASELINES}, labels)
                 for inst in shown]
 
+    coherence = coherence_columns(rows)
+    following = [markdown_table(rows, alpha, coherence)] if coherence else []
+    validity = read_json(validity_path) if validity_path is not None else {}
+    validity_section = ["## Metric validity"] + (
+        ["Does each metric score the reference rewrite Y_EE above the original ending copied unchanged (X_OE), on "
+         "this run's test instances? (`reports/metric_validity.md`: the same on the whole test set.)",
+         validity_markdown(validity)] if "metrics" in validity else [validity.get("validity", "not measured") + "."])
+
     markdown = "\n\n".join([
         "# Results", markdown_table(rows, alpha), *notes,
+        "## Following the counterfactual", *following, *coherence_notes(metrics[baseline]),
+        *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
+        *validity_section,
         "## Training", training_section(summaries, labels),
         "Every logged quantity over the steps: `dvc plots show reports/train/<system>/curves` "
         "(`dvc plots diff <experiment>` to compare runs); see the README for what each curve tells.",
@@ -115,6 +154,9 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         "Where each model stage ran and what it cost (from `reports/stages/<stage>.json`; wall time from the start of its work to its last output, after Python's imports; peak memory of the whole process).",
         "## Examples", *examples,
     ]) + "\n"
-    latex = latex_table(rows, alpha, caption=f"Results on {task} ({n} test instances). "
-                        f"$^{{*}}$: one-tailed paired bootstrap against {labels[baseline]}, $p < {alpha}$.") + "\n"
+    caption = f"$^{{*}}$: one-tailed paired bootstrap against {labels[baseline]}, $p < {alpha}$."
+    latex = latex_table(rows, alpha, caption=f"Results on {task} ({n} test instances). {caption}") + "\n"
+    if coherence:
+        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {task} ({n} test instances). {caption}",
+                                     coherence) + "\n"
     return markdown, latex

@@ -27,9 +27,9 @@ import yaml
 from storyrewrite.io import InputError, atomic_dir, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite.records import check_record, stages_table
-from storyrewrite.report.build import llm_label, training_section, what_m_scores
+from storyrewrite.report.build import coherence_notes, llm_label, training_section, what_m_scores
 from storyrewrite.report.gather import manifests, read_blob
-from storyrewrite.report.tables import COLUMNS, Row, column_label, markdown_table, number, plain_cells
+from storyrewrite.report.tables import COLUMNS, Row, coherence_columns, column_label, markdown_table, metric_value, number, plain_cells
 from storyrewrite.significance.compare import compare
 from storyrewrite.systems import COPY_BASELINES
 
@@ -156,6 +156,11 @@ class Entry:
     kind: str  # baseline | trained | llm | copy
 
 
+def all_columns(metrics: list[dict]) -> list[str]:
+    """The overlap columns, then the coherence columns any of these metrics files has."""
+    return COLUMNS + coherence_columns([Row("", "", m, {}) for m in metrics])
+
+
 def comparison(runs: list[Run]) -> list[Entry]:
     chosen = best_per_objective(runs)
     # The NLL model, the LLM modes and the copy baselines of one commit are the same in every run
@@ -196,14 +201,14 @@ def copy_against_trained(entries: list[Entry]) -> str:
     lines = ["| Column | copy of the original ending | best trained system | trained systems it matches or beats |",
              "|---|---|---|---|"]
     copy_metrics = copy.run.metrics(copy.system)
-    for metric, form in COLUMNS:
-        copied = copy_metrics.get(metric, {}).get(form)
-        values = [(e.label, v) for e in trained if (v := e.run.metrics(e.system).get(metric, {}).get(form)) is not None]
+    for column in all_columns([e.run.metrics(e.system) for e in entries]):
+        copied = metric_value(copy_metrics, column)
+        values = [(e.label, v) for e in trained if (v := metric_value(e.run.metrics(e.system), column)) is not None]
         if copied is None or not values:
             continue
         best_label, best = max(values, key=lambda item: item[1])
         beaten = [label for label, v in values if copied >= v]
-        lines.append(f"| {column_label(metric, form)} | {number(metric, copied)} | {best_label}: {number(metric, best)} | "
+        lines.append(f"| {column_label(column)} | {number(column, copied)} | {best_label}: {number(column, best)} | "
                      f"{len(beaten)} of {len(values)}" + (f" ({'; '.join(beaten)})" if beaten else "") + " |")
     return "\n".join(lines)
 
@@ -217,7 +222,7 @@ def baseline_note(entries: list[Entry]) -> str | None:
             models.setdefault(json.dumps(e.run.metrics(BASELINE), sort_keys=True), []).append(e.run.name)
     if len(models) < 2:
         return None
-    parts = [f"{', '.join(sorted(set(names)))}: BARTScore (M) {number('bartscore', json.loads(key)['bartscore']['predictive'])}"
+    parts = [f"{', '.join(sorted(set(names)))}: BARTScore (M) {number('bartscore/predictive', json.loads(key)['bartscore']['predictive'])}"
              for key, names in models.items()]
     return (f"The chosen runs hold {len(models)} different NLL models (trained apart, e.g. on different machines): "
             f"{'; '.join(parts)}. The NLL row is the first; each system is tested against the NLL model of its own run.")
@@ -245,6 +250,9 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
+        "## Following the counterfactual",
+        *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
+        *coherence_notes(base_metrics),
         "## The copy of the original ending", copy_against_trained(entries),
         "## Training", training_section(summaries, {label: label for label in summaries}),
         "Curves: `train/<run>/<system>/curves/` (one CSV per quantity); every stage's device and wall time: stages.md.",
@@ -252,21 +260,23 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
 
 
 def objectives_markdown(entries: list[Entry], tests: dict, alpha: float) -> str:
-    header = ["System", "run: best val NLL", *(column_label(m, f) for m, f in COLUMNS)]
+    columns = all_columns([e.run.metrics(e.system) for e in entries])
+    header = ["System", "run: best val NLL", *(column_label(c) for c in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for e in entries:
         if e.kind not in ("baseline", "trained"):
             continue
         test = tests.get(e.label, {})
         chosen = f"{e.run.name}: {e.run.val_nll:.4f}" if e.kind == "trained" else "-"
-        lines.append("| " + " | ".join([e.label, chosen, *plain_cells(e.run.metrics(e.system), test.get("instance", {}), alpha)]) + " |")
-    p_header = ["System", *(column_label(m, f) for m, f in COLUMNS)]
+        lines.append("| " + " | ".join([e.label, chosen, *plain_cells(e.run.metrics(e.system), test.get("instance", {}), alpha, columns)]) + " |")
+    tested = [c for c in columns if c != "hmean"]  # a corpus figure: not resampled
+    p_header = ["System", *(column_label(c) for c in tested)]
     p_lines = ["| " + " | ".join(p_header) + " |", "|" + "---|" * len(p_header)]
     for e in entries:
         if e.label in tests:
             test = tests[e.label]
-            p_lines.append("| " + " | ".join([e.label] + [" / ".join(f"{test[u][f'{m}/{f}']:.4f}" if f"{m}/{f}" in test[u] else "n/a"
-                                                                     for u in UNITS) for m, f in COLUMNS]) + " |")
+            p_lines.append("| " + " | ".join([e.label] + [" / ".join(f"{test[u][c]:.4f}" if c in test[u] else "n/a" for u in UNITS)
+                                                          for c in tested]) + " |")
     return "\n\n".join([
         "# Objectives", "\n".join(lines),
         f"Of several runs of an objective the one with the lowest validation NLL at its best checkpoint is shown; "
@@ -279,14 +289,15 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float) -> str:
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
     varying = sorted(k for k in set().union(*(r.flat_params for r in runs))
                      if len({json.dumps(r.flat_params.get(k)) for r in runs}) > 1 and k != "objective")
-    header = ["Experiment", "objective", *varying, *(column_label(m, f) for m, f in COLUMNS), "best val NLL", "NLL BARTScore (M)"]
+    columns = all_columns([run.metrics(FINETUNED) or {} for run in runs])
+    header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         significance = run.json("reports/significance.json") if run.has("reports/significance.json") else {}
         base = (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")
         cells = [run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
-                 *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha),
-                 "n/a" if run.val_nll is None else f"{run.val_nll:.4f}", "n/a" if base is None else number("bartscore", base)]
+                 *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha, columns),
+                 "n/a" if run.val_nll is None else f"{run.val_nll:.4f}", "n/a" if base is None else number("bartscore/predictive", base)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n\n".join([
         "# Experiments", "\n".join(lines),

@@ -1,36 +1,53 @@
-"""The results table: rows = systems, columns = BARTScore, ROUGE-L, SacreBLEU, each predictive
-M(Ŷ, Y_EE) and counterfactual M(Ŷ, Y_EE) + Δ_M; significance marks against the baseline; the
-best value of each column (among the real systems, not the copy baselines) in bold."""
+"""The results tables: rows = systems; columns = the overlap metrics (BARTScore, ROUGE-L,
+SacreBLEU, each predictive M(Ŷ, Y_EE) and counterfactual M(Ŷ, Y_EE) + Δ_M) in one table, the
+coherence metrics (CF-PMI, follows X_CE, drift, EntScore, HMean) in the other; significance
+marks against the baseline; the best value of each column (among the real systems, not the copy
+baselines) in bold. Columns are keys of storyrewrite.metrics.columns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storyrewrite.metrics.counterfactual import FORMS, METRICS
+from storyrewrite.metrics.columns import COHERENCE_TABLE, OVERLAP
 
 METRIC_LABELS = {"bartscore": "BARTScore", "rougeL": "ROUGE-L", "sacrebleu": "SacreBLEU"}
 FORM_LABELS = {"predictive": "M", "counterfactual": "M + Δ_M"}
+COHERENCE_LABELS = {"cf_pmi": "CF-PMI", "cf_follow": "follows X_CE (%)", "drift": "drift", "ents": "EntScore",
+                    "hmean": "HMean"}
+COLUMNS = list(OVERLAP)
 
 
-COLUMNS = [(metric, form) for form in FORMS for metric in METRICS]
+def column_label(column: str) -> str:
+    if "/" in column:
+        metric, form = column.split("/")
+        return f"{METRIC_LABELS[metric]} ({FORM_LABELS[form]})"
+    return COHERENCE_LABELS[column]
 
 
-def column_label(metric: str, form: str) -> str:
-    return f"{METRIC_LABELS[metric]} ({FORM_LABELS[form]})"
+def metric_value(metrics: dict, column: str) -> float | None:
+    """A system's corpus value in `column`, from its metrics JSON (None where not computed)."""
+    if "/" in column:
+        metric, form = column.split("/")
+        return metrics.get(metric, {}).get(form)
+    return metrics.get(column)
 
 
-def number(metric: str, v: float) -> str:
-    return f"{v:.{3 if metric == 'bartscore' else 1}f}"
+def number(column: str, v: float) -> str:
+    if column == "cf_follow":
+        return f"{100 * v:.1f}"
+    if column.startswith("bartscore") or column in ("cf_pmi", "drift", "ents", "hmean"):
+        return f"{v:.3f}"
+    return f"{v:.1f}"
 
 
-def significant(p_values: dict, metric: str, form: str, alpha: float) -> bool:
-    p = p_values.get(f"{metric}/{form}")
+def significant(p_values: dict, column: str, alpha: float) -> bool:
+    p = p_values.get(column)
     return p is not None and p < alpha
 
 
-def plain_cells(metrics: dict, p_values: dict, alpha: float) -> list[str]:
+def plain_cells(metrics: dict, p_values: dict, alpha: float, columns: list[str] = COLUMNS) -> list[str]:
     """Markdown cells of one system's metrics JSON in table order, significance marked."""
-    return ["n/a" if (v := metrics.get(m, {}).get(f)) is None else number(m, v) + ("\\*" if significant(p_values, m, f, alpha) else "")
-            for m, f in COLUMNS]
+    return ["n/a" if (v := metric_value(metrics, c)) is None else number(c, v) + ("\\*" if significant(p_values, c, alpha) else "")
+            for c in columns]
 
 
 @dataclass
@@ -38,60 +55,65 @@ class Row:
     system: str
     label: str
     metrics: dict  # the metrics JSON of the system
-    p_values: dict  # "<metric>/<form>" -> p, empty for the baseline
+    p_values: dict  # column -> p, empty for the baseline
     sanity: bool = False
     story_p_values: dict = field(default_factory=dict)  # the same, resampling whole stories (marked †)
 
 
-def value(row: Row, metric: str, form: str) -> float | None:
-    return row.metrics.get(metric, {}).get(form)
+def coherence_columns(rows: list[Row]) -> list[str]:
+    """The coherence columns any system of the table has (none for a task without X_CE)."""
+    return [c for c in COHERENCE_TABLE if any(metric_value(r.metrics, c) is not None for r in rows)]
 
 
-def best_values(rows: list[Row]) -> dict[tuple[str, str], float]:
+def best_values(rows: list[Row], columns: list[str]) -> dict[str, float]:
     best = {}
-    for metric in METRICS:
-        for form in FORMS:
-            values = [v for r in rows if not r.sanity and (v := value(r, metric, form)) is not None]
-            if values:
-                best[(metric, form)] = max(values)  # every metric here is higher-is-better
+    for column in columns:
+        values = [v for r in rows if not r.sanity and (v := metric_value(r.metrics, column)) is not None]
+        if values:
+            best[column] = max(values)  # every column here is higher-is-better
     return best
 
 
-def _cell(row: Row, metric: str, form: str, best: dict, alpha: float, latex: bool) -> str:
-    v = value(row, metric, form)
+def _cell(row: Row, column: str, best: dict, alpha: float, latex: bool) -> str:
+    v = metric_value(row.metrics, column)
     if v is None:
         return "n/a"
-    text = number(metric, v)
-    mark = significant(row.p_values, metric, form, alpha)
-    story = significant(row.story_p_values, metric, form, alpha)
+    text = number(column, v)
+    mark = significant(row.p_values, column, alpha)
+    story = significant(row.story_p_values, column, alpha)
+    bold = not row.sanity and v == best.get(column)
     if latex:
-        text = f"\\textbf{{{text}}}" if not row.sanity and v == best.get((metric, form)) else text
+        text = f"\\textbf{{{text}}}" if bold else text
         return text + ("$^{*}$" if mark else "") + ("$^{\\dagger}$" if story else "")
-    text = f"**{text}**" if not row.sanity and v == best.get((metric, form)) else text
+    text = f"**{text}**" if bold else text
     return text + ("\\*" if mark else "") + ("†" if story else "")
 
 
-def markdown_table(rows: list[Row], alpha: float) -> str:
-    best = best_values(rows)
-    header = ["System"] + [column_label(m, f) for m, f in COLUMNS]
+def markdown_table(rows: list[Row], alpha: float, columns: list[str] = COLUMNS) -> str:
+    best = best_values(rows, columns)
+    header = ["System"] + [column_label(c) for c in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row.label] + [_cell(row, m, f, best, alpha, latex=False) for m, f in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([row.label] + [_cell(row, c, best, alpha, latex=False) for c in columns]) + " |")
     return "\n".join(lines)
 
 
-def latex_table(rows: list[Row], alpha: float, caption: str) -> str:
-    best = best_values(rows)
-    n = len(METRICS)
-    lines = [
-        "\\begin{table}[t]", "\\centering", "\\small",
-        "\\begin{tabular}{l" + "r" * (2 * n) + "}", "\\toprule",
-        " & \\multicolumn{%d}{c}{Predictive $M(\\hat{Y}, Y_{EE})$} & \\multicolumn{%d}{c}{Counterfactual $M + \\Delta_M$} \\\\" % (n, n),
-        "System & " + " & ".join(METRIC_LABELS[m] for _ in FORMS for m in METRICS) + " \\\\", "\\midrule",
-    ]
+def _latex_label(label: str) -> str:
+    return label.replace("&", "\\&").replace("_", "\\_").replace("%", "\\%")
+
+
+def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] = COLUMNS) -> str:
+    """The overlap table (COLUMNS: predictive and counterfactual groups) or any other columns."""
+    best = best_values(rows, columns)
+    lines = ["\\begin{table}[t]", "\\centering", "\\small", "\\begin{tabular}{l" + "r" * len(columns) + "}", "\\toprule"]
+    if columns == COLUMNS:
+        n = len(columns) // 2
+        lines += [" & \\multicolumn{%d}{c}{Predictive $M(\\hat{Y}, Y_{EE})$} & \\multicolumn{%d}{c}{Counterfactual $M + \\Delta_M$} \\\\" % (n, n),
+                  "System & " + " & ".join(METRIC_LABELS[c.split("/")[0]] for c in columns) + " \\\\"]
+    else:
+        lines.append("System & " + " & ".join(_latex_label(column_label(c)) for c in columns) + " \\\\")
+    lines.append("\\midrule")
     for row in rows:
-        label = row.label.replace("&", "\\&").replace("_", "\\_")
-        lines.append(label + " & " + " & ".join(_cell(row, m, f, best, alpha, latex=True) for m, f in COLUMNS) + " \\\\")
+        lines.append(_latex_label(row.label) + " & " + " & ".join(_cell(row, c, best, alpha, latex=True) for c in columns) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{caption}}}", "\\end{table}"]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Test every system against the baseline, for every metric and form, from per-instance scores."""
+"""Test every system against the baseline, for every tested column (the overlap metrics in each
+form, the coherence metrics: storyrewrite.metrics.columns), from per-instance scores."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,24 +7,17 @@ from pathlib import Path
 import numpy as np
 
 from storyrewrite.io import InputError, find_file, read_jsonl
-from storyrewrite.metrics.counterfactual import FORMS, METRICS, instance_value
+from storyrewrite.metrics.columns import available, value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
 
-def columns(rows: list[dict]) -> list[tuple[str, str]]:
-    """(metric, form) pairs these per-instance rows support."""
-    has_original = all(f"{m}_original" in rows[0] for m in METRICS)
-    return [(m, f) for f in FORMS for m in METRICS if f == "predictive" or has_original]
-
-
 def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed: int, by_story: bool) -> dict:
-    """{system: {"<metric>/<form>": p-value}} for every system but the baseline (H1: system > baseline)."""
+    """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
+    the columns both systems' scores have."""
     if baseline not in scores:
         raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
     base_rows = scores[baseline]
     order = [row["id"] for row in base_rows]
-    pairs = columns(base_rows)
-    base = np.array([[instance_value(row, m, f) for m, f in pairs] for row in base_rows])
     clusters = [row["story_id"] for row in base_rows] if by_story else None
     results = {}
     for system, rows in sorted(scores.items()):
@@ -32,9 +26,11 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
         by_id = {row["id"]: row for row in rows}
         if sorted(by_id) != sorted(order):
             raise InputError(f"scores of `{system}` and `{baseline}` cover different instances")
-        values = np.array([[instance_value(by_id[i], m, f) for m, f in pairs] for i in order])
+        tested = [c for c in available(base_rows[0]) if c in available(rows[0])]
+        base = np.array([[value(row, c) for c in tested] for row in base_rows])
+        values = np.array([[value(by_id[i], c) for c in tested] for i in order])
         p_values = paired_bootstrap_many(values, base, n_resamples=n_resamples, seed=seed, clusters=clusters)
-        results[system] = {f"{m}/{f}": round(float(p), 4) for (m, f), p in zip(pairs, p_values)}
+        results[system] = {column: round(float(p), 4) for column, p in zip(tested, p_values)}
     return results
 
 

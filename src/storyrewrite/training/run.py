@@ -20,7 +20,8 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from storyrewrite import closure
 from storyrewrite.io import InputError, atomic_dir, sha256_file, write_json_atomic, write_text_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.loading import compile_body, is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
+from storyrewrite.training.compile import compile_body
 from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
 from storyrewrite.params import ModelsConfig, Params, TrainConfig
 from storyrewrite.training.data import RewriteDataModule

@@ -1,0 +1,68 @@
+"""Metric validity on the whole test set: the validity stage's figures (does each metric score
+the reference rewrite Y_EE above the original ending copied unchanged?) for every instance of
+the task's test split, not the profile's subset, with the time each metric took.
+
+    python bench/metric_validity.py [--device auto] [--profile P.yaml] [--max-eval N]
+
+Writes reports/metric_validity.md (the table, in words) and reports/bench/metric_validity.json
+(the figures, the timings, the machine). The models are the profile's (default: SmolLM2 as
+judge and BARTScore scorer, MiniLM as embedder, no NLI model).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common import ROOT, clock, describe, evaluators_dir, inputs, write_result
+
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import write_text_atomic
+from storyrewrite.metrics.evaluate import Evaluators
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.validity import gold_and_copy
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.significance.validity import markdown, validity
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s)")
+    parser.add_argument("--max-eval", type=int, default=None, help="at most this many test instances (default: all)")
+    args = parser.parse_args()
+    params, pretrained, prepared = inputs(args.profile, {"data": {"max_eval": args.max_eval}})
+    device = resolve_device(args.device)
+    models, config = params.models, params.score
+    instances = load_instances(prepared, params.task, "test")
+    started = clock(device)
+    scorer_dir = resolve_model_dir(pretrained, "scorer")
+    scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, config.dtype, device)
+    evaluators = Evaluators.load(evaluators_dir(params), scorer, scorer_dir, device, config.dtype,
+                                 models.max_input_tokens, models.max_output_tokens)
+    loading = clock(device) - started
+    seconds: dict[str, float] = {}
+    pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds)
+    result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
+    total = clock(device) - started
+    where = describe(device)
+    timing = ", ".join(f"{name} {value:.0f} s" for name, value in seconds.items())
+    page = "\n\n".join([
+        "# Metric validity on the whole test set",
+        f"Does each metric score the reference rewrite Y_EE above the original ending copied unchanged (X_OE)? "
+        f"Task `{params.task}`, all {len(instances)} test instances; judge `{models.judge}`, embedder `{models.embedder}`, "
+        f"NLI `{models.nli}`, BARTScore scorer `{models.scorer}`. Measured by `python bench/metric_validity.py` "
+        f"on {where}: {total / 60:.1f} min in all ({timing}; loading the models {loading:.0f} s).",
+        markdown(result),
+    ]) + "\n"
+    write_text_atomic(ROOT / "reports" / "metric_validity.md", page)
+    print(page)
+    write_result("metric_validity", device, {"validity": result, "seconds": {k: round(v, 1) for k, v in seconds.items()},
+                                             "total_seconds": round(total, 1), "loading_seconds": round(loading, 1)},
+                 {"task": params.task, "instances": len(instances), "judge": models.judge, "embedder": models.embedder,
+                  "nli": models.nli, "scorer": models.scorer, "batch_size": config.batch_size, "dtype": config.dtype,
+                  "profiles": [str(p) for p in args.profile]})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The columns of the results tables, and each instance's value in them (torch-free: significance
+testing and the report read scores through this module alone).
+
+Two tables, two families of columns, every one higher-is-better:
+- overlap with the references (`<metric>/<form>`): BARTScore, ROUGE-L and SacreBLEU, each
+  predictive and counterfactual (storyrewrite.metrics.counterfactual);
+- following the counterfactual (storyrewrite.metrics.coherence): `cf_pmi`, `cf_follow` (the
+  share of instances with cf_pmi > 0), `drift`, `ents`. `hmean` is a corpus figure (it combines
+  corpus BLEU with mean EntScore), shown but not resampled.
+
+A per-instance scores row holds `<metric>` and `<metric>_original` for the overlap metrics and
+`cf_pmi`, `drift`, `ents` where they were computed.
+"""
+from __future__ import annotations
+
+from storyrewrite.metrics.counterfactual import FORMS, METRICS, instance_value
+
+COHERENCE = ("cf_pmi", "cf_follow", "drift", "ents")  # tested per instance
+COHERENCE_TABLE = (*COHERENCE, "hmean")  # the "Following the counterfactual" table
+OVERLAP = tuple(f"{metric}/{form}" for form in FORMS for metric in METRICS)
+
+
+def coherence_value(row: dict, column: str) -> float:
+    if column == "cf_follow":
+        return float(row["cf_pmi"] > 0)
+    return row[column]
+
+
+def value(row: dict, column: str) -> float:
+    """One instance's value in `column` (`<metric>/<form>` or a coherence column)."""
+    if "/" in column:
+        metric, form = column.split("/")
+        return instance_value(row, metric, form)
+    return coherence_value(row, column)
+
+
+def available(row: dict) -> list[str]:
+    """The tested columns a per-instance scores row supports, in table order."""
+    has_original = all(f"{m}_original" in row for m in METRICS)
+    overlap = [c for c in OVERLAP if c.endswith("/predictive") or has_original]
+    source = {"cf_follow": "cf_pmi"}
+    return overlap + [c for c in COHERENCE if source.get(c, c) in row]

@@ -1,0 +1,24 @@
+"""Where a stage runs its models: the params' `device`, resolved against the machine.
+
+Importable without transformers (generation, metrics, the LLM backends and the bench scripts
+use it without loading any model code).
+"""
+from __future__ import annotations
+
+import torch
+
+from storyrewrite.io import InputError
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The params' `device`: `auto` is the first CUDA GPU if there is one, else the CPU; `cpu`,
+    `cuda` and `cuda:N` are taken as they are (a GPU that is not there is an error)."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"params: `device` = {spec!r}, but CUDA is not available here; valid values: auto, cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"params: `device` = {spec!r}, but there are {torch.cuda.device_count()} GPU(s)")
+    return device

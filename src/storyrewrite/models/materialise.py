@@ -1,0 +1,63 @@
+"""Materialise every role's model once as a plain `save_pretrained` directory.
+
+The `models` stage materialises the generator and the scorer into `models/pretrained/`, the
+`eval_models` stage the evaluation models (judge, embedder, NLI classifier) into
+`models/evaluators/`: two stages, so that changing an evaluation model rescores the systems
+without retraining them. Each directory has an `index.json` (role -> model directory, and the
+spec each came from); a spec two roles share is materialised once. Later stages load the saved
+directories (storyrewrite.models.store), which takes a fraction of a second instead of the GGUF
+de-quantisation's half a minute.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from storyrewrite.io import InputError, atomic_dir, write_json_atomic
+from storyrewrite.models.roles import ROLES, check_role
+from storyrewrite.models.specs import fetch
+from storyrewrite.params import ModelsConfig
+
+
+def spec_dir(models_dir: str | Path, spec: str, kind: str = "lm") -> Path:
+    """The materialised directory of a spec (one per distinct spec and kind, shared by roles)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "--", spec).strip("-.")
+    return Path(models_dir) / (name if kind == "lm" else f"{name}--{kind}")
+
+
+def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:
+    """DTO feeds generator distributions to the scorer token by token: the vocabularies must match."""
+    if generator.get_vocab() != scorer.get_vocab():
+        raise InputError(
+            f"params: `models.generator` ({names[0]}, {len(generator)} tokens) and `models.scorer` "
+            f"({names[1]}, {len(scorer)} tokens) do not share a vocabulary; pick a scorer of the "
+            "generator's family (paper: facebook/bart-large-cnn for both)"
+        )
+
+
+def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ...] = ("generator", "scorer")) -> dict:
+    """Save the model of each of `roles` (a role whose spec is null is left out) under `out`,
+    each checked for its role; return the index (also written to `out/index.json`)."""
+    specs = {role: getattr(config, role) for role in roles}
+    # Built in a staging directory and swapped in whole: a failure (a role's check, a download)
+    # leaves the previous directory as it was.
+    with atomic_dir(out) as staging:
+        for role, spec in specs.items():
+            if spec is None:
+                continue
+            directory = spec_dir(staging, spec, ROLES[role].kind)
+            if not directory.exists():
+                directory.mkdir()
+                fetch(spec, ROLES[role].kind, directory, seed)
+            check_role(role, directory, spec)
+        if {"generator", "scorer"} <= set(roles):
+            check_same_vocabulary(*(AutoTokenizer.from_pretrained(spec_dir(staging, specs[r])) for r in ("generator", "scorer")),
+                                  (specs["generator"], specs["scorer"]))
+        index = {role: None if spec is None else spec_dir(out, spec, ROLES[role].kind).name for role, spec in specs.items()}
+        index["specs"] = specs
+        write_json_atomic(staging / "index.json", index)
+    return index
+
+

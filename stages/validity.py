@@ -1,0 +1,52 @@
+"""validity: does each metric tell the reference rewrite from a copy of the original ending?
+Per metric, the share of test instances where Y_EE beats the copy of X_OE, with bootstrap
+intervals (storyrewrite.metrics.validity)."""
+import argparse
+from pathlib import Path
+
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.data.schema import TASK_COLUMNS
+from storyrewrite.io import run_stage, write_json_atomic
+from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.validity import gold_and_copy
+from storyrewrite.models.device import resolve_device
+from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.params import Params
+from storyrewrite.records import StageRecord
+from storyrewrite.significance.validity import markdown, validity
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", type=Path, required=True, help="prepared data dir")
+    parser.add_argument("--scorer", type=Path, required=True, help="the models stage's dir")
+    parser.add_argument("--evaluators", type=Path, required=True, help="the eval_models stage's dir")
+    parser.add_argument("--out", type=Path, required=True, help="the figures, .json (DVC metrics)")
+    StageRecord.add_argument(parser)
+    args = parser.parse_args()
+    record = StageRecord.start(args.record)
+    params = Params.load()
+    config, models = params.score, params.models
+    if not set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]):
+        write_json_atomic(args.out, {"validity": f"not available: task {params.task} has no original ending to copy"})
+        print(f"{args.out}: not available for task {params.task}")
+        if record:
+            record.finish("cpu", None, 0, "instances")
+        return
+    instances = load_instances(args.data, params.task, params.generate.split)
+    device = resolve_device(params.device)
+    scorer_dir = resolve_model_dir(args.scorer, "scorer")
+    scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
+    evaluators = Evaluators.load(args.evaluators, scorer, scorer_dir, device, config.dtype,
+                                 models.max_input_tokens, models.max_output_tokens)
+    pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size)
+    result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
+    write_json_atomic(args.out, result)
+    print(markdown(result))
+    if record:
+        record.finish(device, config.dtype, len(instances), "instances")
+
+
+if __name__ == "__main__":
+    run_stage(main)

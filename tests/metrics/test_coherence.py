@@ -1,0 +1,178 @@
+"""The coherence metrics against computations done another way: CF-PMI one token at a time,
+drift with the encoder called on each text alone, EntScore as a softmax of the classifier's
+logits; the entailment label found by name; tasks without X_CE; the bootstrap over the new
+columns; and the checks that refuse a model that cannot play its role."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+from storyrewrite.io import InputError
+from storyrewrite.metrics import coherence
+from storyrewrite.metrics.evaluate import Evaluators, score_system
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.models.materialise import materialise
+from storyrewrite.models.sentence import SentenceEncoder
+from storyrewrite.models.store import load_model, load_tokenizer, resolve_model_dir
+from storyrewrite.params import ModelsConfig
+from storyrewrite.significance.compare import compare
+
+STORIES = [
+    {"id": "s1:0", "story_id": "s1", "premise": "Ann baked a cake for the fair.", "initial": "It came out perfect.",
+     "counterfactual": "She burnt it badly.", "original_ending": "She won first prize. Everyone loved it.",
+     "target": "She threw it away. Nobody tasted it."},
+    {"id": "s1:1", "story_id": "s1", "premise": "Ann baked a cake for the fair.", "initial": "It came out perfect.",
+     "counterfactual": "She burnt it badly.", "original_ending": "She won first prize. Everyone loved it.",
+     "target": "She baked another one."},
+    {"id": "s2:0", "story_id": "s2", "premise": "Tom went fishing.", "initial": "He caught a huge trout.",
+     "counterfactual": "It rained all day long and the lake flooded the path to the pier.",
+     "original_ending": "He cooked it for dinner.", "target": "He went home wet and cold, with nothing."},
+]
+ENDINGS = ["She threw it away.", "", "He cooked a trout for dinner and told everyone about the big fish he caught."]
+
+
+def log_prob_step_by_step(model, tokenizer, context: str, ending: str) -> float:
+    """Mean log p of the ending's tokens and its end token after the context, one forward per
+    token, no batch and no padding."""
+    context_ids = tokenizer(context)["input_ids"]
+    ending_ids = tokenizer(" " + ending, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    total = 0.0
+    with torch.no_grad():
+        for t, token in enumerate(ending_ids):
+            logits = model(input_ids=torch.tensor([context_ids + ending_ids[:t]])).logits[0, -1]
+            total += F.log_softmax(logits.double(), dim=-1)[token].item()
+    return total / len(ending_ids)
+
+
+def test_cf_pmi_equals_the_token_by_token_difference_of_the_two_contexts(tiny_evaluators):
+    directory = resolve_model_dir(tiny_evaluators, "judge")
+    model, tokenizer = load_model(directory).eval(), load_tokenizer(directory)
+    expected = [log_prob_step_by_step(model, tokenizer, f"{row['premise']} {row['counterfactual']}", ending)
+                - log_prob_step_by_step(model, tokenizer, f"{row['premise']} {row['initial']}", ending)
+                for row, ending in zip(STORIES, ENDINGS)]
+    judge = LMScorer.from_dir(directory, max_input_tokens=96, max_output_tokens=40)
+    # Batches of 2 over 6 pairs of mixed lengths: padding in every batch.
+    assert coherence.cf_pmi(judge, STORIES, ENDINGS, batch_size=2) == pytest.approx(expected, abs=1e-5)
+
+
+def cls_vector(model, tokenizer, text: str) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0, 0]
+
+
+def test_drift_equals_the_cosine_of_the_two_moves_computed_text_by_text(tiny_evaluators):
+    directory = resolve_model_dir(tiny_evaluators, "embedder")
+    model, tokenizer = AutoModel.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+    expected = []
+    for row, ending in zip(STORIES, ENDINGS):
+        start = cls_vector(model, tokenizer, f"{row['premise']} {row['initial']} {row['original_ending']}")
+        moved = cls_vector(model, tokenizer, f"{row['premise']} {row['counterfactual']} {ending}") - start
+        wanted = cls_vector(model, tokenizer, f"{row['premise']} {row['counterfactual']} {row['target']}") - start
+        expected.append(float(moved @ wanted / (moved.norm() * wanted.norm())))
+    encoder = SentenceEncoder(directory, batch_size=2)
+    assert encoder.pooling == "cls" and not encoder.normalize  # a plain encoder: [CLS], as Qin et al.
+    assert coherence.drift_similarity(encoder, STORIES, ENDINGS) == pytest.approx(expected, abs=1e-5)
+    # The reference itself moves the story exactly as the reference does.
+    assert coherence.drift_similarity(encoder, STORIES, [row["target"] for row in STORIES]) == pytest.approx([1.0] * 3, abs=1e-6)
+    # Several references: the best of them.
+    several = coherence.drift_similarity(encoder, STORIES, ENDINGS, [[r["target"], STORIES[0]["target"]] for r in STORIES])
+    alone = coherence.drift_similarity(encoder, STORIES, ENDINGS, [[STORIES[0]["target"]]] * 3)
+    assert several == pytest.approx([max(a, b) for a, b in zip(expected, alone)], abs=1e-6)
+
+
+def test_a_sentence_transformers_directory_pools_as_its_files_say(tiny_evaluators, tmp_path):
+    directory = tmp_path / "st"
+    shutil.copytree(resolve_model_dir(tiny_evaluators, "embedder"), directory)
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    model, tokenizer = AutoModel.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+    texts = ["A short one.", "A much longer sentence, so that the batch has padding in it."]
+    with torch.no_grad():
+        expected = torch.stack([F.normalize(model(**tokenizer(t, return_tensors="pt")).last_hidden_state[0].mean(0), dim=0)
+                                for t in texts])
+    torch.testing.assert_close(SentenceEncoder(directory).embed(texts), expected, atol=1e-5, rtol=1e-5)
+
+
+def _classifier_copy(tiny_evaluators, tmp_path, id2label: dict) -> tuple:
+    directory = tmp_path / "nli"
+    shutil.copytree(resolve_model_dir(tiny_evaluators, "nli"), directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["id2label"], config["label2id"] = id2label, {v: int(k) for k, v in id2label.items()}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_ents_is_the_softmax_of_the_class_named_entailment_and_hmean_its_harmonic_mean(tiny_evaluators, tmp_path):
+    # Labels in another order than roberta-large-mnli's: the lookup must go by name.
+    directory = _classifier_copy(tiny_evaluators, tmp_path, {"0": "entailment", "1": "neutral", "2": "contradiction"})
+    model, tokenizer = AutoModelForSequenceClassification.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+    expected = []
+    with torch.no_grad():
+        for row, ending in zip(STORIES, ENDINGS):
+            logits = model(**tokenizer(f"{row['premise']} {row['counterfactual']}", ending, return_tensors="pt")).logits[0]
+            expected.append(torch.softmax(logits, dim=-1)[0].item())
+    nli = coherence.EntailmentScorer(directory, "tiny:roberta-nli")
+    assert nli.label == 0
+    assert coherence.entailment(nli, STORIES, ENDINGS, batch_size=2) == pytest.approx(expected, abs=1e-5)
+    assert coherence.hmean(40.0, 0.6) == pytest.approx(2 * 0.4 * 0.6 / 1.0)
+    assert coherence.hmean(0.0, 0.0) == 0.0
+
+
+def test_a_classifier_without_an_entailment_label_is_refused_by_name(tiny_evaluators, tmp_path):
+    directory = _classifier_copy(tiny_evaluators, tmp_path, {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"})
+    with pytest.raises(InputError, match=r"`models.nli` = 'my/nli' has no single `entailment` label .*\(0: LABEL_0, 1: LABEL_1, 2: LABEL_2\)"):
+        coherence.EntailmentScorer(directory, "my/nli")
+
+
+@pytest.mark.parametrize("role, spec, message", [
+    ("judge", "tiny:bart", r"`models.judge` = 'tiny:bart' is a bart model, not a causal LM"),
+    ("embedder", "tiny:llama", r"`models.embedder` = 'tiny:llama' is a decoder-only LM, not a sentence encoder"),
+    ("nli", "tiny:roberta", r"`models.nli` = 'tiny:roberta' is not a sequence classifier"),
+])
+def test_a_model_that_cannot_play_its_role_is_refused_before_any_scoring(tmp_path, role, spec, message):
+    config = ModelsConfig("tiny:llama", "tiny:llama", 96, 40, **{role: spec})
+    with pytest.raises(InputError, match=message):
+        materialise(config, tmp_path / "evaluators", seed=0, roles=(role,))
+    assert not (tmp_path / "evaluators").exists()  # nothing half-written
+
+
+def _evaluators(tiny_evaluators, nli: bool = True) -> Evaluators:
+    judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
+    return Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")),
+                      nli=coherence.EntailmentScorer(resolve_model_dir(tiny_evaluators, "nli"), "tiny:roberta-nli") if nli else None,
+                      specs={"judge": "tiny:llama", "embedder": "tiny:roberta", "nli": "tiny:roberta-nli" if nli else None})
+
+
+def test_score_system_adds_the_coherence_columns_and_their_corpus_values(tiny_evaluators):
+    evaluators = _evaluators(tiny_evaluators)
+    predictions = {row["id"]: ending for row, ending in zip(STORIES, ENDINGS)}
+    rows, metrics = score_system(predictions, STORIES, evaluators.judge, batch_size=2, evaluators=evaluators)
+    for name in ("cf_pmi", "drift", "ents"):
+        assert metrics[name] == pytest.approx(np.mean([r[name] for r in rows]), abs=1e-4)
+    assert metrics["cf_follow"] == pytest.approx(np.mean([r["cf_pmi"] > 0 for r in rows]))
+    assert metrics["hmean"] == pytest.approx(coherence.hmean(metrics["sacrebleu"]["predictive"], metrics["ents"]), abs=1e-3)
+    assert metrics["coherence_metrics"] == "available" and metrics["evaluators"]["nli"] == "tiny:roberta-nli"
+    # The ablated task has X_CE, X_IE and X_OE (only not as input): the same columns. ART has none.
+    art = [{"id": "a:0", "story_id": "a", "premise": "He ran.", "hypothesis_1": "x", "hypothesis_2": "y", "target": "He fell."}]
+    rows, metrics = score_system({"a:0": "He fell."}, art, evaluators.judge, batch_size=1, evaluators=evaluators)
+    assert metrics["coherence_metrics"] == "not available: the task has no counterfactual event"
+    assert "cf_pmi" not in metrics and "cf_pmi" not in rows[0]
+    _, without_nli = score_system(predictions, STORIES, evaluators.judge, batch_size=2, evaluators=_evaluators(tiny_evaluators, nli=False))
+    assert "ents" not in without_nli and "hmean" not in without_nli and "cf_pmi" in without_nli
+
+
+def test_the_bootstrap_tests_the_coherence_columns(tiny_evaluators):
+    rows = [{"id": f"s{i}:0", "story_id": f"s{i}", "bartscore": -2.0, "rougeL": 50.0, "sacrebleu": 30.0,
+             "cf_pmi": 0.1 * (i % 3) - 0.05, "drift": 0.2, "ents": 0.5} for i in range(30)]
+    better = [dict(row, cf_pmi=row["cf_pmi"] + 0.3, drift=row["drift"] - 0.1) for row in rows]
+    p = compare({"nll": rows, "dto": better}, "nll", n_resamples=500, seed=0, by_story=True)["dto"]
+    assert set(p) == {"bartscore/predictive", "rougeL/predictive", "sacrebleu/predictive", "cf_pmi", "cf_follow", "drift", "ents"}
+    assert p["cf_pmi"] == 0.0 and p["cf_follow"] == 0.0 and p["drift"] == 1.0 and p["ents"] == 1.0

@@ -1,0 +1,65 @@
+"""Metric validity: wins, ties and losses of the reference over the copy of the original ending,
+their story-resampled intervals, the verdict in words, and the values behind them (reference-
+based metrics never score a reference against itself)."""
+import numpy as np
+import pytest
+
+from storyrewrite.metrics import coherence, lexical
+from storyrewrite.metrics.evaluate import Evaluators
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.validity import gold_and_copy, other_references
+from storyrewrite.models.sentence import SentenceEncoder
+from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.significance.validity import markdown, outcomes, summarise, validity
+
+
+def test_outcomes_count_ties_apart():
+    table = outcomes([1.0, 0.5, 0.2, 0.3 + 1e-12], [0.5, 0.5, 0.4, 0.3])
+    assert table.tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 1, 0]]
+
+
+def test_shares_intervals_and_the_verdict():
+    stories = [f"s{i // 3}" for i in range(300)]
+    rng = np.random.default_rng(0)
+    copy = rng.normal(size=300)
+    clear = summarise(list(copy + 1.0), list(copy), stories, n_resamples=500, seed=0)
+    assert clear["wins"] == 1.0 and clear["ties"] == 0.0 and clear["separates"] and clear["margin_ci"][0] == 1.0
+    coin = summarise(list(rng.normal(size=300)), list(copy), stories, n_resamples=500, seed=0)
+    assert coin["wins_ci"][0] < coin["wins"] < coin["wins_ci"][1] and not coin["separates"]
+    assert abs(coin["wins"] + coin["ties"] + coin["losses"] - 1) < 1e-9
+    result = validity({"cf_pmi": (list(copy + 1.0), list(copy), stories), "rougeL": (list(rng.normal(size=300)), list(copy), stories)},
+                      {"ents": "`models.nli` is null"}, n_resamples=500)
+    text = markdown(result)
+    assert "**ROUGE-L (M) does not tell the reference rewrite from the unchanged original ending**" in text
+    assert "CF-PMI does not" not in text and "EntScore: not measured (`models.nli` is null)." in text
+    assert result["instances"] == 300 and result["stories"] == 100
+
+
+STORIES = [
+    {"id": "s1:0", "story_id": "s1", "premise": "Ann baked a cake.", "initial": "It was perfect.", "counterfactual": "She burnt it.",
+     "original_ending": "She won a prize.", "target": "She threw it away."},
+    {"id": "s1:1", "story_id": "s1", "premise": "Ann baked a cake.", "initial": "It was perfect.", "counterfactual": "She burnt it.",
+     "original_ending": "She won a prize.", "target": "She won no prize."},
+    {"id": "s2:0", "story_id": "s2", "premise": "Tom fished.", "initial": "He caught a trout.", "counterfactual": "It rained.",
+     "original_ending": "He ate it.", "target": "He went home."},
+]
+
+
+def test_reference_based_metrics_score_both_endings_against_the_other_references(tiny_evaluators):
+    assert other_references(STORIES) == [["She won no prize."], ["She threw it away."], []]
+    judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
+    evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")))
+    pairs, not_measured = gold_and_copy(STORIES, evaluators, scorer=judge, batch_size=2)
+    assert set(pairs) == {"cf_pmi", "drift", "bartscore", "rougeL", "sacrebleu"} and not_measured == {"ents": "`models.nli` is null"}
+    gold_pmi, copy_pmi, stories = pairs["cf_pmi"]
+    assert gold_pmi == pytest.approx(coherence.cf_pmi(judge, STORIES, [r["target"] for r in STORIES]), abs=1e-6)
+    assert copy_pmi == pytest.approx(coherence.cf_pmi(judge, STORIES, [r["original_ending"] for r in STORIES]), abs=1e-6)
+    assert stories == ["s1", "s1", "s2"]
+    # s2 has one reference: nothing to compare with, left out of the reference-based metrics.
+    gold_rouge, copy_rouge, kept = pairs["rougeL"]
+    assert kept == ["s1", "s1"]
+    assert gold_rouge == pytest.approx(lexical.rouge_l(["She threw it away.", "She won no prize."], ["She won no prize.", "She threw it away."]))
+    assert copy_rouge == pytest.approx(lexical.rouge_l(["She won a prize."] * 2, ["She won no prize.", "She threw it away."]))
+    gold_drift = pairs["drift"][0]
+    assert max(gold_drift) < 1.0 - 1e-6  # never a reference against itself
+    assert pairs["bartscore"][0][0] == pytest.approx(judge.score(["She threw it away."], ["She won no prize."])[0], abs=1e-6)
