@@ -42,13 +42,13 @@ def one_context_at_a_time(judge: LMScorer, instances: list[dict], endings: list[
     return values
 
 
-def stage_work(params, scorer_dir: Path, evaluators: Path | None, predictions: dict, instances: list[dict],
+def stage_work(params, pretrained: Path, evaluators: Path | None, predictions: dict, instances: list[dict],
                device: torch.device) -> float:
     """Seconds for what the score stage does after its imports: load, then score one system."""
     models, config = params.models, params.score
     started = clock(device)
-    scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, config.dtype, device)
-    loaded = None if evaluators is None else Evaluators.load(evaluators, scorer, scorer_dir, device, config.dtype,
+    scorer = LMScorer.from_dir(resolve_model_dir(pretrained, "scorer"), models.max_input_tokens, models.max_output_tokens, config.dtype, device)
+    loaded = None if evaluators is None else Evaluators.load(evaluators, scorer, pretrained, device, config.dtype,
                                                              models.max_input_tokens, models.max_output_tokens)
     score_system(predictions, instances, scorer, config.batch_size, loaded)
     return clock(device) - started
@@ -97,12 +97,11 @@ def main() -> None:
         predictions, source = read_predictions(path, test), str(path.relative_to(ROOT))
     else:
         predictions, source = {r["id"]: r["prediction"] for r in copy_predictions(test, params.task)["copy_original"]}, "copy_original"
-    scorer_dir = resolve_model_dir(pretrained, "scorer")
     without, with_evaluators = [], []
     for repeat in range(args.repeats):
         order = [None, evaluators] if repeat % 2 == 0 else [evaluators, None]
         for directory in order:
-            seconds = stage_work(params, scorer_dir, directory, predictions, test, device)
+            seconds = stage_work(params, pretrained, directory, predictions, test, device)
             (without if directory is None else with_evaluators).append(seconds)
     ratio = statistics.median(with_evaluators) / statistics.median(without)
     print(f"score stage on {len(test)} predictions ({source}): without the evaluators {statistics.median(without):.2f} s, "

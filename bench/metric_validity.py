@@ -38,7 +38,7 @@ def main() -> None:
     started = clock(device)
     scorer_dir = resolve_model_dir(pretrained, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, config.dtype, device)
-    evaluators = Evaluators.load(evaluators_dir(params), scorer, scorer_dir, device, config.dtype,
+    evaluators = Evaluators.load(evaluators_dir(params), scorer, pretrained, device, config.dtype,
                                  models.max_input_tokens, models.max_output_tokens)
     loading = clock(device) - started
     seconds: dict[str, float] = {}

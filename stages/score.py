@@ -34,7 +34,7 @@ def main() -> None:
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
     evaluators = None
     if set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]):
-        evaluators = Evaluators.load(args.evaluators, scorer, scorer_dir, device, config.dtype,
+        evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype,
                                      models.max_input_tokens, models.max_output_tokens)
     print(f"scorer on {device} ({config.dtype})" + (f"; evaluators: {evaluators.specs}" if evaluators else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]

@@ -20,7 +20,7 @@ from storyrewrite.metrics import coherence, counterfactual, lexical
 from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.sentence import SentenceEncoder
-from storyrewrite.models.store import optional_model_dir, role_spec, weights_digest
+from storyrewrite.models.store import optional_model_dir, resolve_model_dir, role_spec, same_model
 
 # The columns the coherence metrics read: the tasks without them (ART) get none.
 COHERENCE_INPUTS = ("premise", "initial", "counterfactual", "original_ending")
@@ -37,12 +37,13 @@ class Evaluators:
     judge_is_scorer: bool = False  # the judge has the training scorer's weights (DTO optimised its likelihoods)
 
     @classmethod
-    def load(cls, directory: Path, scorer: LMScorer, scorer_dir: Path, device: torch.device, dtype: str,
+    def load(cls, directory: Path, scorer: LMScorer, scorer_models: Path, device: torch.device, dtype: str,
              max_input_tokens: int, max_output_tokens: int) -> "Evaluators":
-        """The eval_models stage's models, on `device`; a judge with the scorer's weights is the
-        scorer itself (loaded once)."""
+        """The eval_models stage's models (`directory`), on `device`; a judge that is the scorer
+        of the models stage's directory `scorer_models` is that scorer itself (loaded once)."""
         judge_dir, embedder_dir, nli_dir = (optional_model_dir(directory, role) for role in ("judge", "embedder", "nli"))
-        same = judge_dir is not None and weights_digest(judge_dir) == weights_digest(scorer_dir)
+        same = judge_dir is not None and same_model(judge_dir, role_spec(directory, "judge"),
+                                                    resolve_model_dir(scorer_models, "scorer"), role_spec(scorer_models, "scorer"))
         judge = scorer if same else (None if judge_dir is None else
                                      LMScorer.from_dir(judge_dir, max_input_tokens, max_output_tokens, dtype, device))
         return cls(

@@ -50,6 +50,14 @@ def role_spec(path: str | Path, role: str) -> str:
     return index["specs"][role] if index is not None else str(path)
 
 
+def same_model(first: Path, first_spec: str, second: Path, second_spec: str) -> bool:
+    """Whether two materialised directories hold the same model: the same spec, and weight files
+    of the same names and sizes (a cheap check: hashing them would read every byte)."""
+    def sizes(directory: Path) -> dict[str, int]:
+        return {p.name: p.stat().st_size for p in sorted(Path(directory).glob("*.safetensors"))}
+    return first_spec == second_spec and sizes(first) == sizes(second)
+
+
 def weights_digest(model_dir: str | Path) -> str:
     """sha256 over the model's weight files: what identifies a model in fingerprints and caches."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
