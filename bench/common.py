@@ -28,6 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
 
 
+def _commit() -> str:
+    """The commit the bench runs, taken when it starts (the code it imports), `+changes` where
+    the tracked files differ from it."""
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return commit + ("+changes" if dirty else "")
+
+
+COMMIT = _commit()
+
+
 def evaluators_dir(params: Params) -> Path:
     """The eval_models stage's directory for these params: the pipeline's where its models are
     these params' (`dvc repro`), else materialised once into .cache/bench/."""
@@ -43,7 +57,6 @@ def evaluators_dir(params: Params) -> Path:
 def write_result(script: str, device: torch.device, figures: dict, settings: dict) -> Path:
     """reports/bench/<script>.json: this run's figures with where they were measured (machine,
     device, versions, commit), kept per device: a run replaces the previous one of its device."""
-    import subprocess
     import sys
     from datetime import datetime, timezone
 
@@ -52,13 +65,11 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
 
     path = ROOT / "reports" / "bench" / f"{script}.json"
     runs = read_json(path) if path.exists() else {}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     where = describe_device(device)
     runs[where["device_name"] if where["device"] != "cpu" else f"cpu: {where['device_name']}"] = {
         "script": f"bench/{script}.py", "command": " ".join(["python", f"bench/{script}.py", *sys.argv[1:]]),
         **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "python": platform.python_version(), "commit": commit + ("+changes" if dirty else ""),
+        "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": settings, "figures": figures,
     }
     write_json_atomic(path, runs)

@@ -31,6 +31,8 @@ def test_shares_intervals_and_the_verdict():
                       {"ents": "`models.nli` is null"}, n_resamples=500)
     text = markdown(result)
     assert "**ROUGE-L (M) does not tell the reference rewrite from the unchanged original ending**" in text
+    below = validity({"drift": (list(copy - 1.0), list(copy), stories)}, {}, n_resamples=500)
+    assert "**drift similarity prefers the unchanged original ending to the reference rewrite**: the copy scores higher on 100.0 %" in markdown(below)
     assert "CF-PMI does not" not in text and "EntScore: not measured (`models.nli` is null)." in text
     assert result["instances"] == 300 and result["stories"] == 100
 

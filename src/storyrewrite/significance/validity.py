@@ -68,12 +68,17 @@ def markdown(result: dict) -> str:
                      f"({_share(figures['wins_ci'][0])}–{_share(figures['wins_ci'][1])}) | {_share(figures['ties'])} | "
                      f"{_share(figures['losses'])} | {100 * figures['margin']:+.1f} ({100 * low:+.1f} to {100 * high:+.1f}) | "
                      f"{'yes' if figures['separates'] else '**no**'} |")
-        if not figures["separates"]:
+        interval = f"{100 * figures['margin']:+.1f} points, 95 % CI {100 * low:+.1f} to {100 * high:+.1f}"
+        if high < 0:
+            verdicts.append(
+                f"**{LABELS[name]} prefers the unchanged original ending to the reference rewrite**: the copy scores "
+                f"higher on {_share(figures['losses'])} of instances, the rewrite on {_share(figures['wins'])} ({interval}). "
+                "A system gains on it by copying X_OE rather than rewriting it.")
+        elif not figures["separates"]:
             verdicts.append(
                 f"**{LABELS[name]} does not tell the reference rewrite from the unchanged original ending**: the rewrite "
-                f"scores higher on {_share(figures['wins'])} of instances and the copy on {_share(figures['losses'])}, and "
-                f"the interval of the difference reaches {100 * low:+.1f} points. On it, copying X_OE does as well as "
-                "rewriting it.")
+                f"scores higher on {_share(figures['wins'])} of instances, the copy on {_share(figures['losses'])} "
+                f"({interval}). On it, copying X_OE does as well as rewriting it.")
     notes = [f"{LABELS[name]}: not measured ({why})." for name, why in result["not_measured"].items()]
     return "\n\n".join(["\n".join(lines), *verdicts, *notes,
                         f"{result['instances']} instances of {result['stories']} stories; intervals: {result['n_resamples']} "
