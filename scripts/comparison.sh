@@ -1,27 +1,47 @@
 #!/usr/bin/env bash
-# The whole comparison of a profile as DVC experiments, run one after the other, gathered and
-# collected into reports/<name>/ (results, objectives with p-values, every run, stage devices and
-# wall times, per-run metrics, curves and params):
+# The whole comparison of a profile as DVC experiments, gathered and collected into
+# reports/<name>/ (results, objectives with p-values, every run, stage devices and wall times,
+# per-run metrics, curves and params):
 #
-#   bash scripts/comparison.sh gpu all params/gpu.yaml     # on a GPU machine: reports/gpu/
-#   bash scripts/comparison.sh grid all                    # the default profile (CPU): reports/grid/
+#   bash scripts/comparison.sh gpu all params/gpu.yaml         # on a GPU machine: reports/gpu/
+#   bash scripts/comparison.sh -j 2 grid all                   # the default profile, 2 queue workers
 #
-# Arguments: NAME (experiment prefix, runs/NAME/ and reports/NAME/), PART, then the params
-# profiles to overlay (none: params.yaml as it is). PART splits the work for machines lent for a
-# short time: `core` = NLL, NLL continued, DTO-Score, -Delta, -Score+Delta, the LLM modes and the
-# copy baselines; `cpo` = the CPO grid (4 betas x 3 lambdas); `all` = both. Each experiment runs
-# with `dvc exp run --temp` (the workspace and params.yaml stay as they are); stages whose deps and
-# params are unchanged (the NLL model, the LLM baselines) come from DVC's run cache, so they run
-# once. Each finished experiment is gathered into runs/NAME/ at once, so that folder holds what
-# ran even if the machine goes away before the end. An experiment that already exists is skipped:
-# after an interruption, the same command goes on where it stopped. An experiment that fails (a
-# diverging CPO setting, say) does not stop the others: the script gathers and collects what ran,
-# names the failures and exits 1. A folder gathered on another machine (one part there, the other
-# here), put beside this one as runs/NAME.<anything>, is collected together with it.
+# Arguments: [-j N] (DVC queue workers, default 1), NAME (experiment prefix, runs/NAME/ and
+# reports/NAME/), PART, then the params profiles to overlay (none: params.yaml as it is). PART
+# splits the work for machines lent for a short time: `core` = NLL, NLL continued, DTO-Score,
+# -Delta, -Score+Delta, the LLM modes and the copy baselines; `cpo` = the CPO grid (4 betas x 3
+# lambdas); `all` = both.
+#
+# What DVC does, DVC does: the first experiment runs alone (`dvc exp run --temp`) and so builds,
+# once, every stage the others share (the models, the NLL model, the LLM and copy baselines),
+# which go to DVC's run cache; the others are queued (`dvc exp run --queue`) and run by
+# `dvc queue start -j N`, each restoring the shared stages from the run cache. Each stage takes
+# its share of the machine (STORYREWRITE_WORKERS=N: cores / N threads, a GPU of its own where
+# there are several; see src/storyrewrite/parallel.py). What DVC cannot do stays here: naming the
+# experiments, gathering each one as soon as it has finished (runs/NAME holds what ran even if the
+# machine goes away), skipping those that exist (after an interruption the same command goes on
+# where it stopped), and collecting. An experiment that fails (a diverging CPO setting, say) does
+# not stop the others: the script gathers and collects what ran, names the failures and exits 1.
+# A folder gathered on another machine, put beside this one as runs/NAME.<anything>, is collected
+# with it. Without names, DVC's own sweep runs the CPO grid too:
+#   dvc exp run --queue -S objective=cpo -S 'cpo.beta=0.1,0.5,1,2' -S 'cpo.lambda=0.5,1,2'
 set -euo pipefail
 
+usage() { echo "usage: bash scripts/comparison.sh [-j N] NAME core|cpo|all [PROFILE.yaml ...]" >&2; }
+JOBS=1
+while getopts "j:" option; do
+  case $option in
+  j) JOBS=$OPTARG ;;
+  *) usage; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
 if [ $# -lt 2 ]; then
-  echo "usage: bash scripts/comparison.sh NAME core|cpo|all [PROFILE.yaml ...]" >&2
+  usage
+  exit 2
+fi
+if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: -j must be a whole number >= 1, got '$JOBS'" >&2
   exit 2
 fi
 NAME=$1 PART=$2
@@ -31,9 +51,16 @@ case $PART in core | cpo | all) ;; *)
   exit 2
   ;;
 esac
-# Where DVC is importable but its command is not on PATH (the GPU machine's `pip install --target`,
-# see ../shared/gpu/README.md), run it as a module.
-command -v dvc >/dev/null 2>&1 || dvc() { python -m dvc "$@"; }
+# Where DVC is importable but has no command (the GPU machine's `pip install --target`, see
+# ../shared/gpu/README.md), a `dvc` on PATH that runs it as a module: DVC starts its queue
+# workers as `dvc exp queue-worker`.
+if ! command -v dvc >/dev/null 2>&1; then
+  SHIM=$(mktemp -d)
+  printf '#!/usr/bin/env bash\nexec python -m dvc "$@"\n' >"$SHIM/dvc"
+  chmod +x "$SHIM/dvc"
+  PATH="$SHIM:$PATH"
+fi
+export STORYREWRITE_WORKERS=$JOBS
 OVERRIDES=()
 if [ $# -gt 0 ]; then
   # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces
@@ -41,35 +68,64 @@ if [ $# -gt 0 ]; then
 fi
 EXISTING=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
 
-FAILED=()
-run() {  # run NAME-SUFFIX with the profile's overrides and the given ones, unless it exists
-  local experiment="$NAME-$1"
-  shift
-  if [[ $EXISTING == *" $experiment "* ]]; then
-    echo "== $experiment: exists, skipped"
-    return
-  fi
-  echo "== $experiment: $* ($(date -u +%H:%M:%S))"
-  if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "$@"; then
-    # Gathered at once: runs/NAME holds every finished experiment even if the machine goes away
-    # before the end (bring it home with a tar at any time).
-    python -m storyrewrite.report.gather --out "runs/$NAME" --names "$experiment" || FAILED+=("$experiment (gather)")
-  else
-    FAILED+=("$experiment")
-  fi
-}
-
+# The experiments, in order: "suffix|-S overrides".
+PLAN=()
 if [ "$PART" != cpo ]; then
-  run nll-continued -S objective=nll
+  PLAN+=("nll-continued|-S objective=nll")
   for objective in score delta score_delta; do
-    run "dto-${objective//_/-}" -S objective=$objective
+    PLAN+=("dto-${objective//_/-}|-S objective=$objective")
   done
 fi
 if [ "$PART" != core ]; then
   for beta in 0.1 0.5 1 2; do
     for lambda in 0.5 1 2; do
-      run "cpo-b$beta-l$lambda" -S objective=cpo -S cpo.beta=$beta -S cpo.lambda=$lambda
+      PLAN+=("cpo-b$beta-l$lambda|-S objective=cpo -S cpo.beta=$beta -S cpo.lambda=$lambda")
     done
+  done
+fi
+
+FAILED=() QUEUED=()
+gather() { python -m storyrewrite.report.gather --out "runs/$NAME" --names "$1" || FAILED+=("$1 (gather)"); }
+first=1
+for entry in "${PLAN[@]}"; do
+  experiment="$NAME-${entry%%|*}"
+  # shellcheck disable=SC2206  # the overrides are words without spaces
+  settings=(${entry#*|})
+  if [[ $EXISTING == *" $experiment "* ]]; then
+    echo "== $experiment: exists, skipped"
+    continue
+  fi
+  if [ $first = 1 ]; then  # alone: it builds what the others restore from the run cache
+    first=0
+    echo "== $experiment: ${settings[*]} ($(date -u +%H:%M:%S))"
+    if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then gather "$experiment"; else FAILED+=("$experiment"); fi
+  else
+    echo "== $experiment: queued, ${settings[*]}"
+    dvc exp run --queue -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}" >/dev/null
+    QUEUED+=("$experiment")
+  fi
+done
+
+if [ ${#QUEUED[@]} -gt 0 ]; then
+  echo "== ${#QUEUED[@]} queued experiment(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
+  dvc queue start -j "$JOBS"
+  remaining=("${QUEUED[@]}")
+  while [ ${#remaining[@]} -gt 0 ]; do
+    busy=$(dvc queue status 2>/dev/null | grep -cE ' (Queued|Running) ' || true)
+    done_now=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
+    still=()
+    for experiment in "${remaining[@]}"; do
+      if [[ $done_now == *" $experiment "* ]]; then
+        echo "== $experiment: finished ($(date -u +%H:%M:%S))"
+        gather "$experiment"
+      elif [ "$busy" -gt 0 ]; then
+        still+=("$experiment")
+      else
+        FAILED+=("$experiment")  # the queue is empty and it never finished: `dvc queue logs $experiment`
+      fi
+    done
+    remaining=("${still[@]+"${still[@]}"}")
+    if [ ${#remaining[@]} -gt 0 ]; then sleep "${COMPARISON_POLL_SECONDS:-15}"; fi
   done
 fi
 
@@ -77,6 +133,6 @@ python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*"
 shopt -s nullglob
 python -m storyrewrite.report.collect "runs/$NAME" "runs/$NAME".* --out "reports/$NAME" --title "$NAME (${*:-params.yaml})"
 if [ ${#FAILED[@]} -gt 0 ]; then
-  echo "error: ${#FAILED[@]} experiment(s) failed (see their output above): ${FAILED[*]}" >&2
+  echo "error: ${#FAILED[@]} experiment(s) failed (see their output above, or \`dvc queue logs NAME\`): ${FAILED[*]}" >&2
   exit 1
 fi

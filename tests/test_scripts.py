@@ -26,17 +26,22 @@ def _write_stubs(tmp_path, stubs: dict[str, str]):
 
 
 def _stubs(tmp_path, existing: str, failing: str):
-    log = tmp_path / "calls.log"
+    """A `dvc` that logs its calls, lists `existing` (and, once the queue has started, the
+    experiments queued, but `failing`, which fails), and a `python` that logs its calls."""
+    log, queued, started = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "started"
     bin_dir = _write_stubs(tmp_path, {
         "dvc": f"""echo "dvc $*" >> {log}
-if [ "$1 $2" = "exp list" ]; then echo {existing}; exit 0; fi
-case " $* " in *" -n {failing} "*) exit 1;; esac
+if [ "$1 $2" = "exp list" ]; then echo {existing}; if [ -e {started} ]; then cat {queued} 2>/dev/null; fi; exit 0; fi
+if [ "$1 $2" = "queue start" ]; then touch {started}; exit 0; fi
+if [ "$1 $2" = "queue status" ]; then exit 0; fi
+case " $* " in *" -n {failing} "*) if [ "$3" = --queue ]; then exit 0; fi; exit 1;; esac
+if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
 exit 0""",
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 exit 0""",
     })
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, log
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}, log
 
 
 def _run(tmp_path, *args, existing="none", failing="none"):
@@ -46,19 +51,26 @@ def _run(tmp_path, *args, existing="none", failing="none"):
     return result, calls
 
 
-def test_the_whole_comparison_runs_each_experiment_once_and_goes_on_after_a_failure(tmp_path):
+def _names(calls):
+    return [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
+
+
+def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_after_a_failure(tmp_path):
     result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml", existing="gpu-dto-score", failing="gpu-cpo-b2-l2")
     assert result.returncode == 1
-    assert "error: 1 experiment(s) failed (see their output above): gpu-cpo-b2-l2" in result.stderr
+    assert "error: 1 experiment(s) failed (see their output above, or `dvc queue logs NAME`): gpu-cpo-b2-l2" in result.stderr
     assert "== gpu-dto-score: exists, skipped" in result.stdout
     runs = [c for c in calls if c.startswith("dvc exp run")]
-    names = [c.split(" -n ")[1].split()[0] for c in runs]
+    names = _names(calls)
     assert names == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta", *(f"gpu-{n}" for n in GRID)]
-    assert all(c.startswith("dvc exp run --temp -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs)
+    # The first builds the shared stages (the NLL model once); the others are queued.
+    assert runs[0].startswith("dvc exp run --temp -n gpu-nll-continued -S device=auto -S train.max_steps=300 -S objective=nll")
+    assert all(c.startswith("dvc exp run --queue -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs[1:])
     assert runs[2].endswith("-S objective=score_delta")
     assert runs[3].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
+    assert calls.index("dvc queue start -j 1") > calls.index(runs[-1])
     assert "python -m storyrewrite.params overrides params/gpu.yaml" in calls
-    # Each finished experiment is gathered as soon as it ends (the failed one is not); at the end
+    # Each finished experiment is gathered as it ends (the failed one is not); at the end
     # everything is gathered again and collected although one experiment failed.
     gathered = [c.split(" --names ")[1] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
     assert gathered == [n for n in names if n != "gpu-cpo-b2-l2"] + ["gpu-*"]
@@ -67,11 +79,25 @@ def test_the_whole_comparison_runs_each_experiment_once_and_goes_on_after_a_fail
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"
 
 
+def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
+    env, log = _stubs(tmp_path, "none", "none")
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    (tmp_path / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "python $* STORYREWRITE_WORKERS=$STORYREWRITE_WORKERS" >> {log}\n')
+    result = subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert "dvc queue start -j 2" in calls
+    assert all(c.endswith("STORYREWRITE_WORKERS=2") for c in calls if c.startswith("python"))
+    assert [c for c in calls if c.startswith("dvc exp run --temp")] == ["dvc exp run --temp -n grid-nll-continued -S objective=nll"]
+    bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "error: -j must be a whole number >= 1, got '0'" in bad.stderr
+
+
 def test_a_part_runs_only_its_experiments_and_no_profile_means_params_yaml(tmp_path):
     result, calls = _run(tmp_path, "grid", "core")
     assert result.returncode == 0, result.stderr
-    names = [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
-    assert names == ["grid-nll-continued", "grid-dto-score", "grid-dto-delta", "grid-dto-score-delta"]
+    assert _names(calls) == ["grid-nll-continued", "grid-dto-score", "grid-dto-delta", "grid-dto-score-delta"]
     assert not any("overrides" in c for c in calls)
 
 
@@ -79,8 +105,7 @@ def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     (tmp_path / "runs" / "grid.2").mkdir(parents=True)
     result, calls = _run(tmp_path, "grid", "cpo")
     assert result.returncode == 0, result.stderr
-    names = [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
-    assert names == [f"grid-{n}" for n in GRID]
+    assert _names(calls) == [f"grid-{n}" for n in GRID]
     assert calls[-1] == "python -m storyrewrite.report.collect runs/grid runs/grid.2 --out reports/grid --title grid (params.yaml)"
 
 
@@ -97,16 +122,20 @@ def test_without_a_dvc_command_dvc_runs_as_a_python_module(tmp_path):
 
     log = tmp_path / "calls.log"
     bin_dir = _write_stubs(tmp_path, {"python": f"""echo "python $*" >> {log}
-if [ "$*" = "-m dvc exp list --name-only" ]; then echo gpu-dto-score; fi
+if [ "$*" = "-m dvc exp list --name-only" ]; then echo gpu-dto-score; cat {tmp_path}/queued 2>/dev/null; fi
+if [ "$5" = --queue ]; then echo "$7" >> {tmp_path}/queued; fi
 exit 0"""})
     path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
     assert shutil.which("dvc", path=path) is None
-    result = subprocess.run(["bash", str(SCRIPT), "gpu", "core"], cwd=tmp_path, env={**os.environ, "PATH": path},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["bash", str(SCRIPT), "gpu", "core"], cwd=tmp_path,
+                            env={**os.environ, "PATH": path, "COMPARISON_POLL_SECONDS": "0"}, capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     assert "== gpu-dto-score: exists, skipped" in result.stdout
-    runs = [c for c in log.read_text().splitlines() if c.startswith("python -m dvc exp run --temp -n ")]
+    runs = [c for c in log.read_text().splitlines() if c.startswith("python -m dvc exp run ")]
     assert [c.split(" -n ")[1].split()[0] for c in runs] == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta"]
+    # DVC starts its queue workers as `dvc …`: the script put a `dvc` that runs the module on PATH.
+    assert "python -m dvc queue start -j 1" in log.read_text().splitlines()
 
 
 def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failure(tmp_path):

@@ -11,9 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-
-class InputError(ValueError):
-    """Bad input data or parameters; the message names the file and line, or the parameter."""
+from storyrewrite.errors import InputError  # re-exported: every stage imports it from here
 
 
 @contextlib.contextmanager
@@ -92,8 +90,28 @@ def read_json(path: str | os.PathLike) -> Any:
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """Yield (line number, object) for each non-blank line; a malformed line names file:line."""
+    yield from _parse_jsonl(read_text(path), path)
+
+
+def read_jsonl_resumable(path: str | os.PathLike) -> tuple[list[dict], bool]:
+    """The rows of an append-only JSON Lines file that a stage resumes from, and whether its
+    last line was torn (no newline at its end: a write cut short by a kill or a full disk) and
+    dropped. Every line is written with its newline in one call, so only the last can be torn;
+    a malformed line before it is corruption, not a crash: an error naming file:line."""
+    data = Path(path).read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]  # a torn line may end inside a UTF-8 character
+    torn = bool(data[len(complete):].strip())
+    try:
+        text = complete.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = complete.count(b"\n", 0, err.start) + 1
+        raise InputError(f"{path}:{line}: not valid UTF-8 (byte {complete[err.start:err.start + 1]!r})") from None
+    return [row for _, row in _parse_jsonl(text, path)], torn
+
+
+def _parse_jsonl(text: str, path) -> Iterator[tuple[int, dict]]:
     # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
-    for line_number, line in enumerate(read_text(path).split("\n"), start=1):
+    for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -122,11 +140,16 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
 
 
 def run_stage(main) -> None:
-    """Run a stage's `main`: bad input or params end the stage with their message (which names
-    the file and line, or the parameter and its valid values) and exit status 2, not a traceback."""
+    """Run a stage's `main` with its share of the machine (storyrewrite.parallel): bad input or
+    params end the stage with their message (which names the file and line, or the parameter and
+    its valid values) and exit status 2, not a traceback."""
     import sys
 
+    from storyrewrite.parallel import share_machine
+
     try:
+        if (threads := share_machine()) is not None:
+            print(f"{threads} CPU thread(s): this machine's share of one of several concurrent workers", file=sys.stderr)
         main()
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)

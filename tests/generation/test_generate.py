@@ -3,6 +3,8 @@ import json
 import pytest
 import torch
 
+from storyrewrite.io import InputError
+
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.params import GenerateConfig
@@ -25,7 +27,8 @@ def test_predictions_keyed_by_id_in_table_order_and_batch_invariant(tmp_path, ti
     # Length-sorted batches with padding give what one-at-a-time greedy decoding gives.
     assert a == b
     assert all(isinstance(row["prediction"], str) for row in a)
-    assert not (tmp_path / ".partial" / "a.jsonl").exists()
+    # The partial file of the finished run (a-<fingerprint>.jsonl) is gone.
+    assert (tmp_path / ".partial").is_dir() and not list((tmp_path / ".partial").glob("a*.jsonl"))
 
 
 def test_beam_search_runs(tmp_path, tiny_model_dirs, small_prepared):
@@ -52,6 +55,34 @@ def test_an_interrupted_run_resumes_without_regenerating(tmp_path, tiny_model_di
     assert _generate(tiny_model_dirs["llama"], instances, out) == len(instances) - 2
     resumed = read_jsonl(out)
     assert resumed[0]["prediction"] == "reused" and resumed[1:] == full[1:]
+
+
+def _partial(tmp_path, name, model_dir, instances, text: str):
+    path = tmp_path / ".partial" / f"{name}-{_fingerprint_of(model_dir, instances)}.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path, tiny_model_dirs, small_prepared, capsys):
+    instances = load_instances(small_prepared, "timetravel", "test")
+    _generate(tiny_model_dirs["llama"], instances, tmp_path / "full.jsonl")
+    full = read_jsonl(tmp_path / "full.jsonl")
+    lines = [json.dumps(row, ensure_ascii=False) + "\n" for row in full[:3]]
+    # A kill in the middle of the third line's write: half of it, no newline.
+    _partial(tmp_path, "resumed", tiny_model_dirs["llama"], instances, lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])
+    assert _generate(tiny_model_dirs["llama"], instances, tmp_path / "resumed.jsonl") == len(instances) - 2
+    assert read_jsonl(tmp_path / "resumed.jsonl") == full
+    assert (f"its last line was cut short (an interrupted write) and is dropped; 2 prediction(s) kept, "
+            f"{len(instances) - 2} to generate") in capsys.readouterr().err
+
+
+def test_a_malformed_line_before_the_last_is_corruption_named_by_line(tmp_path, tiny_model_dirs, small_prepared):
+    instances = load_instances(small_prepared, "timetravel", "test")
+    path = _partial(tmp_path, "broken", tiny_model_dirs["llama"], instances,
+                    '{"id": "x", "prediction": "a"}\n{"id": oops}\n{"id": "y", "prediction": "b"}\n')
+    with pytest.raises(InputError, match=rf"{path}:2: malformed JSON"):
+        _generate(tiny_model_dirs["llama"], instances, tmp_path / "broken.jsonl")
 
 
 def _fingerprint_of(model_dir, instances):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig
 
 from storyrewrite.data.formatting import model_source
-from storyrewrite.io import InputError, read_jsonl, write_jsonl_atomic
+from storyrewrite.io import InputError, read_jsonl_resumable, write_jsonl_atomic
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, weights_digest
 from storyrewrite.params import GenerateConfig, ModelsConfig
@@ -75,12 +76,20 @@ def generate_predictions(
     for stale in partial.parent.glob(f"{out_path.stem}-*.jsonl"):
         if stale != partial:
             stale.unlink()
-    done = {row["id"]: row["prediction"] for _, row in read_jsonl(partial)} if partial.exists() else {}
+    done, torn = {}, False
+    if partial.exists():
+        rows, torn = read_jsonl_resumable(partial)
+        done = {row["id"]: row["prediction"] for row in rows}
+        if torn:  # rewritten with its complete lines, so that what follows starts on a line of its own
+            write_jsonl_atomic(partial, rows)
 
     sources = {row["id"]: model_source(row, task, tokenizer, seq2seq) for row in instances if row["id"] not in done}
     lengths = dict(zip(sources, (len(r) for r in encoder.source_ids(list(sources.values()))))) if sources else {}
     # Longest first: similar lengths share a batch (little padding), and memory peaks at once.
     todo = sorted(sources, key=lambda i: -lengths[i])
+    if torn:
+        print(f"warning: {partial}: its last line was cut short (an interrupted write) and is dropped; "
+              f"{len(done)} prediction(s) kept, {len(todo)} to generate", file=sys.stderr)
     with open(partial, "a", encoding="utf-8") as sink, torch.inference_mode():
         for start in tqdm(range(0, len(todo), config.batch_size), desc=f"generate {out_path.stem}", unit="batch"):
             batch_ids = todo[start : start + config.batch_size]

@@ -23,7 +23,9 @@ from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.training.compile import compile_body
 from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
+from storyrewrite.parallel import assigned_gpu
 from storyrewrite.params import ModelsConfig, Params, TrainConfig
+from storyrewrite.training.checkpointing import AtomicCheckpointIO, check_readable
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
 from storyrewrite.training.monitor import TrainingMonitor, read_curve
@@ -115,10 +117,22 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def placement(config: TrainConfig) -> tuple[str, int | str | list[int]]:
+    """Lightning's (accelerator, devices) for the section: as configured, except that `auto`
+    on a machine whose GPUs several concurrent workers share is the GPU this process holds
+    (storyrewrite.parallel); Lightning's own `auto` would put every worker on all of them."""
+    if config.accelerator in ("auto", "gpu", "cuda") and config.devices == "auto" and torch.cuda.is_available():
+        index = assigned_gpu(torch.cuda.device_count())
+        if index is not None:
+            return "gpu", [index]
+    return config.accelerator, config.devices
+
+
 def _trainer_kwargs(config: TrainConfig) -> dict:
+    accelerator, devices = placement(config)
     return dict(
         max_steps=config.max_steps, max_epochs=config.max_epochs if config.max_steps == -1 else None,
-        accelerator=config.accelerator, devices=config.devices, strategy=config.strategy,
+        accelerator=accelerator, devices=devices, strategy=config.strategy,
         precision=config.precision, num_nodes=config.num_nodes,
         accumulate_grad_batches=config.accumulate_grad_batches, gradient_clip_val=config.gradient_clip_val,
         limit_val_batches=config.limit_val_batches,
@@ -146,23 +160,31 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     interrupted = (fingerprint_file.exists() and fingerprint_file.read_text().strip() == fingerprint
                    and not finished.exists() and last.exists())
     resume_from = last if run.config.resume and interrupted else None
+    resumed_step = None
     if resume_from is None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    else:
+        # What a save killed midway left behind (never a checkpoint: see AtomicCheckpointIO).
+        for stale in checkpoint_dir.glob(".*.ckpt.*.tmp"):
+            stale.unlink()
+        # An unreadable checkpoint stops the stage with one line, before anything is loaded:
+        # starting afresh silently would throw the interrupted run's steps away unannounced.
+        resumed_step = check_readable(last, run.section)
+        if (checkpoint_dir / "best.ckpt").exists():
+            check_readable(checkpoint_dir / "best.ckpt", run.section)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    fingerprint_file.write_text(fingerprint + "\n")
+    write_text_atomic(fingerprint_file, fingerprint + "\n")
 
     module, datamodule = assemble(run, diagnostics)
     monitor = TrainingMonitor(checkpoint_dir / "curves", run.section, run.objective)
-    resumed_step = None
     if resume_from is not None:
-        resumed_step = torch.load(resume_from, map_location="cpu", weights_only=False, mmap=True)["global_step"]
         monitor.truncate_after(resumed_step)
     best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
                            save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     trainer = L.Trainer(callbacks=[best, latest, monitor, *callbacks], default_root_dir=str(checkpoint_dir),
-                        **_trainer_kwargs(run.config))
+                        plugins=[AtomicCheckpointIO()], **_trainer_kwargs(run.config))
 
     started = time.perf_counter()
     if run.config.validate_at_start and resume_from is None:

@@ -1,0 +1,94 @@
+"""Parallel experiments on one machine: two experiments queued (two `train.lr` values of the
+default profile) and run by DVC's queue with one worker, then again with two, in one run of this
+script. Each round runs in a fresh clone of the repository's HEAD that uses this repository's DVC
+cache, so that DVC's run cache holds what `dvc repro` built here: a queued experiment should
+restore every stage whose deps and params it shares (the models, the NLL model, the LLM and copy
+baselines) and run only `train` and what follows it.
+
+    python bench/queue_workers.py [--lrs 2e-5 3e-5] [--jobs 1 2]
+
+Prints, per round, the wall time from `dvc queue start` to the last experiment's end, and which
+stages each experiment ran. Target: two workers no slower than one. Figures go to
+reports/bench/queue_workers.json. Needs `dvc repro` first (the run cache) and runs HEAD (commit
+your changes first).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import ROOT, write_result
+
+DVC = [sys.executable, "-m", "dvc"]
+
+
+def dvc(repo: Path, *args: str) -> str:
+    # The clone's own code runs (the package is installed in editable mode from this repository).
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(repo / "src")}
+    result = subprocess.run([*DVC, *args], cwd=repo, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return result.stdout
+
+
+def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
+    repo = workdir / f"j{jobs}"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    dvc(repo, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
+    names = [f"lr-{lr}-j{jobs}" for lr in lrs]
+    for name, lr in zip(names, lrs):
+        dvc(repo, "exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}")
+    started = time.perf_counter()
+    dvc(repo, "queue", "start", "-j", str(jobs))
+    while True:
+        finished = set(dvc(repo, "exp", "list", "--name-only").split())
+        status = dvc(repo, "queue", "status")
+        if set(names) <= finished or not re.search(r" (Queued|Running) ", status):
+            break
+        time.sleep(2)
+    wall = time.perf_counter() - started
+    failed = sorted(set(names) - finished)
+    ran = {}
+    for name in names:
+        log = dvc(repo, "queue", "logs", name)
+        ran[name] = sorted(set(re.findall(r"Running stage '([^']+)'", log)))
+    dvc(repo, "queue", "stop")
+    return {"jobs": jobs, "wall_s": round(wall, 1), "ran": ran, "failed": failed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lrs", nargs=2, default=["2e-5", "3e-5"], help="the two train.lr values queued")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="queue workers of each round")
+    args = parser.parse_args()
+    if not (ROOT / ".dvc" / "cache" / "runs").is_dir():
+        raise SystemExit("error: no run cache in .dvc/cache: run `dvc repro` first")
+    workdir = Path(tempfile.mkdtemp(prefix="queue-bench-"))
+    rounds = []
+    try:
+        for jobs in args.jobs:
+            rounds.append(round_of(jobs, args.lrs, workdir))
+            r = rounds[-1]
+            print(f"-j {jobs}: {r['wall_s']:.0f} s for {len(args.lrs)} experiments"
+                  + (f"; FAILED: {', '.join(r['failed'])}" if r["failed"] else ""))
+            for name, stages in r["ran"].items():
+                print(f"  {name} ran: {', '.join(stages) or 'nothing'}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    by_jobs = {r["jobs"]: r["wall_s"] for r in rounds}
+    if 1 in by_jobs and 2 in by_jobs:
+        print(f"-j 2 / -j 1 wall time: {by_jobs[2] / by_jobs[1]:.2f} (target <= 1)")
+    write_result("queue_workers", torch.device("cpu"), {"rounds": rounds}, {"lrs": args.lrs, "cores": os.cpu_count()})
+
+
+if __name__ == "__main__":
+    main()

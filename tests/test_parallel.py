@@ -1,0 +1,109 @@
+"""Sharing the machine between concurrent stages: the worker count, the CPU threads each takes,
+and one GPU per worker, with fake DVC workers and fake GPU counts."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from storyrewrite import parallel
+from storyrewrite.io import InputError
+from storyrewrite.models.device import resolve_device
+from storyrewrite.training.run import placement
+
+from conftest import tiny_train_config
+
+
+def _fake_proc(root: Path, commands: list[list[str]]) -> Path:
+    for pid, command in enumerate(commands, start=100):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cmdline").write_bytes(b"\0".join(part.encode() for part in command) + b"\0")
+    return root
+
+
+def test_workers_come_from_the_setting_or_from_dvc_queue_workers_running(tmp_path):
+    proc = _fake_proc(tmp_path, [["python", "dvc", "exp", "queue-worker", "dvc-exp-abc-1@localhost", "--clean"],
+                                 ["python", "dvc", "exp", "queue-worker", "dvc-exp-abc-2@localhost"],
+                                 ["python", "stages/train.py"], ["bash"]])
+    assert parallel.workers({}, proc) == 2
+    assert parallel.workers({"STORYREWRITE_WORKERS": "3"}, proc) == 3
+    assert parallel.workers({}, _fake_proc(tmp_path / "none", [["bash"]])) == 1
+    with pytest.raises(InputError, match=r"STORYREWRITE_WORKERS = 'two' must be a whole number >= 1"):
+        parallel.workers({"STORYREWRITE_WORKERS": "two"}, proc)
+
+
+def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
+    assert [parallel.thread_share(2, n) for n in (1, 2, 3)] == [2, 1, 1]
+    assert parallel.thread_share(16, 4) == 4
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("STORYREWRITE_WORKERS", "1")
+        assert parallel.share_machine() is None and torch.get_num_threads() == before  # torch's own choice
+        monkeypatch.setenv("STORYREWRITE_WORKERS", "2")
+        assert parallel.share_machine() == max(1, before // 2) == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+CLAIM = """
+import sys
+from pathlib import Path
+from storyrewrite.parallel import claim_gpu
+print(claim_gpu(int(sys.argv[1]), Path(sys.argv[2])), flush=True)
+sys.stdin.read()  # hold the GPU until told to end
+"""
+
+
+def test_each_worker_takes_a_gpu_of_its_own_and_gives_it_back_when_it_ends(tmp_path, monkeypatch):
+    children = []
+    try:
+        for expected in ("0", "1"):
+            child = subprocess.Popen([sys.executable, "-c", CLAIM, "3", str(tmp_path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+            children.append(child)
+            assert child.stdout.readline().strip() == expected
+        monkeypatch.setattr(parallel, "_held", {})
+        assert parallel.assigned_gpu(3, concurrent=3, directory=tmp_path) == 2
+        assert parallel.assigned_gpu(3, concurrent=3, directory=tmp_path) == 2  # the one it holds, again
+        # One worker or one GPU: no assignment, `auto` means what it always meant.
+        assert parallel.assigned_gpu(3, concurrent=1, directory=tmp_path) is None
+        assert parallel.assigned_gpu(1, concurrent=3, directory=tmp_path) is None
+        monkeypatch.setattr(parallel, "_held", {})
+        with pytest.raises(InputError, match=r"all 3 GPUs are held by other stages"):
+            parallel.assigned_gpu(3, concurrent=4, directory=tmp_path)
+        children[0].kill()  # killed, not closed: the system releases its lock
+        children[0].wait()
+        assert parallel.claim_gpu(3, tmp_path) == 0
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+        for fd in parallel._held.values():
+            os.close(fd)
+
+
+def test_device_auto_and_training_auto_use_the_gpu_this_worker_holds(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(parallel, "repo_temp_dir", lambda start=None: tmp_path)
+    monkeypatch.setattr(parallel, "_held", {})
+    config = tiny_train_config(accelerator="auto", devices="auto")
+    monkeypatch.setenv("STORYREWRITE_WORKERS", "1")
+    assert resolve_device("auto") == torch.device("cuda") and placement(config) == ("auto", "auto")
+    monkeypatch.setenv("STORYREWRITE_WORKERS", "2")
+    try:
+        assert resolve_device("auto") == torch.device("cuda:0") and placement(config) == ("gpu", [0])
+        # An explicit choice is left alone.
+        assert placement(tiny_train_config(accelerator="cpu", devices=1)) == ("cpu", 1)
+    finally:
+        for fd in parallel._held.values():
+            os.close(fd)
+
+
+def test_the_lock_files_live_in_the_outermost_repository(tmp_path):
+    (tmp_path / ".dvc").mkdir()
+    experiment = tmp_path / ".dvc" / "tmp" / "exps" / "tmp123"
+    (experiment / ".dvc").mkdir(parents=True)
+    assert parallel.repo_temp_dir(experiment / "stages") == tmp_path / ".dvc" / "tmp" / "storyrewrite"
