@@ -7,15 +7,18 @@ baselines) and run only `train` and what follows it.
 
     python bench/queue_workers.py [--lrs 2e-5 3e-5] [--jobs 1 2]
 
-Prints, per round, the wall time from `dvc queue start` to the last experiment's end, and which
-stages each experiment ran. Target: two workers no slower than one. Figures go to
-reports/bench/queue_workers.json. Needs `dvc repro` first (the run cache) and runs HEAD (commit
-your changes first).
+Every round trains learning rates that no experiment has run before (the given ones, scaled by a
+factor of this run's own, 1 + a few parts per million): otherwise the second round would restore
+the first round's experiments from the run cache. Prints, per round, the wall time from
+`dvc queue start` to the last experiment's end, and which stages each experiment ran. Target: two
+workers no slower than one. Figures go to reports/bench/queue_workers.json. Needs `dvc repro`
+first (the run cache) and runs HEAD (commit your changes first).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -44,7 +47,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     repo = workdir / f"j{jobs}"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     dvc(repo, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
-    names = [f"lr-{lr}-j{jobs}" for lr in lrs]
+    names = [f"lr-{number}-j{jobs}" for number in range(len(lrs))]
     for name, lr in zip(names, lrs):
         dvc(repo, "exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}")
     started = time.perf_counter()
@@ -73,10 +76,11 @@ def main() -> None:
     if not (ROOT / ".dvc" / "cache" / "runs").is_dir():
         raise SystemExit("error: no run cache in .dvc/cache: run `dvc repro` first")
     workdir = Path(tempfile.mkdtemp(prefix="queue-bench-"))
-    rounds = []
+    rounds, nonce = [], random.Random().randint(1, 10**6)
     try:
-        for jobs in args.jobs:
-            rounds.append(round_of(jobs, args.lrs, workdir))
+        for number, jobs in enumerate(args.jobs):
+            lrs = [f"{float(lr) * (1 + (nonce + number) * 1e-12):.12e}" for lr in args.lrs]
+            rounds.append(round_of(jobs, lrs, workdir))
             r = rounds[-1]
             print(f"-j {jobs}: {r['wall_s']:.0f} s for {len(args.lrs)} experiments"
                   + (f"; FAILED: {', '.join(r['failed'])}" if r["failed"] else ""))
