@@ -7,9 +7,11 @@ baselines) and run only `train` and what follows it.
 
     python bench/queue_workers.py [--lrs 2e-5 3e-5] [--jobs 1 2]
 
-Every round trains learning rates that no experiment has run before (the given ones, scaled by a
-factor of this run's own, 1 + a few parts per million): otherwise the second round would restore
-the first round's experiments from the run cache. Prints, per round, the wall time from
+Every round trains learning rates that no experiment has run before (the given ones, each scaled
+by its own random factor between 1.0001 and 1.001): otherwise the second round would restore the
+first round's experiments from the run cache. A change that small leaves the step's cost alone
+but changes the trained weights (a few parts per million would not: fp32 weights come out the same,
+and the round after would restore generation too). Prints, per round, the wall time from
 `dvc queue start` to the last experiment's end, and which stages each experiment ran. Target: two
 workers no slower than one. Figures go to reports/bench/queue_workers.json. Needs `dvc repro`
 first (the run cache) and runs HEAD (commit your changes first).
@@ -76,10 +78,10 @@ def main() -> None:
     if not (ROOT / ".dvc" / "cache" / "runs").is_dir():
         raise SystemExit("error: no run cache in .dvc/cache: run `dvc repro` first")
     workdir = Path(tempfile.mkdtemp(prefix="queue-bench-"))
-    rounds, nonce = [], random.Random().randint(1, 10**6)
+    rounds, rng = [], random.Random()
     try:
-        for number, jobs in enumerate(args.jobs):
-            lrs = [f"{float(lr) * (1 + (nonce + number) * 1e-12):.12e}" for lr in args.lrs]
+        for jobs in args.jobs:
+            lrs = [f"{float(lr) * rng.uniform(1.0001, 1.001):.6e}" for lr in args.lrs]
             rounds.append(round_of(jobs, lrs, workdir))
             r = rounds[-1]
             print(f"-j {jobs}: {r['wall_s']:.0f} s for {len(args.lrs)} experiments"
