@@ -4,7 +4,6 @@ built once into .cache/bench/ and reused by every later process), and timing tha
 GPU (synchronised) as on a CPU."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import platform
@@ -49,7 +48,7 @@ def evaluators_dir(params: Params) -> Path:
     evaluators = ROOT / "models" / "evaluators"
     if params.models != workspace.models or not (evaluators / "index.json").exists():
         roles = ("judge", "embedder", "nli")
-        evaluators = cached("evaluators", [dataclasses.asdict(params.models), params.seed], materialise_module.__file__,
+        evaluators = cached("evaluators", [params.models.model_dump(), params.seed], materialise_module.__file__,
                             lambda out: materialise(params.models, out, params.seed, roles))
     return evaluators
 
@@ -89,7 +88,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Pa
     params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
     if params.models != workspace.models or not (pretrained / "index.json").exists():
-        pretrained = cached("models", [dataclasses.asdict(params.models), params.seed], materialise_module.__file__,
+        pretrained = cached("models", [params.models.model_dump(), params.seed], materialise_module.__file__,
                             lambda out: materialise(params.models, out, params.seed))
     prepared = ROOT / "data" / "prepared"
     same_data = (params.data, params.download, params.seed) == (workspace.data, workspace.download, workspace.seed)
@@ -98,7 +97,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Pa
             download(params.download, out / "raw", ROOT / "data" / "bundled", out / "sums.json")
             prepare(out / "raw", out / "prepared", params.data, params.seed)
 
-        key = [dataclasses.asdict(params.data), dataclasses.asdict(params.download), params.seed]
+        key = [params.data.model_dump(), params.download.model_dump(), params.seed]
         prepared = cached("data", key, prepare_module.__file__, build) / "prepared"
     return params, pretrained, prepared
 

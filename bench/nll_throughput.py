@@ -10,7 +10,6 @@ Defaults are the params' (with the profiles overlaid); --batch-size/--dtype/--ca
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -70,8 +69,8 @@ def main() -> None:
     train_memory = peak_memory_gb(device)
     del module, trainer
 
-    generate = dataclasses.replace(params.generate, **{k: v for k, v in (("batch_size", args.batch_size), ("dtype", args.dtype),
-                                                                          ("cache", args.cache)) if v is not None})
+    generate = params.generate.model_copy(update={k: v for k, v in (("batch_size", args.batch_size), ("dtype", args.dtype),
+                                                                    ("cache", args.cache)) if v is not None})
     rows = load_instances(prepared, params.task, "test")[: args.generate]
     out = Path(tempfile.mkdtemp()) / "predictions.jsonl"
     # A first small call loads the kernels (and, with a static cache, compiles): not timed.

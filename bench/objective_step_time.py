@@ -49,8 +49,8 @@ def build(objective: str, args, device: torch.device):
     params, pretrained, prepared = inputs(args.profile)
     run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
                           resolve_model_dir(pretrained, "scorer"))
-    run = dataclasses.replace(run, config=dataclasses.replace(run.config, batch_size=args.batch_size or run.config.batch_size,
-                                                              compile=args.compile))
+    run = dataclasses.replace(run, config=run.config.model_copy(update={"batch_size": args.batch_size or run.config.batch_size,
+                                                                        "compile": args.compile}))
     module, datamodule = assemble(run)
     datamodule.setup()
     # The same batch for every objective, on the device as Lightning would move it.

@@ -35,11 +35,18 @@ from common import ROOT, write_result
 DVC = [sys.executable, "-m", "dvc"]
 
 
-def dvc(repo: Path, *args: str) -> str:
+def dvc(repo: Path, *args: str, output: bool = True) -> str:
+    """`dvc ARGS` in `repo`; its output (`output=False`: none, for a command that leaves daemons
+    behind holding its output open, as `dvc queue start` does)."""
     # The clone's own code runs (the package is installed in editable mode from this repository).
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(repo / "src")}
-    result = subprocess.run([*DVC, *args], cwd=repo, env=env, capture_output=True, text=True)
+    pipes = {"capture_output": True} if output else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    result = subprocess.run([*DVC, *args], cwd=repo, env=env, text=True, **pipes)
+    if not output:
+        if result.returncode != 0:
+            raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}")
+        return ""
     if result.returncode != 0:
         raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     return result.stdout
@@ -53,7 +60,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     for name, lr in zip(names, lrs):
         dvc(repo, "exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}")
     started = time.perf_counter()
-    dvc(repo, "queue", "start", "-j", str(jobs))
+    dvc(repo, "queue", "start", "-j", str(jobs), output=False)
     while True:
         finished = set(dvc(repo, "exp", "list", "--name-only").split())
         status = dvc(repo, "queue", "status")
@@ -66,7 +73,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     for name in names:
         log = dvc(repo, "queue", "logs", name)
         ran[name] = sorted(set(re.findall(r"Running stage '([^']+)'", log)))
-    dvc(repo, "queue", "stop")
+    dvc(repo, "queue", "stop", "--kill", output=False)
     return {"jobs": jobs, "wall_s": round(wall, 1), "ran": ran, "failed": failed}
 
 

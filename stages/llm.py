@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.io import run_stage, write_json_atomic, write_jsonl_atomic
+from storyrewrite import artifacts
+from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.llm.backends import make_backend
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.retrieval import Index, query_text
@@ -47,8 +48,9 @@ def main() -> None:
     write_jsonl_atomic(args.out, predictions)
     # The metrics hold what the predictions cost, the same whatever the response cache held;
     # what this run did (requests, cache hits, time) goes to the stage record.
-    summary = {"mode": mode.name, "mode_label": mode.label, "backend": config.backend, "model": backend.label, **usage.metrics()}
-    write_json_atomic(args.usage, summary)
+    cost = artifacts.LLMUsage(mode=mode.name, mode_label=mode.label, backend=config.backend, model=backend.label, **usage.metrics())
+    artifacts.write(args.usage, cost)
+    summary = cost.model_dump()
     facts = usage.run_facts()
     print(json.dumps({**summary, "this_run": facts}, indent=2))
     if record:  # replies from the response cache cost nothing: the rate counts the requests made

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
-from storyrewrite.io import run_stage, write_json_atomic, write_jsonl_atomic
+from storyrewrite import artifacts
+from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.device import resolve_device
@@ -42,7 +43,7 @@ def main() -> None:
     for path in files:
         rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size, evaluators)
         write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
-        write_json_atomic(args.metrics_dir / f"{path.stem}.json", metrics)
+        artifacts.write(args.metrics_dir / f"{path.stem}.json", artifacts.SystemMetrics.model_validate(metrics))
         scored += len(rows)
         print(path.stem, {k: v for k, v in metrics.items() if k in ("bartscore", "rougeL", "sacrebleu", "cf_pmi", "drift", "ents")})
     if record:

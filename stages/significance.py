@@ -3,7 +3,8 @@ per metric and form."""
 import argparse
 from pathlib import Path
 
-from storyrewrite.io import run_stage, write_json_atomic
+from storyrewrite import artifacts
+from storyrewrite.io import run_stage
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 from storyrewrite.significance.compare import compare, read_scores
@@ -23,7 +24,8 @@ def main() -> None:
     systems = pipeline_systems(args.systems, params.llm.modes, params.task)
     scores = read_scores(systems, args.scores)
     results = compare(scores, config.baseline, config.n_resamples, params.seed, by_story=config.unit == "story")
-    write_json_atomic(args.out, {**results, "_baseline": config.baseline, "_n_resamples": config.n_resamples, "_unit": config.unit})
+    artifacts.write(args.out, artifacts.Significance(baseline=config.baseline, n_resamples=config.n_resamples, unit=config.unit,
+                                                     p_values=results))
     for system, p_values in results.items():
         print(system, p_values)
     if record:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
-from storyrewrite.io import run_stage, write_json_atomic
+from storyrewrite import artifacts
+from storyrewrite.io import run_stage
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.validity import gold_and_copy
@@ -29,7 +30,7 @@ def main() -> None:
     params = Params.load()
     config, models = params.score, params.models
     if not set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]):
-        write_json_atomic(args.out, {"validity": f"not available: task {params.task} has no original ending to copy"})
+        artifacts.write(args.out, artifacts.Validity(not_available=f"task {params.task} has no original ending to copy"))
         print(f"{args.out}: not available for task {params.task}")
         if record:
             record.finish("cpu", None, 0, "instances")
@@ -42,7 +43,7 @@ def main() -> None:
                                  models.max_input_tokens, models.max_output_tokens)
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
-    write_json_atomic(args.out, result)
+    artifacts.write(args.out, artifacts.Validity.model_validate(result))
     print(markdown(result))
     if record:
         record.finish(device, config.dtype, len(instances), "instances")

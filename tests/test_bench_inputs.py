@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402  (bench/ is a folder of scripts, not a package)

@@ -15,7 +15,7 @@ import yaml
 
 from storyrewrite.closure import closure
 
-from conftest import ROOT
+from helpers import ROOT
 
 SCRIPT = re.compile(r"python (stages/\w+\.py)")
 # Stages allowed outs kept in git (`cache: false`), so never restored from the run cache.

@@ -13,7 +13,7 @@ from storyrewrite.io import InputError
 from storyrewrite.models.device import resolve_device
 from storyrewrite.training.run import placement
 
-from conftest import tiny_train_config
+from helpers import tiny_train_config
 
 
 def _fake_proc(root: Path, commands: list[list[str]]) -> Path:

@@ -6,7 +6,7 @@ import pytest
 from storyrewrite.io import InputError
 from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _params(**changes) -> Params:
@@ -26,12 +26,12 @@ def test_a_section_is_checked_only_when_read():
     # An invalid `dto` section does not concern a stage that never reads it (NLL training).
     params = _params(dto={"tau": -1.0, "hard": False})
     assert params.train_nll.lr == 3e-5
-    with pytest.raises(InputError, match=r"`dto\.tau` = -1\.0 must be > 0"):
+    with pytest.raises(InputError, match=r"^params: `dto\.tau` = -1\.0: Input should be greater than 0$"):
         params.dto
 
 
 def test_unknown_key_names_key_and_valid_keys():
-    with pytest.raises(InputError, match=r"`data\.max_tran`.*valid keys: val_fraction, max_train, max_eval"):
+    with pytest.raises(InputError, match=r"^params: unknown key `data\.max_tran`; valid keys: val_fraction, max_train, max_eval$"):
         build(DataConfig, {"val_fraction": 0.1, "max_tran": 3}, "data")
     with pytest.raises(InputError, match=r"unknown key\(s\) `seeed` in .*; valid keys: seed, task,"):
         _params(seeed=1)
@@ -42,31 +42,49 @@ def test_a_typo_in_a_nested_container_is_the_same_unknown_key_error():
     section["bundled"]["files"]["art/dev.jsonl"] = {"paht": "art/dev.jsonl", "sha256": "0" * 64}
     with pytest.raises(InputError) as caught:
         build(DownloadConfig, section, "download")
-    assert str(caught.value) == ("params: unknown key(s) `download.bundled.files.art/dev.jsonl.paht`; "
-                                 "valid keys: path, sha256")
+    assert str(caught.value) == "params: unknown key `download.bundled.files.art/dev.jsonl.paht`; valid keys: path, sha256"
     section = load_yaml(ROOT / "params.yaml")["download"]
     section["url"]["archives"]["art"]["member"] = {}
-    with pytest.raises(InputError, match=r"^params: unknown key\(s\) `download\.url\.archives\.art\.member`; valid keys: url, members, sha256$"):
+    with pytest.raises(InputError, match=r"^params: unknown key `download\.url\.archives\.art\.member`; valid keys: url, members, sha256$"):
         build(DownloadConfig, section, "download")
 
 
 def test_wrong_type_names_key_and_type():
-    with pytest.raises(InputError, match=r"`data\.max_train` = 'ten' has the wrong type; expected int or null"):
+    with pytest.raises(InputError, match=r"^params: `data\.max_train` = 'ten': Input should be a valid integer"):
         build(DataConfig, {"val_fraction": 0.1, "max_train": "ten"}, "data")
-    with pytest.raises(InputError, match=r"`llm\.modes\[1\]` = 3 has the wrong type; expected str"):
+    with pytest.raises(InputError, match=r"^params: `llm\.modes\[1\]` = 3: Input should be a valid string$"):
         _params(llm={**load_yaml(ROOT / "params.yaml")["llm"], "modes": ["rag", 3]}).llm
 
 
 def test_invalid_choice_lists_valid_values():
-    with pytest.raises(InputError, match=r"`task` = 'rocstories' is not valid; valid values: timetravel, timetravel_ablated, art"):
+    with pytest.raises(InputError, match=r"^params: `task` = 'rocstories': Input should be 'timetravel', 'timetravel_ablated' or 'art'$"):
         _params(task="rocstories").task
-    with pytest.raises(InputError, match=r"`device` = 'gpu' is not valid; valid values: auto, cpu, cuda, cuda:N"):
+    with pytest.raises(InputError, match=r"^params: `device` = 'gpu': valid values: auto, cpu, cuda, cuda:N$"):
         _params(device="gpu").device
 
 
 def test_out_of_range_value():
-    with pytest.raises(InputError, match=r"`data\.val_fraction` = 1.5 must be in \(0, 1\)"):
+    with pytest.raises(InputError, match=r"^params: `data\.val_fraction` = 1\.5: Input should be less than 1$"):
         build(DataConfig, {"val_fraction": 1.5}, "data")
+
+
+def test_a_missing_key_and_a_budget_that_cannot_train_are_named():
+    section = dict(load_yaml(ROOT / "params.yaml")["train_nll"])
+    del section["lr"]
+    with pytest.raises(InputError, match=r"^params: missing key `train_nll\.lr`$"):
+        build(TrainConfig, section, "train_nll")
+    section = dict(load_yaml(ROOT / "params.yaml")["train_nll"], max_steps=-1, max_epochs=0)
+    with pytest.raises(InputError, match=r"^params: `train_nll\.max_epochs` = 0: must be >= 1 where max_steps is -1$"):
+        build(TrainConfig, section, "train_nll")
+    with pytest.raises(InputError, match=r"^params: `train_nll\.max_steps` = 0: must be -1 \(train for max_epochs\) or > 0$"):
+        build(TrainConfig, dict(section, max_steps=0), "train_nll")
+
+
+def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
+    (tmp_path / "bad.yaml").write_text("cpo:\n  beta: -2\n")
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", str(tmp_path / "bad.yaml")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.strip() == "error: params: `cpo.beta` = -2: Input should be greater than 0"
 
 
 def test_exponent_without_dot_reads_as_float():

@@ -16,7 +16,7 @@ import yaml
 
 from storyrewrite.params import load_yaml, overlay
 
-from conftest import ROOT, read_jsonl
+from helpers import ROOT, read_jsonl
 
 TINY = {
     "data": {"max_train": 6, "max_eval": 3},
@@ -42,6 +42,12 @@ def _copy_repo(dest: Path) -> None:
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, dest / name)
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    _commit(dest, "clone")  # as a clone is: DVC's experiments and DVCLive need a commit to stand on
+
+
+def _commit(repo: Path, message: str) -> None:
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True, capture_output=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message], cwd=repo, check=True)
 
 
 def _dvc(repo: Path, *args: str, ok: bool = True) -> str:
@@ -86,7 +92,7 @@ def test_default_profile_end_to_end(tmp_path):
     assert "EntScore and HMean: not computed (`models.nli` is null" in following
     assert "| CF-PMI | as they are | 3 |" in results and "| drift similarity | against the story's other references | 3 |" in results
     significance = json.loads((tmp_path / "reports" / "significance.json").read_text())
-    assert {"cf_pmi", "cf_follow", "drift"} <= set(significance["finetuned"])
+    assert {"cf_pmi", "cf_follow", "drift"} <= set(significance["p_values"]["finetuned"])
 
     started = time.perf_counter()
     output = _dvc(tmp_path, "repro")
@@ -113,25 +119,33 @@ def test_default_profile_end_to_end(tmp_path):
     assert not planned & {"download", "prepare", "models", "sanity", "llm_index"}
     (tmp_path / "src" / "storyrewrite" / "models" / "encoding.py").write_bytes(
         (ROOT / "src" / "storyrewrite" / "models" / "encoding.py").read_bytes())
+    # An edit to a DTO loss reruns the fine-tuning, never the NLL baseline every system starts from.
+    dto = tmp_path / "src" / "storyrewrite" / "objectives" / "dto.py"
+    dto.write_text(dto.read_text() + "# an edit\n")
+    planned = _ran(_dvc(tmp_path, "repro", "--dry"))
+    assert "train" in planned and planned <= {"train", "generate@finetuned", "score@finetuned", "significance", "report"}
+    dto.write_bytes((ROOT / "src" / "storyrewrite" / "objectives" / "dto.py").read_bytes())
 
     # A forced rerun of a finished training trains every step again.
     _dvc(tmp_path, "repro", "-f", "-s", "train_nll")
-    summary = json.loads((tmp_path / "reports" / "train" / "nll" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "reports" / "train" / "nll" / "metrics.json").read_text())
     assert summary["resumed_from_step"] is None and summary["global_step"] == TINY["train_nll"]["max_steps"]
     _dvc(tmp_path, "repro")
 
     # An experiment, its metrics and curves against the baseline commit, and the collected table.
-    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"], cwd=tmp_path, check=True)
+    _commit(tmp_path, "baseline")
     output = _dvc(tmp_path, "exp", "run", "-n", "dto-score-delta", "-S", "objective=score_delta")
     assert {"train", "generate@finetuned"} <= _ran(output) and "train_nll" not in _ran(output)
     diff = _dvc(tmp_path, "metrics", "diff", "--all")
     assert "reports/metrics/finetuned.json" in diff and "bartscore.predictive" in diff
     assert all(re.search(rf"\s{name}\s", diff) for name in ("cf_pmi", "cf_follow", "drift"))
-    assert '"objective": "score_delta"' in (tmp_path / "reports" / "train" / "finetuned" / "summary.json").read_text()
+    assert '"objective": "score_delta"' in (tmp_path / "reports" / "train" / "finetuned" / "metrics.json").read_text()
+    # `dvc exp show` lists the training summary; `dvc plots show` draws every DTO curve (DVCLive's files).
+    shown = json.loads(_dvc(tmp_path, "exp", "show", "--json"))
+    assert "reports/train/finetuned/metrics.json" in json.dumps(shown) and "best_val_nll" in json.dumps(shown)
     plots = json.loads(_dvc(tmp_path, "plots", "show", "--json"))["data"]
     for name in ("m_target", "m_original", "delta", "gumbel_entropy", "gumbel_max_prob", "nll_target", "val_m_target"):
-        drawn = plots[f"reports/train/finetuned/curves/{name}.csv"][0]["content"]
+        drawn = plots[f"reports/train/finetuned/plots/metrics/{name}.tsv"][0]["content"]
         assert drawn["layer"][0]["encoding"]["y"]["field"] == name
     # Gathered through DVC's file system at the experiment's revision (cached scores included),
     # then collected into the comparison's folder.
@@ -150,7 +164,7 @@ def test_default_profile_end_to_end(tmp_path):
     assert "train_nll" in _ran(_dvc(tmp_path, "exp", "run", "-S", "train_nll.max_steps=1", "train_nll"))
     output = _dvc(tmp_path, "exp", "run", "-S", f"train_nll.max_steps={TINY['train_nll']['max_steps']}", "train_nll")
     assert _ran(output) == set() and "Stage 'train_nll' is cached - skipping run" in output
-    summary = json.loads((tmp_path / "reports" / "train" / "nll" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "reports" / "train" / "nll" / "metrics.json").read_text())
     assert summary["global_step"] == TINY["train_nll"]["max_steps"]
     # The record of the run restored: the forced `dvc repro` above, not an experiment.
     record = json.loads((tmp_path / "reports" / "stages" / "train_nll.json").read_text())
@@ -182,9 +196,8 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     assert "| EntScore | HMean |" in results and "The judge is the training scorer" not in results
     assert "ents" in read_jsonl(tmp_path / "reports" / "scores" / "nll.jsonl")[0]
     # CPO on the seq2seq path, with TRL's columns among its curves.
-    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True, capture_output=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "paper"], cwd=tmp_path, check=True)
+    _commit(tmp_path, "paper")
     _dvc(tmp_path, "exp", "run", "-S", "objective=cpo", "train")
-    curves = tmp_path / "reports" / "train" / "finetuned" / "curves"
+    curves = tmp_path / "reports" / "train" / "finetuned" / "plots" / "metrics"
     for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected", "nll_term"):
-        assert (curves / f"{name.replace('/', '_')}.csv").read_text().splitlines()[0] == f"step,epoch,{name}"
+        assert (curves / f"{name}.tsv").read_text().splitlines()[0] == f"step\t{name.split('/')[-1]}"

@@ -8,7 +8,7 @@ import os
 import stat
 import subprocess
 
-from conftest import ROOT
+from helpers import ROOT
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
 GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]

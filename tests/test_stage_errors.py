@@ -5,7 +5,7 @@ import yaml
 
 from storyrewrite.params import load_yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_a_stage_reports_bad_params_in_one_line_and_exits_2(tmp_path):
@@ -15,5 +15,6 @@ def test_a_stage_reports_bad_params_in_one_line_and_exits_2(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "prepare.py"), "--raw", "raw", "--out", "out",
                              "--counts", "counts.json"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: params: `data.max_train` = 'many' has the wrong type; expected int or null"
+    assert result.stderr.strip() == ("error: params: `data.max_train` = 'many': Input should be a valid integer, unable to parse "
+                                     "string as an integer")
     assert not (tmp_path / "out").exists()

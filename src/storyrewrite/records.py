@@ -23,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from storyrewrite.io import InputError, read_json, write_json_atomic
+from storyrewrite import artifacts
 
 # Stage records are tabulated in the order the pipeline runs their stages.
 PIPELINE_ORDER = ("train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance")
@@ -112,19 +112,8 @@ class StageRecord:
                   "experiment": os.environ.get("DVC_EXP_NAME"), **_versions()}
         # Under DDP every process runs the stage; the first process of the first node writes.
         if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
-            write_json_atomic(self.path, record)
+            artifacts.write(self.path, artifacts.Record.model_validate(record), only_set=True)
         return record
-
-
-RECORD_KEYS = ("stage", "device", "device_name", "dtype", "wall_s", "items", "unit", "items_per_s")
-
-
-def check_record(record: dict, source: str) -> dict:
-    """A record read back, with the keys every table needs (an error names the file)."""
-    missing = [key for key in RECORD_KEYS if key not in record]
-    if missing:
-        raise InputError(f"{source}: not a stage record (missing {', '.join(missing)})")
-    return record
 
 
 def _pipeline_position(record: dict) -> tuple[int, str]:
@@ -134,7 +123,7 @@ def _pipeline_position(record: dict) -> tuple[int, str]:
 
 def read_records(directory: Path) -> list[dict]:
     """The stage records in `directory`, in the order the pipeline runs them."""
-    records = [check_record(read_json(path), str(path)) for path in sorted(Path(directory).glob("*.json"))]
+    records = [artifacts.read(path, artifacts.Record).model_dump(exclude_unset=True) for path in sorted(Path(directory).glob("*.json"))]
     return sorted(records, key=_pipeline_position)
 
 

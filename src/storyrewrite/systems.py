@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from storyrewrite.data.schema import TASK_COLUMNS
 
+# trained system -> the stage that trains it (its record holds the training's wall time)
+TRAIN_STAGES = {"nll": "train_nll", "finetuned": "train"}
+
 # system -> (the instance column it copies, its label in reports)
 COPY_BASELINES = {
     "copy_reference": ("target", "Copy of the reference (upper bound)"),

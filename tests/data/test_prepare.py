@@ -8,7 +8,7 @@ from storyrewrite.data.prepare import (
 from storyrewrite.io import InputError
 from storyrewrite.params import DataConfig
 
-from conftest import read_jsonl
+from helpers import read_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from storyrewrite.data.prepare import prepare
 from storyrewrite.io import InputError
 from storyrewrite.params import DataConfig
 
-from conftest import write_raw
+from helpers import write_raw
 
 GOOD = {
     "story_id": "s1", "premise": "P.", "initial": "I.", "counterfactual": "C.",

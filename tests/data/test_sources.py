@@ -8,7 +8,7 @@ from storyrewrite.data.sources import download
 from storyrewrite.io import InputError
 from storyrewrite.params import DownloadConfig, build, load_yaml
 
-from conftest import BUNDLED, ROOT
+from helpers import BUNDLED, ROOT
 
 
 def _config(**changes) -> DownloadConfig:

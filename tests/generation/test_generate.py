@@ -9,7 +9,7 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.params import GenerateConfig
 
-from conftest import read_jsonl, tiny_models_config
+from helpers import read_jsonl, tiny_models_config
 
 
 def _generate(model_dir, instances, out, batch_size=4, num_beams=1, kind="llama"):

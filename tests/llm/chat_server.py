@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class ChatServer:
-    def __init__(self, failures: list[tuple[int, dict]] | None = None, fail_after: int | None = None):
+    def __init__(self, failures: list[tuple[int, dict]] | None = None, fail_after: int | None = None,
+                 delays: list[float] | None = None):
         self.failures = list(failures or [])  # (status, headers) answered to the first requests
+        self.delays = list(delays or [])  # seconds the first requests wait before their answer
         self.fail_after = fail_after  # answer 400 to every request after this many successes
         self.requests: list[dict] = []
         self.headers: list[dict] = []
@@ -30,6 +33,9 @@ class ChatServer:
                         failure = (400, {})
                     if failure is None:
                         server.successes += 1
+                    delay = server.delays.pop(0) if server.delays else 0.0
+                if delay:
+                    time.sleep(delay)
                 if failure is not None:
                     status, headers = failure
                     payload = json.dumps({"error": {"message": f"scripted {status}", "type": "test"}}).encode()

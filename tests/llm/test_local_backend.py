@@ -7,7 +7,7 @@ from storyrewrite.llm.modes import ExampleSource
 from storyrewrite.llm.run import run_mode
 from storyrewrite.params import LLMConfig, build, load_yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])

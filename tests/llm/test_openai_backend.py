@@ -15,7 +15,7 @@ from storyrewrite.llm.run import run_mode
 from storyrewrite.params import LLMConfig, OpenAISettings, build, load_yaml
 
 from chat_server import ChatServer
-from conftest import ROOT
+from helpers import ROOT
 
 KEY = "sk-test-NEVER-WRITE-ME-1234"
 
@@ -27,8 +27,28 @@ def _config(url: str, **openai) -> LLMConfig:
     return build(LLMConfig, section, "llm")
 
 
-def _backend(config: LLMConfig, sleeps: list) -> OpenAIBackend:
-    return OpenAIBackend(config.openai, sleep=sleeps.append)
+def _backend(config: LLMConfig) -> OpenAIBackend:
+    return OpenAIBackend(config.openai)
+
+
+@pytest.fixture
+def sleeps(monkeypatch) -> list:
+    """The client's own back-off waits, recorded instead of slept."""
+    import time as real_time
+
+    from openai import _base_client
+
+    waited = []
+
+    class Clock:
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+        def sleep(self, seconds):
+            waited.append(seconds)
+
+    monkeypatch.setattr(_base_client, "time", Clock())
+    return waited
 
 
 @pytest.fixture
@@ -36,16 +56,18 @@ def key(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
 
 
-def test_request_body_and_retries_on_429_and_500(key, small_prepared):
-    failures = [(429, {"Retry-After": "7"}), (500, {}), (503, {})]
+def test_request_body_and_the_clients_own_retries_on_429_and_500(key, small_prepared, sleeps):
+    failures = [(429, {"Retry-After": "7"}), (500, {}), (503, {"retry-after-ms": "250"})]
     with ChatServer(failures=failures) as server:
-        config, sleeps = _config(server.url), []
-        backend = _backend(config, sleeps)
+        config = _config(server.url)
+        backend = _backend(config)
         messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "line\nPremise: x\nEnd"}]
         reply = backend.complete(messages, max_new_tokens=50, temperature=0.0)
+    # The retry count comes from the client (each response says how many retries it took).
     assert len(server.requests) == 4 and backend.retries == 3
-    assert sleeps[0] == 7.0  # Retry-After honoured
-    assert 0 < sleeps[1] <= config.openai.initial_delay * 2 and 0 < sleeps[2] <= config.openai.initial_delay * 4
+    assert sleeps[0] == 7.0 and sleeps[2] == 0.25  # Retry-After and retry-after-ms honoured
+    assert 0 < sleeps[1] <= 1.0  # jittered exponential back-off between
+    assert [h["x-stainless-retry-count"] for h in server.headers] == ["0", "1", "2", "3"]
     body = server.requests[-1]
     assert body["model"] == "test-model" and body["messages"] == messages
     assert body["temperature"] == 0.0 and body["max_tokens"] == 50
@@ -53,18 +75,26 @@ def test_request_body_and_retries_on_429_and_500(key, small_prepared):
     assert reply.text == "Rewritten: Premise: x" and reply.completion_tokens == 5
 
 
-def test_gives_up_after_max_retries(key):
+def test_gives_up_after_max_retries(key, sleeps):
     with ChatServer(failures=[(500, {})] * 3) as server:
-        backend = _backend(_config(server.url, max_retries=2), [])
+        backend = _backend(_config(server.url, max_retries=2))
         with pytest.raises(Exception, match="500"):
             backend.complete([{"role": "user", "content": "a\nb"}], 5, 0.0)
     assert len(server.requests) == 3
 
 
+def test_a_request_that_times_out_is_retried(key, sleeps):
+    with ChatServer(delays=[2.0]) as server:  # the first answer comes after the client's timeout
+        backend = _backend(_config(server.url, timeout=0.5))
+        reply = backend.complete([{"role": "user", "content": "a\nb"}], 5, 0.0)
+    assert reply.text == "Rewritten: a" and backend.retries == 1 and len(sleeps) == 1
+
+
 def test_missing_key_fails_at_once_naming_the_variable(monkeypatch):
     monkeypatch.delenv("MY_LLM_KEY", raising=False)
     with pytest.raises(InputError, match="the API key variable MY_LLM_KEY is not set"):
-        OpenAIBackend(OpenAISettings("http://127.0.0.1:9/v1", "m", "MY_LLM_KEY", 1.0, 0, 1.0, 1.0, 1))
+        OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="MY_LLM_KEY", timeout=1.0,
+                                     max_retries=0, concurrency=1))
 
 
 def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(key, tmp_path, small_prepared):
@@ -74,11 +104,11 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
     with ChatServer(fail_after=3) as server:  # the 4th request fails (not retryable): the run stops
         config = _config(server.url)
         with pytest.raises(Exception):
-            run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0), _backend(config, []), cache)
+            run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0), _backend(config), cache)
         assert server.successes == 3
         server.fail_after = None
         predictions, usage = run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0),
-                                      _backend(config, []), cache)
+                                      _backend(config), cache)
     assert usage.cache_hits == 3 and usage.requests == len(instances) - 3
     assert server.successes == len(instances)  # every prompt answered exactly once over both runs
     assert [p["id"] for p in predictions] == [r["id"] for r in instances]

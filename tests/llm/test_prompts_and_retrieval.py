@@ -10,7 +10,7 @@ from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
 from storyrewrite.llm.run import clean_reply
 from storyrewrite.params import LLMConfig, build, load_yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _config(**changes) -> LLMConfig:

@@ -138,7 +138,7 @@ def test_a_classifier_without_an_entailment_label_is_refused_by_name(tiny_evalua
     ("nli", "tiny:roberta", r"`models.nli` = 'tiny:roberta' is not a sequence classifier"),
 ])
 def test_a_model_that_cannot_play_its_role_is_refused_before_any_scoring(tmp_path, role, spec, message):
-    config = ModelsConfig("tiny:llama", "tiny:llama", 96, 40, **{role: spec})
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=96, max_output_tokens=40, **{role: spec})
     with pytest.raises(InputError, match=message):
         materialise(config, tmp_path / "evaluators", seed=0, roles=(role,))
     assert not (tmp_path / "evaluators").exists()  # nothing half-written

@@ -20,7 +20,7 @@ def test_materialised_tiny_models(tiny_model_dirs):
 
 def test_materialise_round_trip_is_exact(tmp_path):
     model, tokenizer = load_from_source("tiny:llama", seed=0)
-    materialise(ModelsConfig("tiny:llama", "tiny:llama", 32, 16), tmp_path, seed=0)
+    materialise(ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16), tmp_path, seed=0)
     assert json.loads((tmp_path / "index.json").read_text()) == {
         "generator": "tiny--llama", "scorer": "tiny--llama", "specs": {"generator": "tiny:llama", "scorer": "tiny:llama"}}
     reloaded = load_model(resolve_model_dir(tmp_path, "scorer"))
@@ -30,7 +30,7 @@ def test_materialise_round_trip_is_exact(tmp_path):
 
 def test_generator_and_scorer_must_share_a_vocabulary(tmp_path):
     with pytest.raises(InputError, match=r"`models.generator` \(tiny:bart, 50262 tokens\) and `models.scorer` \(tiny:llama, 50257 tokens\) do not share a vocabulary"):
-        materialise(ModelsConfig("tiny:bart", "tiny:llama", 32, 16), tmp_path, seed=0)
+        materialise(ModelsConfig(generator="tiny:bart", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16), tmp_path, seed=0)
 
 
 def test_unknown_specs_list_valid_ones():

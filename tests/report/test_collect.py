@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from helpers import system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, write_bundle
 from storyrewrite.report.gather import experiments, gather_run, select
@@ -49,10 +50,7 @@ def _scores(shift: float) -> list[dict]:
 
 
 def _metrics(bart: float, rouge: float = 60.0) -> dict:
-    return {"instances": 3 * STORIES, "counterfactual_metrics": "available",
-            "bartscore": {"predictive": bart, "counterfactual": 2 * bart + 1},
-            "rougeL": {"predictive": rouge, "counterfactual": 2 * rouge - 70},
-            "sacrebleu": {"predictive": 30.0, "counterfactual": 0.0}, "coherence_metrics": "available",
+    return {**system_metrics(bart, rouge), "instances": 3 * STORIES, "coherence_metrics": "available",
             "cf_pmi": round((bart + 1.9) / 10, 4), "cf_follow": 0.5, "drift": round(0.3 + (bart + 1.9) / 10, 4),
             "evaluators": {"judge": "bundled:smollm2-135m-instruct", "embedder": "bundled:all-minilm-l6-v2", "nli": None,
                            "judge_is_scorer": True}}
@@ -84,15 +82,17 @@ def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll
         "reports/scores/llm_zero_shot.jsonl": jsonl(_scores(-0.5)),
         "reports/scores/.gitignore": b"/finetuned.jsonl\n",
         "reports/sanity/scores/copy_original.jsonl": jsonl(_scores(1.0)),
-        "reports/significance.json": dump({"finetuned": {"bartscore/predictive": 0.0 if shift > 0 else 1.0}}),
-        "reports/llm/zero_shot.json": dump({"model": "SmolLM2", "mode_label": "zero-shot", "backend": "local"}),
-        "reports/train/nll/summary.json": dump({"label": "NLL", "objective": "nll", "global_step": 316, "train_seconds": 90.0}),
-        "reports/train/finetuned/summary.json": dump({"label": label or objective.upper(), "objective": objective,
-                                                      "settings": settings, "global_step": 300, "train_seconds": 60.0,
-                                                      "best_step": 200, "best_val_nll": val_nll}),
-        "reports/train/finetuned/curves/train_loss.csv": b"step,train_loss\n1,2.0\n300,1.5\n",
-        "reports/stages/train_nll.json": dump(_record("train_nll", nll_record_from, 90.0)),
-        "reports/stages/train.json": dump(_record("train", name, 60.0 + val_nll)),
+        "reports/significance.json": dump({"baseline": "nll", "n_resamples": 200, "unit": "instance",
+                                           "p_values": {"finetuned": {"bartscore/predictive": 0.0 if shift > 0 else 1.0}}}),
+        "reports/llm/zero_shot.json": dump({"mode": "zero_shot", "model": "SmolLM2", "mode_label": "zero-shot", "backend": "local",
+                                            "instances": 9, "prompts": 3, "prompt_tokens": 30, "completion_tokens": 15}),
+        "reports/train/nll/metrics.json": dump(training_summary(global_step=316)),
+        "reports/train/finetuned/metrics.json": dump(training_summary(label=label or objective.upper(), objective=objective,
+                                                                      settings=settings, global_step=300, best_step=200,
+                                                                      best_val_nll=val_nll)),
+        "reports/train/finetuned/plots/metrics/train_loss.tsv": b"step\ttrain_loss\n1\t2.0\n300\t1.5\n",
+        "reports/stages/train_nll.json": dump(_record("train_nll", nll_record_from, 90.0) | {"train_s": 88.0}),
+        "reports/stages/train.json": dump(_record("train", name, 60.0 + val_nll) | {"train_s": 58.0}),
     }
 
 
@@ -184,7 +184,8 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert "ran on the CPU although a GPU" not in stages
 
     assert yaml.safe_load((out / "params" / "dto.yaml").read_text())["objective"] == "score"
-    assert (out / "train" / "dto" / "finetuned" / "curves" / "train_loss.csv").read_text().startswith("step,train_loss")
+    assert (out / "train" / "dto" / "finetuned" / "plots" / "metrics" / "train_loss.tsv").read_text().startswith("step\ttrain_loss")
+    assert "| DTO-Score | 300 | 58 s | 200 |" in results  # the wall time from the stage record
     assert json.loads((out / "metrics" / "cpo-a" / "copy_original.json").read_text())["rougeL"]["predictive"] == 70.0
     assert json.loads((out / "stages" / "dto" / "train.json").read_text())["experiment"] == "dto"
 
@@ -222,7 +223,7 @@ def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gat
 
 def test_a_damaged_or_missing_blob_is_named(gathered):
     manifest = json.loads((gathered / "dto.json").read_text())
-    digest = manifest["files"]["reports/train/finetuned/summary.json"]
+    digest = manifest["files"]["reports/train/finetuned/metrics.json"]
     blob = gathered / "blobs" / f"{digest}.gz"
     import gzip
 

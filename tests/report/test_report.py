@@ -1,3 +1,6 @@
+import json
+
+from helpers import curve, system_metrics, training_summary
 from storyrewrite.report.examples import word_diff
 from storyrewrite.report.tables import Row, latex_table, markdown_table
 
@@ -32,14 +35,11 @@ def test_latex_table():
     assert latex.startswith("\\begin{table}") and latex.rstrip().endswith("\\end{table}")
 
 
-def _metrics(bart):
-    return {"bartscore": {"predictive": bart, "counterfactual": bart - 1}, "rougeL": {"predictive": 50.0, "counterfactual": 40.0},
-            "sacrebleu": {"predictive": 30.0, "counterfactual": 20.0}, "instances": 1, "counterfactual_metrics": "available"}
+def _metrics(bart, **extra):
+    return system_metrics(bart, 50.0, 30.0, **extra)
 
 
 def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
-    import json
-
     import pytest
 
     from storyrewrite.io import InputError
@@ -54,9 +54,9 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     for system, bart in (("nll", -2.0), ("finetuned", -1.5), ("llm_old", -1.0)):
         (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(_metrics(bart)))
         (tmp_path / "predictions" / f"{system}.jsonl").write_text(json.dumps({"id": "s:0", "prediction": system}) + "\n")
-    (tmp_path / "train" / "nll" / "summary.json").write_text(json.dumps({"label": "NLL", "objective": "nll", "global_step": 3,
-                                                                            "train_seconds": 1.0}))
-    (tmp_path / "significance.json").write_text(json.dumps({"finetuned": {"bartscore/predictive": 0.01}, "_n_resamples": 10}))
+    (tmp_path / "train" / "nll" / "metrics.json").write_text(json.dumps(training_summary()))
+    (tmp_path / "significance.json").write_text(json.dumps({"baseline": "nll", "n_resamples": 10, "unit": "instance",
+                                                            "p_values": {"finetuned": {"bartscore/predictive": 0.01}}}))
     (tmp_path / "stages").mkdir()
     (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps(
         {"stage": "generate-nll", "device": "cuda:0", "device_name": "H100", "dtype": "bfloat16", "wall_s": 20.0,
@@ -78,37 +78,47 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
         report(["nll", "finetuned", "llm_rag"])
     # A task without an original ending (ART): the caption says so and what M scores against.
     for system in ("nll", "finetuned"):
-        art = _metrics(-2.0) | {"counterfactual_metrics": "n/a: the task has no original ending"}
+        art = _metrics(-2.0, counterfactual_metrics="n/a: the task has no original ending")
         (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(art))
     markdown, _ = report(["nll", "finetuned"])
     assert ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so the "
             "counterfactual columns (M + Δ_M) are n/a.") in markdown and "edited ending" not in markdown
 
 
-def test_the_training_section_reads_the_runs_summaries(tmp_path):
-    import json
-
-    from storyrewrite.report.build import read_summaries, training_section
-
-    def curve(first, last):
-        return {"first": first, "last": last, "first_step": 1, "last_step": 10}
+def test_the_training_section_reads_the_runs_summaries_and_the_wall_time_from_the_stage_record(tmp_path):
+    from storyrewrite.report.build import read_summaries, train_seconds, training_section
 
     (tmp_path / "finetuned").mkdir()
-    (tmp_path / "finetuned" / "summary.json").write_text(json.dumps({
-        "global_step": 10, "train_seconds": 42.4, "best_step": 10, "main_diagnostics": ["m_target", "m_original", "delta"],
-        "start_val_loss": 3.1, "best_val_loss": 2.75,
-        "curves": {"train_loss": curve(3.2, 2.9), "val_loss": curve(3.1, 2.8), "m_target": curve(-3.21, -2.95),
-                   "val_m_original": curve(-2.5, -2.6), "delta": curve(0.1, 0.3), "val_delta": curve(0.2, 0.25)},
-    }))
-    table = training_section(read_summaries(["nll", "finetuned"], tmp_path), {"nll": "NLL", "finetuned": "DTO-Score"}).splitlines()
+    (tmp_path / "finetuned" / "metrics.json").write_text(json.dumps(training_summary(
+        global_step=10, best_step=10, main_diagnostics=["m_target", "m_original", "delta"], start_val_loss=3.1, best_val_loss=2.75,
+        curves={"train_loss": curve(3.2, 2.9), "val_loss": curve(3.1, 2.8), "m_target": curve(-3.21, -2.95),
+                "val_m_original": curve(-2.5, -2.6), "delta": curve(0.1, 0.3), "val_delta": curve(0.2, 0.25)})))
+    seconds = train_seconds([{"stage": "train", "train_s": 42.4}, {"stage": "generate-finetuned", "wall_s": 3.0}])
+    assert seconds == {"finetuned": 42.4}
+    table = training_section(read_summaries(["nll", "finetuned"], tmp_path), {"nll": "NLL", "finetuned": "DTO-Score"},
+                             seconds).splitlines()
     assert len(table) == 3  # no summary for nll here: no row
     # The validation loss of the starting weights → that of the exported checkpoint (not the last
     # validation's); diagnostics from validation where it has them (delta), else from training.
     assert table[2] == ("| DTO-Score | 10 | 42 s | 10 | 2.9 | 3.1 → 2.75 | "
                         "m_target -3.21 → -2.95; m_original (val) -2.5 → -2.6; delta (val) 0.2 → 0.25 |")
-    # A summary from before validate_at_start (or a run without it): the start is n/a.
-    summary = json.loads((tmp_path / "finetuned" / "summary.json").read_text())
-    del summary["start_val_loss"]
-    (tmp_path / "finetuned" / "summary.json").write_text(json.dumps(summary))
-    table = training_section(read_summaries(["finetuned"], tmp_path), {"finetuned": "DTO-Score"}).splitlines()
-    assert "| 2.9 | n/a → 2.75 |" in table[2]
+    # A run without validate_at_start: the start is n/a; without its stage record, so is the wall time.
+    summary = json.loads((tmp_path / "finetuned" / "metrics.json").read_text())
+    summary["start_val_loss"] = None
+    (tmp_path / "finetuned" / "metrics.json").write_text(json.dumps(summary))
+    table = training_section(read_summaries(["finetuned"], tmp_path), {"finetuned": "DTO-Score"}, {}).splitlines()
+    assert "| DTO-Score | 10 | n/a | 10 | 2.9 | n/a → 2.75 |" in table[2]
+
+
+def test_a_renamed_field_fails_where_the_artifact_is_read_naming_file_and_field(tmp_path):
+    import pytest
+
+    from storyrewrite.io import InputError
+    from storyrewrite.report.build import read_summaries
+
+    (tmp_path / "nll").mkdir()
+    summary = training_summary()
+    summary["best_val_NLL"] = summary.pop("best_val_nll")  # renamed by some edit
+    (tmp_path / "nll" / "metrics.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError, match=r"nll/metrics\.json: field `best_val_nll`: missing TrainingSummary"):
+        read_summaries(["nll"], tmp_path)

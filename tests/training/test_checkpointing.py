@@ -1,8 +1,7 @@
 """Checkpoints that survive a crash during their save, a clear stop on one that cannot be read,
 and the free-space check."""
 import io
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from storyrewrite.training import checkpointing
 from storyrewrite.training.checkpointing import AtomicCheckpointIO, CheckpointSpaceError, UnreadableCheckpoint, tensor_bytes
 from storyrewrite.training.run import fit
 
-from conftest import ROOT, tiny_run
+from helpers import tiny_run
 
 
 class TornWrite(io.RawIOBase):
@@ -55,9 +54,11 @@ def test_a_save_killed_midway_keeps_the_previous_checkpoint_and_the_rerun_ends_w
 
     saves, fdopen = [], checkpointing.os.fdopen
 
-    def torn_third_save(fd, mode):
+    def torn_third_save(fd, *args, **kwargs):
+        f = fdopen(fd, *args, **kwargs)
+        if ".ckpt." not in os.readlink(f"/proc/self/fd/{fd}"):  # another file opened from a descriptor
+            return f
         saves.append(fd)
-        f = fdopen(fd, mode)
         return TornWrite(f, limit=50_000) if len(saves) == 3 else f
 
     monkeypatch.setattr(checkpointing.os, "fdopen", torn_third_save)
@@ -101,7 +102,8 @@ def test_a_truncated_checkpoint_stops_the_stage_with_one_line_and_exit_2(tmp_pat
     # resume: false starts afresh (the unreadable file is not even opened).
     from dataclasses import replace
 
-    summary = fit(replace(run, config=replace(run.config, resume=False)), tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs")
+    summary = fit(replace(run, config=run.config.model_copy(update={"resume": False})), tmp_path / "out", tmp_path / "ckpt",
+                  tmp_path / "logs")
     assert summary["resumed_from_step"] is None and summary["global_step"] == 4
 
 

@@ -1,4 +1,3 @@
-import csv
 import json
 import math
 import os
@@ -15,10 +14,10 @@ from safetensors.torch import load_file
 from storyrewrite.io import InputError
 from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
-from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
+from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor, curve_files, read_curve
 from storyrewrite.training.run import assemble, fit
 
-from conftest import DTO, ROOT, read_jsonl, tiny_models_config, tiny_run
+from helpers import DTO, ROOT, read_jsonl, tiny_models_config, tiny_run
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
@@ -40,9 +39,13 @@ def _fit(tmp_path, run, callbacks=(), diagnostics=True):
     return fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks, diagnostics=diagnostics)
 
 
-def _steps(path):
-    with open(path, newline="") as f:
-        return [int(row["step"]) for row in csv.DictReader(f)]
+def _curve(log_dir, name):
+    """A DVCLive curve's rows ({"step", "value"}), read as a user's plot would."""
+    return read_curve(log_dir / "plots" / "metrics" / f"{name}.tsv")
+
+
+def _steps(log_dir, name):
+    return [row["step"] for row in _curve(log_dir, name)]
 
 
 def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepared):
@@ -55,11 +58,11 @@ def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepar
     # A larger budget after a finished run: a new run from step 0, not a continuation.
     longer = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=4))
     assert longer["resumed_from_step"] is None and longer["global_step"] == 4
-    assert _steps(tmp_path / "logs" / "curves" / "train_loss.csv") == [1, 2, 3, 4]
+    assert _steps(tmp_path / "logs", "train_loss") == [1, 2, 3, 4]
     # Step 0: the starting weights, validated before training; never the exported checkpoint.
-    assert _steps(tmp_path / "logs" / "curves" / "val_loss.csv") == [0, 2, 4]
+    assert _steps(tmp_path / "logs", "val_loss") == [0, 2, 4]
     assert (tmp_path / "out" / "config.json").exists()
-    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "logs" / "metrics.json").read_text())
     assert summary["global_step"] == 4 and summary["best_step"] in (2, 4)
 
 
@@ -81,9 +84,9 @@ def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_mode
     assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
     # Step 3 was logged before the crash, after the last checkpoint: logged once, not twice; the
     # starting weights were validated once, by the interrupted run.
-    assert _steps(tmp_path / "logs" / "curves" / "train_loss.csv") == [1, 2, 3, 4, 5]
-    assert _steps(tmp_path / "logs" / "curves" / "grad_norm.csv") == [1, 2, 3, 4, 5]
-    assert _steps(tmp_path / "logs" / "curves" / "val_loss.csv") == [0, 5]
+    assert _steps(tmp_path / "logs", "train_loss") == [1, 2, 3, 4, 5]
+    assert _steps(tmp_path / "logs", "grad_norm") == [1, 2, 3, 4, 5]
+    assert _steps(tmp_path / "logs", "val_loss") == [0, 5]
     assert summary["start_val_loss"] is not None
 
 
@@ -128,6 +131,22 @@ def test_a_changed_setting_starts_afresh(tmp_path, tiny_model_dirs, small_prepar
     assert summary["resumed_from_step"] is None and summary["global_step"] == 3
 
 
+def test_an_objectives_checkpoints_depend_on_its_own_code_only():
+    """The NLL run's fingerprint covers the NLL code, not DTO's or CPO's or the scorer's: an edit to
+    a DTO loss keeps an interrupted NLL run resumable; a DTO run's covers its loss and the scorer."""
+    from storyrewrite import closure
+    from storyrewrite.objectives.registry import OBJECTIVES
+    from storyrewrite.training import run as run_module
+
+    def files(name):
+        objective = OBJECTIVES[name]
+        return {p.name for p in closure.closure(run_module.__file__) | closure.closure(closure.module_file(objective.module_name))}
+
+    assert "nll.py" in files("nll") and not files("nll") & {"dto.py", "cpo.py", "lm_scorer.py"}
+    assert {"dto.py", "lm_scorer.py", "nll.py"} <= files("score") and "cpo.py" not in files("score")
+    assert run_module.code_digest(OBJECTIVES["nll"]) != run_module.code_digest(OBJECTIVES["score"])
+
+
 def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_prepared):
     with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll, cpo, score, delta, score_delta"):
         _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, objective="dpo"))
@@ -141,7 +160,8 @@ def test_divergence_stops_at_once_and_exports_nothing(tmp_path, tiny_model_dirs,
     assert message.startswith("training diverged at step ") and "(train_nll, objective nll): train_loss = " in message
     assert "lr = 1e+09. Lower `train_nll.lr` or change `train_nll.precision` (now 32-true)" in message
     assert message.endswith("last.ckpt keeps the last finite checkpoint")
-    assert not (tmp_path / "out").exists() and not (tmp_path / "logs" / "summary.json").exists()
+    summary = tmp_path / "logs" / "metrics.json"  # DVCLive's latest values, never the run's summary
+    assert not (tmp_path / "out").exists() and (not summary.exists() or "global_step" not in json.loads(summary.read_text()))
     step = int(message.split("step ")[1].split(" ")[0])
     # The last checkpoint is the one before the diverged step, and finite.
     state = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -169,7 +189,7 @@ def test_a_non_finite_gradient_stops_unless_fp16_loss_scaling_is_at_work():
 
 
 def _train_nll_stage(tmp_path, small_prepared, changes: dict, dto: dict | None = None) -> subprocess.CompletedProcess:
-    """The train stage's script run as DVC runs it (`--section train_nll`), on a tiny Llama."""
+    """The train_nll stage's script run as DVC runs it, on a tiny Llama."""
     params = load_yaml(ROOT / "params.yaml")
     params["models"] = {"generator": "tiny:llama", "scorer": "tiny:llama", "max_input_tokens": 96, "max_output_tokens": 40}
     params["train_nll"] |= {"accelerator": "cpu", **changes}
@@ -177,7 +197,7 @@ def _train_nll_stage(tmp_path, small_prepared, changes: dict, dto: dict | None =
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     materialise(tiny_models_config("llama"), tmp_path / "pretrained", seed=0)
     return subprocess.run(
-        [sys.executable, str(ROOT / "stages" / "train.py"), "--section", "train_nll", "--init", "pretrained",
+        [sys.executable, str(ROOT / "stages" / "train_nll.py"), "--init", "pretrained",
          "--data", str(small_prepared), "--out", "nll", "--checkpoints", "ckpt", "--logs", "logs"],
         cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
     )
@@ -198,8 +218,9 @@ def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
                                                          "val_check_interval": 2, "checkpoint_every_n_steps": 2},
                               dto={"tau": -1.0})
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "logs" / "metrics.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
+    assert _steps(tmp_path / "logs", "train_loss") == [1, 2]  # one process wrote the curves
     assert (tmp_path / "nll" / "model.safetensors").exists()
 
 
@@ -240,12 +261,14 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"], section="train",
                    max_steps=2, val_check_interval=2)
     summary = _fit(tmp_path, run)
-    written = {}
-    for path in (tmp_path / "logs" / "curves").glob("*.csv"):
-        header = path.read_text().splitlines()[0].split(",")
-        assert header[:2] == ["step", "epoch"] and len(header) == 3, path
-        written[header[2]] = path
+    written = curve_files(tmp_path / "logs")
+    for name, path in written.items():
+        assert path.read_text().splitlines()[0] == f"step\t{name.split('/')[-1]}", path
     assert set(written) == columns
+    # The summary (DVC metrics) holds every curve but the wall-time ones, and no wall time.
+    metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
+    assert set(metrics["curves"]) == columns - {"tokens_per_s"} and "tokens_per_s" not in metrics
+    assert "train_seconds" not in metrics and summary["train_seconds"] > 0
     assert all(math.isfinite(v["last"]) for v in summary["curves"].values())
     # What the report's training section shows: logged in training, or (DTO-Score's m_original) in validation.
     assert all(name in columns or f"val_{name}" in columns for name in summary["main_diagnostics"])
@@ -264,10 +287,10 @@ def test_the_starting_weights_are_validated_at_step_0_and_training_is_the_same_w
                        section="train", max_steps=3, val_check_interval=3, validate_at_start=at_start)
         runs[at_start] = _fit(tmp_path / str(at_start), run)
         weights.append(load_file(tmp_path / str(at_start) / "out" / "model.safetensors"))
-        losses.append((tmp_path / str(at_start) / "logs" / "curves" / "train_loss.csv").read_text())
+        losses.append(_curve(tmp_path / str(at_start) / "logs", "train_loss"))
     assert losses[0] == losses[1]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    assert _steps(tmp_path / "False" / "logs" / "curves" / "val_loss.csv") == [3]
+    assert _steps(tmp_path / "False" / "logs", "val_loss") == [3]
     assert runs[False]["start_val_loss"] is None and runs[True]["best_step"] == 3
 
     module, data = assemble(run)
@@ -291,7 +314,7 @@ def test_diagnostics_leave_the_loss_and_the_trained_weights_unchanged(tmp_path, 
                            section="train", max_steps=3, val_check_interval=3)
             _fit(directory, run, diagnostics=diagnostics)
             weights.append(load_file(directory / "out" / "model.safetensors"))
-            losses.append((directory / "logs" / "curves" / "train_loss.csv").read_text())
+            losses.append(_curve(directory / "logs", "train_loss"))
         assert losses[0] == losses[1]
         assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
@@ -313,8 +336,7 @@ def test_compiled_training_is_the_same_run(tmp_path, tiny_model_dirs, small_prep
                        section="train", max_steps=3, val_check_interval=3, compile=compiled)
         _fit(tmp_path / str(compiled), run)
         weights.append(load_file(tmp_path / str(compiled) / "out" / "model.safetensors"))
-        with open(tmp_path / str(compiled) / "logs" / "curves" / "train_loss.csv", newline="") as f:
-            losses.append([float(row["train_loss"]) for row in csv.DictReader(f)])
+        losses.append([row["value"] for row in _curve(tmp_path / str(compiled) / "logs", "train_loss")])
         assert (counter.frame_count > 0) == compiled
     assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-6)
     assert weights[0].keys() == weights[1].keys()

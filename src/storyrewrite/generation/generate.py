@@ -7,7 +7,6 @@ started again with the same inputs skips what is done, anything else starts afre
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import sys
@@ -28,7 +27,7 @@ def _fingerprint(model_dir: Path, instances: list[dict], config: GenerateConfig,
                  device: torch.device) -> str:
     digest = hashlib.sha256(weights_digest(model_dir).encode())
     # The device type too: a GPU's kernels may round differently, so a CPU run never resumes a GPU one.
-    digest.update(json.dumps([dataclasses.asdict(config), models.max_input_tokens, device.type], sort_keys=True).encode())
+    digest.update(json.dumps([config.model_dump(), models.max_input_tokens, device.type], sort_keys=True).encode())
     digest.update(json.dumps(instances, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 

@@ -10,7 +10,6 @@ yields each reply as it is ready, so that the caller caches every answer at once
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -46,23 +45,23 @@ class Backend(Protocol):
 
 class OpenAIBackend:
     """The official `openai` client against `settings.base_url`. The key is read from the
-    environment variable named in params, never from params; rate limits (429), server errors
-    (5xx), timeouts and dropped connections are retried with exponential back-off that honours
-    Retry-After."""
+    environment variable named in params, never from params. Retries are the client's own
+    (`llm.openai.max_retries`): timeouts, dropped connections, 408/409/429 and 5xx, with
+    jittered exponential back-off that honours `retry-after`/`retry-after-ms`; each response
+    says how many retries it took, and the backend counts them."""
 
     name = "openai"
 
-    def __init__(self, settings: OpenAISettings, sleep=time.sleep):
+    def __init__(self, settings: OpenAISettings):
         key = os.environ.get(settings.api_key_env)
         if not key:
             raise InputError(f"the API key variable {settings.api_key_env} is not set (params `llm.openai.api_key_env`); "
                              f"export {settings.api_key_env}=... before running the LLM stage")
         import openai
 
-        self.openai = openai
-        # Retries are ours (counted, logged, Retry-After honoured), not the client's.
-        self.client = openai.OpenAI(base_url=settings.base_url, api_key=key, timeout=settings.timeout, max_retries=0)
-        self.settings, self.sleep = settings, sleep
+        self.client = openai.OpenAI(base_url=settings.base_url, api_key=key, timeout=settings.timeout,
+                                    max_retries=settings.max_retries)
+        self.settings = settings
         self.model_id, self.label = f"{settings.base_url} {settings.model}", settings.model
         self.batch_size = 16 * settings.concurrency
         self._retries, self._lock = 0, threading.Lock()  # counted from the worker threads
@@ -71,35 +70,16 @@ class OpenAIBackend:
     def retries(self) -> int:
         return self._retries
 
-    def _delay(self, attempt: int, error: Exception) -> float:
-        response = getattr(error, "response", None)
-        retry_after = response.headers.get("retry-after") if response is not None else None
-        if retry_after:
-            try:
-                return min(float(retry_after), self.settings.max_delay)
-            except ValueError:
-                pass
-        return min(self.settings.initial_delay * 2**attempt, self.settings.max_delay) * (0.5 + random.random() / 2)
-
     def complete(self, messages: list[dict], max_new_tokens: int, temperature: float) -> Reply:
-        retryable = (self.openai.RateLimitError, self.openai.InternalServerError,
-                     self.openai.APITimeoutError, self.openai.APIConnectionError)
         started = time.perf_counter()
-        for attempt in range(self.settings.max_retries + 1):
-            try:
-                response = self.client.chat.completions.create(
-                    model=self.settings.model, messages=messages, temperature=temperature, max_tokens=max_new_tokens)
-            except retryable as error:
-                if attempt == self.settings.max_retries:
-                    raise
-                with self._lock:
-                    self._retries += 1
-                self.sleep(self._delay(attempt, error))
-                continue
-            usage = response.usage
-            return Reply(response.choices[0].message.content or "", usage.prompt_tokens if usage else 0,
-                         usage.completion_tokens if usage else 0, time.perf_counter() - started)
-        raise AssertionError("unreachable")
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.settings.model, messages=messages, temperature=temperature, max_tokens=max_new_tokens)
+        with self._lock:
+            self._retries += raw.retries_taken
+        response = raw.parse()
+        usage = response.usage
+        return Reply(response.choices[0].message.content or "", usage.prompt_tokens if usage else 0,
+                     usage.completion_tokens if usage else 0, time.perf_counter() - started)
 
     def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
         pool = ThreadPoolExecutor(max_workers=self.settings.concurrency)

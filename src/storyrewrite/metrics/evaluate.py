@@ -18,6 +18,7 @@ import torch
 from storyrewrite.io import InputError, read_jsonl
 from storyrewrite.metrics import coherence, counterfactual, lexical
 from storyrewrite.metrics.counterfactual import METRICS
+from storyrewrite.metrics.echo import prompt_echo
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.models.store import optional_model_dir, resolve_model_dir, role_spec, same_model
@@ -110,6 +111,7 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     }
     metrics["instances"] = len(instances)
     metrics["empty_predictions"] = sum(not p.strip() for p in outputs)
+    metrics["prompt_echo"] = round(prompt_echo(outputs, instances), 4)
     metrics["counterfactual_metrics"] = "available" if "original" in references else "not available: the task has no original ending"
     if not all(column in instances[0] for column in COHERENCE_INPUTS):
         metrics["coherence_metrics"] = "not available: the task has no counterfactual event"

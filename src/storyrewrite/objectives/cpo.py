@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from storyrewrite.models.encoding import target_logits
+from storyrewrite.models.logprobs import token_log_probs
+from storyrewrite.objectives.nll import nll_loss
+from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
+from storyrewrite.params import CPOConfig
 
 
 def cpo_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, chosen_nll: torch.Tensor,
@@ -31,3 +38,21 @@ def cpo_diagnostics(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, be
         "logps/chosen": chosen_logps.mean(),
         "logps/rejected": rejected_logps.mean(),
     }
+
+
+def build(context: ObjectiveContext[CPOConfig]) -> Loss:
+    """CPO on one forward of the chosen and rejected endings (2B rows)."""
+    beta, lambda_ = context.settings.beta, context.settings.lambda_
+
+    def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:
+        pair = batch["pair"]  # rows 0..B-1: x → edited ending (chosen); B..2B-1: x → original ending
+        logits = target_logits(generator, pair)  # one forward for chosen and rejected: 2B×T×V
+        mask = pair["target_mask"].to(torch.float32)
+        sequence_logps = (token_log_probs(logits, pair["target_ids"]) * mask).sum(dim=1)  # 2B
+        size = len(batch["ids"])
+        chosen, rejected = sequence_logps[:size], sequence_logps[size:]
+        chosen_nll = nll_loss(logits[:size], pair["target_ids"][:size], pair["target_mask"][:size])
+        loss, terms = cpo_loss(chosen, rejected, chosen_nll, beta, lambda_)
+        return LossOutput(loss, {k: v.detach() for k, v in terms.items()}, chosen_nll.detach(),
+                          lambda: cpo_diagnostics(chosen.detach(), rejected.detach(), beta))
+    return Loss(compute)

@@ -11,9 +11,18 @@ each averaged over the batch.
 """
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
+import torch
+from transformers import PreTrainedModel
+
+from storyrewrite.io import InputError
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.models.encoding import target_logits
 from storyrewrite.models.logprobs import masked_mean
+from storyrewrite.objectives.nll import nll_loss
+from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
+from storyrewrite.params import DTOConfig
 
 
 def gumbel_softmax(logits: torch.Tensor, tau: float, hard: bool, seed: int) -> torch.Tensor:
@@ -55,3 +64,48 @@ def delta_loss(m_edited: torch.Tensor, m_original: torch.Tensor) -> torch.Tensor
 def score_delta_loss(m_edited: torch.Tensor, m_original: torch.Tensor) -> torch.Tensor:
     """−[2·M(Ŷ, Y_EE) − M(Ŷ, X_OE)] = −[M + Δ_M], batch mean; both B."""
     return -(2 * m_edited - m_original).mean()
+
+
+def _builder(combine: Callable[..., torch.Tensor], with_original: bool) -> Callable[[ObjectiveContext[DTOConfig]], Loss]:
+    def build(context: ObjectiveContext[DTOConfig]) -> Loss:
+        config = context.settings
+        scorer = LMScorer.from_dir(context.scorer_dir, context.max_input_tokens, context.max_output_tokens,
+                                   dtype=config.scorer_dtype)
+        vocab = scorer.model.get_input_embeddings().weight.shape[0]
+
+        def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:
+            # One teacher-forced generator forward: logits at each target position, B×T×V.
+            logits = target_logits(generator, batch)
+            if logits.shape[-1] < vocab:
+                raise InputError(f"the generator has {logits.shape[-1]} output logits but the scorer {vocab} embeddings")
+            # Rows beyond the tokenizer's vocabulary (padding of the embedding matrix) are dropped.
+            probs = gumbel_softmax(logits[..., :vocab], config.tau, config.hard, noise_seed)  # B×T×V
+            # Validation scores X_OE for every variant (for m_original and delta), where the task has it.
+            score_original = with_original or (validation and "original_endings" in batch)
+            target_sets = [batch["targets"]] + ([batch["original_endings"]] if score_original else [])
+            # The soft ending Ŷ is the scorer's source; padding positions are masked out.
+            scores = scorer.score_soft_many(probs, batch["target_mask"], target_sets)  # each B
+            loss = combine(*scores[: 2 if with_original else 1])
+            terms = {"m_target": scores[0].detach().mean()}
+            if with_original:
+                terms["m_original"] = scores[1].detach().mean()
+
+            def target_nll() -> torch.Tensor:  # an extra log-softmax over B×T×V: only when asked for
+                return nll_loss(logits.detach(), batch["target_ids"], batch["target_mask"])
+            nll = target_nll() if validation else None
+
+            def diagnostics() -> dict[str, torch.Tensor]:
+                values = {**gumbel_statistics(probs.detach(), batch["target_mask"]),
+                          "nll_target": nll if nll is not None else target_nll()}
+                if score_original:
+                    values["m_original"] = scores[1].detach().mean()
+                    values["delta"] = (scores[0] - scores[1]).detach().mean()
+                return values
+            return LossOutput(loss, terms, nll, diagnostics)
+        return Loss(compute, scorer)
+    return build
+
+
+build_score = _builder(score_loss, with_original=False)
+build_delta = _builder(delta_loss, with_original=True)
+build_score_delta = _builder(score_delta_loss, with_original=True)

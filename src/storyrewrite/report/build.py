@@ -4,18 +4,39 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from storyrewrite.io import InputError, find_file, read_json, read_jsonl
+from storyrewrite import artifacts
+from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.params import ReportConfig
 from storyrewrite.records import read_records, stages_table
-from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
-from storyrewrite.systems import COPY_BASELINES
+from storyrewrite.significance.validity import markdown as validity_markdown
+from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES
+
+ECHO_NOTE = 0.5  # a system whose predictions echo the prompt more often than this is named in the notes
 
 
 def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
     """system -> its training summary, for the systems that were trained."""
-    return {s: read_json(path) for s in systems if (path := train_logs / s / "summary.json").exists()}
+    return {s: artifacts.read(path, artifacts.TrainingSummary).model_dump() for s in systems
+            if (path := train_logs / s / "metrics.json").exists()}
+
+
+def train_seconds(records: list[dict]) -> dict[str, float]:
+    """system -> its training's wall time, from its train stage's record."""
+    by_stage = {record["stage"]: record for record in records}
+    return {system: by_stage[stage]["train_s"] for system, stage in TRAIN_STAGES.items()
+            if stage in by_stage and "train_s" in by_stage[stage]}
+
+
+def echo_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
+    """In plain words, the systems whose predictions are mostly not endings (storyrewrite.metrics.echo)."""
+    echoing = [f"{labels[s]} ({100 * m['prompt_echo']:.0f} %)" for s, m in metrics.items() if m["prompt_echo"] > ECHO_NOTE]
+    if not echoing:
+        return []
+    return [f"**Mostly not endings:** the predictions of {'; '.join(echoing)} echo the prompt (they hold a field label "
+            "such as `Premise:` or repeat the premise word for word), and the tables score them as if they were "
+            "rewrites. Their rows say little about what these models can do."]
 
 
 def llm_label(usage: dict) -> str:
@@ -40,7 +61,7 @@ def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
         return COPY_BASELINES[system][1]
     usage = llm_usage / f"{system.removeprefix('llm_')}.json"
     if system.startswith("llm_") and usage.exists():
-        return llm_label(read_json(usage))
+        return llm_label(artifacts.read(usage, artifacts.LLMUsage).model_dump())
     if summary is not None:
         if system == "nll":
             return summary["label"]
@@ -53,7 +74,7 @@ def _value(number: float) -> str:
     return f"{number:.4g}"
 
 
-def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
+def training_section(summaries: dict[str, dict], labels: dict[str, str], seconds: dict[str, float]) -> str:
     """A table of the trained systems from their runs' summaries: steps, wall time, the step of
     the exported (best-on-validation) checkpoint, the final training loss, the validation loss of
     the starting weights and of the exported checkpoint (did training improve its own objective on
@@ -73,7 +94,8 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str]) -> str:
         train = _value(curves["train_loss"]["last"]) if "train_loss" in curves else "n/a"
         start, best = info.get("start_val_loss"), info.get("best_val_loss")
         val = " → ".join(_value(v) if v is not None else "n/a" for v in (start, best))
-        lines.append(f"| {labels[system]} | {info['global_step']} | {info['train_seconds']:.0f} s | {info.get('best_step') or 'n/a'} | "
+        wall = f"{seconds[system]:.0f} s" if system in seconds else "n/a"
+        lines.append(f"| {labels[system]} | {info['global_step']} | {wall} | {info.get('best_step') or 'n/a'} | "
                      f"{train} | {val} | {'; '.join(shown) or '-'} |")
     return "\n".join(lines)
 
@@ -111,19 +133,20 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     """(results.md, results.tex) for exactly `systems` (the run's, see storyrewrite.systems)."""
     if baseline not in systems:
         raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
-    metrics = {s: read_json(find_file(s, metrics_dirs, ".json")) for s in systems}
-    significance = read_json(significance_path)
+    metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), artifacts.SystemMetrics).model_dump() for s in systems}
+    significance = artifacts.read(significance_path, artifacts.Significance)
+    records = read_records(stage_records)
     order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
     summaries = read_summaries(order, train_logs)
     labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
-    rows = [Row(s, labels[s], metrics[s], significance.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
+    rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
-    unit = significance.get("_unit", "instance")
     notes = [
         f"Task `{task}`, {n} test instances. {what_m_scores(metrics[baseline])}",
-        f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.get('_n_resamples')} resamples "
-        f"over {unit}s), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
+        f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.n_resamples} resamples "
+        f"over {significance.unit}s), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
+        *echo_notes(labels, metrics),
     ]
 
     predictions = {system: {row["id"]: row["prediction"] for _, row in read_jsonl(find_file(system, prediction_dirs, ".jsonl"))}
@@ -136,21 +159,21 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     coherence = coherence_columns(rows)
     following = [markdown_table(rows, alpha, coherence)] if coherence else []
-    validity = read_json(validity_path) if validity_path is not None else {}
+    validity = artifacts.read(validity_path, artifacts.Validity) if validity_path is not None else artifacts.Validity()
     validity_section = ["## Metric validity"] + (
         ["Does each metric score the reference rewrite Y_EE above the original ending copied unchanged (X_OE), on "
          "this run's test instances? (`reports/metric_validity.md`: the same on the whole test set.)",
-         validity_markdown(validity)] if "metrics" in validity else [validity.get("validity", "not measured") + "."])
+         validity_markdown(validity.model_dump())] if validity.metrics else [f"Not available: {validity.not_available or 'not measured'}."])
 
     markdown = "\n\n".join([
         "# Results", markdown_table(rows, alpha), *notes,
         "## Following the counterfactual", *following, *coherence_notes(metrics[baseline]),
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
         *validity_section,
-        "## Training", training_section(summaries, labels),
-        "Every logged quantity over the steps: `dvc plots show reports/train/<system>/curves` "
-        "(`dvc plots diff <experiment>` to compare runs); see the README for what each curve tells.",
-        "## Stages", stages_table(read_records(stage_records)),
+        "## Training", training_section(summaries, labels, train_seconds(records)),
+        "Every logged quantity over the steps: `dvc plots show reports/train/<system>/plots/metrics` "
+        "(`dvc plots diff <experiment>` to compare runs); docs/training.md says what each curve tells.",
+        "## Stages", stages_table(records),
         "Where each model stage ran and what it cost (from `reports/stages/<stage>.json`; wall time from the start of its work to its last output, after Python's imports; peak memory of the whole process).",
         "## Examples", *examples,
     ]) + "\n"

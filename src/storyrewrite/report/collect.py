@@ -26,8 +26,9 @@ import yaml
 
 from storyrewrite.io import InputError, atomic_dir, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
-from storyrewrite.records import check_record, stages_table
-from storyrewrite.report.build import coherence_notes, llm_label, training_section, what_m_scores
+from storyrewrite import artifacts
+from storyrewrite.records import stages_table
+from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import COLUMNS, Row, coherence_columns, column_label, markdown_table, metric_value, number, plain_cells
 from storyrewrite.significance.compare import compare
@@ -64,6 +65,11 @@ class Run:
         except json.JSONDecodeError as err:
             raise InputError(f"{path} of run {self.name} ({self.root}):{err.lineno}: invalid JSON ({err.msg})") from None
 
+    def artifact(self, path: str, model: type) -> dict:
+        """The file at `path` read as its artifact (storyrewrite.artifacts), as a dict of the
+        fields it holds."""
+        return artifacts.read(f"{path} of run {self.name} ({self.root})", model, text=self.text(path)).model_dump(exclude_unset=True)
+
     def under(self, prefix: str) -> list[str]:
         return sorted(path for path in self.files if path.startswith(prefix))
 
@@ -83,15 +89,15 @@ class Run:
 
     def metrics(self, system: str) -> dict | None:
         path = self.metrics_path(system)
-        return None if path is None else self.json(path)
+        return None if path is None else self.artifact(path, artifacts.SystemMetrics)
 
     def scores(self, system: str) -> list[dict]:
         path = self.metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
         return [json.loads(line) for line in self.text(path).splitlines() if line.strip()]
 
     def summary(self, system: str) -> dict | None:
-        path = f"reports/train/{system}/summary.json"
-        return self.json(path) if self.has(path) else None
+        path = f"reports/train/{system}/metrics.json"
+        return self.artifact(path, artifacts.TrainingSummary) if self.has(path) else None
 
     def systems(self) -> list[str]:
         return [Path(p).stem for p in self.under("reports/metrics/") + self.under("reports/sanity/metrics/")]
@@ -170,7 +176,7 @@ def comparison(runs: list[Run]) -> list[Entry]:
     entries += [Entry(objective_label(run, runs), run, FINETUNED, "trained") for run in chosen]
     for system in sorted(s for s in reference.systems() if s.startswith("llm_")):
         usage = f"reports/llm/{system.removeprefix('llm_')}.json"
-        info = reference.json(usage) if reference.has(usage) else None
+        info = reference.artifact(usage, artifacts.LLMUsage) if reference.has(usage) else None
         entries.append(Entry(llm_label(info) if info else system, reference, system, "llm"))
     entries += [Entry(label, reference, system, "copy") for system, (_, label) in COPY_BASELINES.items()
                 if system in reference.systems()]
@@ -237,6 +243,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     devices = sorted({f"{r['device']} ({r['device_name']})" for run in runs for r in _records(run)})
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
     summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
+    seconds = {e.label: wall for e in entries if (wall := train_seconds(_records(e.run)).get(e.system)) is not None}
     n_resamples = reference.params.get("significance", {}).get("n_resamples")
     return "\n\n".join([
         f"# Results: {title}",
@@ -250,12 +257,14 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
+        *echo_notes({e.label: e.label for e in entries}, {e.label: e.run.metrics(e.system) for e in entries}),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
         *coherence_notes(base_metrics),
         "## The copy of the original ending", copy_against_trained(entries),
-        "## Training", training_section(summaries, {label: label for label in summaries}),
-        "Curves: `train/<run>/<system>/curves/` (one CSV per quantity); every stage's device and wall time: stages.md.",
+        "## Training", training_section(summaries, {label: label for label in summaries}, seconds),
+        "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
+        "time: stages.md.",
     ]) + "\n"
 
 
@@ -293,7 +302,8 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
-        significance = run.json("reports/significance.json") if run.has("reports/significance.json") else {}
+        significance = (run.artifact("reports/significance.json", artifacts.Significance)["p_values"]
+                        if run.has("reports/significance.json") else {})
         base = (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")
         cells = [run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
                  *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha, columns),
@@ -307,7 +317,7 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
 
 
 def _records(run: Run) -> list[dict]:
-    return [check_record(run.json(path), f"{path} of run {run.name}") for path in run.under("reports/stages/")]
+    return [run.artifact(path, artifacts.Record) for path in run.under("reports/stages/")]
 
 
 def stages_markdown(runs: list[Run]) -> str:

@@ -5,7 +5,7 @@ import lightning as L
 import torch
 from transformers import PreTrainedModel
 
-from storyrewrite.objectives import Loss
+from storyrewrite.objectives.registry import Loss
 
 VALIDATION_NOISE_OFFSET = 10**9  # validation draws its own Gumbel noise, the same every time
 

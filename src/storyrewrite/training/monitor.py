@@ -1,47 +1,48 @@
-"""Watching a training run: curves of every logged quantity, and a stop on divergence.
+"""Watching a training run: every logged quantity as a DVCLive curve, and a stop on divergence.
 
-Curves are tidy CSV files, one per quantity (`step,epoch,<name>`), in one directory, so that
-`dvc plots show` draws each (its y is the file's last column) whatever the objective logs:
-`train_loss`, `lr`, `grad_norm`, `tokens_per_s`, the objective's terms and diagnostics, and the
-same averaged over validation, prefixed `val_` (at step 0 the starting weights', with
-`validate_at_start`). A non-finite loss or loss term, or a non-finite
-gradient norm that is not fp16 loss scaling at work, stops the run at once (before that step's
-checkpoint is written) with one message naming the step, the values and the learning rate.
+DVCLive (DVC's own logger) writes the stage's log directory (`reports/train/<system>/`, declared
+in dvc.yaml): one `plots/metrics/<name>.tsv` per quantity (`dvc plots show` draws each, whatever
+the objective logs) and `metrics.json`, the latest value of each (live in `dvc exp show` while an
+experiment runs; at the end the run's summary, storyrewrite.training.run). The quantities:
+`train_loss`, `lr`, `grad_norm`, `tokens_per_s`, the objective's terms and diagnostics (TRL's
+names for CPO: `rewards/chosen`, …), and the same averaged over validation, prefixed `val_` (at
+step 0 the starting weights', with `validate_at_start`). A step's tensors are read in one
+device-to-host copy. Wall-time quantities (`tokens_per_s`; a diagnostic in seconds, logged as its
+share of the step, `<name>_time_share`) are curves only, never in the summary:
+`dvc metrics diff` between two runs of the same code lists what the code changed, not the clock.
+
+Exact resume: DVC deletes a stage's outputs before it runs it again, so the curves are copied
+beside the checkpoints (`<checkpoints>/curves/`) at every checkpoint save and every validation;
+a resumed run starts from that copy with the rows after the resumed step dropped (they were
+logged after the last checkpoint, before the interruption, and are logged again), so its curves
+equal an uninterrupted run's: no step missing, none twice.
+
+A non-finite loss or loss term, or a non-finite gradient norm that is not fp16 loss scaling at
+work, stops the run at once (before that step's checkpoint is written) with one message naming
+the step, the values and the learning rate.
 """
 from __future__ import annotations
 
 import csv
 import math
+import shutil
 import time
 from pathlib import Path
 
 import torch
+from dvclive import Live
 from lightning.pytorch.callbacks import Callback
 
-from storyrewrite.io import InputError, atomic_path
+from storyrewrite.io import InputError, atomic_dir, atomic_path
+
+def wall_time(name: str) -> bool:
+    """Whether a curve measures the clock (throughput, a share of the step's time): a curve,
+    never a summary metric."""
+    return name == "tokens_per_s" or name.endswith("_time_share")
 
 
 class TrainingDiverged(InputError):
     """A non-finite loss or gradient: the settings (lr, precision) do not train this model."""
-
-
-def curve_file(directory: Path, name: str) -> Path:
-    return directory / f"{name.replace('/', '_')}.csv"
-
-
-def read_curve(path: Path) -> tuple[str, list[dict]]:
-    """(the quantity's name: the last column, the rows)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-    return reader.fieldnames[-1], rows
-
-
-def write_curve(path: Path, name: str, rows: list[dict]) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=("step", "epoch", name))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -50,36 +51,78 @@ def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist()))
 
 
-def _number(value: float) -> str:
-    return f"{value:.6g}"
+def curve_files(directory: Path) -> dict[str, Path]:
+    """name -> its curve file, under a DVCLive directory (`rewards/chosen` -> plots/metrics/rewards/chosen.tsv)."""
+    root = Path(directory) / "plots" / "metrics"
+    return {path.relative_to(root).with_suffix("").as_posix(): path for path in sorted(root.rglob("*.tsv"))}
+
+
+def read_curve(path: Path) -> list[dict]:
+    """The rows of a DVCLive curve: {"step": int, "value": float}. A last line cut short (a kill
+    during the write: no newline at its end) is dropped; a malformed line before it is an error
+    naming file:line."""
+    complete = path.read_text(encoding="utf-8").split("\n")[:-1]
+    rows = []
+    for number, row in enumerate(csv.DictReader(complete, delimiter="\t"), start=2):
+        try:
+            rows.append({"step": int(row["step"]), "value": float(row[path.stem])})
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}:{number}: not a `step<TAB>{path.stem}` row") from None
+    return rows
+
+
+def truncate_after(directory: Path, step: int) -> None:
+    """Drop every curve row after `step` (logged after the last checkpoint)."""
+    for path in curve_files(directory).values():
+        rows = [row for row in read_curve(path) if row["step"] <= step]
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(f"step\t{path.stem}\n" + "".join(f"{row['step']}\t{row['value']!r}\n" for row in rows))
 
 
 class TrainingMonitor(Callback):
-    """Appends one row per quantity per training step (and per validation) to `directory`,
-    reading the step's tensors in one device-to-host copy; stops the run on divergence.
+    """Logs one row per quantity per training step (and per validation) with DVCLive into
+    `log_dir`, copies the curves to `snapshot_dir` at every checkpoint and validation, and stops
+    the run on divergence. `resumed_step`: the step of the checkpoint a resumed run starts from."""
 
-    On resume, rows after the resumed step (written after the last checkpoint, before an
-    interruption) are dropped first (`truncate_after`)."""
-
-    def __init__(self, directory: Path, section: str, objective: str):
-        self.directory, self.section, self.objective = directory, section, objective
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, log_dir: Path, snapshot_dir: Path, section: str, objective: str, resumed_step: int | None = None):
+        self.log_dir, self.snapshot_dir = Path(log_dir), Path(snapshot_dir)
+        self.section, self.objective, self.resumed_step = section, objective, resumed_step
+        self.live: Live | None = None
         self._started = 0.0
 
-    def truncate_after(self, step: int) -> None:
-        for path in sorted(self.directory.glob("*.csv")):
-            name, rows = read_curve(path)
-            write_curve(path, name, [row for row in rows if int(row["step"]) <= step])
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """The logger, on the first process only (under DDP every process runs the stage: a
+        second Live would start the directory afresh under the first one's feet)."""
+        if self.live is not None or not trainer.is_global_zero:
+            return
+        resumed = self.resumed_step is not None
+        if resumed:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            if self.snapshot_dir.exists():
+                shutil.copytree(self.snapshot_dir, self.log_dir)
+                truncate_after(self.log_dir, self.resumed_step)
+        self.live = Live(dir=str(self.log_dir), resume=resumed, save_dvc_exp=False, dvcyaml=None, report=None)
 
-    def _append(self, step: int, epoch: int, values: dict[str, float]) -> None:
+    def latest(self) -> dict:
+        """DVCLive's summary: the latest value of every curve but the wall-time ones."""
+        return {name: value for name, value in (self.live.summary if self.live else {}).items() if not wall_time(name)}
+
+    def _log(self, step: int, values: dict[str, float], seconds: float | None = None) -> None:
+        # A diagnostic in seconds (`<name>_seconds`) is logged as its share of the step's wall time.
+        for name in [n for n in values if n.endswith("_seconds")]:
+            value = values.pop(name)
+            if seconds:
+                values[name.removesuffix("_seconds") + "_time_share"] = value / seconds
+        self.live.step = step
         for name, value in values.items():
-            path = curve_file(self.directory, name)
-            new = not path.exists()
-            with open(path, "a", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=("step", "epoch", name))
-                if new:
-                    writer.writeheader()
-                writer.writerow({"step": step, "epoch": epoch, name: _number(value)})
+            self.live.log_metric(name, value)
+        for name in [n for n in self.live.summary if wall_time(n)]:
+            self.live.summary.pop(name)
+        self.live.make_summary()
+
+    def snapshot(self) -> None:
+        with atomic_dir(self.snapshot_dir) as staging:
+            shutil.copytree(self.log_dir, staging, dirs_exist_ok=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._started = time.perf_counter()
@@ -91,7 +134,7 @@ class TrainingMonitor(Callback):
         self._check(trainer, {n: values[n] for n in pl_module.step_terms}, values.get("grad_norm"), lr)
         if trainer.is_global_zero:
             values |= {"lr": lr, "tokens_per_s": batch["num_tokens"] / seconds if seconds > 0 else float("nan")}
-            self._append(trainer.global_step, trainer.current_epoch, values)
+            self._log(trainer.global_step, values, seconds)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -101,7 +144,12 @@ class TrainingMonitor(Callback):
         lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         self._check(trainer, {"val_loss": values["val_loss"]}, None, lr)
         if trainer.is_global_zero:
-            self._append(trainer.global_step, trainer.current_epoch, values)
+            self._log(trainer.global_step, values)
+            self.snapshot()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.is_global_zero:
+            self.snapshot()
 
     def _check(self, trainer, terms: dict[str, float], grad_norm: float | None, lr: float | None) -> None:
         """`lr` None: the validation of the starting weights, before training."""
@@ -111,7 +159,8 @@ class TrainingMonitor(Callback):
         bad_grad = grad_norm is not None and not math.isfinite(grad_norm) and not scaling
         if not (bad_terms or bad_grad):
             return
-        shown = ", ".join(f"{name} = {_number(v)}" for name, v in {**terms, **({"grad_norm": grad_norm} if grad_norm is not None else {})}.items())
+        shown = ", ".join(f"{name} = {value:.6g}" for name, value in
+                          {**terms, **({"grad_norm": grad_norm} if grad_norm is not None else {})}.items())
         if lr is None:
             raise TrainingDiverged(
                 f"the starting weights give non-finite values before training ({self.section}, objective "

@@ -2,7 +2,6 @@
 configs; `fit` runs them (Trainer, resume, best/last checkpoints, curves, divergence, export)."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -18,17 +17,18 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from storyrewrite import closure
-from storyrewrite.io import InputError, atomic_dir, sha256_file, write_json_atomic, write_text_atomic
+from storyrewrite import artifacts
+from storyrewrite.io import InputError, sha256_file, write_text_atomic
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
-from storyrewrite.training.compile import compile_body
-from storyrewrite.objectives import Objective, ObjectiveContext, get_objective
+from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_objective
 from storyrewrite.parallel import assigned_gpu
-from storyrewrite.params import ModelsConfig, Params, TrainConfig
+from storyrewrite.params import ModelsConfig, Params, Section, TrainConfig
 from storyrewrite.training.checkpointing import AtomicCheckpointIO, check_readable
+from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
-from storyrewrite.training.monitor import TrainingMonitor, read_curve
+from storyrewrite.training.monitor import TrainingMonitor, curve_files, read_curve, wall_time
 
 # Keys that only say how long to train: an interrupted run resumed with a larger budget continues
 # (everything else changes the run and invalidates its checkpoints).
@@ -56,7 +56,7 @@ class Run:
     task: str
     seed: int
     objective: str
-    settings: Any  # the objective's params section (Objective.settings), or None
+    settings: Section | None  # the objective's params section (Objective.settings: its type), or None
     init_dir: Path
     prepared_dir: Path
     scorer_dir: Path | None = None
@@ -93,11 +93,12 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     return module, datamodule
 
 
-def code_digest() -> str:
-    """sha256 over the package code that training runs (the import closure of this module): a
-    checkpoint made by other code is not resumed (a changed loss must retrain, not re-export the
-    old weights), while an edit elsewhere (the report, say) keeps an interrupted run resumable."""
-    return closure.digest(closure.closure(__file__))
+def code_digest(objective: Objective) -> str:
+    """sha256 over the package code that training with `objective` runs (the import closure of
+    this module and of the objective's own module): a checkpoint made by other code is not
+    resumed (a changed loss must retrain, not re-export the old weights), while an edit elsewhere
+    (the report, another objective's loss) keeps an interrupted run resumable."""
+    return closure.digest(closure.closure(__file__) | closure.closure(closure.module_file(objective.module_name)))
 
 
 def run_fingerprint(run: Run, objective: Objective) -> str:
@@ -106,13 +107,13 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
     the task, the seed, the data, the starting weights, the scorer and the code."""
     train_file = run.prepared_dir / run.task / "train.jsonl"
     blob = json.dumps({
-        "settings": {k: v for k, v in dataclasses.asdict(run.config).items() if k not in BUDGET_KEYS},
-        "objective": run.objective, "objective_settings": dataclasses.asdict(run.settings) if run.settings else None,
+        "settings": {k: v for k, v in run.config.model_dump().items() if k not in BUDGET_KEYS},
+        "objective": run.objective, "objective_settings": run.settings.model_dump(by_alias=True) if run.settings else None,
         "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
         "init_weights": weights_digest(run.init_dir),
         "scorer": weights_digest(run.scorer_dir) if objective.needs_scorer else None,
-        "code": code_digest(),
+        "code": code_digest(objective),
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -148,9 +149,10 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     """Train; export the best-on-val weights to `out_dir`. `checkpoint_dir` keeps the best and
     last Lightning checkpoints and the curves while a run is under way: an interrupted run with
     the same fingerprint resumes from last.ckpt, a finished one is never resumed (a rerun, e.g.
-    `dvc repro -f`, trains again). `log_dir` receives the curves (`dvc plots`) and summary.json.
-    `diagnostics: False` logs only the loss, its terms, lr and tokens/s. Returns the
-    summary."""
+    `dvc repro -f`, trains again). `log_dir` receives the curves (DVCLive: `dvc plots`) and, at
+    the end, the run's summary (`metrics.json`, storyrewrite.artifacts.TrainingSummary).
+    `diagnostics: False` logs only the loss, its terms, lr and tokens/s. Returns the summary with
+    the training's wall time, `train_seconds` (a stage record's fact: never in the DVC metrics)."""
     objective = get_objective(run.objective, run.task)
     out_dir, checkpoint_dir, log_dir = Path(out_dir), Path(checkpoint_dir), Path(log_dir)
     L.seed_everything(run.seed, workers=True, verbose=False)
@@ -176,9 +178,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     write_text_atomic(fingerprint_file, fingerprint + "\n")
 
     module, datamodule = assemble(run, diagnostics)
-    monitor = TrainingMonitor(checkpoint_dir / "curves", run.section, run.objective)
-    if resume_from is not None:
-        monitor.truncate_after(resumed_step)
+    monitor = TrainingMonitor(log_dir, checkpoint_dir / "curves", run.section, run.objective, resumed_step)
     best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
                            save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
@@ -195,29 +195,28 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
             trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - started
-    curves = dict(read_curve(path) for path in sorted((checkpoint_dir / "curves").glob("*.csv")))
     best_checkpoint = _load_best(best)
-    summary = {
-        "objective": run.objective, "label": objective.label,
-        "settings": dataclasses.asdict(run.settings) if run.settings else None,
-        "task": run.task, "global_step": trainer.global_step, "world_size": trainer.world_size,
-        "device": str(trainer.strategy.root_device), "precision": str(run.config.precision),
-        "resumed_from_step": resumed_step, "train_seconds": round(elapsed, 1),
-        "best_val_loss": round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
-        **_best_step(best_checkpoint, curves), "main_diagnostics": list(objective.main_diagnostics),
-        "curves": {name: _first_last(name, rows) for name, rows in curves.items() if rows},
-    }
+    curves = {name: read_curve(path) for name, path in curve_files(log_dir).items()}
+    summary = artifacts.TrainingSummary(
+        **monitor.latest(), objective=run.objective, label=objective.label,
+        settings=run.settings.model_dump(by_alias=True) if run.settings else None,
+        task=run.task, global_step=trainer.global_step, world_size=trainer.world_size,
+        device=str(trainer.strategy.root_device), precision=str(run.config.precision), resumed_from_step=resumed_step,
+        best_val_loss=round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
+        **_best_step(best_checkpoint, curves), main_diagnostics=list(objective.main_diagnostics),
+        curves={name: _first_last(rows) for name, rows in curves.items() if rows and not wall_time(name)},
+    )
     if trainer.is_global_zero:
-        _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir, checkpoint_dir / "curves", log_dir)
-        write_json_atomic(log_dir / "summary.json", summary)
+        _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir)
+        artifacts.write(log_dir / "metrics.json", summary)
         write_text_atomic(finished, f"{trainer.global_step}\n")
-    return summary
+    return {**summary.model_dump(), "train_seconds": round(elapsed, 1)}
 
 
-def _first_last(name: str, rows: list[dict]) -> dict:
+def _first_last(rows: list[dict]) -> artifacts.CurveEnds:
     """The first and last logged values of a curve, with their steps."""
-    return {"first": float(rows[0][name]), "last": float(rows[-1][name]),
-            "first_step": int(rows[0]["step"]), "last_step": int(rows[-1]["step"])}
+    return artifacts.CurveEnds(first=rows[0]["value"], last=rows[-1]["value"], first_step=rows[0]["step"],
+                               last_step=rows[-1]["step"])
 
 
 def _load_best(best: ModelCheckpoint) -> dict | None:
@@ -235,22 +234,19 @@ def _best_step(checkpoint: dict | None, curves: dict[str, list[dict]]) -> dict:
     (comparable across objectives: model selection for a grid such as CPO's) and the validation
     loss at step 0 (null without `validate_at_start`, or on a resumed run's summary if the
     interrupted run had none)."""
-    start = next((float(row["val_loss"]) for row in curves.get("val_loss", []) if int(row["step"]) == 0), None)
+    start = next((row["value"] for row in curves.get("val_loss", []) if row["step"] == 0), None)
     if checkpoint is None:
         return {"best_step": None, "best_val_nll": None, "start_val_loss": start}
     step = int(checkpoint["global_step"])
     # The last row at that step: with gradient accumulation a validation can share step 0 with the start.
-    nll = [float(row["val_nll"]) for row in curves["val_nll"] if int(row["step"]) == step][-1]
+    nll = [row["value"] for row in curves["val_nll"] if row["step"] == step][-1]
     return {"best_step": step, "best_val_nll": round(nll, 6), "start_val_loss": start}
 
 
-def _export(module: RewriteModule, tokenizer, checkpoint: dict | None, out_dir: Path, curves: Path, log_dir: Path) -> None:
+def _export(module: RewriteModule, tokenizer, checkpoint: dict | None, out_dir: Path) -> None:
     if checkpoint is not None:
         module.load_state_dict(checkpoint["state_dict"])
     else:
         # No validation ran (a budget shorter than val_check_interval): the final weights stand.
         print("warning: no validation ran; exporting the final weights, not the best-on-val ones")
     save_model(module.generator, tokenizer, out_dir)
-    # The curves as one directory (a DVC plots output), swapped in whole: never half-written.
-    with atomic_dir(log_dir / "curves") as staged:
-        shutil.copytree(curves, staged, dirs_exist_ok=True)

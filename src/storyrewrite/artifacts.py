@@ -1,0 +1,190 @@
+"""What one stage writes and another reads, typed: one pydantic model per file, used by the writer
+and by every reader (the report, the collector, the bench and docs scripts), so that a renamed or
+missing field fails where the file is read, naming the file and the field, not at report time
+after a run is spent. Torch-free.
+
+| file                                   | written by            | model           |
+|----------------------------------------|-----------------------|-----------------|
+| reports/metrics/<system>.json          | score                 | SystemMetrics   |
+| reports/train/<system>/metrics.json    | train_nll, train      | TrainingSummary |
+| reports/llm/<mode>.json                | llm                   | LLMUsage        |
+| reports/stages/<stage>.json            | every model stage     | Record          |
+| reports/significance.json              | significance          | Significance    |
+| reports/validity.json                  | validity              | Validity        |
+| reports/bench/<script>.json            | bench/<script>.py     | BenchRuns       |
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, RootModel, ValidationError
+
+from storyrewrite.io import InputError, read_text, write_json_atomic
+
+A = TypeVar("A", bound=BaseModel)
+
+
+class Artifact(BaseModel):
+    # A field the model does not know is a renamed one: refused, as a missing one is.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Open(BaseModel):
+    """An artifact that also carries open-ended values beside its named fields."""
+    model_config = ConfigDict(extra="allow")
+
+
+class Overlap(Artifact):
+    """An overlap metric's corpus value in each form (storyrewrite.metrics.counterfactual)."""
+    predictive: float
+    delta: float | None = None
+    counterfactual: float | None = None
+
+
+class EvaluatorSpecs(Artifact):
+    judge: str | None
+    embedder: str | None
+    nli: str | None
+    judge_is_scorer: bool
+
+
+class SystemMetrics(Artifact):
+    bartscore: Overlap
+    rougeL: Overlap
+    sacrebleu: Overlap
+    instances: int
+    empty_predictions: int
+    counterfactual_metrics: str  # "available", or why not
+    prompt_echo: float  # the share of predictions that echo a prompt field (storyrewrite.metrics.echo)
+    coherence_metrics: str | None = None  # "available", or why not (None: not computed)
+    cf_pmi: float | None = None
+    cf_follow: float | None = None
+    drift: float | None = None
+    ents: float | None = None
+    hmean: float | None = None
+    evaluators: EvaluatorSpecs | None = None
+
+
+class CurveEnds(Artifact):
+    first: float
+    last: float
+    first_step: int
+    last_step: int
+
+
+class TrainingSummary(Open):
+    """The training run's facts; DVCLive's latest value of every curve sits beside them."""
+    objective: str
+    label: str
+    settings: dict[str, Any] | None
+    task: str
+    global_step: int
+    world_size: int
+    device: str
+    precision: str
+    resumed_from_step: int | None
+    best_val_loss: float | None
+    best_step: int | None
+    best_val_nll: float | None
+    start_val_loss: float | None
+    main_diagnostics: list[str]
+    curves: dict[str, CurveEnds]
+
+
+class LLMUsage(Artifact):
+    mode: str
+    mode_label: str
+    backend: str
+    model: str
+    instances: int
+    prompts: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Record(Open):
+    """Where a stage ran and what it cost (storyrewrite.records); stage-specific facts beside."""
+    stage: str
+    device: str
+    device_name: str
+    dtype: str | None
+    wall_s: float
+    items: int | None
+    unit: str | None
+    items_per_s: float | None
+    peak_rss_gb: float | None = None
+    peak_cuda_gb: float | None = None
+    started_at: str | None = None
+    experiment: str | None = None
+
+
+class Significance(Artifact):
+    baseline: str
+    n_resamples: int
+    unit: str  # instance | story: what the bootstrap resampled
+    p_values: dict[str, dict[str, float]]  # system -> column -> p (H1: system > baseline)
+
+
+class ValidityFigures(Artifact):
+    compared: str
+    instances: int
+    wins: float
+    ties: float
+    losses: float
+    wins_ci: list[float]
+    margin: float
+    margin_ci: list[float]
+    gold_mean: float
+    copy_mean: float
+    separates: bool
+
+
+class Validity(Artifact):
+    instances: int = 0
+    stories: int = 0
+    n_resamples: int = 0
+    metrics: dict[str, ValidityFigures] = {}
+    not_measured: dict[str, str] = {}
+    not_available: str | None = None  # why the task has none (no original ending to copy)
+
+
+class BenchRun(Open):
+    script: str
+    command: str
+    device: str
+    device_name: str
+    machine: str
+    torch: str
+    commit: str
+    measured_at: str
+    settings: dict[str, Any]
+    figures: dict[str, Any]
+
+
+class BenchRuns(RootModel[dict[str, BenchRun]]):
+    """A bench script's latest run per device."""
+
+
+def read(path: str | Path, model: type[A], text: str | None = None) -> A:
+    """The artifact at `path` (or `text` read from it elsewhere), checked; an error names the
+    file and the first field that is wrong."""
+    try:
+        data = json.loads(read_text(path) if text is None else text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(the whole file)"
+        what = {"missing": "missing", "extra_forbidden": "not a field of"}.get(first["type"], first["msg"])
+        raise InputError(f"{path}: field `{field}`: {what} {model.__name__}"
+                         if first["type"] in ("missing", "extra_forbidden") else f"{path}: field `{field}`: {what}") from None
+
+
+def write(path: str | Path, artifact: BaseModel, only_set: bool = False) -> None:
+    """The artifact as JSON, atomically: every field (None ones too), or with `only_set` those
+    the writer set."""
+    write_json_atomic(path, artifact.model_dump(mode="json", by_alias=True, exclude_unset=only_set))

@@ -1,0 +1,124 @@
+"""The objective registry: every training objective by name, with what it needs, without its code.
+
+An entry says which module holds the objective's code (its loss, a pure function of tensors with
+its formula in the docstring, and the builder that gets those tensors from the generator and a
+batch), which params section it reads (typed), what it needs (a scorer, the original ending,
+chosen/rejected pairs), which tasks it serves and how reports name it. The module is imported
+only when the objective is built: the NLL baseline (`train_nll`) runs, and depends on, the NLL
+code alone, so an edit to a DTO loss reruns `train`, not the NLL model every system starts from.
+A built objective returns the loss with its terms and its diagnostics (logged with the training
+curves). The training code calls it and never branches on the name: a new objective is one module
+(loss + `build`) and one entry in `OBJECTIVES`.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import torch
+from transformers import PreTrainedModel
+
+from storyrewrite.data.schema import TASK_COLUMNS
+from storyrewrite.io import InputError
+from storyrewrite.params import CPOConfig, DTOConfig, Section
+
+S = TypeVar("S", bound=Section)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # the scalar that is optimised
+    terms: dict[str, torch.Tensor]  # what the loss is made of (detached scalars): a non-finite one stops training
+    # The teacher-forced NLL of Y_EE (detached), always given in validation: the validation NLL,
+    # comparable across objectives.
+    nll: torch.Tensor | None
+    # Detached scalars for the training curves, computed only when called (under no_grad, from
+    # tensors the step already has), so that a run without diagnostics pays nothing for them.
+    diagnostics: Callable[[], dict[str, torch.Tensor]] = field(default=dict)
+
+
+# (generator, batch, noise seed, validation) -> LossOutput. The batch layout is
+# storyrewrite.models.encoding's, plus the texts `targets` and `original_endings`, and `pair`
+# (chosen + rejected) for CPO. `validation` may compute more (e.g. M(Ŷ, X_OE) for DTO-Score).
+LossFn = Callable[[PreTrainedModel, dict, int, bool], LossOutput]
+
+
+@dataclass(frozen=True)
+class ObjectiveContext(Generic[S]):
+    """What an objective is built from: its own params section (typed: `Objective.settings`)."""
+
+    settings: S | None = None
+    scorer_dir: Path | None = None  # the frozen scorer's model directory (`needs_scorer`)
+    max_input_tokens: int = 1024
+    max_output_tokens: int = 250
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A built objective, and the frozen scorer it runs, if any (the training code moves it to
+    the training device; it is never trained, and never saved in checkpoints)."""
+
+    compute: LossFn
+    scorer: object | None = None  # storyrewrite.metrics.lm_scorer.LMScorer, for the objectives that need one
+
+    def __call__(self, generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool = False) -> LossOutput:
+        return self.compute(generator, batch, noise_seed, validation)
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    label: str  # how reports name it
+    description: str
+    module: str  # storyrewrite.objectives.<module> holds its loss and its builder
+    builder: str = "build"  # the builder's name there: (ObjectiveContext) -> Loss
+    settings: str | None = None  # the params section it reads (the stage reads no other)
+    settings_type: type[Section] | None = None  # that section's type
+    needs_scorer: bool = False
+    needs_original_ending: bool = False
+    pairs: bool = False  # the batch carries chosen (edited) and rejected (original) endings
+    main_diagnostics: tuple[str, ...] = ()  # what the report's training section shows, first → last
+
+    @property
+    def module_name(self) -> str:
+        return f"storyrewrite.objectives.{self.module}"
+
+    def build(self, context: ObjectiveContext) -> Loss:
+        """Import the objective's code and build it."""
+        if self.settings_type is not None and not isinstance(context.settings, self.settings_type):
+            raise TypeError(f"objective {self.name!r} takes {self.settings_type.__name__} settings, "
+                            f"got {type(context.settings).__name__}")
+        return getattr(importlib.import_module(self.module_name), self.builder)(context)
+
+
+_DTO_MAIN = ("m_target", "m_original", "delta", "gumbel_max_prob", "nll_target")
+
+OBJECTIVES: dict[str, Objective] = {
+    "nll": Objective("nll", "NLL", "negative log-likelihood of the edited ending", "nll", main_diagnostics=("token_accuracy",)),
+    "cpo": Objective("cpo", "CPO", "CPO: edited ending preferred to the original ending", "cpo", settings="cpo",
+                     settings_type=CPOConfig, needs_original_ending=True, pairs=True,
+                     main_diagnostics=("rewards/margins", "rewards/accuracies", "nll_term")),
+    "score": Objective("score", "DTO-Score", "DTO: −M(Ŷ, Y_EE)", "dto", "build_score", settings="dto",
+                       settings_type=DTOConfig, needs_scorer=True, main_diagnostics=_DTO_MAIN),
+    "delta": Objective("delta", "DTO-Delta", "DTO: −[M(Ŷ, Y_EE) − M(Ŷ, X_OE)]", "dto", "build_delta", settings="dto",
+                       settings_type=DTOConfig, needs_scorer=True, needs_original_ending=True, main_diagnostics=_DTO_MAIN),
+    "score_delta": Objective("score_delta", "DTO-Score+Delta", "DTO: −[2·M(Ŷ, Y_EE) − M(Ŷ, X_OE)]", "dto",
+                             "build_score_delta", settings="dto", settings_type=DTOConfig, needs_scorer=True,
+                             needs_original_ending=True, main_diagnostics=_DTO_MAIN),
+}
+
+
+def get_objective(name: str, task: str) -> Objective:
+    """The objective `name`, checked against the task: one that needs the original ending is
+    refused where the task has none, naming the objectives that work there."""
+    if name not in OBJECTIVES:
+        raise InputError(f"params: `objective` = {name!r} is not valid; valid values: {', '.join(OBJECTIVES)}")
+    objective = OBJECTIVES[name]
+    if objective.needs_original_ending and "original_ending" not in TASK_COLUMNS[task]:
+        usable = [n for n, o in OBJECTIVES.items() if not o.needs_original_ending]
+        raise InputError(f"params: `objective` = {name!r} needs the original ending, which task {task!r} does not have; "
+                         f"objectives for this task: {', '.join(usable)}")
+    return objective

@@ -1,0 +1,76 @@
+"""What tests share beside fixtures: paths, tiny runs and configs, and valid artifacts to build
+reports from (storyrewrite.artifacts)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from storyrewrite.params import DTOConfig, ModelsConfig, TrainConfig, build, load_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "data" / "bundled"
+DTO = DTOConfig(tau=1.0, hard=False)
+
+
+def tiny_train_config(**changes) -> TrainConfig:
+    """The default `train_nll` section made tiny: 2 steps, CPU, checkpoints every step."""
+    section = load_yaml(ROOT / "params.yaml")["train_nll"]
+    section = {**section, "batch_size": 2, "max_steps": 2, "val_check_interval": 2,
+               "checkpoint_every_n_steps": 1, "lr": 1e-3, "accelerator": "cpu", "devices": 1, **changes}
+    return build(TrainConfig, section, "train_nll")
+
+
+def tiny_run(model_dir: Path, prepared: Path, objective: str = "nll", settings=None, scorer_dir: Path | None = None,
+             task: str = "timetravel", section: str = "train_nll", kind: str = "llama", **config_changes):
+    """A training run of a tiny model (see `tiny_train_config` for the budget)."""
+    from storyrewrite.training.run import Run
+
+    return Run(section=section, config=tiny_train_config(**config_changes), models=tiny_models_config(kind), task=task,
+               seed=0, objective=objective, settings=settings, init_dir=Path(model_dir), prepared_dir=Path(prepared),
+               scorer_dir=scorer_dir)
+
+
+def tiny_models_config(kind: str) -> ModelsConfig:
+    return ModelsConfig(generator=f"tiny:{kind}", scorer=f"tiny:{kind}", max_input_tokens=96, max_output_tokens=40)
+
+
+def write_raw(raw: Path) -> Path:
+    """The raw layout the download stage writes, from the committed bundled files."""
+    files = {
+        "timetravel/dev.json": "timetravel/dev_data.json",
+        "timetravel/test.json": "timetravel/test_data.json",
+        "art/dev.jsonl": "art/dev.jsonl",
+        "art/train.jsonl": "art/subsets/isi-nlp-ai2-increment7/train.jsonl",
+    }
+    for name, source in files.items():
+        (raw / name).parent.mkdir(parents=True, exist_ok=True)
+        (raw / name).write_bytes((BUNDLED / source).read_bytes())
+    return raw
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def system_metrics(bart: float, rouge: float = 60.0, bleu: float = 30.0, **extra) -> dict:
+    """A system's metrics file (artifacts.SystemMetrics) with these predictive values."""
+    return {"bartscore": {"predictive": bart, "counterfactual": 2 * bart + 1}, "rougeL": {"predictive": rouge, "counterfactual": 2 * rouge - 70},
+            "sacrebleu": {"predictive": bleu, "counterfactual": 0.0}, "instances": 1, "empty_predictions": 0,
+            "counterfactual_metrics": "available", "prompt_echo": 0.0, **extra}
+
+
+def curve(first: float, last: float) -> dict:
+    return {"first": first, "last": last, "first_step": 1, "last_step": 10}
+
+
+def training_summary(**changes) -> dict:
+    """A training run's summary (artifacts.TrainingSummary)."""
+    return {"objective": "nll", "label": "NLL", "settings": None, "task": "timetravel", "global_step": 3, "world_size": 1,
+            "device": "cpu", "precision": "32-true", "resumed_from_step": None, "best_val_loss": 2.0, "best_step": 3,
+            "best_val_nll": 2.0, "start_val_loss": 2.5, "main_diagnostics": [], "curves": {}, **changes}
+
+
+def record(stage: str, wall: float = 10.0, **changes) -> dict:
+    """A stage record (artifacts.Record)."""
+    return {"stage": stage, "device": "cpu", "device_name": "cpu", "dtype": "float32", "wall_s": wall, "items": 10,
+            "unit": "steps", "items_per_s": 10 / wall, **changes}
