@@ -64,7 +64,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     while True:
         finished = set(dvc(repo, "exp", "list", "--name-only").split())
         status = dvc(repo, "queue", "status")
-        if set(names) <= finished or not re.search(r" (Queued|Running) ", status):
+        if set(names) <= finished or not re.search(r"\b(Queued|Running)\b", status):
             break
         time.sleep(2)
     wall = time.perf_counter() - started

@@ -111,7 +111,7 @@ if [ ${#QUEUED[@]} -gt 0 ]; then
   dvc queue start -j "$JOBS"
   remaining=("${QUEUED[@]}")
   while [ ${#remaining[@]} -gt 0 ]; do
-    busy=$(dvc queue status 2>/dev/null | grep -cE ' (Queued|Running) ' || true)
+    busy=$(dvc queue status 2>/dev/null | grep -cwE 'Queued|Running' || true)
     done_now=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
     still=()
     for experiment in "${remaining[@]}"; do
