@@ -63,8 +63,13 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     dvc(repo, "queue", "start", "-j", str(jobs), output=False)
     while True:
         finished = set(dvc(repo, "exp", "list", "--name-only").split())
-        status = dvc(repo, "queue", "status")
-        if set(names) <= finished or not re.search(r"\b(Queued|Running)\b", status):
+        if set(names) <= finished:
+            break
+        try:
+            status = dvc(repo, "queue", "status")
+        except SystemExit:  # DVC's status sometimes fails reading a worker's state mid-write: ask again
+            status = "Running"
+        if not re.search(r"\b(Queued|Running)\b", status):
             break
         time.sleep(2)
     wall = time.perf_counter() - started
