@@ -53,9 +53,12 @@ def evaluators_dir(params: Params) -> Path:
     return evaluators
 
 
-def write_result(script: str, device: torch.device, figures: dict, settings: dict) -> Path:
+def write_result(script: str, device: torch.device, figures: dict, settings: dict,
+                 targets: dict[str, dict[str, float]] | None = None) -> Path:
     """reports/bench/<script>.json: this run's figures with where they were measured (machine,
-    device, versions, commit), kept per device: a run replaces the previous one of its device."""
+    device, versions, commit), kept per device: a run replaces the previous one of its device.
+    `targets`: a figure's dotted path in `figures` -> {"max": x} or {"min": x} (docs/benchmarks.md
+    marks each figure against its target)."""
     import sys
     from datetime import datetime, timezone
 
@@ -70,6 +73,7 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
         **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": settings, "figures": figures,
+        "targets": targets or {},
     }
     write_json_atomic(path, runs)
     print(f"figures written to {path.relative_to(ROOT)}")

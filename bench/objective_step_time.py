@@ -7,7 +7,10 @@ one run of this script.
         [--compile]
 
 Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in bf16-mixed);
-diagnostics <= 5 % of a step.
+diagnostics <= 5 % of a step. RLOO (`--objectives nll score score_delta rloo`: the params' `rl`
+section, its reward `rl.reward`) has no target: its ratio and the share of its step spent
+sampling (`sample share`: the sampling's time over the step's, steps with diagnostics) are the
+result. Figures go to reports/bench/objective_step_time.json.
 
 A step is what the train stage's step does: the loss with its terms and diagnostics, backward,
 the gradient norm, AdamW (fused on CUDA), and one device-to-host copy of the logged values;
@@ -35,7 +38,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import clock, describe, inputs, peak_memory_gb
+from common import clock, describe, inputs, peak_memory_gb, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from storyrewrite.models.device import resolve_device
@@ -83,12 +86,16 @@ def measure(objective: str, args) -> dict:
     step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state (and compiles)
     first_step = clock(device) - started
     times: dict[bool, list[float]] = {True: [], False: []}
+    sample_shares = []  # an objective that samples (RLOO): its sampling's share of the step
     for pair in range(args.steps):
         for diagnostics in (True, False) if pair % 2 == 0 else (False, True):
             started = clock(device)
             step(module, optimizer, batch, device, args.precision, diagnostics)
             times[diagnostics].append(clock(device) - started)
+            if diagnostics and "sample_seconds" in module.step_logs:
+                sample_shares.append(float(module.step_logs["sample_seconds"]) / times[True][-1])
     result = {"with": statistics.median(times[True]), "without": statistics.median(times[False]), "first": first_step,
+              "sample_share": statistics.median(sample_shares) if sample_shares else None,
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"]}
     if device.type == "cuda":
@@ -143,17 +150,39 @@ def main() -> None:
     busy = "gpu_busy" in first
     print(f"{first['device']}; precision {args.precision}; {'compiled' if args.compile else 'eager'}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
           f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
+    sampling = any(r["sample_share"] is not None for rows in runs.values() for r in rows)
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>18}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
-          + (f"{'GPU busy':>10}" if busy else ""))
+          + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else ""))
+    figures = {}
     for objective in args.objectives:
-        per_repeat = " ".join(f"{r['with'] / b['with']:.2f}" for r, b in zip(runs[objective], runs[base]))
+        per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base])]
+        share = statistics.mean(r["sample_share"] for r in runs[objective]) if runs[objective][0]["sample_share"] is not None else None
+        figures[objective] = {
+            "s_per_step": round(mean(objective, "with"), 4), "ratio": round(mean(objective, "with") / mean(base, "with"), 3),
+            "ratio_per_repeat": [round(r, 3) for r in per_repeat],
+            "peak_memory_gb": round(max(r["peak_memory_gb"] for r in runs[objective]), 2),
+            "diagnostics_ratio": round(mean(objective, "with") / mean(objective, "without"), 3),
+            "first_step_s": round(mean(objective, "first"), 2),
+            **({"sample_share": round(share, 3)} if share is not None else {}),
+            **({"gpu_busy": round(mean(objective, "gpu_busy"), 3)} if busy else {}),
+        }
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
-              f"{per_repeat:>18}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
-              f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s" + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
+              f"{' '.join(f'{r:.2f}' for r in per_repeat):>18}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
+              f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s"
+              + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
+              + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them; peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
           f"(optimiser state{', compilation' if args.compile else ''})")
+    targets = {f"{o}.ratio": {"max": {"score": 1.5, "score_delta": 1.8}[o]} for o in figures if o in ("score", "score_delta")}
+    targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
+    # A name per precision and compilation: each is a run of its own in the figures file.
+    script = "objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}") + ("-compiled" if args.compile else "")
+    write_result(script, resolve_device(args.device), figures,
+                 {"precision": args.precision, "compile": args.compile, "batch_size": first["batch_size"],
+                  "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
+                  "profiles": [str(p) for p in args.profile]}, targets)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 # Arguments: [-j N] (DVC queue workers, default 1), NAME (experiment prefix, runs/NAME/ and
 # reports/NAME/), PART, then the params profiles to overlay (none: params.yaml as it is). PART
 # splits the work for machines lent for a short time: `core` = NLL, NLL continued, DTO-Score,
-# -Delta, -Score+Delta, the LLM modes and the copy baselines; `cpo` = the CPO grid (4 betas x 3
+# -Delta, -Score+Delta, RLOO on each of the three rewards, the LLM modes and the copy baselines; `cpo` = the CPO grid (4 betas x 3
 # lambdas); `all` = both.
 #
 # What DVC does, DVC does: the first experiment runs alone (`dvc exp run --temp`) and so builds,
@@ -74,6 +74,9 @@ if [ "$PART" != cpo ]; then
   PLAN+=("nll-continued|-S objective=nll")
   for objective in score delta score_delta; do
     PLAN+=("dto-${objective//_/-}|-S objective=$objective")
+  done
+  for reward in score delta score_delta; do  # the policy-gradient baseline on each DTO reward
+    PLAN+=("rloo-${reward//_/-}|-S objective=rloo -S rl.reward=$reward")
   done
 fi
 if [ "$PART" != core ]; then

@@ -4,6 +4,7 @@
 import storyrewrite.objectives.cpo  # noqa: F401
 import storyrewrite.objectives.dto  # noqa: F401
 import storyrewrite.objectives.nll  # noqa: F401
+import storyrewrite.objectives.rloo  # noqa: F401
 from storyrewrite.io import run_stage
 from storyrewrite.training.stage import main
 

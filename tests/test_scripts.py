@@ -62,12 +62,14 @@ def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_a
     assert "== gpu-dto-score: exists, skipped" in result.stdout
     runs = [c for c in calls if c.startswith("dvc exp run")]
     names = _names(calls)
-    assert names == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta", *(f"gpu-{n}" for n in GRID)]
+    assert names == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta", "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta",
+                     *(f"gpu-{n}" for n in GRID)]
     # The first builds the shared stages (the NLL model once); the others are queued.
     assert runs[0].startswith("dvc exp run --temp -n gpu-nll-continued -S device=auto -S train.max_steps=300 -S objective=nll")
     assert all(c.startswith("dvc exp run --queue -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs[1:])
     assert runs[2].endswith("-S objective=score_delta")
-    assert runs[3].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
+    assert runs[3].endswith("-S objective=rloo -S rl.reward=score") and runs[5].endswith("-S rl.reward=score_delta")
+    assert runs[6].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
     assert calls.index("dvc queue start -j 1") > calls.index(runs[-1])
     assert "python -m storyrewrite.params overrides params/gpu.yaml" in calls
     # Each finished experiment is gathered as it ends (the failed one is not); at the end
@@ -97,7 +99,8 @@ def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
 def test_a_part_runs_only_its_experiments_and_no_profile_means_params_yaml(tmp_path):
     result, calls = _run(tmp_path, "grid", "core")
     assert result.returncode == 0, result.stderr
-    assert _names(calls) == ["grid-nll-continued", "grid-dto-score", "grid-dto-delta", "grid-dto-score-delta"]
+    assert _names(calls) == ["grid-nll-continued", "grid-dto-score", "grid-dto-delta", "grid-dto-score-delta",
+                             "grid-rloo-score", "grid-rloo-delta", "grid-rloo-score-delta"]
     assert not any("overrides" in c for c in calls)
 
 
@@ -133,7 +136,8 @@ exit 0"""})
     assert result.returncode == 0, result.stderr
     assert "== gpu-dto-score: exists, skipped" in result.stdout
     runs = [c for c in log.read_text().splitlines() if c.startswith("python -m dvc exp run ")]
-    assert [c.split(" -n ")[1].split()[0] for c in runs] == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta"]
+    assert [c.split(" -n ")[1].split()[0] for c in runs] == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta",
+                                                             "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta"]
     # DVC starts its queue workers as `dvc …`: the script put a `dvc` that runs the module on PATH.
     assert "python -m dvc queue start -j 1" in log.read_text().splitlines()
 

@@ -91,6 +91,7 @@ class TrainingSummary(Open):
     start_val_loss: float | None
     main_diagnostics: list[str]
     curves: dict[str, CurveEnds]
+    counterpart: str | None = None  # the system it is tested against head to head (RLOO: DTO of its reward)
 
 
 class LLMUsage(Artifact):

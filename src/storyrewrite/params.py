@@ -127,6 +127,22 @@ class CPOConfig(Section):
     lambda_: float = Field(alias="lambda", ge=0)  # `lambda` is a Python keyword
 
 
+class RLConfig(Section):
+    """`rl`: policy-gradient training on the DTO reward (objective rloo)."""
+    samples: Positive  # K samples per instance (the leave-one-out baseline needs two)
+    temperature: PositiveFloat  # sampling temperature (no top-k / top-p)
+    reward: Literal["score", "delta", "score_delta"]  # the metric reward, as DTO's objectives
+    kl_beta: float = Field(ge=0)  # KL penalty against the starting model, in the reward (0: no reference model)
+    baseline: Literal["leave_one_out", "greedy"] = "leave_one_out"  # greedy: self-critical
+
+    @field_validator("baseline")
+    @classmethod
+    def _enough_samples(cls, value: str, info) -> str:
+        if value == "leave_one_out" and info.data.get("samples", 2) < 2:
+            raise ValueError("leave_one_out needs rl.samples >= 2 (or baseline: greedy)")
+        return value
+
+
 class GenerateConfig(Section):
     """`generate`: decoding of the trained systems' predictions."""
     batch_size: Positive
@@ -182,7 +198,7 @@ Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]
 SECTIONS: dict[str, Any] = {
     "seed": int, "task": Task, "objective": str, "device": Device, "download": DownloadConfig, "data": DataConfig,
     "models": ModelsConfig, "train_nll": TrainConfig, "train": TrainConfig, "dto": DTOConfig, "cpo": CPOConfig,
-    "generate": GenerateConfig, "score": ScoreConfig, "significance": SignificanceConfig, "report": ReportConfig,
+    "rl": RLConfig, "generate": GenerateConfig, "score": ScoreConfig, "significance": SignificanceConfig, "report": ReportConfig,
     "llm": LLMConfig,
 }
 

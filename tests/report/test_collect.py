@@ -62,7 +62,8 @@ def _record(stage: str, experiment: str, wall: float) -> dict:
             "started_at": f"2026-11-23T10:00:{int(wall):02d}+00:00", "experiment": experiment}
 
 
-def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll_record_from="exp-nll") -> dict[str, bytes]:
+def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll_record_from="exp-nll",
+           counterpart=None) -> dict[str, bytes]:
     def dump(obj):
         return json.dumps(obj).encode()
 
@@ -89,7 +90,7 @@ def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll
         "reports/train/nll/metrics.json": dump(training_summary(global_step=316)),
         "reports/train/finetuned/metrics.json": dump(training_summary(label=label or objective.upper(), objective=objective,
                                                                       settings=settings, global_step=300, best_step=200,
-                                                                      best_val_nll=val_nll)),
+                                                                      best_val_nll=val_nll, counterpart=counterpart)),
         "reports/train/finetuned/plots/metrics/train_loss.tsv": b"step\ttrain_loss\n1\t2.0\n300\t1.5\n",
         "reports/stages/train_nll.json": dump(_record("train_nll", nll_record_from, 90.0) | {"train_s": 88.0}),
         "reports/stages/train.json": dump(_record("train", name, 60.0 + val_nll) | {"train_s": 58.0}),
@@ -258,3 +259,28 @@ def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "--names 'gpu-*' matches no experiment; experiments: none" in result.stderr
+
+
+def test_rloo_variants_are_systems_of_their_own_tested_against_dto_of_the_same_reward(tmp_path):
+    """Two RLOO runs that differ in their reward are two rows (not a grid to choose from), and
+    the one whose counterpart ran is tested against it both ways: RLOO-Score beats DTO-Score on
+    every instance (shift 0.6 against 0.3), so p(better) is 0 and p(worse) 1, as compare() says
+    of the two score files directly."""
+    root = tmp_path / "runs"
+    rloo = [("rloo-s", "rloo", 1.47, 0.6, -1.6, {"reward": "score"}, "RLOO-Score", "DTO-Score"),
+            ("rloo-d", "rloo", 1.48, 0.1, -1.8, {"reward": "delta"}, "RLOO-Delta", "DTO-Delta")]
+    for name, objective, val_nll, shift, bart, settings, label, *counterpart in [*RUNS, *rloo]:
+        gather_run(DictFS(_files(name, objective, val_nll, shift, bart, settings, label, counterpart=(counterpart or [None])[0])),
+                   {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    out = tmp_path / "out"
+    write_bundle(load_runs([root]), out, "test")
+    results = (out / "results.md").read_text()
+    table = [line.split(" | ")[0] for line in results.split("## Against")[0].splitlines() if line.startswith("| ")]
+    assert "| RLOO-Score" in table and "| RLOO-Delta" in table
+    duel = [line for line in results.split("## Against the DTO objective of the same reward")[1].split("##")[0].splitlines() if line.startswith("| RLOO")]
+    assert len(duel) == 1 and duel[0].startswith("| RLOO-Score | DTO-Score | 0.0000 / 1.0000 (better) |")
+    significance = json.loads((out / "significance.json").read_text())
+    direct = compare({"RLOO-Score": _scores(0.6), "DTO-Score": _scores(0.3)}, "DTO-Score", 200, 0, by_story=True)["RLOO-Score"]
+    assert significance["RLOO-Score"]["head_to_head"]["story"]["better"] == direct
+    assert "head_to_head" not in significance["RLOO-Delta"]
+    assert "## Against the DTO objective of the same reward" in (out / "objectives.md").read_text()

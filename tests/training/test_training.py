@@ -17,7 +17,7 @@ from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor, curve_files, read_curve
 from storyrewrite.training.run import assemble, fit
 
-from helpers import DTO, ROOT, read_jsonl, tiny_models_config, tiny_run
+from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
@@ -248,6 +248,7 @@ def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs,
 COMMON = {"train_loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_nll"}
 DTO_TRAIN = {"m_target", "gumbel_entropy", "gumbel_max_prob", "nll_target"}
 DTO_VAL = {"val_m_target", "val_m_original", "val_delta", "val_gumbel_entropy", "val_gumbel_max_prob", "val_nll_target"}
+RLOO = {"reward", "reward_std", "kl", "advantage_abs", "completions/mean_length", "completions/clipped_ratio"}
 CPO = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected", "nll_term"}
 
 
@@ -256,10 +257,11 @@ CPO = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accurac
     ("score", DTO, COMMON | DTO_TRAIN | DTO_VAL),  # m_original needs an extra pass: validation only
     ("score_delta", DTO, COMMON | DTO_TRAIN | {"m_original", "delta"} | DTO_VAL),
     ("cpo", CPOConfig(beta=0.5, lambda_=1.0), COMMON | CPO | {"preference"} | {f"val_{c}" for c in CPO | {"preference"}}),
+    ("rloo", RL, COMMON | RLOO | {"sample_time_share"} | {f"val_{c}" for c in RLOO}),
 ])
 def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small_prepared, objective, settings, columns):
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"], section="train",
-                   max_steps=2, val_check_interval=2)
+                   max_steps=2, val_check_interval=2, max_new_tokens=6)
     summary = _fit(tmp_path, run)
     written = curve_files(tmp_path / "logs")
     for name, path in written.items():
@@ -267,7 +269,7 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     assert set(written) == columns
     # The summary (DVC metrics) holds every curve but the wall-time ones, and no wall time.
     metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
-    assert set(metrics["curves"]) == columns - {"tokens_per_s"} and "tokens_per_s" not in metrics
+    assert set(metrics["curves"]) == columns - {"tokens_per_s", "sample_time_share"} and "tokens_per_s" not in metrics
     assert "train_seconds" not in metrics and summary["train_seconds"] > 0
     assert all(math.isfinite(v["last"]) for v in summary["curves"].values())
     # What the report's training section shows: logged in training, or (DTO-Score's m_original) in validation.

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError
-from storyrewrite.params import CPOConfig, DTOConfig, Section
+from storyrewrite.params import CPOConfig, DTOConfig, RLConfig, Section
 
 S = TypeVar("S", bound=Section)
 
@@ -54,6 +54,8 @@ class ObjectiveContext(Generic[S]):
     scorer_dir: Path | None = None  # the frozen scorer's model directory (`needs_scorer`)
     max_input_tokens: int = 1024
     max_output_tokens: int = 250
+    init_dir: Path | None = None  # the starting weights (a reference model for a KL term)
+    max_new_tokens: int | None = None  # the sampling budget (`samples`): `generate.max_new_tokens`
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Loss:
 
     compute: LossFn
     scorer: object | None = None  # storyrewrite.metrics.lm_scorer.LMScorer, for the objectives that need one
+    frozen: tuple[torch.nn.Module, ...] = ()  # other frozen models it runs (RLOO's reference model)
+
+    def frozen_models(self) -> tuple[torch.nn.Module, ...]:
+        """Every frozen model the loss runs, to be placed on the training device."""
+        return ((self.scorer.model,) if self.scorer is not None else ()) + self.frozen
 
     def __call__(self, generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool = False) -> LossOutput:
         return self.compute(generator, batch, noise_seed, validation)
@@ -80,7 +87,22 @@ class Objective:
     needs_scorer: bool = False
     needs_original_ending: bool = False
     pairs: bool = False  # the batch carries chosen (edited) and rejected (original) endings
+    samples: bool = False  # it samples from the generator: reads `generate.max_new_tokens`
     main_diagnostics: tuple[str, ...] = ()  # what the report's training section shows, first → last
+    # A setting whose values make different systems (RLOO's reward): value -> the system's label,
+    # and value -> the objective it is compared with head to head (the DTO objective of that reward).
+    variant: str | None = None
+    variant_labels: dict[str, str] = field(default_factory=dict)
+    counterparts: dict[str, str] = field(default_factory=dict)
+
+    def system_label(self, settings: Section | None) -> str:
+        """How reports name a run of this objective with `settings`."""
+        return self.variant_labels[getattr(settings, self.variant)] if self.variant else self.label
+
+    def counterpart_label(self, settings: Section | None) -> str | None:
+        """The label of the system this run is tested against head to head, if any."""
+        name = self.counterparts.get(getattr(settings, self.variant)) if self.variant else None
+        return OBJECTIVES[name].label if name else None
 
     @property
     def module_name(self) -> str:
@@ -108,6 +130,13 @@ OBJECTIVES: dict[str, Objective] = {
     "score_delta": Objective("score_delta", "DTO-Score+Delta", "DTO: −[2·M(Ŷ, Y_EE) − M(Ŷ, X_OE)]", "dto",
                              "build_score_delta", settings="dto", settings_type=DTOConfig, needs_scorer=True,
                              needs_original_ending=True, main_diagnostics=_DTO_MAIN),
+    # The original ending is needed by `rl.reward` delta and score_delta only: the loss says so
+    # where a task has none.
+    "rloo": Objective("rloo", "RLOO", "REINFORCE, leave-one-out baseline, on the reward `rl.reward`", "rloo",
+                      settings="rl", settings_type=RLConfig, needs_scorer=True, samples=True,
+                      main_diagnostics=("reward", "reward_std", "kl", "completions/mean_length", "completions/clipped_ratio"),
+                      variant="reward", variant_labels={"score": "RLOO-Score", "delta": "RLOO-Delta", "score_delta": "RLOO-Score+Delta"},
+                      counterparts={"score": "score", "delta": "delta", "score_delta": "score_delta"}),
 }
 
 

@@ -121,29 +121,31 @@ def load_runs(roots: list[Path]) -> list[Run]:
 
 
 def best_per_objective(runs: list[Run]) -> list[Run]:
-    """For each objective, the scored run with the lowest validation NLL at its best checkpoint,
-    in the order: the baseline objective continued (the equal-budget control), then by label."""
+    """For each system (an objective, or an objective's variant that makes a system of its own,
+    as RLOO's reward: the label its summary carries), the scored run with the lowest validation NLL
+    at its best checkpoint, in the order: the baseline objective continued (the equal-budget
+    control), then by label."""
     best: dict[str, Run] = {}
     for run in runs:
         if run.metrics(FINETUNED) is None or run.val_nll is None:
             continue
-        objective = run.params.get("objective")
-        if objective not in best or run.val_nll < best[objective].val_nll:
-            best[objective] = run
+        system = run.summary(FINETUNED)["label"]
+        if system not in best or run.val_nll < best[system].val_nll:
+            best[system] = run
     if not best:
         raise InputError("no scored experiment among the gathered runs (run `dvc exp run -S objective=...` first)")
     return sorted(best.values(), key=lambda r: (r.params.get("objective") != BASELINE, r.summary(FINETUNED)["label"]))
 
 
 def objective_label(run: Run, runs: list[Run]) -> str:
-    """The label the run wrote (from the objective registry) and, for an objective run several
-    times (the CPO grid), the settings that differ between its runs."""
+    """The label the run wrote (from the objective registry) and, for a system run several times
+    (the CPO grid), the settings that differ between its runs."""
     summary = run.summary(FINETUNED)
     objective = run.params.get("objective")
     if objective == BASELINE:
         return f"{summary['label']}, continued"
     siblings = [r.summary(FINETUNED).get("settings") or {} for r in runs
-                if r.params.get("objective") == objective and r.summary(FINETUNED)]
+                if r.summary(FINETUNED) and r.summary(FINETUNED)["label"] == summary["label"]]
     settings = summary.get("settings") or {}
     varying = [k for k in settings if len({json.dumps(s.get(k)) for s in siblings}) > 1]
     if not varying:
@@ -198,6 +200,47 @@ def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]
     return found
 
 
+def head_to_head(entries: list[Entry], reference: Run) -> dict[str, dict]:
+    """{label: {"against": counterpart label, unit: {"better": {column: p}, "worse": {column: p}}}}
+    for each trained system whose summary names a counterpart (RLOO: the DTO objective of the
+    same reward) that is among the entries: one-tailed paired bootstraps both ways, H1 the system
+    scores higher than its counterpart (`better`), and H1 it scores lower (`worse`)."""
+    config = reference.params.get("significance", {})
+    n_resamples, seed = config.get("n_resamples", 10000), reference.params.get("seed", 0)
+    by_label = {e.label: e for e in entries if e.kind == "trained"}
+    found = {}
+    for entry in by_label.values():
+        against = (entry.run.summary(entry.system) or {}).get("counterpart")
+        if against not in by_label:
+            continue
+        other = by_label[against]
+        scores = {entry.label: entry.run.scores(entry.system), against: other.run.scores(other.system)}
+        found[entry.label] = {"against": against, **{unit: {
+            "better": compare(scores, against, n_resamples, seed, by_story=unit == "story")[entry.label],
+            "worse": compare(scores, entry.label, n_resamples, seed, by_story=unit == "story")[against]}
+            for unit in UNITS}}
+    return found
+
+
+def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: float) -> list[str]:
+    """The head-to-head section (empty where no system has a counterpart among the runs)."""
+    if not duels:
+        return []
+    tested = [c for c in columns if c != "hmean"]
+    header = ["System", "against", *(column_label(c) for c in tested)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, duel in duels.items():
+        cells = []
+        for column in tested:
+            better, worse = duel["instance"]["better"].get(column), duel["instance"]["worse"].get(column)
+            cells.append("n/a" if better is None else f"{better:.4f} / {worse:.4f}" + (" (better)" if better < alpha else " (worse)" if worse < alpha else ""))
+        lines.append("| " + " | ".join([label, duel["against"], *cells]) + " |")
+    return ["## Against the DTO objective of the same reward", "\n".join(lines),
+            f"Each cell: p (H1: the system scores higher than the one it is set against) / p (H1: it scores lower), "
+            f"one-tailed paired bootstraps over instances (over stories: significance.json); (better) or (worse) where "
+            f"one of them is below {alpha}, nothing where neither shows. Same reward, same NLL start, same steps and batch."]
+
+
 def copy_against_trained(entries: list[Entry]) -> str:
     """Per column: the copy of the original ending against the trained systems (NLL included)."""
     copy = next((e for e in entries if e.system == "copy_original"), None)
@@ -234,7 +277,8 @@ def baseline_note(entries: list[Entry]) -> str | None:
             f"{'; '.join(parts)}. The NLL row is the first; each system is tested against the NLL model of its own run.")
 
 
-def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float) -> str:
+def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float,
+                     duels: dict | None = None) -> str:
     reference = entries[0].run
     rows = [Row(e.system, e.label, e.run.metrics(e.system), tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
                 story_p_values=tests.get(e.label, {}).get("story", {})) for e in entries]
@@ -258,6 +302,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
         *echo_notes({e.label: e.label for e in entries}, {e.label: e.run.metrics(e.system) for e in entries}),
+        *head_to_head_markdown(duels or {}, all_columns([e.run.metrics(e.system) for e in entries]), alpha),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
         *coherence_notes(base_metrics),
@@ -268,7 +313,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     ]) + "\n"
 
 
-def objectives_markdown(entries: list[Entry], tests: dict, alpha: float) -> str:
+def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: dict | None = None) -> str:
     columns = all_columns([e.run.metrics(e.system) for e in entries])
     header = ["System", "run: best val NLL", *(column_label(c) for c in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -292,6 +337,7 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float) -> str:
         f"\\* p < {alpha}, one-tailed paired bootstrap over instances against the NLL model of the same run.",
         "## p-values against NLL (instances / stories)", "\n".join(p_lines),
         "One-tailed (H1: the system scores higher than NLL); resampling instances / resampling whole stories.",
+        *head_to_head_markdown(duels or {}, columns, alpha),
     ]) + "\n"
 
 
@@ -353,15 +399,17 @@ def stages_markdown(runs: list[Run]) -> str:
 def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) -> None:
     entries = comparison(runs)
     tests = p_values(entries, entries[0].run)
+    duels = head_to_head(entries, entries[0].run)
     with atomic_dir(out) as staging:
-        write_text_atomic(staging / "results.md", results_markdown(entries, tests, runs, title, alpha))
-        write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha))
+        write_text_atomic(staging / "results.md", results_markdown(entries, tests, runs, title, alpha, duels))
+        write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha, duels))
         write_text_atomic(staging / "experiments.md", experiments_markdown(runs, alpha))
         write_text_atomic(staging / "stages.md", stages_markdown(runs))
         write_json_atomic(staging / "significance.json", {
             "_baseline": "NLL model of each system's own run", "_units": list(UNITS),
             "_n_resamples": entries[0].run.params.get("significance", {}).get("n_resamples"),
-            **{label: {"run": next(e.run.name for e in entries if e.label == label), **by_unit} for label, by_unit in tests.items()},
+            **{label: {"run": next(e.run.name for e in entries if e.label == label), **by_unit,
+                       **({"head_to_head": duels[label]} if label in duels else {})} for label, by_unit in tests.items()},
         })
         for run in runs:
             write_text_atomic(staging / "params" / f"{run.name}.yaml", run.text("params.yaml"))

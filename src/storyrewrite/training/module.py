@@ -34,8 +34,8 @@ class RewriteModule(L.LightningModule):
         self.step_terms: tuple[str, ...] = ()
 
     def _place_scorer(self) -> None:
-        if self.loss.scorer is not None:
-            self.loss.scorer.model.to(self.device)
+        for model in self.loss.frozen_models():
+            model.to(self.device)
 
     # Fit, and the validation of the starting weights that comes before it (`Trainer.validate`).
     on_fit_start = on_validation_start = _place_scorer

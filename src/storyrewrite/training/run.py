@@ -60,17 +60,20 @@ class Run:
     init_dir: Path
     prepared_dir: Path
     scorer_dir: Path | None = None
+    max_new_tokens: int | None = None  # an objective that samples: `generate.max_new_tokens`
 
     @classmethod
     def from_params(cls, params: Params, section: str, objective: str, init_dir: Path, prepared_dir: Path,
                     scorer_dir: Path | None = None) -> "Run":
         """The run of `section` with `objective`, reading only the params section that objective
-        names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one."""
+        names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one;
+        `generate.max_new_tokens` only for an objective that samples."""
         found = get_objective(objective, params.task)
         return cls(section=section, config=params.section(section), models=params.models, task=params.task,
                    seed=params.seed, objective=objective,
                    settings=params.section(found.settings) if found.settings else None, init_dir=Path(init_dir),
-                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None)
+                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None,
+                   max_new_tokens=params.generate.max_new_tokens if found.samples else None)
 
 
 def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, RewriteDataModule]:
@@ -84,7 +87,7 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
                                    run.config.num_workers, pairs=objective.pairs)
     loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
-                                            run.models.max_output_tokens))
+                                            run.models.max_output_tokens, run.init_dir, run.max_new_tokens))
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
                            run.config.warmup_steps, run.seed, diagnostics)
     if run.config.compile:
@@ -109,6 +112,7 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
     blob = json.dumps({
         "settings": {k: v for k, v in run.config.model_dump().items() if k not in BUDGET_KEYS},
         "objective": run.objective, "objective_settings": run.settings.model_dump(by_alias=True) if run.settings else None,
+        "max_new_tokens": run.max_new_tokens,
         "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
         "init_weights": weights_digest(run.init_dir),
@@ -198,7 +202,8 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     best_checkpoint = _load_best(best)
     curves = {name: read_curve(path) for name, path in curve_files(log_dir).items()}
     summary = artifacts.TrainingSummary(
-        **monitor.latest(), objective=run.objective, label=objective.label,
+        **monitor.latest(), objective=run.objective, label=objective.system_label(run.settings),
+        counterpart=objective.counterpart_label(run.settings),
         settings=run.settings.model_dump(by_alias=True) if run.settings else None,
         task=run.task, global_step=trainer.global_step, world_size=trainer.world_size,
         device=str(trainer.strategy.root_device), precision=str(run.config.precision), resumed_from_step=resumed_step,

@@ -1,0 +1,213 @@
+"""RLOO: REINFORCE with a leave-one-out baseline (Ahmadian et al. 2024) on the reward that DTO
+optimises through Gumbel-softmax, here on discrete samples: the policy-gradient baseline of the
+comparison with DTO.
+
+Per training instance x, K endings ŷ_1..ŷ_K are sampled from the current generator (`rl.samples`;
+temperature `rl.temperature`, no top-k/top-p and none of the checkpoint's decoding defaults, so
+that the samples come from π itself; at most `generate.max_new_tokens` new tokens; eval mode, no
+gradient), seeded by the run's seed and the step. Each gets the reward of `rl.reward`, the frozen
+scorer's M (BARTScore) with the discrete sample as its source, as DTO's soft ending is:
+
+  score        r = M(ŷ, Y_EE)
+  delta        r = M(ŷ, Y_EE) − M(ŷ, X_OE)
+  score_delta  r = 2·M(ŷ, Y_EE) − M(ŷ, X_OE)
+
+minus `rl.kl_beta` · Σ_t [log π(ŷ_t | x, ŷ_<t) − log π_ref(ŷ_t | x, ŷ_<t)] against the starting
+model (the NLL model; `kl_beta: 0` loads no reference model). The advantage of sample k is
+
+  leave_one_out  A_k = r_k − (1/(K−1)) Σ_{j≠k} r_j
+  greedy         A_k = r_k − r(greedy decode)          (self-critical, Rennie et al. 2017)
+
+and the loss, from one teacher-forced forward of the B·K samples with gradient (in the module's
+mode, as every objective's forward; padding and tokens after the end token get no weight), one
+update per batch (no ratio clipping: the samples come from the policy being updated):
+
+  L = −(1/(B·K)) Σ_b Σ_k A_{b,k} · Σ_t log π(ŷ_{b,k,t} | x_b, ŷ_{b,k,<t})
+
+log π is taken at the sampling temperature (logits / T, as TRL does), so that the score function
+is that of the distribution sampled. In validation the loss is −mean r (the samples' mean reward,
+drawn with a fixed seed per batch): the best checkpoint is the one whose samples score best.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from storyrewrite.io import InputError
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.models.encoding import Encoder, target_logits
+from storyrewrite.models.logprobs import token_log_probs
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
+from storyrewrite.objectives.nll import nll_loss
+from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
+from storyrewrite.params import RLConfig
+
+
+def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """A_k = r_k − mean of the other K−1 rewards of the same instance: rewards B×K -> B×K (K ≥ 2)."""
+    samples = rewards.shape[1]
+    return rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / (samples - 1)
+
+
+def rloo_loss(sequence_logps: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """L = −mean over instances and samples of A · log π(ŷ | x): both B×K, the advantages held constant."""
+    return -(advantages.detach() * sequence_logps).mean()
+
+
+def combine_rewards(m_target: torch.Tensor, m_original: torch.Tensor | None, reward: str) -> torch.Tensor:
+    """The metric reward of `rl.reward` from M(ŷ, Y_EE) and M(ŷ, X_OE) (None for `score`)."""
+    if reward == "score":
+        return m_target
+    return m_target - m_original if reward == "delta" else 2 * m_target - m_original
+
+
+def completion_ids(new_tokens: torch.Tensor, eos_id: int) -> tuple[list[list[int]], list[bool]]:
+    """Each generated continuation (rows of new tokens) up to and with its first end token, and
+    whether it ended there (False: it hit the token limit; then it is taken whole, as no padding
+    follows a sequence that has not ended)."""
+    rows, ended = [], []
+    for row in new_tokens.tolist():
+        if eos_id in row:
+            rows.append(row[: row.index(eos_id) + 1])
+            ended.append(True)
+        else:
+            rows.append(row)
+            ended.append(False)
+    return rows, ended
+
+
+def sequence_log_probs(generator: PreTrainedModel, encoder: Encoder, source_ids: list[list[int]],
+                       completions: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
+    """log π(ŷ | x) = Σ_t log π(ŷ_t | x, ŷ_<t) of each completion (token ids, its end token
+    included) after its source (token ids, unpadded), teacher-forced in one forward, at the
+    sampling temperature: R (float32). Padding gets no weight."""
+    device = next(generator.parameters()).device
+    batch = {k: v.to(device) for k, v in encoder.batch_ids(source_ids, completions).items()}
+    logps = token_log_probs(target_logits(generator, batch) / temperature, batch["target_ids"])  # R×T
+    return (logps * batch["target_mask"].to(logps.dtype)).sum(dim=1)
+
+
+def source_rows(batch: dict, seq2seq: bool) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """The batch's sources as generation inputs (ids, mask: right-padded for seq2seq, left-padded
+    for a causal model, as the batch holds them) and as unpadded token-id lists."""
+    width = batch["input_ids"].shape[1] - (0 if seq2seq else batch["target_ids"].shape[1])
+    ids, mask = batch["input_ids"][:, :width], batch["attention_mask"][:, :width]
+    rows = [[token for token, keep in zip(row, keeps) if keep] for row, keeps in zip(ids.tolist(), mask.tolist())]
+    return ids, mask, rows
+
+
+@contextmanager
+def plain_decoding(model: PreTrainedModel):
+    """The model with a generation config that holds its special tokens only: transformers fills
+    the settings a call leaves unset from the checkpoint's generation config (bart-large-cnn's
+    beams, n-gram blocking, forced first token, minimum length), and samples drawn under those are
+    not samples of π."""
+    saved = model.generation_config
+    config = model.config
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=saved.eos_token_id if saved.eos_token_id is not None else config.eos_token_id,
+        pad_token_id=saved.pad_token_id, decoder_start_token_id=getattr(config, "decoder_start_token_id", None))
+    try:
+        yield model
+    finally:
+        model.generation_config = saved
+
+
+def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
+           eos_id: int, pad_id: int, greedy: bool = False) -> tuple[list[list[int]], list[bool], list[list[int]]]:
+    """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
+    are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
+    `temperature` (`greedy`: the argmax decode, `count` 1), in eval mode, without gradient, from the
+    global generator seeded with `seed` (forked: the caller's random state is left as it was)."""
+    seq2seq = bool(generator.config.is_encoder_decoder)
+    ids, mask, rows = source_rows(batch, seq2seq)
+    options = GenerationConfig(
+        do_sample=not greedy, num_beams=1, num_return_sequences=count, max_new_tokens=max_new_tokens, min_length=0,
+        temperature=temperature if not greedy else None, top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
+        repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=eos_id, pad_token_id=pad_id,
+        decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None)
+    was_training = generator.training
+    generator.eval()
+    devices = [ids.device] if ids.is_cuda else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), plain_decoding(generator):
+            torch.manual_seed(seed)
+            output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options)
+    finally:
+        generator.train(was_training)
+    new = output[:, 1:] if seq2seq else output[:, ids.shape[1]:]  # seq2seq: after the decoder start token
+    completions, ended = completion_ids(new, eos_id)
+    return completions, ended, [row for row in rows for _ in range(count)]
+
+
+def build(context: ObjectiveContext[RLConfig]) -> Loss:
+    config = context.settings
+    if context.max_new_tokens is None or context.init_dir is None:
+        raise ValueError("rloo needs the context's max_new_tokens and init_dir")
+    scorer = LMScorer.from_dir(context.scorer_dir, context.max_input_tokens, context.max_output_tokens)
+    tokenizer = load_tokenizer(context.init_dir)
+    encoder = Encoder(tokenizer, is_seq2seq(context.init_dir), context.max_input_tokens, context.max_output_tokens)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    reference = None
+    if config.kl_beta > 0:
+        reference = load_model(context.init_dir).eval()
+        for parameter in reference.parameters():
+            parameter.requires_grad_(False)
+    needs_original = config.reward != "score"
+
+    def rewards(completions, sources, targets, originals, logps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(reward with the KL term, the metric reward alone, the KL): each R, on the CPU, in float64:
+        the advantages are small differences of rewards near −10 (float32 would keep 4 digits of them)."""
+        m_target = torch.tensor(scorer.score_ids(completions, targets), dtype=torch.float64)
+        m_original = torch.tensor(scorer.score_ids(completions, originals), dtype=torch.float64) if needs_original else None
+        metric = combine_rewards(m_target, m_original, config.reward)
+        kl = torch.zeros_like(metric)
+        if reference is not None:
+            with torch.no_grad():
+                kl = logps.detach().double().cpu() - sequence_log_probs(reference, encoder, sources, completions,
+                                                                        config.temperature).double().cpu()
+        return metric - config.kl_beta * kl, metric, kl
+
+    def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:
+        if needs_original and "original_endings" not in batch:
+            raise InputError(f"params: `rl.reward` = {config.reward!r} needs the original ending, which this task does "
+                             "not have; valid here: score")
+        size, count = len(batch["ids"]), config.samples
+        started = time.perf_counter()
+        completions, ended, sources = sample(generator, batch, count, noise_seed, context.max_new_tokens,
+                                             config.temperature, eos, pad)
+        sampling = time.perf_counter() - started
+        repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
+        originals = repeat(batch["original_endings"]) if needs_original else None
+        logps = sequence_log_probs(generator, encoder, sources, completions, config.temperature)  # B·K, with gradient
+        reward, metric, kl = (v.view(size, count) for v in rewards(completions, sources, repeat(batch["targets"]),
+                                                                    originals, logps))
+        if config.baseline == "greedy":
+            greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, context.max_new_tokens, config.temperature,
+                                               eos, pad, greedy=True)
+            with torch.no_grad():
+                greedy_logps = sequence_log_probs(generator, encoder, greedy_sources, greedy, config.temperature)
+            baseline, _, _ = rewards(greedy, greedy_sources, batch["targets"],
+                                     batch["original_endings"] if needs_original else None, greedy_logps)
+            advantages = reward - baseline.view(size, 1)
+        else:
+            advantages = leave_one_out_advantages(reward)
+        device = logps.device
+        if validation:
+            loss = -reward.mean().to(device, torch.float32)
+            nll = nll_loss(target_logits(generator, batch), batch["target_ids"], batch["target_mask"]).detach()
+        else:
+            loss, nll = rloo_loss(logps.view(size, count), advantages.to(device, logps.dtype)), None
+
+        def diagnostics() -> dict[str, torch.Tensor]:
+            lengths = torch.tensor([len(c) for c in completions], dtype=torch.float32)
+            return {"reward_std": reward.std(dim=1).mean(), "kl": kl.mean(),
+                    "advantage_abs": advantages.abs().mean(), "completions/mean_length": lengths.mean(),
+                    "completions/clipped_ratio": 1 - torch.tensor(ended, dtype=torch.float32).mean(),
+                    "sample_seconds": torch.tensor(sampling)}
+        # `reward`: the metric's alone (comparable across kl_beta); the loss's includes the KL term.
+        return LossOutput(loss, {"reward": metric.mean().float()}, nll, lambda: {k: v.float() for k, v in diagnostics().items()})
+    return Loss(compute, scorer, frozen=(reference,) if reference is not None else ())

@@ -1,0 +1,246 @@
+"""RLOO against computations made another way: per-sample forwards, hand-made advantages, the
+exact gradient of an expected reward, a hand-written greedy decode."""
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from safetensors.torch import load_file
+
+from helpers import RL, ROOT, read_jsonl, tiny_run
+from storyrewrite.models.encoding import Encoder, target_logits
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.objectives import rloo
+from storyrewrite.objectives.registry import ObjectiveContext, get_objective
+from storyrewrite.params import RLConfig
+from storyrewrite.training.data import Collate
+from storyrewrite.training.run import fit
+
+MAX_NEW = 8
+
+
+def _setup(directory, prepared, **settings):
+    config = RLConfig(**{**RL.model_dump(), "kl_beta": 0.0, **settings})
+    context = ObjectiveContext(config, directory, 96, 40, directory, MAX_NEW)
+    loss = get_objective("rloo", "timetravel").build(context)
+    tokenizer = load_tokenizer(directory)
+    encoder = Encoder(tokenizer, is_seq2seq(directory), 96, 40)
+    batch = Collate(encoder, "timetravel")(read_jsonl(prepared / "timetravel" / "train.jsonl")[:2])
+    return config, loss, encoder, batch, load_model(directory).eval()
+
+
+def _alone_logp(model, encoder, source, completion, temperature=1.0):
+    """log π(ŷ | x) of one completion in a forward of its own (no padding), summed by hand."""
+    batch = encoder.batch_ids([source], [completion])
+    logits = target_logits(model, batch)[0] / temperature
+    return sum(torch.log_softmax(logits[t].double(), -1)[token].item() for t, token in enumerate(completion))
+
+
+def _reward(scorer, completion, target, original, reward):
+    m_target = scorer.score_ids([completion], [target])[0]
+    m_original = scorer.score_ids([completion], [original])[0]
+    return {"score": m_target, "delta": m_target - m_original, "score_delta": 2 * m_target - m_original}[reward]
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_the_loss_is_a_hand_reinforce_leave_one_out(tiny_model_dirs, small_prepared, kind):
+    directory = tiny_model_dirs[kind]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared, temperature=0.7)
+    seed, count = 11, config.samples
+    with torch.no_grad():
+        out = loss(model, batch, seed)
+    completions, _, sources = rloo.sample(model, batch, count, seed, MAX_NEW, 0.7, encoder.tokenizer.eos_token_id,
+                                          encoder.tokenizer.pad_token_id)
+    assert len({tuple(c) for c in completions}) > 1 and len({len(c) for c in completions}) >= 1
+    scorer = LMScorer.from_dir(directory, 96, 40)
+    total = 0.0
+    for b in range(len(batch["ids"])):
+        rows = range(b * count, (b + 1) * count)
+        rewards = [_reward(scorer, completions[i], batch["targets"][b], batch["original_endings"][b], config.reward)
+                   for i in rows]
+        for k, i in enumerate(rows):
+            others = [r for j, r in enumerate(rewards) if j != k]
+            advantage = rewards[k] - sum(others) / len(others)
+            total += advantage * _alone_logp(model, encoder, sources[i], completions[i], 0.7)
+    assert out.loss.item() == pytest.approx(-total / (len(batch["ids"]) * count), abs=1e-5)
+    assert out.terms["reward"].item() == pytest.approx(
+        sum(_reward(scorer, c, batch["targets"][i // count], batch["original_endings"][i // count], config.reward)
+            for i, c in enumerate(completions)) / len(completions), abs=1e-5)
+
+
+def test_the_mean_rloo_gradient_is_the_gradient_of_the_expected_reward():
+    """A categorical policy over 5 outcomes with fixed rewards: E[r] = Σ p_v r_v, whose exact
+    gradient in the logits is p ⊙ (r − E[r]). The RLOO gradient averaged over 40,000 instances
+    of 4 seeded draws each is within 4 standard errors of it (per coordinate), while the baseline
+    that includes the sample's own reward (biased: it scales the gradient by (K−1)/K) is not."""
+    torch.manual_seed(0)
+    logits = torch.tensor([0.5, -1.0, 0.0, 1.2, -0.3], requires_grad=True)
+    reward_of = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0])
+    probs = torch.softmax(logits, 0).detach()
+    exact = probs * (reward_of - (probs * reward_of).sum())
+    instances, count = 40_000, 4
+    draws = torch.multinomial(probs, instances * count, replacement=True).view(instances, count)
+    rewards = reward_of[draws]
+
+    def gradient(advantages):
+        logits.grad = None
+        logps = torch.log_softmax(logits, 0)[draws]
+        (-rloo.rloo_loss(logps, advantages)).backward()  # the loss is −E[r]: its negative estimates ∇E[r]
+        return logits.grad.clone()
+
+    # Standard error from the per-instance gradient estimates (each the mean over its K draws).
+    advantages = rloo.leave_one_out_advantages(rewards)
+    one_hot = torch.nn.functional.one_hot(draws, 5).float()
+    per_instance = (advantages.unsqueeze(-1) * (one_hot - probs)).mean(dim=1)  # instances × 5
+    stderr = per_instance.std(dim=0) / instances**0.5
+    assert torch.all((gradient(advantages) - exact).abs() < 4 * stderr)
+    biased = rewards - rewards.mean(dim=1, keepdim=True)
+    assert torch.any((gradient(biased) - exact).abs() > 4 * stderr)
+
+
+def test_leave_one_out_advantages_by_hand():
+    rewards = torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, 3.0]])
+    assert torch.allclose(rloo.leave_one_out_advantages(rewards),
+                          torch.tensor([[1 - 4, 2 - 3.5, 6 - 1.5], [0 - 1.5, 0 - 1.5, 3 - 0.0]]))
+
+
+def _greedy_by_hand(model, source, eos, max_new):
+    """Argmax decoding of a causal LM, one full forward per token."""
+    tokens = []
+    for _ in range(max_new):
+        logits = model(input_ids=torch.tensor([source + tokens])).logits[0, -1]
+        tokens.append(int(logits.argmax()))
+        if tokens[-1] == eos:
+            break
+    return tokens
+
+
+def test_the_greedy_baseline_is_the_reward_of_a_hand_greedy_decode(tiny_model_dirs, small_prepared):
+    directory = tiny_model_dirs["llama"]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared, baseline="greedy", reward="score")
+    seed, count, eos = 5, config.samples, encoder.tokenizer.eos_token_id
+    with torch.no_grad():
+        out = loss(model, batch, seed)
+        completions, _, sources = rloo.sample(model, batch, count, seed, MAX_NEW, 1.0, eos, encoder.tokenizer.pad_token_id)
+        scorer = LMScorer.from_dir(directory, 96, 40)
+        total = 0.0
+        for b in range(len(batch["ids"])):
+            greedy = _greedy_by_hand(model, sources[b * count], eos, MAX_NEW)
+            baseline = scorer.score_ids([greedy], [batch["targets"][b]])[0]
+            for i in range(b * count, (b + 1) * count):
+                advantage = scorer.score_ids([completions[i]], [batch["targets"][b]])[0] - baseline
+                total += advantage * _alone_logp(model, encoder, sources[i], completions[i])
+    assert out.loss.item() == pytest.approx(-total / (len(batch["ids"]) * count), abs=1e-5)
+
+
+def test_kl_zero_loads_no_reference_model_and_the_kl_term_is_the_log_ratio(tiny_model_dirs, small_prepared, monkeypatch):
+    directory = tiny_model_dirs["llama"]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared, reward="score")
+    assert loss.frozen == () and loss.frozen_models() == (loss.scorer.model,)
+    with monkeypatch.context() as patch:
+        patch.setattr(rloo, "load_model", lambda *a, **k: pytest.fail("kl_beta 0 loaded a reference model"))
+        _setup(directory, small_prepared, reward="score")
+    config, loss, encoder, batch, model = _setup(directory, small_prepared, reward="score", kl_beta=0.5)
+    assert len(loss.frozen) == 1
+    with torch.no_grad():
+        assert loss(model, batch, 3).diagnostics()["kl"].item() == 0.0  # the generator is still the reference
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+        out = loss(model, batch, 3)
+        completions, _, sources = rloo.sample(model, batch, config.samples, 3, MAX_NEW, 1.0, encoder.tokenizer.eos_token_id,
+                                              encoder.tokenizer.pad_token_id)
+    reference = load_model(directory).eval()
+    kls = [_alone_logp(model, encoder, s, c) - _alone_logp(reference, encoder, s, c) for s, c in zip(sources, completions)]
+    assert out.diagnostics()["kl"].item() == pytest.approx(sum(kls) / len(kls), abs=1e-4)
+
+
+def test_the_end_token_ends_a_completion_and_padding_gets_no_gradient(tiny_model_dirs):
+    eos = 2
+    rows, ended = rloo.completion_ids(torch.tensor([[5, 6, eos, 7, 1], [5, 6, 7, 8, 9]]), eos)
+    assert rows == [[5, 6, eos], [5, 6, 7, 8, 9]] and ended == [True, False]
+
+    directory = tiny_model_dirs["llama"]
+    model = load_model(directory).eval()
+    encoder = Encoder(load_tokenizer(directory), False, 96, 40)
+    eos = encoder.tokenizer.eos_token_id
+    sources, completions = [[10, 11, 12], [13, 14]], [[20, eos], [21, 22, 23, 24, eos]]
+    captured = []
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        captured.append(output)
+    handle = model.get_output_embeddings().register_forward_hook(keep)
+    logps = rloo.sequence_log_probs(model, encoder, sources, completions)
+    handle.remove()
+    logps[0].backward()
+    grad = captured[0].grad  # B×T×V logits of the target positions
+    assert grad[0, :2].abs().sum() > 0 and grad[0, 2:].abs().sum() == 0 and grad[1].abs().sum() == 0
+    for i in range(2):
+        assert logps[i].item() == pytest.approx(_alone_logp(model, encoder, sources[i], completions[i]), abs=1e-5)
+
+
+def test_samples_come_from_the_model_not_from_its_checkpoints_decoding_defaults(tiny_model_dirs, small_prepared):
+    """A checkpoint's generation config (bart-large-cnn's beams, n-gram blocking, forced first
+    token) would make the samples something other than draws from π: with top-k 2 and a forced
+    first token in the model's defaults, the first sampled tokens of a random tiny model still
+    spread over many tokens, and the config is restored afterwards."""
+    directory = tiny_model_dirs["bart"]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared)
+    model.generation_config.top_k, model.generation_config.forced_bos_token_id = 2, 7
+    model.generation_config.num_beams = 4
+    completions, _, _ = rloo.sample(model, batch, 200, 0, 1, 1.0, encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id)
+    assert len({c[0] for c in completions}) > 20
+    assert model.generation_config.top_k == 2 and model.generation_config.num_beams == 4
+
+
+def test_sampling_is_seeded_and_leaves_the_random_state_alone(tiny_model_dirs, small_prepared):
+    directory = tiny_model_dirs["llama"]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    torch.manual_seed(123)
+    first = rloo.sample(model, batch, 3, 9, MAX_NEW, 1.0, *tokens)[0]
+    after = torch.rand(3)
+    torch.manual_seed(123)
+    assert rloo.sample(model, batch, 3, 9, MAX_NEW, 1.0, *tokens)[0] == first
+    assert torch.equal(torch.rand(3), after)
+    assert rloo.sample(model, batch, 3, 10, MAX_NEW, 1.0, *tokens)[0] != first
+
+
+class Crash(Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 3:  # after the step-2 checkpoint (Lightning saves after other callbacks)
+            raise RuntimeError("simulated crash")
+
+
+def test_an_interrupted_rloo_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tiny_model_dirs, small_prepared):
+    """With the KL term (a reference model beside the generator) and the samples seeded by the step."""
+    directory = tiny_model_dirs["llama"]
+    run = tiny_run(directory, small_prepared, "rloo", RL, directory, section="train", max_new_tokens=MAX_NEW, max_steps=4,
+                   checkpoint_every_n_steps=1, val_check_interval=4)
+    whole = fit(run, tmp_path / "whole", tmp_path / "whole_ckpt", tmp_path / "whole_logs")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit(run, tmp_path / "resumed", tmp_path / "ckpt", tmp_path / "logs", callbacks=(Crash(),))
+    resumed = fit(run, tmp_path / "resumed", tmp_path / "ckpt", tmp_path / "logs")
+    assert resumed["resumed_from_step"] == 2 and resumed["global_step"] == whole["global_step"] == 4
+    assert resumed["curves"]["reward"] == whole["curves"]["reward"]
+    first, second = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "resumed"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("objective, read", [
+    ("rloo", {"task", "train", "models", "seed", "rl", "generate"}),
+    ("score", {"task", "train", "models", "seed", "dto"}),
+    ("nll", {"task", "train", "models", "seed"}),
+])
+def test_a_run_reads_only_its_objectives_sections(tmp_path, objective, read):
+    """An invalid section that the objective does not read cannot stop it (and the sections it
+    does read are what the train stage's dvc.yaml params name for it)."""
+    from storyrewrite.params import Params, load_yaml
+    from storyrewrite.training.run import Run
+
+    raw = load_yaml(ROOT / "params.yaml")
+    for name in {"dto", "cpo", "rl", "generate"} - read:
+        raw[name] = {"not_a_key": 1}
+    params = Params(raw)
+    run = Run.from_params(params, "train", objective, tmp_path, tmp_path, tmp_path)
+    assert set(params.built) == read
+    assert run.max_new_tokens == (raw["generate"]["max_new_tokens"] if objective == "rloo" else None)
