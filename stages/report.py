@@ -21,6 +21,8 @@ def main() -> None:
     parser.add_argument("--llm-usage", type=Path, required=True, help="the llm stages' usage summaries")
     parser.add_argument("--stage-records", type=Path, required=True, help="the stages' records (device, wall time)")
     parser.add_argument("--validity", type=Path, required=True, help="the validity stage's figures")
+    parser.add_argument("--scores", type=Path, nargs="+", required=True, help="directories of <system>.jsonl per-instance scores")
+    parser.add_argument("--figure", type=Path, required=True, help="results .png (and <train-logs>/<system>.png: main curves)")
     parser.add_argument("--out", type=Path, required=True, help="results .md")
     parser.add_argument("--latex", type=Path, required=True, help="results .tex")
     args = parser.parse_args()
@@ -30,7 +32,7 @@ def main() -> None:
         pipeline_systems(args.systems, params.llm.modes, params.task), args.metrics, args.significance, args.predictions,
         load_instances(args.data, params.task, params.generate.split), args.train_logs, args.llm_usage,
         args.stage_records, params.report, params.seed, params.task, significance.baseline, significance.alpha,
-        args.validity,
+        args.validity, args.scores, args.figure,
     )
     write_text_atomic(args.out, markdown)
     write_text_atomic(args.latex, latex)

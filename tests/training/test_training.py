@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from storyrewrite.io import InputError
 from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
-from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor, curve_files, read_curve
+from storyrewrite.curves import curve_files, read_curve
+from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
 from storyrewrite.training.run import assemble, fit
 
 from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run

@@ -8,12 +8,15 @@ from storyrewrite import artifacts
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.params import ReportConfig
 from storyrewrite.records import read_records, stages_table
+from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.report.examples import example_block
+from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
 from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
 from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES
 
-ECHO_NOTE = 0.5  # a system whose predictions echo the prompt more often than this is named in the notes
+# A system whose predictions echo the prompt more often than this is named in the notes (and drawn hollow).
+ECHO_NOTE = ECHO_LIMIT
 
 
 def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
@@ -129,8 +132,11 @@ def coherence_notes(metrics: dict) -> list[str]:
 
 def build_report(systems: list[str], metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path],
                  instances: list[dict], train_logs: Path, llm_usage: Path, stage_records: Path, config: ReportConfig,
-                 seed: int, task: str, baseline: str, alpha: float, validity_path: Path | None = None) -> tuple[str, str]:
-    """(results.md, results.tex) for exactly `systems` (the run's, see storyrewrite.systems)."""
+                 seed: int, task: str, baseline: str, alpha: float, validity_path: Path | None = None,
+                 scores_dirs: list[Path] | None = None, figure: Path | None = None) -> tuple[str, str]:
+    """(results.md, results.tex) for exactly `systems` (the run's, see storyrewrite.systems).
+    With `scores_dirs` and `figure`: the results figure there (storyrewrite.report.figure), shown
+    in results.md, and each trained system's main curves in `train_logs/<system>.png`."""
     if baseline not in systems:
         raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
     metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), artifacts.SystemMetrics).model_dump() for s in systems}
@@ -165,12 +171,25 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
          "this run's test instances? (`reports/metric_validity.md`: the same on the whole test set.)",
          validity_markdown(validity.model_dump())] if validity.metrics else [f"Not available: {validity.not_available or 'not measured'}."])
 
+    shown_figure = []
+    if figure is not None and scores_dirs:
+        scores = {s: [row for _, row in read_jsonl(find_file(s, scores_dirs, ".jsonl"))] for s in order}
+        results_figure(figure, scores, labels, baseline, [s for s in COPY_BASELINES if s in systems],
+                       {s: metrics[s].get("prompt_echo", 0.0) for s in order}, f"{task}, {n} test instances",
+                       seed=seed)
+        shown_figure = [f"![Each system's mean per test instance with its bootstrap 95 % interval]({figure.name})"]
+        for system, summary in summaries.items():
+            curves = {name: read_curve(path) for name, path in curve_files(train_logs / system).items()}
+            training_figure(train_logs / f"{system}.png", curves, training_panels(summary.get("main_diagnostics", [])),
+                            f"{labels[system]}: training (line) and validation (points)")
+
     markdown = "\n\n".join([
-        "# Results", markdown_table(rows, alpha), *notes,
+        "# Results", markdown_table(rows, alpha), *notes, *shown_figure,
         "## Following the counterfactual", *following, *coherence_notes(metrics[baseline]),
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
         *validity_section,
         "## Training", training_section(summaries, labels, train_seconds(records)),
+        *([f"Main curves: {', '.join(f'`{train_logs.name}/{s}.png`' for s in summaries)}."] if shown_figure else []),
         "Every logged quantity over the steps: `dvc plots show reports/train/<system>/plots/metrics` "
         "(`dvc plots diff <experiment>` to compare runs); docs/training.md says what each curve tells.",
         "## Stages", stages_table(records),

@@ -11,6 +11,7 @@ Writes, into `--out` (replaced as a whole, atomically):
 - objectives.md: the chosen runs with what chose them and every p-value, both units;
 - experiments.md: every run, the params in which they differ, metrics, validation NLL;
 - stages.md: where each stage ran (device) and how long it took, from the stage records;
+- results.png: each system's mean per instance with its bootstrap 95 % interval (storyrewrite.report.figure);
 - significance.json, and per run: metrics/<run>/, train/<run>/<system>/ (summary and curves),
   stages/<run>/, params/<run>.yaml (the run's exact params).
 """
@@ -29,6 +30,7 @@ from storyrewrite.params import leaves
 from storyrewrite import artifacts
 from storyrewrite.records import stages_table
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
+from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import COLUMNS, Row, coherence_columns, column_label, markdown_table, metric_value, number, plain_cells
 from storyrewrite.significance.compare import compare
@@ -295,6 +297,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"(experiments of commit {', '.join(bases) or 'unknown'}), devices: {', '.join(devices) or 'not recorded'}. "
         "Collected by `python -m storyrewrite.report.collect`; every number below comes from the runs' own outputs.",
         markdown_table(rows, alpha),
+        "![Each system's mean per test instance with its bootstrap 95 % interval](results.png)",
         f"Each objective fine-tunes the NLL model; of several runs of an objective (the CPO grid) the one with the "
         f"lowest validation NLL at its best checkpoint is shown (runs: {', '.join(f'{k}: {v}' for k, v in runs_of.items())}). "
         f"One-tailed paired bootstrap against the NLL model of the same run ({n_resamples} resamples): \\* p < {alpha} "
@@ -405,6 +408,12 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
         write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha, duels))
         write_text_atomic(staging / "experiments.md", experiments_markdown(runs, alpha))
         write_text_atomic(staging / "stages.md", stages_markdown(runs))
+        reference = entries[0].run
+        results_figure(staging / "results.png", {e.label: e.run.scores(e.system) for e in entries}, {e.label: e.label for e in entries},
+                       entries[0].label, [e.label for e in entries if e.kind == "copy"],
+                       {e.label: e.run.metrics(e.system).get("prompt_echo", 0.0) for e in entries},
+                       f"{title}: {reference.params.get('task')}, {reference.metrics(BASELINE)['instances']} test instances",
+                       seed=reference.params.get("seed", 0))
         write_json_atomic(staging / "significance.json", {
             "_baseline": "NLL model of each system's own run", "_units": list(UNITS),
             "_n_resamples": entries[0].run.params.get("significance", {}).get("n_resamples"),

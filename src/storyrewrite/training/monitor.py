@@ -23,7 +23,6 @@ the step, the values and the learning rate.
 """
 from __future__ import annotations
 
-import csv
 import math
 import shutil
 import time
@@ -33,7 +32,9 @@ import torch
 from dvclive import Live
 from lightning.pytorch.callbacks import Callback
 
+from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.io import InputError, atomic_dir, atomic_path
+
 
 def wall_time(name: str) -> bool:
     """Whether a curve measures the clock (throughput, a share of the step's time): a curve,
@@ -51,24 +52,6 @@ def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist()))
 
 
-def curve_files(directory: Path) -> dict[str, Path]:
-    """name -> its curve file, under a DVCLive directory (`rewards/chosen` -> plots/metrics/rewards/chosen.tsv)."""
-    root = Path(directory) / "plots" / "metrics"
-    return {path.relative_to(root).with_suffix("").as_posix(): path for path in sorted(root.rglob("*.tsv"))}
-
-
-def read_curve(path: Path) -> list[dict]:
-    """The rows of a DVCLive curve: {"step": int, "value": float}. A last line cut short (a kill
-    during the write: no newline at its end) is dropped; a malformed line before it is an error
-    naming file:line."""
-    complete = path.read_text(encoding="utf-8").split("\n")[:-1]
-    rows = []
-    for number, row in enumerate(csv.DictReader(complete, delimiter="\t"), start=2):
-        try:
-            rows.append({"step": int(row["step"]), "value": float(row[path.stem])})
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{path}:{number}: not a `step<TAB>{path.stem}` row") from None
-    return rows
 
 
 def truncate_after(directory: Path, step: int) -> None:

@@ -28,7 +28,8 @@ from storyrewrite.training.checkpointing import AtomicCheckpointIO, check_readab
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import RewriteModule
-from storyrewrite.training.monitor import TrainingMonitor, curve_files, read_curve, wall_time
+from storyrewrite.curves import curve_files, read_curve
+from storyrewrite.training.monitor import TrainingMonitor, wall_time
 
 # Keys that only say how long to train: an interrupted run resumed with a larger budget continues
 # (everything else changes the run and invalidates its checkpoints).

@@ -1,0 +1,152 @@
+"""The results at a glance (`results.png`) and each trained system's main curves
+(`reports/train/<system>.png`), drawn with matplotlib's Agg backend (no display needed).
+
+results.png: one panel per metric column that has per-instance scores (the predictive and
+counterfactual overlap metrics, CF-PMI and drift where measured); in each, every system's mean
+over the test instances with its bootstrap 95 % percentile interval (resampling instances, the
+report's seed), the baseline (NLL) drawn in its own colour, and the copy baselines as vertical
+reference lines, not as points. A system whose predictions mostly echo the prompt (prompt_echo
+above a half) is drawn hollow and its label says so. The values are means of sentence-level
+scores: for SacreBLEU that is not the corpus BLEU of the tables, and the panel says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from storyrewrite.io import write_bytes_atomic
+from storyrewrite.metrics.counterfactual import instance_value
+from storyrewrite.report.tables import METRIC_LABELS, column_label
+from storyrewrite.significance.bootstrap import percentile_interval
+
+ECHO_LIMIT = 0.5  # prompt_echo above this: the system's predictions are mostly not endings
+PANEL_COLUMNS = ("bartscore/predictive", "rougeL/predictive", "sacrebleu/predictive", "bartscore/counterfactual",
+                 "rougeL/counterfactual", "sacrebleu/counterfactual", "cf_pmi", "drift")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _value(row: dict, column: str) -> float | None:
+    if "/" in column:
+        metric, form = column.split("/")
+        if metric not in row or (form != "predictive" and f"{metric}_original" not in row):
+            return None
+        return instance_value(row, metric, form)
+    return row.get(column)
+
+
+def intervals(scores: dict[str, list[dict]], columns: list[str], n_resamples: int, seed: int) -> dict[str, dict[str, tuple]]:
+    """{column: {system: (mean, low, high)}} over the systems whose every row has the column."""
+    found: dict[str, dict[str, tuple]] = {}
+    for column in columns:
+        for system, rows in scores.items():
+            values = [_value(row, column) for row in rows]
+            if not values or any(v is None for v in values):
+                continue
+            array = np.array(values, dtype=np.float64)[:, None]
+            low, high = percentile_interval(array, 0.95, n_resamples, seed)[0]
+            found.setdefault(column, {})[system] = (float(array.mean()), float(low), float(high))
+    return found
+
+
+def _save(figure, path: Path) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    write_bytes_atomic(Path(path), buffer.getvalue())
+
+
+def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, str], baseline: str, copies: list[str],
+                   echo: dict[str, float], title: str, n_resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, tuple]]:
+    """Draw results.png (see the module's docstring) for the systems in `scores` (in order; the
+    ones in `copies` as reference lines). Returns what it drew: {column: {system: (mean, low, high)}}."""
+    plt = _pyplot()
+    columns = [c for c in PANEL_COLUMNS if any(_value(rows[0], c) is not None for rows in scores.values() if rows)]
+    drawn = intervals(scores, columns, n_resamples, seed)
+    columns = [c for c in columns if c in drawn]
+    systems = [s for s in scores if s not in copies]
+    shown = {s: labels[s] + (" (echoes the prompt)" if echo.get(s, 0) > ECHO_LIMIT else "") for s in systems}
+    width = min(4, len(columns))
+    rows_of_panels = -(-len(columns) // width)
+    figure, axes = plt.subplots(rows_of_panels, width, figsize=(3.6 * width, 0.35 * len(systems) * rows_of_panels + 1.6 * rows_of_panels),
+                                squeeze=False, sharey=True)
+    positions = np.arange(len(systems))[::-1]
+    for index, column in enumerate(columns):
+        axis = axes[index // width][index % width]
+        for position, system in zip(positions, systems):
+            if system not in drawn[column]:
+                continue
+            mean, low, high = drawn[column][system]
+            colour = "tab:red" if system == baseline else "tab:blue"
+            hollow = echo.get(system, 0) > ECHO_LIMIT
+            axis.errorbar(mean, position, xerr=[[mean - low], [high - mean]], fmt="o", color=colour, capsize=3,
+                          markerfacecolor="white" if hollow else colour)
+        if baseline in drawn[column]:
+            axis.axvline(drawn[column][baseline][0], color="tab:red", linestyle=":", linewidth=1)
+        for copy, style in zip(copies, ("--", "-.")):
+            if copy in drawn[column]:
+                axis.axvline(drawn[column][copy][0], color="0.35", linestyle=style, linewidth=1, label=labels[copy])
+        name = column_label(column)
+        if column.startswith("sacrebleu"):
+            name = name.replace(METRIC_LABELS["sacrebleu"], "sentence BLEU")
+        axis.set_title(name, fontsize=9)
+        axis.tick_params(labelsize=8)
+        axis.grid(axis="x", alpha=0.3)
+    for index in range(len(columns), rows_of_panels * width):
+        axes[index // width][index % width].axis("off")
+    axes[0][0].set_yticks(positions, [shown[s] for s in systems])
+    handles, names = axes[0][0].get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, names, loc="lower center", ncol=len(handles), fontsize=8, frameon=False,
+                      bbox_to_anchor=(0.5, -0.02))
+    figure.suptitle(f"{title}: mean per instance with bootstrap 95 % interval; red: {labels[baseline]}", fontsize=10)
+    _save(figure, path)
+    plt.close(figure)
+    return drawn
+
+
+def training_panels(main_diagnostics: list[str]) -> list[tuple[str, str | None, str | None]]:
+    """(title, training curve, validation curve) of a system's main curves: its loss, the
+    validation NLL of Y_EE (comparable across objectives) and its objective's main diagnostics."""
+    return [("loss", "train_loss", "val_loss"), ("NLL of Y_EE", None, "val_nll"),
+            *((name, name, f"val_{name}") for name in main_diagnostics)]
+
+
+def training_figure(path: Path, curves: dict[str, list[dict]], panels: list[tuple[str, str | None, str | None]],
+                    title: str) -> list[str]:
+    """Draw each panel's training and validation curves (each a list of {"step", "value"}) that
+    exist. Returns the titles of the panels drawn."""
+    plt = _pyplot()
+    drawn = [p for p in panels if curves.get(p[1]) or curves.get(p[2])]
+    if not drawn:
+        return []
+    width = min(3, len(drawn))
+    rows_of_panels = -(-len(drawn) // width)
+    figure, axes = plt.subplots(rows_of_panels, width, figsize=(3.6 * width, 2.6 * rows_of_panels), squeeze=False)
+    for index, (name, train, val) in enumerate(drawn):
+        axis = axes[index // width][index % width]
+        for key, style, label in ((train, "-", "training"), (val, "o--", "validation")):
+            rows = curves.get(key) or []
+            if rows:
+                axis.plot([r["step"] for r in rows], [r["value"] for r in rows], style, markersize=3, label=label)
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel("step", fontsize=8)
+        axis.tick_params(labelsize=8)
+        axis.legend(fontsize=7)
+        axis.grid(alpha=0.3)
+    for index in range(len(drawn), rows_of_panels * width):
+        axes[index // width][index % width].axis("off")
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    _save(figure, path)
+    plt.close(figure)
+    return [p[0] for p in drawn]

@@ -1,0 +1,33 @@
+"""The figures are written and hold the systems; whether they read well is checked by looking."""
+import numpy as np
+from PIL import Image
+
+from storyrewrite.report.figure import results_figure, training_figure, training_panels
+
+
+def _rows(shift, n=12):
+    return [{"id": f"s{i // 3}:{i % 3}", "story_id": f"s{i // 3}", "bartscore": -2.0 + shift + 0.01 * i, "bartscore_original": -1.0,
+             "rougeL": 50.0 + 10 * shift + i, "rougeL_original": 80.0, "sacrebleu": 30.0 + i, "sacrebleu_original": 70.0}
+            for i in range(n)]
+
+
+def test_the_results_figure_has_every_system_with_its_interval_and_the_copies_as_lines(tmp_path):
+    scores = {"nll": _rows(0.0), "finetuned": _rows(0.2), "llm_zero_shot": _rows(-0.5), "copy_original": _rows(1.0)}
+    labels = {"nll": "NLL", "finetuned": "DTO-Score", "llm_zero_shot": "zero-shot", "copy_original": "Copy of X_OE"}
+    drawn = results_figure(tmp_path / "results.png", scores, labels, "nll", ["copy_original"], {"llm_zero_shot": 0.9}, "test")
+    with Image.open(tmp_path / "results.png") as image:
+        assert image.format == "PNG" and image.size[0] > 400
+    assert set(drawn) == {"bartscore/predictive", "rougeL/predictive", "sacrebleu/predictive", "bartscore/counterfactual",
+                          "rougeL/counterfactual", "sacrebleu/counterfactual"}
+    assert set(drawn["bartscore/predictive"]) == set(scores)
+    mean, low, high = drawn["bartscore/predictive"]["finetuned"]
+    assert mean == np.mean([r["bartscore"] for r in _rows(0.2)]) and low < mean < high
+
+
+def test_a_training_figure_draws_the_panels_that_have_curves(tmp_path):
+    curves = {"train_loss": [{"step": 1, "value": 2.0}, {"step": 2, "value": 1.5}], "val_loss": [{"step": 0, "value": 2.1}],
+              "val_nll": [{"step": 0, "value": 2.1}], "m_target": [{"step": 1, "value": -3.0}]}
+    drawn = training_figure(tmp_path / "nll.png", curves, training_panels(["m_target", "gumbel_max_prob"]), "DTO-Score")
+    assert drawn == ["loss", "NLL of Y_EE", "m_target"]
+    with Image.open(tmp_path / "nll.png") as image:
+        assert image.format == "PNG"
