@@ -19,7 +19,7 @@ def test_a_record_names_the_device_the_wall_time_and_the_rate(tmp_path, monkeypa
     assert on_disk == written
     assert on_disk["stage"] == "generate-nll" and on_disk["device"] == "cpu" and on_disk["dtype"] == "float32"
     assert "cores)" in on_disk["device_name"]
-    assert 0.2 <= on_disk["wall_s"] < 5
+    assert on_disk["wall_s"] >= 0.2  # at least the time the stage spent (an upper bound would time the machine)
     assert on_disk["items_per_s"] == pytest.approx(10 / on_disk["wall_s"], rel=0.05)
     assert on_disk["peak_rss_gb"] > 0 and "peak_cuda_gb" not in on_disk
     assert on_disk["experiment"] == "gpu-dto-score" and on_disk["generate_s"] == 0.1

@@ -43,14 +43,35 @@ def test_empty_prediction_is_scored_not_dropped(tmp_path, tiny_model_dirs, capsy
 
 
 def test_corpus_metrics_and_counterfactual_forms(tiny_model_dirs):
+    """Every form against values computed apart: each prediction scored against the edited and,
+    separately, the original ending with the libraries and the scorer one pair at a time; the
+    counterfactual form is 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) of those (corpus BLEU from the corpora)."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
     predictions = {"s1:0": "He stayed out.", "s1:1": "He went home."}
-    rows, metrics = score_system(predictions, INSTANCES, LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=2)
-    mean = lambda key: sum(r[key] for r in rows) / 2  # noqa: E731
-    assert metrics["rougeL"]["predictive"] == pytest.approx(mean("rougeL"), abs=1e-4)
-    assert metrics["bartscore"]["predictive"] == pytest.approx(mean("bartscore"), abs=1e-4)
-    for metric in ("bartscore", "rougeL", "sacrebleu"):
-        m = metrics[metric]
-        assert m["counterfactual"] == pytest.approx(2 * m["predictive"] - (m["predictive"] - m["delta"]), abs=2e-4)
+    scorer = LMScorer.from_dir(tiny_model_dirs["bart"])
+    rows, metrics = score_system(predictions, INSTANCES, scorer, batch_size=2)
+    rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    preds = [predictions[i["id"]] for i in INSTANCES]
+    edited, original = [i["target"] for i in INSTANCES], [i["original_ending"] for i in INSTANCES]
+    apart = {
+        "bartscore": ([scorer.score([p], [t])[0] for p, t in zip(preds, edited)], [scorer.score([p], [o])[0] for p, o in zip(preds, original)]),
+        "rougeL": ([100 * rouge.score(t, p)["rougeL"].fmeasure for p, t in zip(preds, edited)],
+                   [100 * rouge.score(o, p)["rougeL"].fmeasure for p, o in zip(preds, original)]),
+    }
+    for metric, (vs_edited, vs_original) in apart.items():
+        assert [r[metric] for r in rows] == pytest.approx(vs_edited, abs=1e-4)
+        assert [r[f"{metric}_original"] for r in rows] == pytest.approx(vs_original, abs=1e-4)
+        mean_edited, mean_original = sum(vs_edited) / 2, sum(vs_original) / 2
+        assert metrics[metric]["predictive"] == pytest.approx(mean_edited, abs=1e-4)
+        assert metrics[metric]["counterfactual"] == pytest.approx(2 * mean_edited - mean_original, abs=1e-4)
+    bleu_edited = sacrebleu.corpus_bleu(preds, [edited]).score
+    bleu_original = sacrebleu.corpus_bleu(preds, [original]).score
+    assert metrics["sacrebleu"]["predictive"] == pytest.approx(bleu_edited, abs=1e-4)
+    assert metrics["sacrebleu"]["counterfactual"] == pytest.approx(2 * bleu_edited - bleu_original, abs=1e-4)
+    # The second prediction copies X_OE: it scores 100 against it and lower against the edit.
+    assert rows[1]["rougeL_original"] == pytest.approx(100.0) and rows[1]["rougeL"] < 100
     assert metrics["counterfactual_metrics"] == "available"
 
 
