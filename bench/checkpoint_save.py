@@ -135,7 +135,8 @@ def main() -> None:
         "checkpoint_gb": round(size / 2**30, 3), "step_s": round(step, 3),
         "save_s": {name: round(value, 3) for name, value in median.items()},
         "atomic_overhead_of_a_checkpointing_step": round(overhead, 4),
-        "kills": args.tries, "unreadable_after_kill": torn}, {"repeats": args.repeats, "steps": args.steps})
+        "kills": args.tries, "unreadable_after_kill": torn}, {"repeats": args.repeats, "steps": args.steps},
+        {"atomic_overhead_of_a_checkpointing_step": {"max": 0.05}, "unreadable_after_kill.atomic": {"max": 0}})
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ def main() -> None:
         "score_stage_with_s": round(statistics.median(with_evaluators), 3), "score_stage_ratio": round(ratio, 3),
     }, {"judge": models.judge, "embedder": models.embedder, "nli": models.nli, "judge_instances": len(rows),
         "score_predictions": len(test), "predictions": source, "batch_size": config.batch_size, "dtype": config.dtype,
-        "repeats": args.repeats, "profiles": [str(p) for p in args.profile]})
+        "repeats": args.repeats, "profiles": [str(p) for p in args.profile]},
+        {"score_stage_ratio": {"max": 1.6}, "judge_largest_difference": {"max": 1e-4}})
 
 
 if __name__ == "__main__":

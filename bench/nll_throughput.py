@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import lightning as L
-from common import clock, describe, inputs, peak_memory_gb
+from common import clock, describe, inputs, peak_memory_gb, write_result
 from torch.utils.data import DataLoader
 
 from storyrewrite.data.prepare import load_instances
@@ -88,6 +88,17 @@ def main() -> None:
           f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {words / len(rows):.1f} words each)")
     print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak_memory_gb(device):.2f} GB at the end "
           f"({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
+    # Named per generation setting: a static-cache or bf16 run is a run of its own in the figures file.
+    variant = "".join(f"-{v}" for v in (args.dtype, args.cache, args.precision) if v)
+    write_result("nll_throughput" + variant, device, {
+        "train_s_per_step": round(step_seconds, 4), "train_instances_per_s": round(config.batch_size / step_seconds, 3),
+        "generate_predictions_per_s": round(len(rows) / generate_seconds, 3), "words_per_prediction": round(words / len(rows), 1),
+        "peak_memory_after_training_gb": round(train_memory, 2), "peak_memory_gb": round(peak_memory_gb(device), 2),
+    }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision,
+        "generate_instances": len(rows), "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
+        "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
+        "profiles": [str(p) for p in args.profile]},
+        {"generate_predictions_per_s": {"min": 200}} if device.type == "cuda" else None)
 
 
 if __name__ == "__main__":

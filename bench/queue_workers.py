@@ -105,7 +105,9 @@ def main() -> None:
     by_jobs = {r["jobs"]: r["wall_s"] for r in rounds}
     if 1 in by_jobs and 2 in by_jobs:
         print(f"-j 2 / -j 1 wall time: {by_jobs[2] / by_jobs[1]:.2f} (target <= 1)")
-    write_result("queue_workers", torch.device("cpu"), {"rounds": rounds}, {"lrs": args.lrs, "cores": os.cpu_count()})
+    figures = {"rounds": rounds, **({"two_workers_over_one": round(by_jobs[2] / by_jobs[1], 3)} if 1 in by_jobs and 2 in by_jobs else {})}
+    write_result("queue_workers", torch.device("cpu"), figures, {"lrs": args.lrs, "cores": os.cpu_count()},
+                 {"two_workers_over_one": {"max": 1.0}})
 
 
 if __name__ == "__main__":

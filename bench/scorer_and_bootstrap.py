@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import clock, describe, inputs
+from common import clock, describe, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -86,7 +86,16 @@ def main() -> None:
     a, b = rng.normal(0.01, 1, (5613, 6)), rng.normal(0, 1, (5613, 6))
     started = time.perf_counter()
     paired_bootstrap_many(a, b, n_resamples=10_000, seed=0)
-    print(f"paired bootstrap, 10,000 resamples x 5,613 instances x 6 metrics: {time.perf_counter() - started:.2f} s (CPU)")
+    bootstrap_seconds = time.perf_counter() - started
+    print(f"paired bootstrap, 10,000 resamples x 5,613 instances x 6 metrics: {bootstrap_seconds:.2f} s (CPU)")
+    write_result("scorer_and_bootstrap", device, {
+        "batched_fp32_pairs_per_s": round(len(sources) / batched_seconds, 2), "loop_fp32_pairs_per_s": round(len(sources) / looped_seconds, 2),
+        "batched_speedup": round(looped_seconds / batched_seconds, 3), "largest_fp32_difference": max_diff,
+        "batched_bf16_pairs_per_s": round(len(sources) / bf16_seconds, 2), "bf16_speedup": round(looped_seconds / bf16_seconds, 3),
+        "largest_bf16_difference": bf16_diff, "bootstrap_seconds_cpu": round(bootstrap_seconds, 3),
+    }, {"scorer": models.scorer, "pairs": len(sources), "batch_size": args.batch_size, "profiles": [str(p) for p in args.profile],
+        "bootstrap": "10,000 resamples x 5,613 instances x 6 metrics"},
+        {"largest_fp32_difference": {"max": 1e-4}, **({"batched_speedup": {"min": 3.0}} if device.type == "cuda" else {})})
 
 
 if __name__ == "__main__":

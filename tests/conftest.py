@@ -46,3 +46,32 @@ def small_prepared(tmp_path_factory, raw_dir) -> Path:
     out = tmp_path_factory.mktemp("prepared")
     prepare(raw_dir, out, DataConfig(val_fraction=0.1, max_train=12, max_eval=6), seed=0)
     return out
+
+
+# `make test-durations`: the suite's slowest tests (setup + call + teardown), for docs/testing.md.
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+    import os
+    import platform
+    from datetime import datetime, timezone
+
+    target = os.environ.get("STORYREWRITE_TEST_DURATIONS")
+    if not target or exitstatus != 0 or not _DURATIONS:
+        return
+    from storyrewrite.io import write_json_atomic
+    from storyrewrite.records import cpu_name
+
+    slowest = sorted(_DURATIONS.items(), key=lambda item: -item[1])[:15]
+    write_json_atomic(target, {
+        "tests": len(_DURATIONS), "seconds": round(sum(_DURATIONS.values()), 1),
+        "machine": f"{cpu_name()}, Python {platform.python_version()}",
+        "when": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest],
+    })

@@ -76,23 +76,23 @@ class ModelsConfig(Section):
 
 class TrainConfig(Section):
     """`train_nll` and `train`: the same shape (NLL warm-up, then the objective's fine-tuning)."""
-    batch_size: Positive
+    batch_size: Positive  # instances per training step (per device)
     max_steps: int  # -1: train for max_epochs
-    max_epochs: int
-    lr: PositiveFloat
-    weight_decay: float = Field(ge=0)
-    warmup_steps: int = Field(ge=0)
+    max_epochs: int  # used where max_steps is -1
+    lr: PositiveFloat  # AdamW's learning rate (constant after the warm-up, as in the paper)
+    weight_decay: float = Field(ge=0)  # AdamW's decoupled weight decay
+    warmup_steps: int = Field(ge=0)  # linear warm-up to lr over this many steps
     val_check_interval: Positive  # validate every this many training batches
     checkpoint_every_n_steps: Positive  # save the resumable last.ckpt this often
     resume: bool  # continue an interrupted run from last.ckpt when it is the same run
     accelerator: str  # Lightning Trainer arguments, passed through ("auto" picks a GPU)
-    devices: int | str
-    strategy: str
-    precision: str
+    devices: int | str  # Lightning's: a count, a list, or auto
+    strategy: str  # Lightning's: auto, ddp, fsdp, ...
+    precision: str  # Lightning's: 32-true, bf16-mixed, 16-mixed
     gradient_clip_val: PositiveFloat | None = None  # clip the gradient norm to this (None: no clipping)
-    num_nodes: Positive = 1
-    accumulate_grad_batches: Positive = 1
-    limit_val_batches: int | float | None = None
+    num_nodes: Positive = 1  # machines (Lightning's)
+    accumulate_grad_batches: Positive = 1  # batches summed per optimiser step
+    limit_val_batches: int | float | None = None  # validate on this many batches (or this share); None: all
     num_workers: int = Field(0, ge=0)
     validate_at_start: bool = True  # validate the starting weights (the curves' step 0) before training
     # torch.compile the generator's (and a DTO scorer's) transformer body: for a GPU, where an

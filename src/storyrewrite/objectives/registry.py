@@ -118,6 +118,50 @@ class Objective:
 
 _DTO_MAIN = ("m_target", "m_original", "delta", "gumbel_max_prob", "nll_target")
 
+# What each training curve tells (docs/training.md's table is made from these): every objective
+# logs COMMON_CURVES; each objective logs its own terms and diagnostics, `CURVES[objective]`. A
+# validation curve is the training curve's name prefixed `val_` (not every one has both).
+COMMON_CURVES: dict[str, str] = {
+    "train_loss": "the objective itself, per training step",
+    "val_loss": "the objective on validation; picks the exported checkpoint",
+    "val_nll": "NLL of Y_EE on validation: comparable across objectives (selects the CPO grid's best run)",
+    "lr": "the learning rate of the step (warm-up visible)",
+    "grad_norm": "the gradient norm before clipping: spikes precede divergence",
+    "tokens_per_s": "real tokens the generator read per second of the step (a wall-time curve: not in the DVC metrics)",
+}
+_DTO_CURVES = {
+    "m_target": "M(Ŷ, Y_EE), the scorer's mean log-probability of the edited ending given the relaxed Ŷ: should rise",
+    "m_original": "M(Ŷ, X_OE): with `delta`, whether a rising delta comes from approaching the edit or only from leaving "
+                  "the original (DTO-Score: validation only, it needs an extra scorer pass)",
+    "delta": "M(Ŷ, Y_EE) − M(Ŷ, X_OE) (DTO-Score: validation only)",
+    "gumbel_entropy": "mean entropy of the Gumbel-softmax samples",
+    "gumbel_max_prob": "mean largest probability of the samples: → 1.0 means the relaxation has collapsed to one-hot",
+    "nll_target": "the generator's teacher-forced NLL of Y_EE: a rise in m_target bought with a worse NLL shows here",
+}
+CURVES: dict[str, dict[str, str]] = {
+    "nll": {"token_accuracy": "share of target tokens that are the generator's argmax (teacher-forced)"},
+    "cpo": {
+        "preference": "the preference term −log σ(β·Δ)",
+        "nll_term": "the NLL of the edit, before λ",
+        "rewards/chosen": "β·log π of the edited (chosen) ending (TRL's name)",
+        "rewards/rejected": "β·log π of the original (rejected) ending",
+        "rewards/margins": "their mean difference: should grow",
+        "rewards/accuracies": "share of instances where the edit is preferred: should grow",
+        "logps/chosen": "log π(Y_EE | x): a falling value means the margin is bought by unlearning the edit",
+        "logps/rejected": "log π(X_OE | x)",
+    },
+    "score": _DTO_CURVES, "delta": _DTO_CURVES, "score_delta": _DTO_CURVES,
+    "rloo": {
+        "reward": "the metric reward of the samples, M as `rl.reward` combines it, without the KL term (TRL's name)",
+        "reward_std": "standard deviation of the reward (KL term included) among an instance's samples: 0 leaves no signal",
+        "kl": "Σ_t log π − log π_ref over a sample, against the NLL model (0 with `rl.kl_beta: 0`)",
+        "advantage_abs": "mean |A_k|: the size of the policy-gradient weights",
+        "completions/mean_length": "mean sampled length in tokens, end token included",
+        "completions/clipped_ratio": "share of samples that hit `generate.max_new_tokens` without ending",
+        "sample_time_share": "share of the step's wall time spent sampling (a wall-time curve: not in the DVC metrics)",
+    },
+}
+
 OBJECTIVES: dict[str, Objective] = {
     "nll": Objective("nll", "NLL", "negative log-likelihood of the edited ending", "nll", main_diagnostics=("token_accuracy",)),
     "cpo": Objective("cpo", "CPO", "CPO: edited ending preferred to the original ending", "cpo", settings="cpo",

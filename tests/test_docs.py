@@ -1,0 +1,76 @@
+"""The README and docs/: generated parts up to date, the README short, and its commands real."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+from storyrewrite import docs
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+FENCE = re.compile(r"(<!-- runnable -->\n)?```bash\n(.*?)```", re.S)
+
+
+@pytest.mark.parametrize("page", [p.relative_to(ROOT).as_posix() for p in docs.pages()])
+def test_every_generated_block_is_up_to_date(page):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert docs.render(text, page) == text, f"{page} is stale: run `make docs`"
+
+
+def test_a_stale_or_unknown_block_is_found():
+    stale = "<!-- generated: curves -->\nold table\n<!-- end generated -->\n"
+    assert "`train_loss`" in docs.render(stale, "x.md")
+    with pytest.raises(Exception, match=r"x\.md:1: unknown generated block 'nope'"):
+        docs.render("<!-- generated: nope -->\n<!-- end generated -->", "x.md")
+
+
+def test_the_readme_is_short_and_links_pages_that_exist():
+    assert len(README.splitlines()) <= 150
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+
+
+def _commands(block: str) -> list[str]:
+    """The commands of a shell block: comments dropped, continued lines joined."""
+    joined = block.replace("\\\n", " ")
+    return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_every_readme_command_names_what_exists():
+    """Each shell command of the README parses, and the make targets, scripts, modules and
+    params keys it names exist (the expensive ones are not run here)."""
+    blocks = [m.group(2) for m in FENCE.finditer(README)]
+    assert blocks
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    for block in blocks:
+        assert subprocess.run(["bash", "-n"], input=block, text=True).returncode == 0, block
+        for command in _commands(block):
+            words = command.split()
+            if words[0] == "make":
+                assert words[1] in targets, command
+            for path in re.findall(r"(?:bash|python) ((?:scripts|bench)/[\w./-]+)", command) + re.findall(r"(params/\w+\.yaml)", command):
+                assert (ROOT / path).exists(), command
+            for module in re.findall(r"python -m ([\w.]+)", command):
+                assert importlib.util.find_spec(module) is not None, command
+            for key in re.findall(r"-S ([\w.]+)=", command):
+                assert key.split(".")[0] in (ROOT / "params.yaml").read_text(), command
+
+
+@pytest.mark.slow
+def test_the_runnable_readme_commands_run_in_a_fresh_clone(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    runnable = [m.group(2) for m in FENCE.finditer(README) if m.group(1)]
+    assert runnable
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for block in runnable:
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=clone, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, block + result.stderr[-2000:]
