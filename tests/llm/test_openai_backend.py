@@ -114,6 +114,7 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
     assert [p["id"] for p in predictions] == [r["id"] for r in instances]
 
 
+@pytest.mark.slow
 def test_the_stage_never_writes_the_key_and_its_metrics_do_not_depend_on_the_cache(tmp_path, small_prepared):
     with ChatServer() as server:
         params = load_yaml(ROOT / "params.yaml")

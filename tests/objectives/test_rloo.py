@@ -132,6 +132,7 @@ def test_the_greedy_baseline_is_the_reward_of_a_hand_greedy_decode(tiny_model_di
     assert out.loss.item() == pytest.approx(-total / (len(batch["ids"]) * count), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_kl_zero_loads_no_reference_model_and_the_kl_term_is_the_log_ratio(tiny_model_dirs, small_prepared, monkeypatch):
     directory = tiny_model_dirs["llama"]
     config, loss, encoder, batch, model = _setup(directory, small_prepared, reward="score")
@@ -211,6 +212,7 @@ class Crash(Callback):
             raise RuntimeError("simulated crash")
 
 
+@pytest.mark.slow
 def test_an_interrupted_rloo_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tiny_model_dirs, small_prepared):
     """With the KL term (a reference model beside the generator) and the samples seeded by the step."""
     directory = tiny_model_dirs["llama"]

@@ -5,6 +5,7 @@ from storyrewrite.models.store import load_model
 from storyrewrite.training.compile import compile_body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_compiled_body_gives_the_eager_values_and_compiles_once_for_every_batch_shape(tiny_model_dirs, kind):
     """What `compile: true` compiles (a causal LM's body; a seq2seq LM and its encoder) returns

@@ -204,6 +204,7 @@ def _train_nll_stage(tmp_path, small_prepared, changes: dict, dto: dict | None =
     )
 
 
+@pytest.mark.slow
 def test_the_stage_exits_2_with_one_message_on_divergence(tmp_path, small_prepared):
     result = _train_nll_stage(tmp_path, small_prepared, {"lr": 1e9, "max_steps": 4, "val_check_interval": 4,
                                                          "checkpoint_every_n_steps": 1})
@@ -212,6 +213,7 @@ def test_the_stage_exits_2_with_one_message_on_divergence(tmp_path, small_prepar
     assert not (tmp_path / "nll").exists()
 
 
+@pytest.mark.slow
 def test_ddp_with_two_cpu_processes(tmp_path, small_prepared):
     """The train stage run as DVC runs it, with `devices: 2, strategy: ddp` (gloo on CPU)."""
     # An invalid `dto` section is no concern of NLL training, which never reads it.
@@ -277,6 +279,7 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     assert all(name in columns or f"val_{name}" in columns for name in summary["main_diagnostics"])
 
 
+@pytest.mark.slow
 def test_the_starting_weights_are_validated_at_step_0_and_training_is_the_same_without(tmp_path, tiny_model_dirs, small_prepared):
     """DTO (its scorer must be on the generator's device in `Trainer.validate` as in fit): the
     step-0 validation loss is the starting weights' loss averaged over the validation batches,
@@ -308,6 +311,7 @@ def test_the_starting_weights_are_validated_at_step_0_and_training_is_the_same_w
     assert runs[True]["curves"]["val_loss"]["first_step"] == 0
 
 
+@pytest.mark.slow
 def test_diagnostics_leave_the_loss_and_the_trained_weights_unchanged(tmp_path, tiny_model_dirs, small_prepared):
     for objective, settings in (("score_delta", DTO), ("cpo", CPOConfig(beta=0.5, lambda_=1.0))):
         weights, losses = [], []
@@ -322,6 +326,7 @@ def test_diagnostics_leave_the_loss_and_the_trained_weights_unchanged(tmp_path, 
         assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+@pytest.mark.slow
 def test_compiled_training_is_the_same_run(tmp_path, tiny_model_dirs, small_prepared,
                                                                                 monkeypatch):
     """`compile: true` (DTO-Score+Delta: the generator's and the scorer's bodies compiled, in
