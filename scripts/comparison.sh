@@ -113,8 +113,29 @@ if [ ${#QUEUED[@]} -gt 0 ]; then
   echo "== ${#QUEUED[@]} queued experiment(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
   dvc queue start -j "$JOBS"
   remaining=("${QUEUED[@]}")
+  idle_polls=0 restarts=0
   while [ ${#remaining[@]} -gt 0 ]; do
-    busy=$(dvc queue status 2>/dev/null | grep -cwE 'Queued|Running' || true)
+    status=$(dvc queue status 2>/dev/null || true)
+    busy=$(grep -cwE 'Queued|Running' <<<"$status" || true)
+    # DVC's workers can stop with experiments still queued (a worker that read its file-system
+    # broker's message mid-write exits with a JSONDecodeError in its log, .dvc/tmp/exps/celery/):
+    # seen on two polls in a row (a worker just started may not be up yet), start them again.
+    if grep -qw Queued <<<"$status" && ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; then
+      idle_polls=$((idle_polls + 1))
+    else
+      idle_polls=0
+    fi
+    if [ $idle_polls -ge 2 ]; then
+      restarts=$((restarts + 1))
+      if [ $restarts -gt "${COMPARISON_MAX_RESTARTS:-5}" ]; then
+        echo "error: DVC's queue workers stopped $restarts times with experiments queued; see .dvc/tmp/exps/celery/*.out" >&2
+        busy=0
+      else
+        echo "== the queue's workers stopped with experiments queued: started again ($(date -u +%H:%M:%S))"
+        dvc queue start -j "$JOBS"
+        idle_polls=0
+      fi
+    fi
     done_now=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
     still=()
     for experiment in "${remaining[@]}"; do

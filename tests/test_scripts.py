@@ -162,3 +162,35 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
     assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 4
     bad = subprocess.run(["bash", str(script), "out3", "compiled"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "may only be 'compile', got 'compiled'" in bad.stderr
+
+
+def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
+    """DVC's worker exits (its broker read a message mid-write) with experiments still queued:
+    the script starts the queue again instead of waiting for ever, and gives up after a limit."""
+    log, queued, starts = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "starts"
+    stubs = {
+        "dvc": f"""echo "dvc $*" >> {log}
+n=$(cat {starts} 2>/dev/null || echo 0)
+if [ "$1 $2" = "exp list" ]; then if [ "$n" -ge 2 ]; then cat {queued} 2>/dev/null; fi; exit 0; fi
+if [ "$1 $2" = "queue start" ]; then echo $((n + 1)) > {starts}; exit 0; fi
+if [ "$1 $2" = "queue status" ]; then
+  if [ "$n" -lt 2 ]; then printf 'abc  grid-dto-delta  05:28 PM  Queued\\n\\nWorker status: 0 active, 0 idle\\n'; fi; exit 0
+fi
+if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
+exit 0""",
+        "python": f'echo "python $*" >> {log}',
+    }
+    env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().splitlines().count("dvc queue start -j 1") == 2
+    assert "== the queue's workers stopped with experiments queued: started again" in result.stdout
+    assert "== grid-rloo-score-delta: finished" in result.stdout
+
+    starts.write_text("-100\n")  # a worker that never stays up: the script gives up, collects, and fails
+    queued.unlink()
+    env["COMPARISON_MAX_RESTARTS"] = "1"
+    (tmp_path / "calls.log").unlink()
+    result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "DVC's queue workers stopped 2 times with experiments queued" in result.stderr
+    assert "python -m storyrewrite.report.collect runs/again --out reports/again --title again (params.yaml)" in log.read_text()

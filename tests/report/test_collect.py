@@ -15,6 +15,7 @@ from storyrewrite.report.gather import experiments, gather_run, select
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
+PNG = b"\x89PNG\r\n\x1a\n\xff\x00 not text"  # a figure: bytes that are not UTF-8
 
 
 class DictFS:
@@ -92,6 +93,7 @@ def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll
                                                                       settings=settings, global_step=300, best_step=200,
                                                                       best_val_nll=val_nll, counterpart=counterpart)),
         "reports/train/finetuned/plots/metrics/train_loss.tsv": b"step\ttrain_loss\n1\t2.0\n300\t1.5\n",
+        "reports/train/finetuned.png": PNG,
         "reports/stages/train_nll.json": dump(_record("train_nll", nll_record_from, 90.0) | {"train_s": 88.0}),
         "reports/stages/train.json": dump(_record("train", name, 60.0 + val_nll) | {"train_s": 58.0}),
     }
@@ -147,6 +149,7 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     table = [line for line in results.split("## Following")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == [
         "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the original ending"]
+    assert (out / "train" / "dto" / "finetuned.png").read_bytes() == PNG and (out / "results.png").exists()
     # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
     assert "CPO (beta=2): cpo-b" in results
     assert "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) rewards" in results

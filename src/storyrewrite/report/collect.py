@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from storyrewrite.io import InputError, atomic_dir, write_json_atomic, write_text_atomic
+from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
 from storyrewrite.records import stages_table
@@ -432,7 +432,7 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
                     target = staging / "stages" / run.name / parts[-1]
                 else:
                     continue
-                write_text_atomic(target, run.text(path))
+                write_bytes_atomic(target, read_blob(run.root, run.files[path]))  # the figures too: bytes as gathered
 
 
 def main(argv: list[str] | None = None) -> None:
