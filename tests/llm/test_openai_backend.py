@@ -94,7 +94,7 @@ def test_missing_key_fails_at_once_naming_the_variable(monkeypatch):
     monkeypatch.delenv("MY_LLM_KEY", raising=False)
     with pytest.raises(InputError, match="the API key variable MY_LLM_KEY is not set"):
         OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="MY_LLM_KEY", timeout=1.0,
-                                     max_retries=0, concurrency=1))
+                                     max_retries=2, concurrency=1))
 
 
 def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(key, tmp_path, small_prepared):
