@@ -270,6 +270,10 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     for name, path in written.items():
         assert path.read_text().splitlines()[0] == f"step\t{name.split('/')[-1]}", path
     assert set(written) == columns
+    # Every curve is documented in the registry (docs/training.md's table is made from it).
+    from storyrewrite.objectives.registry import COMMON_CURVES, CURVES
+    documented = set(COMMON_CURVES) | set(CURVES[objective])
+    assert all(name in documented or name.removeprefix("val_") in documented for name in written), set(written) - documented
     # The summary (DVC metrics) holds every curve but the wall-time ones, and no wall time.
     metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
     assert set(metrics["curves"]) == columns - {"tokens_per_s", "sample_time_share"} and "tokens_per_s" not in metrics

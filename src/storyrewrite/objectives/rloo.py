@@ -31,6 +31,7 @@ drawn with a fixed seed per batch): the best checkpoint is the one whose samples
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -158,17 +159,19 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
             parameter.requires_grad_(False)
     needs_original = config.reward != "score"
 
-    def rewards(completions, sources, targets, originals, logps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rewards(completions, sources, targets, originals, logps: Callable[[], torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(reward with the KL term, the metric reward alone, the KL): each R, on the CPU, in float64:
-        the advantages are small differences of rewards near −10 (float32 would keep 4 digits of them)."""
+        the advantages are small differences of rewards near −10 (float32 would keep 4 digits of them).
+        `logps` gives the generator's log π of the completions; it is called only for the KL term."""
         m_target = torch.tensor(scorer.score_ids(completions, targets), dtype=torch.float64)
         m_original = torch.tensor(scorer.score_ids(completions, originals), dtype=torch.float64) if needs_original else None
         metric = combine_rewards(m_target, m_original, config.reward)
         kl = torch.zeros_like(metric)
         if reference is not None:
             with torch.no_grad():
-                kl = logps.detach().double().cpu() - sequence_log_probs(reference, encoder, sources, completions,
-                                                                        config.temperature).double().cpu()
+                kl = logps().detach().double().cpu() - sequence_log_probs(reference, encoder, sources, completions,
+                                                                          config.temperature).double().cpu()
         return metric - config.kl_beta * kl, metric, kl
 
     def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:
@@ -184,12 +187,14 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         originals = repeat(batch["original_endings"]) if needs_original else None
         logps = sequence_log_probs(generator, encoder, sources, completions, config.temperature)  # B·K, with gradient
         reward, metric, kl = (v.view(size, count) for v in rewards(completions, sources, repeat(batch["targets"]),
-                                                                    originals, logps))
+                                                                    originals, lambda: logps))
         if config.baseline == "greedy":
             greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, context.max_new_tokens, config.temperature,
                                                eos, pad, greedy=True)
-            with torch.no_grad():
-                greedy_logps = sequence_log_probs(generator, encoder, greedy_sources, greedy, config.temperature)
+
+            def greedy_logps() -> torch.Tensor:  # a generator forward, for the KL term alone
+                with torch.no_grad():
+                    return sequence_log_probs(generator, encoder, greedy_sources, greedy, config.temperature)
             baseline, _, _ = rewards(greedy, greedy_sources, batch["targets"],
                                      batch["original_endings"] if needs_original else None, greedy_logps)
             advantages = reward - baseline.view(size, 1)

@@ -15,8 +15,6 @@ from storyrewrite.report.tables import Row, coherence_columns, latex_table, mark
 from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES
 
-# A system whose predictions echo the prompt more often than this is named in the notes (and drawn hollow).
-ECHO_NOTE = ECHO_LIMIT
 
 
 def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
@@ -34,7 +32,7 @@ def train_seconds(records: list[dict]) -> dict[str, float]:
 
 def echo_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
     """In plain words, the systems whose predictions are mostly not endings (storyrewrite.metrics.echo)."""
-    echoing = [f"{labels[s]} ({100 * m['prompt_echo']:.0f} %)" for s, m in metrics.items() if m["prompt_echo"] > ECHO_NOTE]
+    echoing = [f"{labels[s]} ({100 * m['prompt_echo']:.0f} %)" for s, m in metrics.items() if m["prompt_echo"] > ECHO_LIMIT]
     if not echoing:
         return []
     return [f"**Mostly not endings:** the predictions of {'; '.join(echoing)} echo the prompt (they hold a field label "

@@ -187,11 +187,15 @@ def comparison(runs: list[Run]) -> list[Entry]:
     return entries
 
 
+def resampling(reference: Run) -> tuple[int, int]:
+    """The bootstrap's resamples and seed: the reference run's `significance.n_resamples` and `seed`."""
+    return reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
+
+
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
     """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run,
     resampling instances and, separately, whole stories (a story's endings share one input)."""
-    config = reference.params.get("significance", {})
-    n_resamples, seed = config.get("n_resamples", 10000), reference.params.get("seed", 0)
+    n_resamples, seed = resampling(reference)
     found = {}
     for entry in entries:
         if entry.kind == "baseline":
@@ -207,8 +211,7 @@ def head_to_head(entries: list[Entry], reference: Run) -> dict[str, dict]:
     for each trained system whose summary names a counterpart (RLOO: the DTO objective of the
     same reward) that is among the entries: one-tailed paired bootstraps both ways, H1 the system
     scores higher than its counterpart (`better`), and H1 it scores lower (`worse`)."""
-    config = reference.params.get("significance", {})
-    n_resamples, seed = config.get("n_resamples", 10000), reference.params.get("seed", 0)
+    n_resamples, seed = resampling(reference)
     by_label = {e.label: e for e in entries if e.kind == "trained"}
     found = {}
     for entry in by_label.values():
