@@ -23,7 +23,9 @@
 # where it stopped), and collecting. An experiment that fails (a diverging CPO setting, say) does
 # not stop the others: the script gathers and collects what ran, names the failures and exits 1.
 # A folder gathered on another machine, put beside this one as runs/NAME.<anything>, is collected
-# with it. Without names, DVC's own sweep runs the CPO grid too:
+# with it, and its experiments are not run again: on a machine lent for a short while, run `all`,
+# keep what was gathered as runs/NAME.<n> (git tracks such folders), and the same command on the
+# next machine runs only what is still missing (docs/gpu.md). Without names, DVC's own sweep runs the CPO grid too:
 #   dvc exp run --queue -S objective=cpo -S 'cpo.beta=0.1,0.5,1,2' -S 'cpo.lambda=0.5,1,2'
 set -euo pipefail
 
@@ -67,6 +69,17 @@ if [ $# -gt 0 ]; then
   OVERRIDES=($(python -m storyrewrite.params overrides "$@"))
 fi
 EXISTING=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
+# Experiments gathered before, here (runs/NAME) or on another machine (runs/NAME.<anything>).
+shopt -s nullglob
+FOLDERS=()
+for folder in "runs/$NAME" "runs/$NAME".*; do
+  [ -d "$folder" ] && FOLDERS+=("$folder")
+done
+GATHERED_BEFORE=" "
+for manifest in "runs/$NAME"/*.json "runs/$NAME".*/*.json; do
+  GATHERED_BEFORE+="$(basename "$manifest" .json) "
+done
+shopt -u nullglob
 
 # The experiments, in order: "suffix|-S overrides".
 PLAN=()
@@ -87,7 +100,7 @@ if [ "$PART" != core ]; then
   done
 fi
 
-FAILED=() QUEUED=()
+FAILED=() QUEUED=() RAN=0
 gather() { python -m storyrewrite.report.gather --out "runs/$NAME" --names "$1" || FAILED+=("$1 (gather)"); }
 first=1
 for entry in "${PLAN[@]}"; do
@@ -98,10 +111,14 @@ for entry in "${PLAN[@]}"; do
     echo "== $experiment: exists, skipped"
     continue
   fi
+  if [[ $GATHERED_BEFORE == *" $experiment "* ]]; then
+    echo "== $experiment: gathered before (runs/$NAME*), skipped"
+    continue
+  fi
   if [ $first = 1 ]; then  # alone: it builds what the others restore from the run cache
     first=0
     echo "== $experiment: ${settings[*]} ($(date -u +%H:%M:%S))"
-    if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then gather "$experiment"; else FAILED+=("$experiment"); fi
+    if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then RAN=1; gather "$experiment"; else FAILED+=("$experiment"); fi
   else
     echo "== $experiment: queued, ${settings[*]}"
     dvc exp run --queue -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}" >/dev/null
@@ -141,6 +158,7 @@ if [ ${#QUEUED[@]} -gt 0 ]; then
     for experiment in "${remaining[@]}"; do
       if [[ $done_now == *" $experiment "* ]]; then
         echo "== $experiment: finished ($(date -u +%H:%M:%S))"
+        RAN=1
         gather "$experiment"
       elif [ "$busy" -gt 0 ]; then
         still+=("$experiment")
@@ -153,10 +171,18 @@ if [ ${#QUEUED[@]} -gt 0 ]; then
   done
 fi
 
-python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*"
-shopt -s nullglob
-python -m storyrewrite.report.collect "runs/$NAME" "runs/$NAME".* --out "reports/$NAME" --title "$NAME (${*:-params.yaml})"
+# Everything of this name that ran here (nothing, where every experiment was gathered before).
+if [ $RAN = 1 ] || grep -q "^$NAME-" <<<"$(dvc exp list --name-only 2>/dev/null | tr ' ' '\n')"; then
+  python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*"
+  [[ " ${FOLDERS[*]+"${FOLDERS[*]}"} " == *" runs/$NAME "* ]] || FOLDERS=("runs/$NAME" "${FOLDERS[@]+"${FOLDERS[@]}"}")
+fi
+if [ ${#FOLDERS[@]} -gt 0 ]; then
+  python -m storyrewrite.report.collect "${FOLDERS[@]}" --out "reports/$NAME" --title "$NAME (${*:-params.yaml})"
+else
+  echo "error: nothing of $NAME ran here or was gathered before (runs/$NAME, runs/$NAME.*): no tables to collect" >&2
+fi
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "error: ${#FAILED[@]} experiment(s) failed (see their output above, or \`dvc queue logs NAME\`): ${FAILED[*]}" >&2
   exit 1
 fi
+[ ${#FOLDERS[@]} -gt 0 ]

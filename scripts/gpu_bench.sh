@@ -2,7 +2,8 @@
 # The GPU benchmarks (issue 10's targets), each printing ratios measured in one run, with the GPU's
 # utilisation sampled every second beside them. Everything lands in OUT (default bench-out/):
 #   bash scripts/gpu_bench.sh [OUT] [compile]
-# objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step (bf16-mixed, batch 16),
+# objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step (bf16-mixed, batch 16), and
+#   what a step of the other objectives (DTO-Delta, CPO, RLOO: sampling included) costs against it;
 #   GPU busy share from torch.profiler, operator tables in OUT/traces/;
 # nll_throughput: NLL steps/s and generation >= 200 test predictions/s (dynamic, then static KV cache);
 # scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, and its bf16 rate.
@@ -21,7 +22,7 @@ SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 export PYTHONUNBUFFERED=1
 python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \
-  --objectives nll score score_delta delta cpo --trace "$OUT/traces" 2>&1 | tee "$OUT/objective_step_time.txt"
+  --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces" 2>&1 | tee "$OUT/objective_step_time.txt"
 python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 20 --generate 1024 2>&1 | tee "$OUT/nll_throughput.txt"
 python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1 --generate 1024 --cache static 2>&1 \
   | tee "$OUT/nll_throughput_static.txt"

