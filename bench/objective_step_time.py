@@ -18,9 +18,12 @@ the gradient norm, AdamW (fused on CUDA), and one device-to-host copy of the log
 in a process of its own (as in training, only its models are resident; its peak memory is its
 own), the objectives one after the other, the whole sequence `--repeats` times so that a machine
 whose speed drifts slows them alike; a step time is the mean over the repeats of each process's
-median, and each repeat's own ratios are printed beside it. Inside a process the steps come in
-pairs, one with the diagnostics and one without (which first alternates), so their cost is
-measured against the same state of the machine. On CUDA the torch profiler then runs a few more
+median, and each repeat's own ratios are printed beside it. The diagnostics' cost is timed on
+their own work rather than as the difference of two step times (steps drift by more than the 5 %
+to be resolved): inside a process every other step is instrumented, the device synchronised
+around the objective's diagnostics, the gradient norm and the logged values' copy to the host,
+and the time they take is set against the plain steps' median (`diagnostics`: a step with them
+over the same step without them). On CUDA the torch profiler then runs a few more
 steps and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
 writes its operator table and Chrome trace. `--compile` runs the steps as `compile: true` trains
 (torch.compile of the transformer bodies); the first step, which the timings leave out, then
@@ -63,18 +66,42 @@ def build(objective: str, args, device: torch.device):
     return module, module.configure_optimizers()["optimizer"], batch
 
 
-def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool) -> None:
+def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, timed: list | None = None) -> None:
+    """One training step; with `timed`, the seconds of the diagnostics' own work are appended to it
+    (the device synchronised around each part, so only an instrumented step pays for that)."""
     module.diagnostics = diagnostics
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed"
                 else contextlib.nullcontext())
-    with autocast:
-        loss = module.step_loss(batch)
+    spent = [0.0]
+
+    def part(work):
+        if timed is None:
+            return work()
+        started = clock(device)
+        result = work()
+        spent[0] += clock(device) - started
+        return result
+    if timed is not None:
+        compute = module.loss.compute
+
+        def instrumented(*args):  # the objective's diagnostics closure, timed where step_loss calls it
+            out = compute(*args)
+            return dataclasses.replace(out, diagnostics=lambda: part(out.diagnostics))
+        module.loss = dataclasses.replace(module.loss, compute=instrumented)
+    try:
+        with autocast:
+            loss = module.step_loss(batch)
+    finally:
+        if timed is not None:
+            module.loss = dataclasses.replace(module.loss, compute=compute)
     loss.backward()
-    module.on_before_optimizer_step(optimizer)  # the gradient norm, with diagnostics
+    part(lambda: module.on_before_optimizer_step(optimizer))  # the gradient norm, with diagnostics
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if diagnostics:  # the monitor's one device-to-host copy per step
-        read_logs(module.step_logs)
+        part(lambda: read_logs(module.step_logs))
+    if timed is not None:
+        timed.append(spent[0])
 
 
 def measure(objective: str, args) -> dict:
@@ -85,16 +112,17 @@ def measure(objective: str, args) -> dict:
     started = clock(device)
     step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state (and compiles)
     first_step = clock(device) - started
-    times: dict[bool, list[float]] = {True: [], False: []}
+    times, diagnostics_seconds = [], []
     sample_shares = []  # an objective that samples (RLOO): its sampling's share of the step
-    for pair in range(args.steps):
-        for diagnostics in (True, False) if pair % 2 == 0 else (False, True):
-            started = clock(device)
-            step(module, optimizer, batch, device, args.precision, diagnostics)
-            times[diagnostics].append(clock(device) - started)
-            if diagnostics and "sample_seconds" in module.step_logs:
-                sample_shares.append(float(module.step_logs["sample_seconds"]) / times[True][-1])
-    result = {"with": statistics.median(times[True]), "without": statistics.median(times[False]), "first": first_step,
+    for _ in range(args.steps):
+        started = clock(device)
+        step(module, optimizer, batch, device, args.precision, True)
+        times.append(clock(device) - started)
+        if "sample_seconds" in module.step_logs:
+            sample_shares.append(float(module.step_logs["sample_seconds"]) / times[-1])
+        step(module, optimizer, batch, device, args.precision, True, timed=diagnostics_seconds)
+    median = statistics.median(times)
+    result = {"with": median, "without": median - statistics.median(diagnostics_seconds), "first": first_step,
               "sample_share": statistics.median(sample_shares) if sample_shares else None,
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"]}
@@ -119,7 +147,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"))
     parser.add_argument("--batch-size", type=int, help="default: the params' train.batch_size")
-    parser.add_argument("--steps", type=int, default=4, help="timed pairs of steps (with and without diagnostics) per process")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per process (and as many with the diagnostics' parts timed)")
     parser.add_argument("--repeats", type=int, default=2, help="times the whole sequence of objectives is measured")
     parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"])
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
@@ -172,7 +200,7 @@ def main() -> None:
               + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
               + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
-          f"machine's drift); diagnostics: s/step with them / without them; peak memory: "
+          f"machine's drift); diagnostics: s/step with them / without them (their own work timed); peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
           f"(optimiser state{', compilation' if args.compile else ''})")
     targets = {f"{o}.ratio": {"max": {"score": 1.5, "score_delta": 1.8}[o]} for o in figures if o in ("score", "score_delta")}
