@@ -29,11 +29,11 @@ CACHE = ROOT / ".cache" / "bench"
 
 def _commit() -> str:
     """The commit the bench runs, taken when it starts (the code it imports), `+changes` where
-    the tracked files differ from it."""
+    the tracked files other than reports/ (outputs, the bench figures among them) differ from it."""
     import subprocess
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!reports"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     return commit + ("+changes" if dirty else "")
 
