@@ -30,14 +30,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 repro: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
+# pytest-xdist: one worker per core (tests/conftest.py gives each its share of the threads and
+# starts the two whole-pipeline tests on different workers). `-n 0` in PYTEST_ARGS runs them in one process.
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist worksteal $(PYTEST_ARGS)
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-durations: setup
-	STORYREWRITE_TEST_DURATIONS=reports/tests/durations.json $(BIN)/python -m pytest -q --durations=15
+	STORYREWRITE_TEST_DURATIONS=reports/tests/durations.json $(PYTEST) --durations=15
 
 docs: setup
 	$(BIN)/python -m storyrewrite.docs

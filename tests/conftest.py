@@ -2,6 +2,8 @@
 share beside them is in helpers.py)."""
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,38 @@ from storyrewrite.data.prepare import prepare
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import DataConfig, ModelsConfig
+from storyrewrite.parallel import cores, thread_share
+
+# `make test` runs the suite on pytest-xdist's workers, one per core (`-n auto`). Each worker takes
+# its share of the cores, as DVC's queue workers do (storyrewrite.parallel): torch's threads here,
+# OpenMP's in the stage processes the pipeline tests start. (Through OMP_NUM_THREADS rather than
+# STORYREWRITE_WORKERS: a stage under that says so on stderr, which the error tests read whole.)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    _THREADS = thread_share(cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: the cores this process may use (xdist's own count asks psutil, which counts the
+    host's cores, not a container's share)."""
+    return cores()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The two whole-pipeline tests take most of the suite's time: with several workers, the
+    longer one runs first and the other last, so that xdist's `worksteal` (which hands each worker
+    a contiguous share of this order, then moves work from the back of a busy worker's queue)
+    starts them on different workers."""
+    if not os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+        return
+    first = [i for i in items if i.nodeid.endswith("test_pipeline.py::test_default_profile_end_to_end")]
+    last = [i for i in items if i.nodeid.endswith("test_pipeline.py::test_paper_profile_code_path_with_tiny_bart")]
+    items[:] = first + [i for i in items if i not in first and i not in last] + last
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +82,10 @@ def small_prepared(tmp_path_factory, raw_dir) -> Path:
     return out
 
 
-# `make test-durations`: the suite's slowest tests (setup + call + teardown), for docs/testing.md.
+# `make test-durations`: the suite's wall time and slowest tests (setup + call + teardown), for
+# docs/testing.md. Written by the controller, which receives every worker's reports.
 _DURATIONS: dict[str, float] = {}
+_STARTED = time.monotonic()
 
 
 def pytest_runtest_logreport(report):
@@ -63,14 +99,15 @@ def pytest_sessionfinish(session, exitstatus):
     from datetime import datetime, timezone
 
     target = os.environ.get("STORYREWRITE_TEST_DURATIONS")
-    if not target or exitstatus != 0 or not _DURATIONS:
+    if not target or exitstatus != 0 or not _DURATIONS or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     from storyrewrite.io import write_json_atomic
     from storyrewrite.records import cpu_name
 
     slowest = sorted(_DURATIONS.items(), key=lambda item: -item[1])[:15]
     write_json_atomic(target, {
-        "tests": len(_DURATIONS), "seconds": round(sum(_DURATIONS.values()), 1),
+        "tests": len(_DURATIONS), "seconds": round(time.monotonic() - _STARTED, 1),
+        "workers": getattr(session.config.option, "numprocesses", None) or 1,
         "machine": f"{cpu_name()}, Python {platform.python_version()}",
         "when": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest],

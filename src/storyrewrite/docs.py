@@ -82,7 +82,7 @@ def _type_name(annotation: Any) -> str:
     if origin is typing.Annotated:
         return _type_name(args[0])
     if origin is typing.Literal:
-        return " \| ".join(str(a) for a in args)
+        return r" \| ".join(str(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
     if origin in (list, dict):
@@ -256,7 +256,10 @@ def test_durations() -> str:
         return "Not measured yet: `make test` writes reports/tests/durations.json."
     data = read_json(path)
     rows = [[f"`{t['test']}`", f"{t['seconds']:.1f}"] for t in data["slowest"]]
-    return (f"{data['tests']} tests in {data['seconds'] / 60:.1f} min on {data['machine']} ({data['when']}); the slowest:\n\n"
+    workers = data.get("workers", 1)
+    run = "one process" if workers == 1 else f"{workers} pytest-xdist workers"
+    return (f"{data['tests']} tests in {data['seconds'] / 60:.1f} min (wall clock, {run}) on {data['machine']} "
+            f"({data['when']}); the slowest:\n\n"
             + _table(["test", "seconds (setup + call)"], rows))
 
 
