@@ -287,3 +287,25 @@ def test_rloo_variants_are_systems_of_their_own_tested_against_dto_of_the_same_r
     assert significance["RLOO-Score"]["head_to_head"]["story"]["better"] == direct
     assert "head_to_head" not in significance["RLOO-Delta"]
     assert "## Against the DTO objective of the same reward" in (out / "objectives.md").read_text()
+    assert "The same reward; the same NLL model to start from, the same steps and batch size." in results
+
+
+def test_a_head_to_head_names_what_its_two_runs_do_not_share(tmp_path):
+    """RLOO gathered on another machine (its own NLL model) and with more steps than the DTO run
+    it is set against: the row says so, and the note no longer claims the same start."""
+    root, other = tmp_path / "runs", tmp_path / "runs.1"
+    for name, objective, val_nll, shift, bart, settings, label in RUNS:
+        gather_run(DictFS(_files(name, objective, val_nll, shift, bart, settings, label)),
+                   {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    files = _files("rloo-s", "rloo", 1.47, 0.6, -1.6, {"reward": "score"}, "RLOO-Score", counterpart="DTO-Score")
+    files["reports/metrics/nll.json"] = json.dumps(_metrics(-1.95)).encode()
+    params = yaml.safe_load(files["params.yaml"])
+    params["train"]["max_steps"] = 600
+    files["params.yaml"] = yaml.safe_dump(params).encode()
+    gather_run(DictFS(files), {"name": "rloo-s", "rev": "f" * 40, "base": "abcdef1234"}, other)
+    write_bundle(load_runs([root, other]), tmp_path / "out", "two machines")
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "| RLOO-Score | DTO-Score (not the same NLL model, steps) | " in results
+    assert "the same NLL model to start from, steps and batch size except where the row says otherwise." in results
+    significance = json.loads((tmp_path / "out" / "significance.json").read_text())
+    assert significance["RLOO-Score"]["head_to_head"]["differs"] == ["NLL model", "steps"]

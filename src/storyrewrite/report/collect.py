@@ -207,10 +207,12 @@ def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]
 
 
 def head_to_head(entries: list[Entry], reference: Run) -> dict[str, dict]:
-    """{label: {"against": counterpart label, unit: {"better": {column: p}, "worse": {column: p}}}}
-    for each trained system whose summary names a counterpart (RLOO: the DTO objective of the
-    same reward) that is among the entries: one-tailed paired bootstraps both ways, H1 the system
-    scores higher than its counterpart (`better`), and H1 it scores lower (`worse`)."""
+    """{label: {"against": counterpart label, "differs": [...], unit: {"better": {column: p},
+    "worse": {column: p}}}} for each trained system whose summary names a counterpart (RLOO: the
+    DTO objective of the same reward) that is among the entries: one-tailed paired bootstraps both
+    ways, H1 the system scores higher than its counterpart (`better`), and H1 it scores lower
+    (`worse`); `differs`: what of the two runs' starting point and budget is not the same
+    (start_differences)."""
     n_resamples, seed = resampling(reference)
     by_label = {e.label: e for e in entries if e.kind == "trained"}
     found = {}
@@ -220,7 +222,7 @@ def head_to_head(entries: list[Entry], reference: Run) -> dict[str, dict]:
             continue
         other = by_label[against]
         scores = {entry.label: entry.run.scores(entry.system), against: other.run.scores(other.system)}
-        found[entry.label] = {"against": against, **{unit: {
+        found[entry.label] = {"against": against, "differs": start_differences(entry.run, other.run), **{unit: {
             "better": compare(scores, against, n_resamples, seed, by_story=unit == "story")[entry.label],
             "worse": compare(scores, entry.label, n_resamples, seed, by_story=unit == "story")[against]}
             for unit in UNITS}}
@@ -239,11 +241,14 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
         for column in tested:
             better, worse = duel["instance"]["better"].get(column), duel["instance"]["worse"].get(column)
             cells.append("n/a" if better is None else f"{better:.4f} / {worse:.4f}" + (" (better)" if better < alpha else " (worse)" if worse < alpha else ""))
-        lines.append("| " + " | ".join([label, duel["against"], *cells]) + " |")
+        against = duel["against"] + (f" (not the same {', '.join(differs)})" if (differs := duel.get("differs")) else "")
+        lines.append("| " + " | ".join([label, against, *cells]) + " |")
+    shared = ("the same NLL model to start from, the same steps and batch size" if not any(d.get("differs") for d in duels.values())
+              else "the same NLL model to start from, steps and batch size except where the row says otherwise")
     return ["## Against the DTO objective of the same reward", "\n".join(lines),
             f"Each cell: p (H1: the system scores higher than the one it is set against) / p (H1: it scores lower), "
             f"one-tailed paired bootstraps over instances (over stories: significance.json); (better) or (worse) where "
-            f"one of them is below {alpha}, nothing where neither shows. Same reward, same NLL start, same steps and batch."]
+            f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}."]
 
 
 def copy_against_trained(entries: list[Entry]) -> str:
@@ -267,13 +272,30 @@ def copy_against_trained(entries: list[Entry]) -> str:
     return "\n".join(lines)
 
 
+def nll_model(run: Run) -> str:
+    """What tells the NLL models of two runs apart: the NLL system's metrics on the test set (the
+    same model, trained once and restored from DVC's run cache, scores the same in every run of a
+    machine; models trained apart, e.g. on two machines, score differently)."""
+    return json.dumps(run.metrics(BASELINE), sort_keys=True)
+
+
+def start_differences(run: Run, other: Run) -> list[str]:
+    """What two fine-tuning runs set against each other do not share: their NLL model, the
+    number of steps, the batch size (empty: a like-for-like comparison)."""
+    found = [] if nll_model(run) == nll_model(other) else ["NLL model"]
+    for key, name in (("max_steps", "steps"), ("batch_size", "batch size")):
+        if run.params.get("train", {}).get(key) != other.params.get("train", {}).get(key):
+            found.append(name)
+    return found
+
+
 def baseline_note(entries: list[Entry]) -> str | None:
     """Where the chosen runs do not share one NLL model (gathered on different machines), say so:
     each of them is tested against its own."""
     models: dict[str, list[str]] = {}
     for e in entries:
         if e.kind in ("baseline", "trained"):
-            models.setdefault(json.dumps(e.run.metrics(BASELINE), sort_keys=True), []).append(e.run.name)
+            models.setdefault(nll_model(e.run), []).append(e.run.name)
     if len(models) < 2:
         return None
     parts = [f"{', '.join(sorted(set(names)))}: BARTScore (M) {number('bartscore/predictive', json.loads(key)['bartscore']['predictive'])}"
