@@ -10,7 +10,7 @@ from storyrewrite.params import DTOConfig, ModelsConfig, RLConfig, TrainConfig, 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "data" / "bundled"
 DTO = DTOConfig(tau=1.0, hard=False)
-RL = RLConfig(samples=3, temperature=1.0, reward="score_delta", kl_beta=0.05)
+RL = RLConfig(samples=3, temperature=1.0, reward="score_delta", kl_beta=0.05, max_new_tokens=8)
 
 
 def tiny_train_config(**changes) -> TrainConfig:
@@ -22,15 +22,13 @@ def tiny_train_config(**changes) -> TrainConfig:
 
 
 def tiny_run(model_dir: Path, prepared: Path, objective: str = "nll", settings=None, scorer_dir: Path | None = None,
-             task: str = "timetravel", section: str = "train_nll", kind: str = "llama", max_new_tokens: int | None = None,
-             **config_changes):
-    """A training run of a tiny model (see `tiny_train_config` for the budget); `max_new_tokens`
-    for an objective that samples (RLOO)."""
+             task: str = "timetravel", section: str = "train_nll", kind: str = "llama", **config_changes):
+    """A training run of a tiny model (see `tiny_train_config` for the budget)."""
     from storyrewrite.training.run import Run
 
     return Run(section=section, config=tiny_train_config(**config_changes), models=tiny_models_config(kind), task=task,
                seed=0, objective=objective, settings=settings, init_dir=Path(model_dir), prepared_dir=Path(prepared),
-               scorer_dir=scorer_dir, max_new_tokens=max_new_tokens)
+               scorer_dir=scorer_dir)
 
 
 def tiny_models_config(kind: str) -> ModelsConfig:

@@ -131,7 +131,7 @@ def objectives() -> str:
     rows = []
     for name, o in OBJECTIVES.items():
         needs = [n for n, flag in (("scorer", o.needs_scorer), ("X_OE", o.needs_original_ending),
-                                   ("chosen/rejected pairs", o.pairs), ("`generate.max_new_tokens`", o.samples)) if flag]
+                                   ("chosen/rejected pairs", o.pairs)) if flag]
         label = ", ".join(o.variant_labels.values()) + f" (by `{o.settings}.{o.variant}`)" if o.variant else o.label
         rows.append([f"`{name}`", label, o.description, f"`{o.settings}`" if o.settings else "-", ", ".join(needs) or "-",
                      f"`storyrewrite.objectives.{o.module}`"])

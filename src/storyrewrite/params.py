@@ -133,6 +133,7 @@ class RLConfig(Section):
     temperature: PositiveFloat  # sampling temperature (no top-k / top-p)
     reward: Literal["score", "delta", "score_delta"]  # the metric reward, as DTO's objectives
     kl_beta: float = Field(ge=0)  # KL penalty against the starting model, in the reward (0: no reference model)
+    max_new_tokens: Positive  # at most this many tokens per sample (TRL's max_completion_length)
     baseline: Literal["leave_one_out", "greedy"] = "leave_one_out"  # greedy: self-critical
 
     @field_validator("baseline")

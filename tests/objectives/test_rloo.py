@@ -15,12 +15,12 @@ from storyrewrite.params import RLConfig
 from storyrewrite.training.data import Collate
 from storyrewrite.training.run import fit
 
-MAX_NEW = 8
+MAX_NEW = RL.max_new_tokens
 
 
 def _setup(directory, prepared, **settings):
     config = RLConfig(**{**RL.model_dump(), "kl_beta": 0.0, **settings})
-    context = ObjectiveContext(config, directory, 96, 40, directory, MAX_NEW)
+    context = ObjectiveContext(config, directory, 96, 40, directory)
     loss = get_objective("rloo", "timetravel").build(context)
     tokenizer = load_tokenizer(directory)
     encoder = Encoder(tokenizer, is_seq2seq(directory), 96, 40)
@@ -216,7 +216,7 @@ class Crash(Callback):
 def test_an_interrupted_rloo_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tiny_model_dirs, small_prepared):
     """With the KL term (a reference model beside the generator) and the samples seeded by the step."""
     directory = tiny_model_dirs["llama"]
-    run = tiny_run(directory, small_prepared, "rloo", RL, directory, section="train", max_new_tokens=MAX_NEW, max_steps=4,
+    run = tiny_run(directory, small_prepared, "rloo", RL, directory, section="train", max_steps=4,
                    checkpoint_every_n_steps=1, val_check_interval=4)
     whole = fit(run, tmp_path / "whole", tmp_path / "whole_ckpt", tmp_path / "whole_logs")
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -229,7 +229,7 @@ def test_an_interrupted_rloo_run_resumes_to_the_weights_of_an_uninterrupted_one(
 
 
 @pytest.mark.parametrize("objective, read", [
-    ("rloo", {"task", "train", "models", "seed", "rl", "generate"}),
+    ("rloo", {"task", "train", "models", "seed", "rl"}),
     ("score", {"task", "train", "models", "seed", "dto"}),
     ("nll", {"task", "train", "models", "seed"}),
 ])
@@ -245,4 +245,3 @@ def test_a_run_reads_only_its_objectives_sections(tmp_path, objective, read):
     params = Params(raw)
     run = Run.from_params(params, "train", objective, tmp_path, tmp_path, tmp_path)
     assert set(params.built) == read
-    assert run.max_new_tokens == (raw["generate"]["max_new_tokens"] if objective == "rloo" else None)

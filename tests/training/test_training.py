@@ -264,7 +264,7 @@ CPO = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accurac
 ])
 def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small_prepared, objective, settings, columns):
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"], section="train",
-                   max_steps=2, val_check_interval=2, max_new_tokens=6)
+                   max_steps=2, val_check_interval=2)
     summary = _fit(tmp_path, run)
     written = curve_files(tmp_path / "logs")
     for name, path in written.items():

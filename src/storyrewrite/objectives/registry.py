@@ -55,7 +55,6 @@ class ObjectiveContext(Generic[S]):
     max_input_tokens: int = 1024
     max_output_tokens: int = 250
     init_dir: Path | None = None  # the starting weights (a reference model for a KL term)
-    max_new_tokens: int | None = None  # the sampling budget (`samples`): `generate.max_new_tokens`
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,6 @@ class Objective:
     needs_scorer: bool = False
     needs_original_ending: bool = False
     pairs: bool = False  # the batch carries chosen (edited) and rejected (original) endings
-    samples: bool = False  # it samples from the generator: reads `generate.max_new_tokens`
     main_diagnostics: tuple[str, ...] = ()  # what the report's training section shows, first → last
     # A setting whose values make different systems (RLOO's reward): value -> the system's label,
     # and value -> the objective it is compared with head to head (the DTO objective of that reward).
@@ -157,7 +155,7 @@ CURVES: dict[str, dict[str, str]] = {
         "kl": "Σ_t log π − log π_ref over a sample, against the NLL model (0 with `rl.kl_beta: 0`)",
         "advantage_abs": "mean |A_k|: the size of the policy-gradient weights",
         "completions/mean_length": "mean sampled length in tokens, end token included",
-        "completions/clipped_ratio": "share of samples that hit `generate.max_new_tokens` without ending",
+        "completions/clipped_ratio": "share of samples that hit `rl.max_new_tokens` without ending",
         "sample_time_share": "share of the step's wall time spent sampling (a wall-time curve: not in the DVC metrics)",
     },
 }
@@ -177,7 +175,7 @@ OBJECTIVES: dict[str, Objective] = {
     # The original ending is needed by `rl.reward` delta and score_delta only: the loss says so
     # where a task has none.
     "rloo": Objective("rloo", "RLOO", "REINFORCE, leave-one-out baseline, on the reward `rl.reward`", "rloo",
-                      settings="rl", settings_type=RLConfig, needs_scorer=True, samples=True,
+                      settings="rl", settings_type=RLConfig, needs_scorer=True,
                       main_diagnostics=("reward", "reward_std", "kl", "completions/mean_length", "completions/clipped_ratio"),
                       variant="reward", variant_labels={"score": "RLOO-Score", "delta": "RLOO-Delta", "score_delta": "RLOO-Score+Delta"},
                       counterparts={"score": "score", "delta": "delta", "score_delta": "score_delta"}),

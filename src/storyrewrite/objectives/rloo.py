@@ -4,7 +4,7 @@ comparison with DTO.
 
 Per training instance x, K endings ŷ_1..ŷ_K are sampled from the current generator (`rl.samples`;
 temperature `rl.temperature`, no top-k/top-p and none of the checkpoint's decoding defaults, so
-that the samples come from π itself; at most `generate.max_new_tokens` new tokens; eval mode, no
+that the samples come from π itself; at most `rl.max_new_tokens` new tokens; eval mode, no
 gradient), seeded by the run's seed and the step. Each gets the reward of `rl.reward`, the frozen
 scorer's M (BARTScore) with the discrete sample as its source, as DTO's soft ending is:
 
@@ -146,8 +146,8 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
 
 def build(context: ObjectiveContext[RLConfig]) -> Loss:
     config = context.settings
-    if context.max_new_tokens is None or context.init_dir is None:
-        raise ValueError("rloo needs the context's max_new_tokens and init_dir")
+    if context.init_dir is None:
+        raise ValueError("rloo needs the context's init_dir")
     scorer = LMScorer.from_dir(context.scorer_dir, context.max_input_tokens, context.max_output_tokens)
     tokenizer = load_tokenizer(context.init_dir)
     encoder = Encoder(tokenizer, is_seq2seq(context.init_dir), context.max_input_tokens, context.max_output_tokens)
@@ -180,7 +180,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                              "not have; valid here: score")
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
-        completions, ended, sources = sample(generator, batch, count, noise_seed, context.max_new_tokens,
+        completions, ended, sources = sample(generator, batch, count, noise_seed, config.max_new_tokens,
                                              config.temperature, eos, pad)
         sampling = time.perf_counter() - started
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
@@ -189,7 +189,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         reward, metric, kl = (v.view(size, count) for v in rewards(completions, sources, repeat(batch["targets"]),
                                                                     originals, lambda: logps))
         if config.baseline == "greedy":
-            greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, context.max_new_tokens, config.temperature,
+            greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, config.max_new_tokens, config.temperature,
                                                eos, pad, greedy=True)
 
             def greedy_logps() -> torch.Tensor:  # a generator forward, for the KL term alone

@@ -61,20 +61,17 @@ class Run:
     init_dir: Path
     prepared_dir: Path
     scorer_dir: Path | None = None
-    max_new_tokens: int | None = None  # an objective that samples: `generate.max_new_tokens`
 
     @classmethod
     def from_params(cls, params: Params, section: str, objective: str, init_dir: Path, prepared_dir: Path,
                     scorer_dir: Path | None = None) -> "Run":
         """The run of `section` with `objective`, reading only the params section that objective
-        names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one;
-        `generate.max_new_tokens` only for an objective that samples."""
+        names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one."""
         found = get_objective(objective, params.task)
         return cls(section=section, config=params.section(section), models=params.models, task=params.task,
                    seed=params.seed, objective=objective,
                    settings=params.section(found.settings) if found.settings else None, init_dir=Path(init_dir),
-                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None,
-                   max_new_tokens=params.generate.max_new_tokens if found.samples else None)
+                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None)
 
 
 def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, RewriteDataModule]:
@@ -88,7 +85,7 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
                                    run.config.num_workers, pairs=objective.pairs)
     loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
-                                            run.models.max_output_tokens, run.init_dir, run.max_new_tokens))
+                                            run.models.max_output_tokens, run.init_dir))
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
                            run.config.warmup_steps, run.seed, diagnostics)
     if run.config.compile:
@@ -113,7 +110,6 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
     blob = json.dumps({
         "settings": {k: v for k, v in run.config.model_dump().items() if k not in BUDGET_KEYS},
         "objective": run.objective, "objective_settings": run.settings.model_dump(by_alias=True) if run.settings else None,
-        "max_new_tokens": run.max_new_tokens,
         "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
         "init_weights": weights_digest(run.init_dir),
