@@ -6,11 +6,12 @@ counterfactual overlap metrics, CF-PMI and drift where measured); in each, every
 over the test instances with its bootstrap 95 % percentile interval (resampling instances, the
 report's seed), the baseline (NLL) drawn in its own colour, and the copy baselines as vertical
 reference lines, not as points. A system whose predictions mostly echo the prompt (prompt_echo
-above a half) is drawn hollow and its label says so. The values are means of sentence-level
+above a half) is drawn hollow, as the legend says. Long labels wrap onto two lines. The values are means of sentence-level
 scores: for SacreBLEU that is not the corpus BLEU of the tables, and the panel says so.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from storyrewrite.report.tables import METRIC_LABELS, column_label
 from storyrewrite.significance.bootstrap import percentile_interval
 
 ECHO_LIMIT = 0.5  # prompt_echo above this: the system's predictions are mostly not endings
+LABEL_WIDTH = 36  # characters per line of a system's label (an LLM's names its model, mode and backend)
 PANEL_COLUMNS = ("bartscore/predictive", "rougeL/predictive", "sacrebleu/predictive", "bartscore/counterfactual",
                  "rougeL/counterfactual", "sacrebleu/counterfactual", "cf_pmi", "drift")
 
@@ -74,7 +76,7 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
     drawn = intervals(scores, columns, n_resamples, seed)
     columns = [c for c in columns if c in drawn]
     systems = [s for s in scores if s not in copies]
-    shown = {s: labels[s] + (" (echoes the prompt)" if echo.get(s, 0) > ECHO_LIMIT else "") for s in systems}
+    shown = {s: textwrap.fill(labels[s], LABEL_WIDTH, break_on_hyphens=False) for s in systems}
     width = min(4, len(columns))
     rows_of_panels = -(-len(columns) // width)
     figure, axes = plt.subplots(rows_of_panels, width, figsize=(3.6 * width, 0.35 * len(systems) * rows_of_panels + 1.6 * rows_of_panels),
@@ -105,6 +107,11 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
         axes[index // width][index % width].axis("off")
     axes[0][0].set_yticks(positions, [shown[s] for s in systems])
     handles, names = axes[0][0].get_legend_handles_labels()
+    if any(echo.get(s, 0) > ECHO_LIMIT for s in systems):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], marker="o", linestyle="none", color="tab:blue", markerfacecolor="white"))
+        names.append(f"hollow: most predictions echo the prompt (prompt_echo > {ECHO_LIMIT})")
     if handles:
         figure.legend(handles, names, loc="lower center", ncol=len(handles), fontsize=8, frameon=False,
                       bbox_to_anchor=(0.5, -0.02))
