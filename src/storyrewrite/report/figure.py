@@ -6,8 +6,9 @@ counterfactual overlap metrics, CF-PMI and drift where measured); in each, every
 over the test instances with its bootstrap 95 % percentile interval (resampling instances, the
 report's seed), the baseline (NLL) drawn in its own colour, and the copy baselines as vertical
 reference lines, not as points. A system whose predictions mostly echo the prompt (prompt_echo
-above a half) is drawn hollow, as the legend says. Long labels wrap onto two lines. The values are means of sentence-level
-scores: for SacreBLEU that is not the corpus BLEU of the tables, and the panel says so.
+above a half) is drawn hollow, as the legend says; long labels wrap onto two lines. The values
+are means of sentence-level scores: for SacreBLEU that is not the corpus BLEU of the tables,
+and the panel says so.
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
     columns = [c for c in columns if c in drawn]
     systems = [s for s in scores if s not in copies]
     shown = {s: textwrap.fill(labels[s], LABEL_WIDTH, break_on_hyphens=False) for s in systems}
+    echoing = {s for s in systems if echo.get(s, 0) > ECHO_LIMIT}
     width = min(4, len(columns))
     rows_of_panels = -(-len(columns) // width)
     figure, axes = plt.subplots(rows_of_panels, width, figsize=(3.6 * width, 0.35 * len(systems) * rows_of_panels + 1.6 * rows_of_panels),
@@ -89,9 +91,8 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
                 continue
             mean, low, high = drawn[column][system]
             colour = "tab:red" if system == baseline else "tab:blue"
-            hollow = echo.get(system, 0) > ECHO_LIMIT
             axis.errorbar(mean, position, xerr=[[mean - low], [high - mean]], fmt="o", color=colour, capsize=3,
-                          markerfacecolor="white" if hollow else colour)
+                          markerfacecolor="white" if system in echoing else colour)
         if baseline in drawn[column]:
             axis.axvline(drawn[column][baseline][0], color="tab:red", linestyle=":", linewidth=1)
         for copy, style in zip(copies, ("--", "-.")):
@@ -107,7 +108,7 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
         axes[index // width][index % width].axis("off")
     axes[0][0].set_yticks(positions, [shown[s] for s in systems])
     handles, names = axes[0][0].get_legend_handles_labels()
-    if any(echo.get(s, 0) > ECHO_LIMIT for s in systems):
+    if echoing:
         from matplotlib.lines import Line2D
 
         handles.append(Line2D([], [], marker="o", linestyle="none", color="tab:blue", markerfacecolor="white"))
