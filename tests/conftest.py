@@ -13,19 +13,15 @@ from storyrewrite.data.prepare import prepare
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import DataConfig, ModelsConfig
-from storyrewrite.parallel import cores, thread_share
+from storyrewrite.parallel import cores, share_machine
 
 # `make test` runs the suite on pytest-xdist's workers, one per core (`-n auto`). Each worker takes
 # its share of the cores, as DVC's queue workers do (storyrewrite.parallel): torch's threads here,
-# OpenMP's in the stage processes the pipeline tests start. (Through OMP_NUM_THREADS rather than
-# STORYREWRITE_WORKERS: a stage under that says so on stderr, which the error tests read whole.)
+# and OpenMP's in the stage processes the pipeline tests start. (Through OMP_NUM_THREADS rather
+# than STORYREWRITE_WORKERS: a stage under that says so on stderr, which the error tests read whole.)
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    import torch
-
-    _THREADS = thread_share(cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    torch.set_num_threads(_THREADS)
-    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if (_threads := share_machine(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))) is not None:
+        os.environ["OMP_NUM_THREADS"] = str(_threads)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -43,6 +43,9 @@ def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
         assert parallel.share_machine() is None and torch.get_num_threads() == before  # torch's own choice
         monkeypatch.setenv("STORYREWRITE_WORKERS", "2")
         assert parallel.share_machine() == max(1, before // 2) == torch.get_num_threads()
+        torch.set_num_threads(before)
+        monkeypatch.setenv("STORYREWRITE_WORKERS", "1")  # a count given outright wins over the environment's
+        assert parallel.share_machine(2) == max(1, before // 2) == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 

@@ -102,11 +102,12 @@ def assigned_gpu(gpu_count: int, concurrent: int | None = None, directory: Path 
     return index
 
 
-def share_machine() -> int | None:
-    """With several workers, give this process its share of the CPU cores (torch's intra-op
-    threads, where torch is loaded, else the OpenMP pool it will start with; the tokenizers'
-    pool); returns the thread count, None where one worker keeps torch's own choice."""
-    concurrent = workers()
+def share_machine(concurrent: int | None = None) -> int | None:
+    """With several workers (`concurrent`, default `workers()`), give this process its share of
+    the CPU cores (torch's intra-op threads, where torch is loaded, else the OpenMP pool it will
+    start with; the tokenizers' pool); returns the thread count, None where one worker keeps
+    torch's own choice."""
+    concurrent = workers() if concurrent is None else concurrent
     if concurrent < 2:
         return None
     torch = sys.modules.get("torch")
