@@ -98,6 +98,10 @@ class TrainConfig(Section):
     # torch.compile the generator's (and a DTO scorer's) transformer body: for a GPU, where an
     # eager step of a small model waits on kernel launches; no faster on the CPU
     compile: bool = False
+    # Unlike the top-level `seed`, a section's own leaves the data, the splits, the models' starting
+    # points and the bootstrap as they are: runs that differ in it alone measure the spread that
+    # training randomness gives (`-S 'train.seed=1,2'`).
+    seed: int | None = None  # this run's batch order, dropout and noise (DTO's, RLOO's samples); None: the top-level seed
 
     @field_validator("max_steps")
     @classmethod

@@ -353,3 +353,32 @@ def test_compiled_training_is_the_same_run(tmp_path, tiny_model_dirs, small_prep
     assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-6)
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-6) for k in weights[0])
+
+
+def test_a_training_sections_own_seed_changes_its_randomness_and_nothing_else(tmp_path, tiny_model_dirs, small_prepared):
+    """`train.seed` (null: the top-level seed) seeds the fine-tuning run alone: the NLL run keeps
+    the top-level seed; two DTO runs that differ only in it draw other Gumbel noise and batch
+    order, so their losses differ, and a resolved seed equal to the top-level one is the same run."""
+    import dataclasses
+
+    from storyrewrite.params import Params, overlay
+    from storyrewrite.training.run import Run, training_seed
+
+    raw = load_yaml(ROOT / "params.yaml")
+    assert raw["train"]["seed"] is None and raw["train_nll"]["seed"] is None
+    default = Params(raw)
+    assert training_seed(default, "train") == training_seed(default, "train_nll") == raw["seed"]
+    seeded = Params(overlay(raw, {"train": {"seed": raw["seed"] + 7}}))
+    assert training_seed(seeded, "train") == raw["seed"] + 7 and training_seed(seeded, "train_nll") == raw["seed"]
+    run = Run.from_params(seeded, "train", "nll", tmp_path, tmp_path)
+    assert run.seed == raw["seed"] + 7
+    with pytest.raises(InputError, match=r"train\.seed"):
+        Params(overlay(raw, {"train": {"seed": "one"}})).section("train")
+
+    losses = []
+    for seed in (0, 1, 0):
+        run = dataclasses.replace(tiny_run(tiny_model_dirs["llama"], small_prepared, "score", DTO, tiny_model_dirs["llama"],
+                                           section="train", max_steps=2, val_check_interval=2, validate_at_start=False), seed=seed)
+        _fit(tmp_path / f"seed{seed}-{len(losses)}", run)
+        losses.append([row["value"] for row in _curve(tmp_path / f"seed{seed}-{len(losses)}" / "logs", "train_loss")])
+    assert losses[0] == losses[2] and losses[0] != losses[1]

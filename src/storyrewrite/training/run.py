@@ -69,9 +69,15 @@ class Run:
         names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one."""
         found = get_objective(objective, params.task)
         return cls(section=section, config=params.section(section), models=params.models, task=params.task,
-                   seed=params.seed, objective=objective,
+                   seed=training_seed(params, section), objective=objective,
                    settings=params.section(found.settings) if found.settings else None, init_dir=Path(init_dir),
                    prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None)
+
+
+def training_seed(params: Params, section: str) -> int:
+    """The seed of training run `section`: its own `seed`, else the top-level one."""
+    own = params.section(section).seed
+    return params.seed if own is None else own
 
 
 def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, RewriteDataModule]:
@@ -108,7 +114,8 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
     the task, the seed, the data, the starting weights, the scorer and the code."""
     train_file = run.prepared_dir / run.task / "train.jsonl"
     blob = json.dumps({
-        "settings": {k: v for k, v in run.config.model_dump().items() if k not in BUDGET_KEYS},
+        # The section's `seed` as the seed it resolves to (`run.seed`): null and the top-level value are one run.
+        "settings": {k: v for k, v in run.config.model_dump().items() if k not in (*BUDGET_KEYS, "seed")},
         "objective": run.objective, "objective_settings": run.settings.model_dump(by_alias=True) if run.settings else None,
         "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
