@@ -309,3 +309,63 @@ def test_a_head_to_head_names_what_its_two_runs_do_not_share(tmp_path):
     assert "the same NLL model to start from, steps and batch size except where the row says otherwise." in results
     significance = json.loads((tmp_path / "out" / "significance.json").read_text())
     assert significance["RLOO-Score"]["head_to_head"]["differs"] == ["NLL model", "steps"]
+
+
+def test_a_system_run_with_several_training_seeds_gets_its_spread(tmp_path):
+    """DTO-Score with three fine-tuning seeds (`train.seed` null, 1, 2; the same NLL model) and
+    NLL continued with one: a row for DTO-Score with the mean ± standard deviation of each column
+    (computed here with numpy) and in how many seeds it beats its own NLL model (the two whose
+    scores are shifted up, as compare() says of each), and none for NLL continued; the main table
+    keeps the seed with the lowest validation NLL."""
+    import numpy as np
+
+    root = tmp_path / "runs"
+    seeds = [("dto", None, 1.45, 0.3, -1.7), ("dto-seed1", 1, 1.44, 0.2, -1.75), ("dto-seed2", 2, 1.47, -0.1, -1.95)]
+    for name, seed, val_nll, shift, bart in seeds:
+        files = _files(name, "score", val_nll, shift, bart, {"tau": 1.0, "hard": False}, "DTO-Score")
+        params = yaml.safe_load(files["params.yaml"])
+        params["train"]["seed"] = seed
+        files["params.yaml"] = yaml.safe_dump(params).encode()
+        gather_run(DictFS(files), {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    gather_run(DictFS(_files("exp-nll", "nll", 1.5, 0.0, -1.9, None, "NLL")),
+               {"name": "exp-nll", "rev": "exp-nll-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    write_bundle(load_runs([root]), tmp_path / "out", "seeds")
+    results = (tmp_path / "out" / "results.md").read_text()
+    section = results.split("## Across training seeds")[1].split("##")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| System")]
+    assert len(rows) == 1 and rows[0].startswith("| DTO-Score | 0/0, 0/1, 0/2 | ")
+    bart = np.array([b for *_, b in seeds])
+    rouge = np.array([60 + 10 * shift for *_, shift, _ in seeds])
+    beats = sum(compare({"nll": _scores(0.0), "dto": _scores(shift)}, "nll", 200, 0, by_story=False)["dto"]["bartscore/predictive"] < 0.05
+                for *_, shift, _ in seeds)
+    assert beats == 2
+    cells = rows[0].split(" | ")
+    assert cells[2] == f"{bart.mean():.3f} ± {bart.std(ddof=1):.3f} ({beats}/3)"
+    assert cells[3].startswith(f"{rouge.mean():.1f} ± {rouge.std(ddof=1):.1f} (")
+    assert "NLL (" not in section  # one NLL model: no spread of its own
+    assert "DTO-Score (dto-seed1)" not in results and "DTO-Score: dto-seed1" in results  # the lowest validation NLL
+
+    # Without a second seed of any system there is no such section.
+    write_bundle([r for r in load_runs([root]) if r.name in ("dto", "exp-nll")], tmp_path / "out2", "one seed")
+    assert "## Across training seeds" not in (tmp_path / "out2" / "results.md").read_text()
+
+
+def test_runs_with_their_own_nll_seeds_show_the_nll_models_spread_too(tmp_path):
+    """Two DTO-Score runs whose NLL models were trained with different `train_nll.seed`: the
+    system's row and a row of the two NLL models' own spread."""
+    import numpy as np
+
+    root = tmp_path / "runs"
+    for name, nll_seed, nll_bart in (("dto", None, -1.9), ("dto-nll1", 1, -1.96)):
+        files = _files(name, "score", 1.45, 0.3, -1.7 + nll_bart + 1.9, {"tau": 1.0, "hard": False}, "DTO-Score")
+        params = yaml.safe_load(files["params.yaml"])
+        params["train_nll"] = {"seed": nll_seed}
+        files["params.yaml"] = yaml.safe_dump(params).encode()
+        files["reports/metrics/nll.json"] = json.dumps(_metrics(nll_bart)).encode()
+        gather_run(DictFS(files), {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    write_bundle(load_runs([root]), tmp_path / "out", "NLL seeds")
+    section = (tmp_path / "out" / "results.md").read_text().split("## Across training seeds")[1].split("##")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| System")]
+    assert [row.split(" | ")[:2] for row in rows] == [["| DTO-Score", "0/0, 1/0"], ["| NLL (2 models)", "0, 1"]]
+    nll = np.array([-1.9, -1.96])
+    assert rows[1].split(" | ")[2] == f"{nll.mean():.3f} ± {nll.std(ddof=1):.3f}"

@@ -7,7 +7,8 @@ Writes, into `--out` (replaced as a whole, atomically):
   checkpoint (the model-selection rule; for CPO: the best of the grid), the LLM modes and the
   copy baselines; each system tested against the NLL model of its own run with a one-tailed
   paired bootstrap over instances (\\*) and over stories (†); how the copy of the original ending
-  compares with the trained systems; their training;
+  compares with the trained systems; the spread over training seeds of a system run with
+  several (`train.seed`); their training;
 - objectives.md: the chosen runs with what chose them and every p-value, both units;
 - experiments.md: every run, the params in which they differ, metrics, validation NLL;
 - stages.md: where each stage ran (device) and how long it took, from the stage records;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -304,6 +306,75 @@ def baseline_note(entries: list[Entry]) -> str | None:
             f"{'; '.join(parts)}. The NLL row is the first; each system is tested against the NLL model of its own run.")
 
 
+# The params that give a training run its own randomness (storyrewrite.params.TrainConfig.seed):
+# runs that differ in these alone are one system trained with several seeds.
+SEED_KEYS = ("train.seed", "train_nll.seed")
+
+
+def training_seeds(run: Run) -> tuple[int, int]:
+    """(the NLL run's seed, the fine-tuning run's seed): each section's own, else the top-level one."""
+    top = run.params.get("seed", 0)
+    return tuple(top if (own := run.params.get(section, {}).get("seed")) is None else own
+                 for section in ("train_nll", "train"))
+
+
+def seed_groups(runs: list[Run]) -> list[list[Run]]:
+    """The scored runs that differ only in their training seeds (SEED_KEYS), in groups of two or
+    more distinct seeds, each group sorted by seed."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.metrics(FINETUNED) is None or run.summary(FINETUNED) is None:
+            continue
+        key = json.dumps({k: v for k, v in run.flat_params.items() if k not in SEED_KEYS}, sort_keys=True)
+        groups.setdefault(key, []).append(run)
+    return [sorted(group, key=training_seeds) for group in groups.values()
+            if len({training_seeds(run) for run in group}) > 1]
+
+
+def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
+    """The spread over training seeds of each system run with several (empty where none was):
+    per column the mean ± standard deviation over the seeds, and in how many of them the system
+    beats the NLL model of its own run (one-tailed paired bootstrap over instances, p < alpha)."""
+    groups = seed_groups(runs)
+    if not groups:
+        return []
+    columns = [c for c in all_columns([run.metrics(FINETUNED) for group in groups for run in group]) if c != "hmean"]
+    header = ["System", "seeds (NLL / fine-tuning)", *(column_label(c) for c in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def spread(column: str, values: list[float]) -> str:
+        mean = statistics.fmean(values)
+        return f"{number(column, mean)} ± {number(column, statistics.stdev(values))}"
+
+    nll_models = {}
+    for group in groups:
+        n_resamples, seed = resampling(group[0])
+        beats = {c: 0 for c in columns}
+        for run in group:
+            nll_models.setdefault(nll_model(run), run)
+            found = compare({BASELINE: run.scores(BASELINE), FINETUNED: run.scores(FINETUNED)}, BASELINE, n_resamples, seed,
+                              by_story=False)[FINETUNED]
+            for column in columns:
+                beats[column] += found.get(column, 1.0) < alpha
+        cells = []
+        for column in columns:
+            values = [v for run in group if (v := metric_value(run.metrics(FINETUNED), column)) is not None]
+            cells.append("n/a" if len(values) < 2 else f"{spread(column, values)} ({beats[column]}/{len(group)})")
+        seeds = ", ".join(f"{a}/{b}" for a, b in map(training_seeds, group))
+        lines.append("| " + " | ".join([objective_label(group[0], runs), seeds, *cells]) + " |")
+    if len(nll_models) > 1:  # the NLL models differ too (train_nll.seed varied): their own spread
+        models = list(nll_models.values())
+        cells = ["n/a" if len(values := [v for run in models if (v := metric_value(run.metrics(BASELINE), c)) is not None]) < 2
+                 else spread(c, values) for c in columns]
+        seeds = ", ".join(str(training_seeds(run)[0]) for run in models)
+        lines.append("| " + " | ".join([f"NLL ({len(models)} models)", seeds, *cells]) + " |")
+    return ["## Across training seeds", "\n".join(lines),
+            f"Systems run with several training seeds (`train.seed`, `train_nll.seed`; the data, splits and bootstrap "
+            f"unchanged): mean ± standard deviation over the seeds, and in brackets in how many of them the system beats "
+            f"the NLL model of its own run (one-tailed paired bootstrap over instances, p < {alpha}). The tables above "
+            f"show one seed per system, the one with the lowest validation NLL."]
+
+
 def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float,
                      duels: dict | None = None) -> str:
     reference = entries[0].run
@@ -331,6 +402,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *([note] if (note := baseline_note(entries)) else []),
         *echo_notes({e.label: e.label for e in entries}, {e.label: e.run.metrics(e.system) for e in entries}),
         *head_to_head_markdown(duels or {}, all_columns([e.run.metrics(e.system) for e in entries]), alpha),
+        *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
         *coherence_notes(base_metrics),
