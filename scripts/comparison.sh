@@ -10,7 +10,9 @@
 # reports/NAME/), PART, then the params profiles to overlay (none: params.yaml as it is). PART
 # splits the work for machines lent for a short time: `core` = NLL, NLL continued, DTO-Score,
 # -Delta, -Score+Delta, RLOO on each of the three rewards, the LLM modes and the copy baselines; `cpo` = the CPO grid (4 betas x 3
-# lambdas); `all` = both.
+# lambdas); `all` = both; `seeds` = NLL continued and the three DTO objectives again with each of
+# the fine-tuning seeds COMPARISON_SEEDS (default "1 2"; `train.seed`, the same NLL model), which the
+# collected results add to the `core` runs' as the spread over seeds.
 #
 # What DVC does, DVC does: the first experiment runs alone (`dvc exp run --temp`) and so builds,
 # once, every stage the others share (the models, the NLL model, the LLM and copy baselines),
@@ -29,7 +31,7 @@
 #   dvc exp run --queue -S objective=cpo -S 'cpo.beta=0.1,0.5,1,2' -S 'cpo.lambda=0.5,1,2'
 set -euo pipefail
 
-usage() { echo "usage: bash scripts/comparison.sh [-j N] NAME core|cpo|all [PROFILE.yaml ...]" >&2; }
+usage() { echo "usage: bash scripts/comparison.sh [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
 JOBS=1
 while getopts "j:" option; do
   case $option in
@@ -48,11 +50,16 @@ if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
 fi
 NAME=$1 PART=$2
 shift 2
-case $PART in core | cpo | all) ;; *)
-  echo "error: PART must be core, cpo or all, got '$PART'" >&2
+case $PART in core | cpo | all | seeds) ;; *)
+  echo "error: PART must be core, cpo, all or seeds, got '$PART'" >&2
   exit 2
   ;;
 esac
+SEEDS=${COMPARISON_SEEDS:-1 2}
+if [ "$PART" = seeds ] && ! [[ $SEEDS =~ ^[0-9]+( [0-9]+)*$ ]]; then
+  echo "error: COMPARISON_SEEDS must be whole numbers separated by spaces, got '$SEEDS'" >&2
+  exit 2
+fi
 # Where DVC is importable but has no command (the GPU machine's `pip install --target`, see
 # ../shared/gpu/README.md), a `dvc` on PATH that runs it as a module: DVC starts its queue
 # workers as `dvc exp queue-worker`.
@@ -83,7 +90,7 @@ shopt -u nullglob
 
 # The experiments, in order: "suffix|-S overrides".
 PLAN=()
-if [ "$PART" != cpo ]; then
+if [ "$PART" = core ] || [ "$PART" = all ]; then
   PLAN+=("nll-continued|-S objective=nll")
   for objective in score delta score_delta; do
     PLAN+=("dto-${objective//_/-}|-S objective=$objective")
@@ -92,10 +99,18 @@ if [ "$PART" != cpo ]; then
     PLAN+=("rloo-${reward//_/-}|-S objective=rloo -S rl.reward=$reward")
   done
 fi
-if [ "$PART" != core ]; then
+if [ "$PART" = cpo ] || [ "$PART" = all ]; then
   for beta in 0.1 0.5 1 2; do
     for lambda in 0.5 1 2; do
       PLAN+=("cpo-b$beta-l$lambda|-S objective=cpo -S cpo.beta=$beta -S cpo.lambda=$lambda")
+    done
+  done
+fi
+if [ "$PART" = seeds ]; then
+  for seed in $SEEDS; do
+    PLAN+=("nll-continued-seed$seed|-S objective=nll -S train.seed=$seed")
+    for objective in score delta score_delta; do
+      PLAN+=("dto-${objective//_/-}-seed$seed|-S objective=$objective -S train.seed=$seed")
     done
   done
 fi

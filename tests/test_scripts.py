@@ -105,6 +105,25 @@ def test_a_part_runs_only_its_experiments_and_no_profile_means_params_yaml(tmp_p
     assert not any("overrides" in c for c in calls)
 
 
+def test_the_seeds_part_runs_nll_continued_and_dto_again_with_each_fine_tuning_seed(tmp_path):
+    result, calls = _run(tmp_path, "grid", "seeds")
+    assert result.returncode == 0, result.stderr
+    variants = ["nll-continued", "dto-score", "dto-delta", "dto-score-delta"]
+    assert _names(calls) == [f"grid-{v}-seed{seed}" for seed in (1, 2) for v in variants]
+    runs = [c for c in calls if c.startswith("dvc exp run")]
+    assert runs[0].endswith("-n grid-nll-continued-seed1 -S objective=nll -S train.seed=1")
+    assert runs[-1].endswith("-n grid-dto-score-delta-seed2 -S objective=score_delta -S train.seed=2")
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/grid --out reports/grid --title grid (params.yaml)"
+    (tmp_path / "other").mkdir()
+    env, _ = _stubs(tmp_path / "other", "none", "none")
+    seven = subprocess.run(["bash", str(SCRIPT), "grid", "seeds"], cwd=tmp_path / "other", capture_output=True, text=True,
+                           env={**env, "COMPARISON_SEEDS": "7"}, timeout=60)
+    assert seven.returncode == 0 and "== grid-dto-delta-seed7: queued, -S objective=delta -S train.seed=7" in seven.stdout
+    bad = subprocess.run(["bash", str(SCRIPT), "grid", "seeds"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**env, "COMPARISON_SEEDS": "1,2"}, timeout=60)
+    assert bad.returncode == 2 and "error: COMPARISON_SEEDS must be whole numbers separated by spaces, got '1,2'" in bad.stderr
+
+
 def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     (tmp_path / "runs" / "grid.2").mkdir(parents=True)
     result, calls = _run(tmp_path, "grid", "cpo")
@@ -154,7 +173,7 @@ def test_when_everything_was_gathered_before_it_only_collects_and_with_nothing_a
 def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     result, calls = _run(tmp_path, "gpu", "dto")
     assert result.returncode == 2
-    assert "error: PART must be core, cpo or all, got 'dto'" in result.stderr
+    assert "error: PART must be core, cpo, all or seeds, got 'dto'" in result.stderr
     assert calls == []
 
 
