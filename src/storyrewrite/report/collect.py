@@ -320,15 +320,19 @@ def training_seeds(run: Run) -> tuple[int, int]:
 
 def seed_groups(runs: list[Run]) -> list[list[Run]]:
     """The scored runs that differ only in their training seeds (SEED_KEYS), in groups of two or
-    more distinct seeds, each group sorted by seed."""
-    groups: dict[str, list[Run]] = {}
-    for run in runs:
+    more seeds, sorted by seed. Of runs with the same seeds (`train.seed` null and set to the
+    top-level seed are one seed) one counts, a repeat is not another seed: the one that leaves
+    the seeds to the top-level one (the `core` run of scripts/comparison.sh), else the first by name."""
+    def explicit(run: Run) -> tuple:
+        return tuple(run.params.get(section, {}).get("seed") is not None for section in ("train_nll", "train")), run.name
+
+    groups: dict[str, dict[tuple[int, int], Run]] = {}
+    for run in sorted(runs, key=explicit):
         if run.metrics(FINETUNED) is None or run.summary(FINETUNED) is None:
             continue
         key = json.dumps({k: v for k, v in run.flat_params.items() if k not in SEED_KEYS}, sort_keys=True)
-        groups.setdefault(key, []).append(run)
-    return [sorted(group, key=training_seeds) for group in groups.values()
-            if len({training_seeds(run) for run in group}) > 1]
+        groups.setdefault(key, {}).setdefault(training_seeds(run), run)
+    return [[group[seeds] for seeds in sorted(group)] for group in groups.values() if len(group) > 1]
 
 
 def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
