@@ -115,8 +115,8 @@ if [ "$PART" = seeds ]; then
   done
 fi
 
-FAILED=() QUEUED=() RAN=0
-gather() { python -m storyrewrite.report.gather --out "runs/$NAME" --names "$1" || FAILED+=("$1 (gather)"); }
+FAILED=() QUEUED=() UNGATHERED=() RAN=0
+gather() { python -m storyrewrite.report.gather --out "runs/$NAME" --names "$1" || UNGATHERED+=("$1"); }
 first=1
 for entry in "${PLAN[@]}"; do
   experiment="$NAME-${entry%%|*}"
@@ -186,6 +186,11 @@ if [ ${#QUEUED[@]} -gt 0 ]; then
   done
 fi
 
+# What could not be gathered as it finished (DVC's `exp show` failing while a queue worker set up
+# the next experiment, beyond gather's own retries), once more now that the queue is idle.
+for experiment in "${UNGATHERED[@]+"${UNGATHERED[@]}"}"; do
+  python -m storyrewrite.report.gather --out "runs/$NAME" --names "$experiment" || FAILED+=("$experiment (gather)")
+done
 # Everything of this name that ran here (nothing, where every experiment was gathered before).
 if [ $RAN = 1 ] || grep -q "^$NAME-" <<<"$(dvc exp list --name-only 2>/dev/null | tr ' ' '\n')"; then
   python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*"

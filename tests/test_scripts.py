@@ -124,6 +124,28 @@ def test_the_seeds_part_runs_nll_continued_and_dto_again_with_each_fine_tuning_s
     assert bad.returncode == 2 and "error: COMPARISON_SEEDS must be whole numbers separated by spaces, got '1,2'" in bad.stderr
 
 
+def test_an_experiment_not_gathered_as_it_finished_is_gathered_once_more_at_the_end(tmp_path):
+    """The gather of grid-dto-delta fails while the queue runs: it is tried again after the queue,
+    succeeds, and nothing failed; one that fails every time is named as a failed gather."""
+    for fails, code in ((1, 0), (99, 1)):
+        here = tmp_path / str(fails)
+        here.mkdir()
+        env, log = _stubs(here, "none", "none")
+        tries = here / "tries"
+        (here / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+if [ "$5 $6" = "--names grid-dto-delta" ]; then echo x >> {tries}; [ "$(wc -l < {tries})" -gt {fails} ] || exit 1; fi
+exit 0
+""")
+        result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=here, env=env, capture_output=True, text=True, timeout=60)
+        calls = log.read_text().splitlines()
+        gathers = [c for c in calls if c.endswith("--names grid-dto-delta")]
+        assert result.returncode == code, result.stderr
+        assert len(gathers) == 2 and calls.index(gathers[1]) > calls.index("dvc queue start -j 1")
+        assert ("grid-dto-delta (gather)" in result.stderr) == (code == 1)
+        assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
+
+
 def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     (tmp_path / "runs" / "grid.2").mkdir(parents=True)
     result, calls = _run(tmp_path, "grid", "cpo")

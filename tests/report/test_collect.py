@@ -264,6 +264,25 @@ def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
     assert "--names 'gpu-*' matches no experiment; experiments: none" in result.stderr
 
 
+def test_exp_show_is_asked_again_after_a_failure_and_a_lasting_one_is_named(tmp_path):
+    """`dvc exp show` failing for a moment (as while a queue worker sets up its workspace): the
+    third call answers and its output is used; failing every time: one error with DVC's message."""
+    import sys
+
+    from storyrewrite.report.gather import exp_show_output
+
+    counter = tmp_path / "calls"
+    flaky = [sys.executable, "-c", f"""import pathlib, sys
+calls = pathlib.Path({str(counter)!r}); n = int(calls.read_text()) + 1 if calls.exists() else 1; calls.write_text(str(n))
+if n < 3:
+    sys.exit("ERROR: failed to show experiments - directory '.dvc/tmp/exps/tmpab12/.dvc' does not exist")
+print('[]')"""]
+    assert exp_show_output(flaky, attempts=5, wait_s=0) == "[]\n" and counter.read_text() == "3"
+    counter.unlink()
+    with pytest.raises(InputError, match=r"failed 2 times, 0 s apart: ERROR: failed to show experiments - directory"):
+        exp_show_output(flaky, attempts=2, wait_s=0)
+
+
 def test_rloo_variants_are_systems_of_their_own_tested_against_dto_of_the_same_reward(tmp_path):
     """Two RLOO runs that differ in their reward are two rows (not a grid to choose from), and
     the one whose counterpart ran is tested against it both ways: RLOO-Score beats DTO-Score on

@@ -22,6 +22,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -106,6 +107,20 @@ def manifests(root: Path) -> list[dict]:
     return runs
 
 
+def exp_show_output(command: list[str], attempts: int = 5, wait_s: float = 3.0) -> str:
+    """The output of `dvc exp show --json`, asked again after a failure. While a queue worker sets
+    up or removes its temporary workspace, `dvc exp show` can fail for a moment ("failed to show
+    experiments - directory '.dvc/tmp/exps/tmp…/.dvc' does not exist"); DVC itself does not retry."""
+    for attempt in range(1, attempts + 1):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode == 0:
+            return result.stdout
+        if attempt < attempts:
+            time.sleep(wait_s)
+    reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
+    raise InputError(f"`{' '.join(command[1:])}` failed {attempts} times, {wait_s:g} s apart: {reason}")
+
+
 def main(argv: list[str] | None = None) -> None:
     from dvc.api import DVCFileSystem
 
@@ -121,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         # DVC as a module of this interpreter: also where it has no `dvc` command on PATH (the GPU machine).
         command = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
-        exp_show = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        exp_show = json.loads(exp_show_output(command))
     for run in select(experiments(exp_show), args.names):
         manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
         print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
