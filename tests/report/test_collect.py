@@ -334,7 +334,8 @@ def test_a_system_run_with_several_training_seeds_gets_its_spread(tmp_path):
     """DTO-Score with three fine-tuning seeds (`train.seed` null, 1, 2; the same NLL model; and a
     repeat of seed 0, which counts once) and NLL continued with one: a row for DTO-Score with the mean ± standard deviation of each column
     (computed here with numpy) and in how many seeds it beats its own NLL model (the two whose
-    scores are shifted up, as compare() says of each), and none for NLL continued; the main table
+    scores are shifted up, as compare() says of each and each run's significance.json records),
+    and none for NLL continued; the main table
     keeps the seed with the lowest validation NLL."""
     import numpy as np
 

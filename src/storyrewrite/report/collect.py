@@ -338,7 +338,7 @@ def seed_groups(runs: list[Run]) -> list[list[Run]]:
 def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
     """The spread over training seeds of each system run with several (empty where none was):
     per column the mean ± standard deviation over the seeds, and in how many of them the system
-    beats the NLL model of its own run (one-tailed paired bootstrap over instances, p < alpha)."""
+    beats the NLL model of its own run (p < alpha in the run's own significance.json)."""
     groups = seed_groups(runs)
     if not groups:
         return []
@@ -352,12 +352,10 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
 
     nll_models = {}
     for group in groups:
-        n_resamples, seed = resampling(group[0])
         beats = {c: 0 for c in columns}
         for run in group:
             nll_models.setdefault(nll_model(run), run)
-            found = compare({BASELINE: run.scores(BASELINE), FINETUNED: run.scores(FINETUNED)}, BASELINE, n_resamples, seed,
-                              by_story=False)[FINETUNED]
+            found = own_p_values(run).get(FINETUNED, {})
             for column in columns:
                 beats[column] += found.get(column, 1.0) < alpha
         cells = []
@@ -375,7 +373,7 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
     return ["## Across training seeds", "\n".join(lines),
             f"Systems run with several training seeds (`train.seed`, `train_nll.seed`; the data, splits and bootstrap "
             f"unchanged): mean ± standard deviation over the seeds, and in brackets in how many of them the system beats "
-            f"the NLL model of its own run (one-tailed paired bootstrap over instances, p < {alpha}). The tables above "
+            f"the NLL model of its own run (p < {alpha}, the run's own significance stage: its `significance.unit`). The tables above "
             f"show one seed per system, the one with the lowest validation NLL."]
 
 
@@ -445,6 +443,14 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: 
     ]) + "\n"
 
 
+def own_p_values(run: Run) -> dict[str, dict[str, float]]:
+    """{system: {column: p}} of the run's own significance stage (its `significance.unit`),
+    empty where the run has none."""
+    if not run.has("reports/significance.json"):
+        return {}
+    return run.artifact("reports/significance.json", artifacts.Significance)["p_values"]
+
+
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
     varying = sorted(k for k in set().union(*(r.flat_params for r in runs))
                      if len({json.dumps(r.flat_params.get(k)) for r in runs}) > 1 and k != "objective")
@@ -452,8 +458,7 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
-        significance = (run.artifact("reports/significance.json", artifacts.Significance)["p_values"]
-                        if run.has("reports/significance.json") else {})
+        significance = own_p_values(run)
         base = (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")
         cells = [run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
                  *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha, columns),
