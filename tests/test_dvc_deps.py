@@ -70,6 +70,45 @@ def test_the_closure_follows_imports_inside_functions_and_package_inits():
     assert not any(name.startswith("src/storyrewrite/training/") for name in files)
 
 
+def objective_problems(dvc: dict, objectives: dict | None = None) -> list[str]:
+    """What the train stage would miss of each registered objective: the registry imports an
+    objective's module by name, which the import closure cannot follow, so stages/train.py
+    imports every one (or an edit to the new loss would leave `dvc repro` "up to date"), and the
+    objective's params section must be among the stage's params (or changing it would not rerun)."""
+    from storyrewrite.objectives.registry import OBJECTIVES
+
+    body = dvc["stages"]["train"]
+    script = SCRIPT.search(body["cmd"]).group(1)
+    needed = {path.relative_to(ROOT).as_posix() for path in closure(ROOT / script)}
+    problems = []
+    for name, objective in (OBJECTIVES if objectives is None else objectives).items():
+        path = "src/" + objective.module_name.replace(".", "/") + ".py"
+        if path not in needed:
+            problems.append(f"objective `{name}`: {script} does not import {objective.module_name}, so the train stage's "
+                            f"deps miss {path} (add `import {objective.module_name}  # noqa: F401` there, then "
+                            "`python -m storyrewrite.closure --update dvc.yaml`)")
+        if objective.settings and objective.settings not in body.get("params", []):
+            problems.append(f"objective `{name}`: its params section `{objective.settings}` is not among the train "
+                            "stage's params in dvc.yaml")
+    return problems
+
+
+def test_the_train_stage_runs_and_lists_every_registered_objective():
+    assert objective_problems(_dvc()) == []
+
+
+def test_an_objective_the_train_stage_misses_is_named_with_the_fix():
+    from storyrewrite.objectives.registry import Objective
+
+    new = Objective("smoothed_nll", "NLL, label-smoothed", "label smoothing", "smoothing", settings="smoothing")
+    assert objective_problems(_dvc(), {"smoothed_nll": new}) == [
+        "objective `smoothed_nll`: stages/train.py does not import storyrewrite.objectives.smoothing, so the train "
+        "stage's deps miss src/storyrewrite/objectives/smoothing.py (add `import storyrewrite.objectives.smoothing  "
+        "# noqa: F401` there, then `python -m storyrewrite.closure --update dvc.yaml`)",
+        "objective `smoothed_nll`: its params section `smoothing` is not among the train stage's params in dvc.yaml",
+    ]
+
+
 def run_cache_problems(dvc: dict) -> list[str]:
     """The stages DVC would never save to its run cache (dvc/stage/__init__.py, Stage.run: any
     `outs` entry that is not cached turns it off; `metrics` and `plots` entries do not)."""
