@@ -10,11 +10,12 @@
 # It fills .device/ (ignored through .git/info/exclude) and prints the device calls to make.
 #
 # One device call carries at most 64 MiB, the working tree included (every tracked file, and the
-# untracked ones git does not ignore). The kit splits the model packages into parts of 60 MiB,
-# which do not fit beside this project's tree, so the parts are split again here into parts that
-# do, with a margin of MARGIN_MIB (default 1) for files added before the calls; the install call
-# (the wheels beside the tree) is checked the same way. Either that cannot fit stops with the sizes.
-# CARRY_MIB (default 64) is the device tool's limit.
+# untracked ones git does not ignore). The kit carries the wheels in one call and splits the model
+# packages into parts of 60 MiB; beside this project's tree neither may fit. So the parts are split
+# again here to fit, and the wheels go in as many calls as they need: .device/whl.2, .device/whl.3,
+# ... each installed into the kit's folder before the kit's own install call (.device/whl), whose
+# import check then sees them all. MARGIN_MIB (default 1) is left for files added before the
+# calls; CARRY_MIB (default 64) is the device tool's limit. It prints the calls in their order.
 set -euo pipefail
 KIT=${1:-../shared/gpu}
 for file in pack.sh on-device.sh; do
@@ -38,6 +39,14 @@ mkdir -p .device/kit
 cp "$KIT/pack.sh" "$KIT/on-device.sh" .device/kit/
 # The kit reads its wheels.txt beside pack.sh, one NAME==VERSION a line: no comments.
 grep -v -e '^#' -e '^[[:space:]]*$' "$ROOT/scripts/gpu_wheels.txt" > .device/kit/wheels.txt
+# Wheels a previous pack moved to further calls go back, so that the kit finds them.
+for folder in .device/whl.*; do
+  if [ -d "$folder" ]; then
+    mkdir -p .device/whl
+    mv "$folder"/*.whl .device/whl/ 2>/dev/null || true
+    rmdir "$folder"
+  fi
+done
 packed=$(bash .device/kit/pack.sh)
 # The kit's own list of calls names its 60 MiB parts: everything before it is kept.
 printf '%s\n' "$packed" | sed '/^next:/,$d'
@@ -57,11 +66,31 @@ fi
 size() { du -cb "$@" | tail -1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 FIXED=$((TREE + $(size .device/on-device.sh) + ${MARGIN_MIB:-1} * MIB))
-WHEELS=$(size .device/whl)
-if [ $((FIXED + WHEELS)) -gt $LIMIT ]; then
-  echo "error: the install call would carry $(mib $((FIXED + WHEELS))) (working tree $(mib "$TREE"), wheels $(mib "$WHEELS"), margin ${MARGIN_MIB:-1} MiB); one device call carries at most ${CARRY_MIB:-64} MiB" >&2
-  exit 1
-fi
+# The wheels in groups that each fit beside the tree, largest first (first fit): the first stays
+# in .device/whl, the others move to .device/whl.2, .device/whl.3, ...
+WHEEL_CALLS=$("${PYTHON:-python3}" - "$((LIMIT - FIXED))" <<'PY'
+import sys
+from pathlib import Path
+budget = int(sys.argv[1])
+wheels = sorted(Path(".device/whl").glob("*.whl"), key=lambda path: (-path.stat().st_size, path.name))
+groups: list[list[Path]] = []
+for wheel in wheels:
+    size = wheel.stat().st_size
+    if size > budget:
+        sys.exit(f"error: {wheel} ({size / 2**20:.1f} MiB) does not fit beside the working tree in one device call "
+                 f"({budget / 2**20:.1f} MiB left of the limit)")
+    group = next((g for g in groups if sum(w.stat().st_size for w in g) + size <= budget), None)
+    if group is None:
+        groups.append(group := [])
+    group.append(wheel)
+for number, group in enumerate(groups[1:], start=2):
+    folder = Path(f".device/whl.{number}")
+    folder.mkdir()
+    for wheel in group:
+        wheel.rename(folder / wheel.name)
+print(len(groups))
+PY
+)
 PART=$(((LIMIT - FIXED - $(size .device/parts/sha256)) / MIB * MIB))
 if [ $PART -lt $((4 * MIB)) ]; then
   echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one device call carries at most ${CARRY_MIB:-64} MiB" >&2
@@ -76,7 +105,11 @@ if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$(cat .device
   exit 1
 fi
 echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of ${CARRY_MIB:-64} MiB"
+echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree"
 echo "next: device calls, back to back (../shared/gpu/README.md):"
+for number in $(seq 2 "$WHEEL_CALLS"); do
+  echo "  carry [\".device/on-device.sh\", \".device/whl.$number\"]: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target \"\$HOME/site\" .device/whl.$number/*.whl"
+done
 echo "  carry [\".device/on-device.sh\", \".device/whl\"]: bash .device/on-device.sh install"
 for part in $(cd .device/parts && ls part_*); do
   echo "  carry [\".device/on-device.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/on-device.sh part"

@@ -322,8 +322,10 @@ def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
 
 
 FAKE_PACK = """HERE=$(cd "$(dirname "$0")" && pwd); cp "$HERE/wheels.txt" packed.txt; echo "packed from $HERE"
-rm -rf .device/parts .device/whl; mkdir -p .device/parts .device/whl; cp "$HERE/on-device.sh" .device/
-head -c $((WHEEL_KIB * 1024)) /dev/urandom > .device/whl/a-1.0-py3-none-any.whl
+rm -rf .device/parts; mkdir -p .device/parts .device/whl; cp "$HERE/on-device.sh" .device/
+for kib in $WHEELS_KIB; do  # as the kit does: a wheel already there is not fetched again
+  [ -f .device/whl/w$kib-1.0-py3-none-any.whl ] || head -c $((kib * 1024)) /dev/urandom > .device/whl/w$kib-1.0-py3-none-any.whl
+done
 head -c $((13 * 1024 * 1024)) /dev/urandom > .device/models.tar
 (cd .device/parts && split -b 6M ../models.tar part_ && cat part_* | sha256sum | cut -d' ' -f1 > sha256); rm .device/models.tar
 echo "next: the kit's own calls"
@@ -332,7 +334,7 @@ echo "next: the kit's own calls"
 
 def _pack(folder, kit, **environment):
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(kit)], cwd=folder, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHON": sys.executable, "WHEEL_KIB": "512", **environment})
+                          timeout=60, env={**os.environ, "PYTHON": sys.executable, "WHEELS_KIB": "512", **environment})
 
 
 def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_call_in_the_carry_limit(tmp_path):
@@ -365,8 +367,47 @@ def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_c
 
     small = _pack(repo, kit, CARRY_MIB="6", MARGIN_MIB="1")  # 6 MiB less the tree and margin: under 4 MiB a part
     assert small.returncode == 1 and "leaves less than 4 MiB a call for the model packages" in small.stderr
-    wheels = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEEL_KIB=str(6 * 1024))
-    assert wheels.returncode == 1 and "error: the install call would carry" in wheels.stderr and "at most 8 MiB" in wheels.stderr
+
+
+def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_path):
+    """Wheels that do not fit beside the tree in one call go to further calls, installed before the
+    kit's own install call; packing again starts from all of them; a wheel too large for any call
+    is named."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "on-device.sh").write_text("true\n")
+    (kit / "pack.sh").write_text(FAKE_PACK)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "tracked.bin").write_bytes(os.urandom(1024 * 1024))
+    sizes = {"3000", "2500", "2000", "1500", "700"}  # KiB: 9.5 MiB in all, 5.99 MiB left a call of 8 MiB
+    for _ in range(2):  # the second pack finds three folders of wheels and splits them again alike
+        result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB=" ".join(sorted(sizes)))
+        assert result.returncode == 0, result.stderr
+        device = repo / ".device"
+        folders = sorted(device.glob("whl*"))
+        assert [f.name for f in folders] == ["whl", "whl.2"]
+        tree = (repo / "tracked.bin").stat().st_size + (repo / "packed.txt").stat().st_size
+        for folder in folders:
+            carried = tree + (device / "on-device.sh").stat().st_size + sum(w.stat().st_size for w in folder.iterdir())
+            assert carried + 1024 * 1024 <= 8 * 1024 * 1024, folder.name
+        assert {w.name.split("-")[0][1:] for f in folders for w in f.iterdir()} == sizes
+        calls = [line for line in result.stdout.splitlines() if line.startswith("  carry")]
+        assert calls[0].endswith('--upgrade --target "$HOME/site" .device/whl.2/*.whl') and '".device/whl.2"]' in calls[0]
+        assert calls[1].endswith("bash .device/on-device.sh install") and '".device/whl"]' in calls[1]
+        assert all(".device/parts/part_" in line for line in calls[2:])
+    too_large = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="6500")
+    assert too_large.returncode == 1 and "w6500-1.0-py3-none-any.whl (6.3 MiB) does not fit beside the working tree" in too_large.stderr
+
+
+def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "on-device.sh").write_text("true\n")
+    (kit / "pack.sh").write_text(FAKE_PACK)
+    repo = tmp_path / "repo"
+    repo.mkdir()
     bad = _pack(repo, kit, MARGIN_MIB="one")
     assert bad.returncode == 2 and "MARGIN_MIB must be a whole number of MiB, got 'one'" in bad.stderr
     missing = _pack(repo, tmp_path / "nowhere")
