@@ -337,10 +337,8 @@ def _pack(folder, kit, **environment):
                           timeout=60, env={**os.environ, "PYTHON": sys.executable, "WHEELS_KIB": "512", **environment})
 
 
-def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_call_in_the_carry_limit(tmp_path):
-    """The kit runs with the project's wheels; its parts are split again so that each part call
-    (part, sha256, on-device.sh and the working tree: tracked and untracked-not-ignored files) fits
-    the device's limit with the margin, and they join to the same bytes."""
+def _kit_and_repo(tmp_path):
+    """(a stub of the kit, a git checkout holding 1 MiB)."""
     kit = tmp_path / "kit"
     kit.mkdir()
     (kit / "on-device.sh").write_text("true\n")
@@ -348,9 +346,17 @@ def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_c
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    shutil.rmtree(repo / ".git" / "info")  # a clone without .git/info/ (the kit appends to its exclude file)
     (repo / "tracked.bin").write_bytes(os.urandom(1024 * 1024))
     subprocess.run(["git", "add", "tracked.bin"], cwd=repo, check=True)
+    return kit, repo
+
+
+def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_call_in_the_carry_limit(tmp_path):
+    """The kit runs with the project's wheels; its parts are split again so that each part call
+    (part, sha256, on-device.sh and the working tree: tracked and untracked-not-ignored files) fits
+    the device's limit with the margin, and they join to the same bytes."""
+    kit, repo = _kit_and_repo(tmp_path)
+    shutil.rmtree(repo / ".git" / "info")  # a clone without .git/info/ (the kit appends to its exclude file)
     result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1")
     assert result.returncode == 0, result.stderr
     assert f"packed from {repo / '.device' / 'kit'}" in result.stdout and "the kit's own calls" not in result.stdout
@@ -373,14 +379,7 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
     """Wheels that do not fit beside the tree in one call go to further calls, installed before the
     kit's own install call; packing again starts from all of them; a wheel too large for any call
     is named."""
-    kit = tmp_path / "kit"
-    kit.mkdir()
-    (kit / "on-device.sh").write_text("true\n")
-    (kit / "pack.sh").write_text(FAKE_PACK)
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    (repo / "tracked.bin").write_bytes(os.urandom(1024 * 1024))
+    kit, repo = _kit_and_repo(tmp_path)
     sizes = {"3000", "2500", "2000", "1500", "700"}  # KiB: 9.5 MiB in all, 5.99 MiB left a call of 8 MiB
     for _ in range(2):  # the second pack finds three folders of wheels and splits them again alike
         result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB=" ".join(sorted(sizes)))
@@ -402,12 +401,7 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
 
 
 def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
-    kit = tmp_path / "kit"
-    kit.mkdir()
-    (kit / "on-device.sh").write_text("true\n")
-    (kit / "pack.sh").write_text(FAKE_PACK)
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    kit, repo = _kit_and_repo(tmp_path)
     bad = _pack(repo, kit, MARGIN_MIB="one")
     assert bad.returncode == 2 and "MARGIN_MIB must be a whole number of MiB, got 'one'" in bad.stderr
     missing = _pack(repo, tmp_path / "nowhere")

@@ -2,7 +2,7 @@
 
     dvc queue start -j 1 ...                  # the experiments ran here (README: "On a GPU")
     python -m storyrewrite.report.gather --out runs/gpu --names 'gpu-*'
-    tar czf gpu-runs.tgz runs/gpu             # a few MB: bring it home, or collect right here
+    tar czf gpu-runs.tgz runs/gpu             # no models: bring it home, or collect right here
     python -m storyrewrite.report.collect runs/gpu --out reports/gpu
 
 For each experiment (from `dvc exp show --json`) it reads, at the experiment's own revision
