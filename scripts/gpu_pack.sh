@@ -74,15 +74,18 @@ from pathlib import Path
 budget = int(sys.argv[1])
 wheels = sorted(Path(".device/whl").glob("*.whl"), key=lambda path: (-path.stat().st_size, path.name))
 groups: list[list[Path]] = []
+totals: list[int] = []  # the bytes of each group
 for wheel in wheels:
     size = wheel.stat().st_size
     if size > budget:
         sys.exit(f"error: {wheel} ({size / 2**20:.1f} MiB) does not fit beside the working tree in one device call "
                  f"({budget / 2**20:.1f} MiB left of the limit)")
-    group = next((g for g in groups if sum(w.stat().st_size for w in g) + size <= budget), None)
-    if group is None:
-        groups.append(group := [])
-    group.append(wheel)
+    index = next((i for i, total in enumerate(totals) if total + size <= budget), len(groups))
+    if index == len(groups):
+        groups.append([])
+        totals.append(0)
+    groups[index].append(wheel)
+    totals[index] += size
 for number, group in enumerate(groups[1:], start=2):
     folder = Path(f".device/whl.{number}")
     folder.mkdir()

@@ -381,7 +381,7 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
     is named."""
     kit, repo = _kit_and_repo(tmp_path)
     sizes = {"3000", "2500", "2000", "1500", "700"}  # KiB: 9.5 MiB in all, 5.99 MiB left a call of 8 MiB
-    for _ in range(2):  # the second pack finds three folders of wheels and splits them again alike
+    for _ in range(2):  # the second pack finds the wheels in two folders and splits them again alike
         result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB=" ".join(sorted(sizes)))
         assert result.returncode == 0, result.stderr
         device = repo / ".device"
