@@ -1,6 +1,7 @@
 """score: per-instance scores and corpus metrics for each predictions file given (a directory
-means every .jsonl in it): BARTScore, ROUGE-L, SacreBLEU (predictive and counterfactual) and,
-where the task has a counterfactual event, the coherence metrics (CF-PMI, drift, EntScore)."""
+means every .jsonl in it): the overlap metrics (storyrewrite.metrics.registry: BARTScore, ROUGE-L,
+SacreBLEU; predictive and counterfactual) and, where the task has a counterfactual event, the
+coherence metrics (CF-PMI, drift, EntScore)."""
 import argparse
 from pathlib import Path
 
@@ -8,6 +9,7 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.io import run_stage, write_jsonl_atomic
+from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.device import resolve_device
@@ -45,7 +47,7 @@ def main() -> None:
         write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
         artifacts.write(args.metrics_dir / f"{path.stem}.json", artifacts.SystemMetrics.model_validate(metrics))
         scored += len(rows)
-        print(path.stem, {k: v for k, v in metrics.items() if k in ("bartscore", "rougeL", "sacrebleu", "cf_pmi", "drift", "ents")})
+        print(path.stem, {k: v for k, v in metrics.items() if k in (*METRICS, "cf_pmi", "drift", "ents")})
     if record:
         record.finish(device, config.dtype, scored, "predictions", systems=len(files))
 

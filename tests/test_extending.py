@@ -1,18 +1,31 @@
-"""docs/extending.md's worked example, run as written: the code of its example blocks becomes a
-params section, an objective module, a registry entry and its curves; the loss is checked against
-torch's label-smoothed cross-entropy, and the objective trains through the real training loop."""
+"""docs/extending.md's worked examples, run as written.
+
+- The objective: the code of its example blocks becomes a params section, an objective module, a
+  registry entry and its curves; the loss is checked against torch's label-smoothed
+  cross-entropy, and the objective trains through the real training loop.
+- The metric (chrF): its functions, registry entry and metrics-file field; it is scored in both
+  forms against values computed apart, measured by the validity check, and (in a fresh
+  interpreter, where the registry is extended before the modules that read it are imported)
+  becomes table columns, significance columns and a figure panel."""
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from storyrewrite import closure
+from storyrewrite.artifacts import Overlap, SystemMetrics
+from storyrewrite.metrics import registry as metric_registry
+from storyrewrite.metrics.evaluate import Evaluators, score_system
+from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.validity import gold_and_copy
 from storyrewrite.curves import read_curve
 from storyrewrite.io import InputError
 from storyrewrite.objectives import registry
@@ -88,3 +101,100 @@ def test_the_example_objective_trains_and_logs_its_terms(smoothing, tmp_path, ti
     nll, uniform, loss = (read_curve(curves / f"{name}.tsv")[-1]["value"] for name in ("nll_term", "uniform_term", "train_loss"))
     assert loss == pytest.approx(0.9 * nll + 0.1 * uniform, rel=1e-4)
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+# The metric example, installed as the page says, in a fresh interpreter: the registry is
+# extended before the modules that read it are imported (as the edited file would be).
+INSTALL_METRIC = """
+import json, sys, types
+import sacrebleu
+from storyrewrite.metrics import registry
+page = json.loads(sys.argv[1])
+functions = {"sacrebleu": sacrebleu}
+exec(page["metric"], functions)
+registry.OVERLAP_METRICS["chrf"] = eval(page["metric-registry"].strip().rstrip(","),
+                                        {"OverlapMetric": registry.OverlapMetric, "lexical": types.SimpleNamespace(**functions)})
+"""
+
+
+def install_metric(monkeypatch) -> dict:
+    """The chrF example in this interpreter's registry: its functions by name."""
+    import sacrebleu
+
+    functions = {"sacrebleu": sacrebleu}
+    exec(example("metric"), functions)
+    entry = eval(example("metric-registry").strip().rstrip(","),
+                 {"OverlapMetric": metric_registry.OverlapMetric, "lexical": types.SimpleNamespace(**functions)})
+    monkeypatch.setitem(metric_registry.OVERLAP_METRICS, "chrf", entry)
+    return functions
+
+
+STORIES = [
+    {"id": "s1:0", "story_id": "s1", "original_ending": "She won a prize at the fair.", "target": "She threw the cake away."},
+    {"id": "s1:1", "story_id": "s1", "original_ending": "She won a prize at the fair.", "target": "She won no prize at the fair."},
+    {"id": "s2:0", "story_id": "s2", "original_ending": "He ate it for dinner.", "target": "He went home without fish."},
+]
+PREDICTIONS = {"s1:0": "She threw the cake in the bin.", "s1:1": "She won a prize at the fair.", "s2:0": "He went home."}
+
+
+def test_the_example_metric_is_scored_in_both_forms_and_stored(monkeypatch, tiny_model_dirs):
+    import sacrebleu
+
+    functions = install_metric(monkeypatch)
+    rows, metrics = score_system(PREDICTIONS, STORIES, LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=2)
+    predictions = [PREDICTIONS[row["id"]] for row in STORIES]
+    for suffix, reference in (("", "target"), ("_original", "original_ending")):
+        apart = [sacrebleu.metrics.CHRF().sentence_score(p, [row[reference]]).score for p, row in zip(predictions, STORIES)]
+        assert [row[f"chrf{suffix}"] for row in rows] == pytest.approx(apart, abs=1e-9)
+    assert rows[1]["chrf_original"] == pytest.approx(100.0)  # the copy of the original ending
+    edited = sacrebleu.metrics.CHRF().corpus_score(predictions, [[row["target"] for row in STORIES]]).score
+    original = sacrebleu.metrics.CHRF().corpus_score(predictions, [[row["original_ending"] for row in STORIES]]).score
+    assert metrics["chrf"]["predictive"] == pytest.approx(edited, abs=1e-4)
+    assert metrics["chrf"]["counterfactual"] == pytest.approx(2 * edited - original, abs=1e-4)
+    # Refused by the metrics files' schema until the page's field is added; then stored.
+    with pytest.raises(ValidationError, match="chrf"):
+        SystemMetrics.model_validate(metrics)
+    scope = {"SystemMetrics": SystemMetrics, "Overlap": Overlap}
+    body = "class WithChrf(SystemMetrics):\n    " + example("metric-field").strip()
+    exec(compile(body, "docs/extending.md", "exec", dont_inherit=True), scope)  # the annotation a class, not a string
+    assert scope["WithChrf"].model_validate(metrics).chrf.counterfactual == metrics["chrf"]["counterfactual"]
+    # Its best-of-references form is the best single reference (what the validity check uses).
+    several = [["She won no prize at the fair.", "She threw the cake away."], ["He went home without fish."]]
+    assert functions["best_chrf"](predictions[:2], several) == pytest.approx(
+        [max(functions["sentence_chrf"]([p], [r])[0] for r in refs) for p, refs in zip(predictions[:2], several)])
+
+
+def test_the_example_metric_is_measured_by_the_validity_check(monkeypatch, tiny_model_dirs):
+    functions = install_metric(monkeypatch)
+    pairs, _ = gold_and_copy(STORIES, Evaluators(), LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=2)
+    gold, copy, stories = pairs["chrf"]
+    assert stories == ["s1", "s1"]  # s2 has a single reference: left out
+    assert gold == pytest.approx(functions["best_chrf"](["She threw the cake away.", "She won no prize at the fair."],
+                                                        [["She won no prize at the fair."], ["She threw the cake away."]]))
+    assert copy == pytest.approx(functions["best_chrf"](["She won a prize at the fair."] * 2,
+                                                        [["She won no prize at the fair."], ["She threw the cake away."]]))
+
+
+def test_the_example_metric_becomes_columns_of_the_tables_tests_and_figure():
+    check = INSTALL_METRIC + """
+from storyrewrite.metrics.columns import OVERLAP
+from storyrewrite.report.figure import PANEL_COLUMNS
+from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
+from storyrewrite.significance.compare import compare
+from storyrewrite.significance.validity import LABELS
+rows = lambda shift: [{"id": f"s{i}:0", "story_id": f"s{i}", **{m: 50.0 + shift + i for m in registry.OVERLAP_METRICS},
+                       **{f"{m}_original": 70.0 for m in registry.OVERLAP_METRICS}} for i in range(30)]
+p_values = compare({"nll": rows(0.0), "better": rows(5.0)}, "nll", n_resamples=200, seed=0, by_story=False)["better"]
+metrics = {m: {"predictive": 61.25, "counterfactual": 52.5} for m in registry.OVERLAP_METRICS}
+print(json.dumps({"overlap": OVERLAP, "columns": COLUMNS, "panels": PANEL_COLUMNS, "p_values": p_values,
+                  "labels": [column_label(c) for c in COLUMNS], "validity": LABELS["chrf"],
+                  "cells": plain_cells(metrics, p_values, 0.05)}))
+"""
+    page = {name: example(name) for name in ("metric", "metric-registry")}
+    result = json.loads(subprocess.run([sys.executable, "-c", check, json.dumps(page)], check=True,
+                                       capture_output=True, text=True).stdout)
+    assert [c for c in result["overlap"] if c.startswith("chrf")] == ["chrf/predictive", "chrf/counterfactual"]
+    assert result["columns"] == result["overlap"] and "chrf/counterfactual" in result["panels"]
+    assert "chrF (M)" in result["labels"] and "chrF (M + Δ_M)" in result["labels"] and result["validity"] == "chrF (M)"
+    assert result["p_values"]["chrf/predictive"] == 0.0 and "chrf/counterfactual" in result["p_values"]
+    assert result["cells"][result["columns"].index("chrf/predictive")] == "61.2\\*"

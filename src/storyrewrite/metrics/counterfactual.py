@@ -8,7 +8,9 @@ Torch-free: significance testing and the report read scores through this module 
 """
 from __future__ import annotations
 
-METRICS = ("bartscore", "rougeL", "sacrebleu")  # every one higher-is-better
+from storyrewrite.metrics.registry import OVERLAP_METRICS
+
+METRICS = tuple(OVERLAP_METRICS)  # every one higher-is-better, in table order
 FORMS = ("predictive", "counterfactual")  # the forms reported and tested (delta is their difference)
 
 

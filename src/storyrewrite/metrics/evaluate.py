@@ -1,11 +1,13 @@
 """Score one system's predictions: per-instance scores and corpus metrics.
 
-Per instance, each overlap metric is computed against the edited ending (Y_EE) and, where the
-task has one, against the original ending (X_OE); the counterfactual forms are derived from
-those two (`storyrewrite.metrics.counterfactual`). Where the task has a counterfactual event,
-the coherence metrics say whether the ending follows it (`storyrewrite.metrics.coherence`).
-Corpus numbers: BARTScore, ROUGE-L and the coherence metrics are means over instances (cf_follow
-the share with cf_pmi > 0); SacreBLEU is corpus BLEU, HMean combines it with mean EntScore.
+Per instance, each overlap metric (storyrewrite.metrics.registry) is computed against the edited
+ending (Y_EE) and, where the task has one, against the original ending (X_OE); the
+counterfactual forms are derived from those two (`storyrewrite.metrics.counterfactual`). Where
+the task has a counterfactual event, the coherence metrics say whether the ending follows it
+(`storyrewrite.metrics.coherence`).
+Corpus numbers: each overlap metric's own (BARTScore and ROUGE-L the mean over instances,
+SacreBLEU corpus BLEU); the coherence metrics' means over instances (cf_follow the share with
+cf_pmi > 0); HMean combines corpus BLEU with mean EntScore.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from pathlib import Path
 import torch
 
 from storyrewrite.io import InputError, read_jsonl
-from storyrewrite.metrics import coherence, counterfactual, lexical
-from storyrewrite.metrics.counterfactual import METRICS
+from storyrewrite.metrics import coherence, counterfactual
+from storyrewrite.metrics.registry import OVERLAP_METRICS, Scoring
 from storyrewrite.metrics.echo import prompt_echo
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.sentence import SentenceEncoder
@@ -88,26 +90,25 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     references = {"edited": [row["target"] for row in instances]}
     if all("original_ending" in row for row in instances):
         references["original"] = [row["original_ending"] for row in instances]
-    per_instance: dict[str, dict[str, list[float]]] = {}
-    corpus: dict[str, dict[str, float]] = {}
+    scoring = Scoring(scorer, batch_size)
+    per_instance: dict[str, dict[str, list[float]]] = {name: {} for name in references}
+    corpus: dict[str, dict[str, float]] = {name: {} for name in references}
     for name, refs in references.items():
-        bart = scorer.score(outputs, refs, batch_size=batch_size)  # M(Ŷ, reference)
-        rouge = lexical.rouge_l(outputs, refs)
-        per_instance[name] = {"bartscore": bart, "rougeL": rouge, "sacrebleu": lexical.sentence_bleu(outputs, refs)}
-        corpus[name] = {"bartscore": sum(bart) / len(bart), "rougeL": sum(rouge) / len(rouge),
-                        "sacrebleu": lexical.corpus_bleu(outputs, refs)}
+        for metric in OVERLAP_METRICS.values():
+            values = per_instance[name][metric.name] = metric.values(outputs, refs, scoring)
+            corpus[name][metric.name] = metric.corpus_value(outputs, refs, values)
 
     rows = []
     for i, row in enumerate(instances):
         scored = {"id": row["id"], "story_id": row["story_id"]}
-        for metric in METRICS:
+        for metric in OVERLAP_METRICS:
             scored[metric] = per_instance["edited"][metric][i]
             if "original" in per_instance:
                 scored[f"{metric}_original"] = per_instance["original"][metric][i]
         rows.append(scored)
     metrics = {
         metric: {k: round(v, 4) for k, v in counterfactual.forms(corpus["edited"][metric], corpus.get("original", {}).get(metric)).items()}
-        for metric in METRICS
+        for metric in OVERLAP_METRICS
     }
     metrics["instances"] = len(instances)
     metrics["empty_predictions"] = sum(not p.strip() for p in outputs)

@@ -18,14 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from storyrewrite.io import write_bytes_atomic
+from storyrewrite.metrics.columns import OVERLAP
 from storyrewrite.metrics.counterfactual import instance_value
-from storyrewrite.report.tables import METRIC_LABELS, column_label
+from storyrewrite.metrics.registry import OVERLAP_METRICS
+from storyrewrite.report.tables import column_label
 from storyrewrite.significance.bootstrap import percentile_interval
 
 ECHO_LIMIT = 0.5  # prompt_echo above this: the system's predictions are mostly not endings
 LABEL_WIDTH = 36  # characters per line of a system's label (an LLM's names its model, mode and backend)
-PANEL_COLUMNS = ("bartscore/predictive", "rougeL/predictive", "sacrebleu/predictive", "bartscore/counterfactual",
-                 "rougeL/counterfactual", "sacrebleu/counterfactual", "cf_pmi", "drift")
+PANEL_COLUMNS = (*OVERLAP, "cf_pmi", "drift")  # every overlap metric, predictive then counterfactual
 
 
 def _pyplot():
@@ -99,8 +100,8 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
             if copy in drawn[column]:
                 axis.axvline(drawn[column][copy][0], color="0.35", linestyle=style, linewidth=1, label=labels[copy])
         name = column_label(column)
-        if column.startswith("sacrebleu"):
-            name = name.replace(METRIC_LABELS["sacrebleu"], "sentence BLEU")
+        if "/" in column and (metric := OVERLAP_METRICS[column.split("/")[0]]).instance_label:
+            name = name.replace(metric.label, metric.instance_label)  # the panels show per-instance values
         axis.set_title(name, fontsize=9)
         axis.tick_params(labelsize=8)
         axis.grid(axis="x", alpha=0.3)

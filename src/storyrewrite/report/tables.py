@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from storyrewrite.metrics.columns import COHERENCE_TABLE, OVERLAP
+from storyrewrite.metrics.registry import OVERLAP_METRICS
 
-METRIC_LABELS = {"bartscore": "BARTScore", "rougeL": "ROUGE-L", "sacrebleu": "SacreBLEU"}
+METRIC_LABELS = {name: metric.label for name, metric in OVERLAP_METRICS.items()}
 FORM_LABELS = {"predictive": "M", "counterfactual": "M + Δ_M"}
 COHERENCE_LABELS = {"cf_pmi": "CF-PMI", "cf_follow": "follows X_CE (%)", "drift": "drift", "ents": "EntScore",
                     "hmean": "HMean"}
@@ -34,9 +35,9 @@ def metric_value(metrics: dict, column: str) -> float | None:
 def number(column: str, v: float) -> str:
     if column == "cf_follow":
         return f"{100 * v:.1f}"
-    if column.startswith("bartscore") or column in ("cf_pmi", "drift", "ents", "hmean"):
-        return f"{v:.3f}"
-    return f"{v:.1f}"
+    if "/" in column:
+        return f"{v:.{OVERLAP_METRICS[column.split('/')[0]].decimals}f}"
+    return f"{v:.3f}" if column in ("cf_pmi", "drift", "ents", "hmean") else f"{v:.1f}"
 
 
 def significant(p_values: dict, column: str, alpha: float) -> bool:

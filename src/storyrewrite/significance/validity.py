@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from storyrewrite.metrics.registry import OVERLAP_METRICS
 from storyrewrite.significance.bootstrap import percentile_interval
 
-LABELS = {"cf_pmi": "CF-PMI", "drift": "drift similarity", "ents": "EntScore", "bartscore": "BARTScore (M)",
-          "rougeL": "ROUGE-L (M)", "sacrebleu": "SacreBLEU (M)"}
+LABELS = {"cf_pmi": "CF-PMI", "drift": "drift similarity", "ents": "EntScore",
+          **{name: f"{metric.label} (M)" for name, metric in OVERLAP_METRICS.items()}}
 REFERENCE_FREE = ("cf_pmi", "ents")
 
 

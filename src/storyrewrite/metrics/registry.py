@@ -1,0 +1,80 @@
+"""The overlap-metric registry: every metric that compares a prediction with a reference ending,
+by name, with how it is computed and how reports show it.
+
+An entry is all a new overlap metric takes, besides its field in
+`storyrewrite.artifacts.SystemMetrics` (the schema of `reports/metrics/*.json`). From it:
+- `score` computes it per instance against the edited ending and, where the task has one, the
+  original ending (`storyrewrite.metrics.evaluate.score_system`), and its corpus value;
+- its counterfactual forms, significance tests and table columns follow from those two numbers
+  (`storyrewrite.metrics.counterfactual`, `storyrewrite.metrics.columns`);
+- the `validity` stage measures whether it tells the reference rewrite from a copy of the
+  original ending, with its multi-reference form (`storyrewrite.metrics.validity`).
+
+Every metric is higher-is-better. Its functions take the predictions and the references; a metric
+computed with a model (`needs_scorer`, BARTScore) takes a `Scoring` as well, which carries the
+frozen LM scorer. Torch-free: the significance and report stages read the names and labels here,
+and only the `score` and `validity` stages load a scorer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from storyrewrite.metrics import lexical
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What a metric computed with a model receives besides the texts."""
+
+    scorer: object | None = None  # storyrewrite.metrics.lm_scorer.LMScorer: M(a, b), BARTScore's model
+    batch_size: int = 16
+
+
+@dataclass(frozen=True)
+class OverlapMetric:
+    name: str  # its key in the scores rows (`<name>`, `<name>_original`) and the metrics files
+    label: str  # how tables name it
+    # (predictions, references[, scoring]) -> one value per prediction
+    per_instance: Callable[..., list[float]]
+    # (predictions, several references per prediction[, scoring]) -> one value per prediction: the
+    # metric-validity check scores the reference rewrite and the copy of the original ending
+    # against a story's other rewrites with it.
+    best_of: Callable[..., list[float]]
+    # (predictions, references) -> the corpus value; None: the mean of the per-instance values
+    corpus: Callable[[list[str], list[str]], float] | None = None
+    decimals: int = 1  # digits in the tables
+    needs_scorer: bool = False  # its functions take a Scoring (the validity stage skips it without a scorer)
+    instance_label: str | None = None  # what one instance's value is called, where it is not `label` (the figure)
+
+    def values(self, predictions: list[str], references: list[str], scoring: Scoring) -> list[float]:
+        return self.per_instance(predictions, references, *self._scoring(scoring))
+
+    def best_values(self, predictions: list[str], references: list[list[str]], scoring: Scoring) -> list[float]:
+        return self.best_of(predictions, references, *self._scoring(scoring))
+
+    def corpus_value(self, predictions: list[str], references: list[str], values: list[float]) -> float:
+        return sum(values) / len(values) if self.corpus is None else self.corpus(predictions, references)
+
+    def _scoring(self, scoring: Scoring) -> tuple[Scoring, ...]:
+        return (scoring,) if self.needs_scorer else ()
+
+
+def bartscore(predictions: list[str], references: list[str], scoring: Scoring) -> list[float]:
+    """M(Ŷ, reference): the mean log-probability of the reference's tokens given the prediction."""
+    return scoring.scorer.score(predictions, references, batch_size=scoring.batch_size)
+
+
+def best_bartscore(predictions: list[str], references: list[list[str]], scoring: Scoring) -> list[float]:
+    """The best M(Ŷ, reference) over each prediction's references."""
+    sources = [prediction for prediction, refs in zip(predictions, references) for _ in refs]
+    values = iter(scoring.scorer.score(sources, [ref for refs in references for ref in refs], scoring.batch_size))
+    return [max(next(values) for _ in refs) for refs in references]
+
+
+OVERLAP_METRICS: dict[str, OverlapMetric] = {metric.name: metric for metric in (
+    OverlapMetric("bartscore", "BARTScore", bartscore, best_bartscore, decimals=3, needs_scorer=True),
+    OverlapMetric("rougeL", "ROUGE-L", lexical.rouge_l, lexical.best_rouge_l),
+    OverlapMetric("sacrebleu", "SacreBLEU", lexical.sentence_bleu, lexical.multi_reference_bleu,
+                  corpus=lexical.corpus_bleu, instance_label="sentence BLEU"),
+)}
