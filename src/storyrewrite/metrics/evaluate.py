@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from storyrewrite.io import InputError, read_jsonl
-from storyrewrite.metrics import coherence, counterfactual
+from storyrewrite.metrics import coherence, counterfactual, lexical
 from storyrewrite.metrics.registry import OVERLAP_METRICS, Scoring
 from storyrewrite.metrics.echo import prompt_echo
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -117,7 +117,9 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     if not all(column in instances[0] for column in COHERENCE_INPUTS):
         metrics["coherence_metrics"] = "not available: the task has no counterfactual event"
     elif evaluators is not None:
-        metrics |= score_coherence(outputs, instances, rows, evaluators, corpus["edited"]["sacrebleu"], batch_size)
+        # HMean is defined on corpus BLEU (EDUCAT), whichever overlap metrics are registered.
+        bleu = lexical.corpus_bleu(outputs, references["edited"])
+        metrics |= score_coherence(outputs, instances, rows, evaluators, bleu, batch_size)
     return rows, metrics
 
 
