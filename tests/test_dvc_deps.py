@@ -97,6 +97,16 @@ def test_the_train_stage_runs_and_lists_every_registered_objective():
     assert objective_problems(_dvc()) == []
 
 
+def test_no_training_stage_depends_on_the_metrics_code():
+    """A new or changed metric rescores the systems (docs/extending.md); it never retrains them.
+    Only the DTO scorer (lm_scorer) and what it imports are shared with scoring."""
+    trains = {name: deps for name, (_, deps) in stage_deps(_dvc()).items() if name in ("train_nll", "train")}
+    assert set(trains) == {"train_nll", "train"}
+    shared = {name: [d for d in deps if d.startswith("src/storyrewrite/metrics/") and not d.endswith(("/__init__.py", "/lm_scorer.py"))]
+              for name, deps in trains.items()}
+    assert shared == {"train_nll": [], "train": []}
+
+
 def test_an_objective_the_train_stage_misses_is_named_with_the_fix():
     from storyrewrite.objectives.registry import Objective
 
