@@ -103,28 +103,31 @@ def test_the_example_objective_trains_and_logs_its_terms(smoothing, tmp_path, ti
     assert (tmp_path / "out" / "config.json").is_file()
 
 
-# The metric example, installed as the page says, in a fresh interpreter: the registry is
-# extended before the modules that read it are imported (as the edited file would be).
-INSTALL_METRIC = """
-import json, sys, types
+# The chrF example built from the page's blocks: (its functions by name, its registry entry). It
+# runs here, and as source in a fresh interpreter, where the registry is extended before the
+# modules that read it are imported (as the edited file would be).
+BUILD_METRIC = """
+import types
+
 import sacrebleu
-from storyrewrite.metrics import registry
-page = json.loads(sys.argv[1])
-functions = {"sacrebleu": sacrebleu}
-exec(page["metric"], functions)
-registry.OVERLAP_METRICS["chrf"] = eval(page["metric-registry"].strip().rstrip(","),
-                                        {"OverlapMetric": registry.OverlapMetric, "lexical": types.SimpleNamespace(**functions)})
+
+from storyrewrite.metrics.registry import OverlapMetric
+
+
+def build_metric(functions_block, entry_block):
+    functions = {"sacrebleu": sacrebleu}
+    exec(functions_block, functions)
+    lexical = types.SimpleNamespace(**functions)
+    return functions, eval(entry_block.strip().rstrip(","), {"OverlapMetric": OverlapMetric, "lexical": lexical})
 """
+_built: dict = {}
+exec(BUILD_METRIC, _built)
+build_metric = _built["build_metric"]
 
 
 def install_metric(monkeypatch) -> dict:
     """The chrF example in this interpreter's registry: its functions by name."""
-    import sacrebleu
-
-    functions = {"sacrebleu": sacrebleu}
-    exec(example("metric"), functions)
-    entry = eval(example("metric-registry").strip().rstrip(","),
-                 {"OverlapMetric": metric_registry.OverlapMetric, "lexical": types.SimpleNamespace(**functions)})
+    functions, entry = build_metric(example("metric"), example("metric-registry"))
     monkeypatch.setitem(metric_registry.OVERLAP_METRICS, "chrf", entry)
     return functions
 
@@ -176,7 +179,11 @@ def test_the_example_metric_is_measured_by_the_validity_check(monkeypatch, tiny_
 
 
 def test_the_example_metric_becomes_columns_of_the_tables_tests_and_figure():
-    check = INSTALL_METRIC + """
+    check = BUILD_METRIC + """
+import json, sys
+from storyrewrite.metrics import registry
+page = json.loads(sys.argv[1])
+registry.OVERLAP_METRICS["chrf"] = build_metric(page["metric"], page["metric-registry"])[1]
 from storyrewrite.metrics.columns import OVERLAP
 from storyrewrite.report.figure import PANEL_COLUMNS
 from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
