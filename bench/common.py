@@ -20,6 +20,7 @@ from storyrewrite.data.sources import download
 from storyrewrite.io import atomic_dir
 from storyrewrite.models import materialise as materialise_module
 from storyrewrite.models.materialise import materialise
+from storyrewrite.models.roles import EVAL_ROLES
 from storyrewrite.params import Params, load_yaml, overlay
 from storyrewrite.records import peak_rss_gb
 
@@ -47,9 +48,8 @@ def evaluators_dir(params: Params) -> Path:
     workspace = Params.load(ROOT / "params.yaml")
     evaluators = ROOT / "models" / "evaluators"
     if params.models != workspace.models or not (evaluators / "index.json").exists():
-        roles = ("judge", "embedder", "nli")
         evaluators = cached("evaluators", [params.models.model_dump(), params.seed], materialise_module.__file__,
-                            lambda out: materialise(params.models, out, params.seed, roles))
+                            lambda out: materialise(params.models, out, params.seed, EVAL_ROLES))
     return evaluators
 
 

@@ -1,5 +1,6 @@
 """models / eval_models: materialise the models of the given roles once as save_pretrained
-directories (models: generator and scorer; eval_models: judge, embedder, NLI classifier)."""
+directories (models: generator and scorer; eval_models: judge, embedder, NLI classifier and
+BERTScore's encoder)."""
 import argparse
 from pathlib import Path
 

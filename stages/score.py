@@ -1,7 +1,8 @@
 """score: per-instance scores and corpus metrics for each predictions file given (a directory
 means every .jsonl in it): the overlap metrics (storyrewrite.metrics.registry: BARTScore, ROUGE-L,
-SacreBLEU; predictive and counterfactual) and, where the task has a counterfactual event, the
-coherence metrics (CF-PMI, drift, EntScore)."""
+SacreBLEU, and BERTScore where `models.bertscore` names its encoder; predictive and
+counterfactual) and, where the task has a counterfactual event, the coherence metrics (CF-PMI,
+drift, EntScore)."""
 import argparse
 from pathlib import Path
 
@@ -35,11 +36,11 @@ def main() -> None:
     device = resolve_device(params.device)
     scorer_dir = resolve_model_dir(args.scorer, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
-    evaluators = None
-    if set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]):
-        evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype,
-                                     models.max_input_tokens, models.max_output_tokens)
-    print(f"scorer on {device} ({config.dtype})" + (f"; evaluators: {evaluators.specs}" if evaluators else ""))
+    evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
+                                 models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale,
+                                 coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
+    print(f"scorer on {device} ({config.dtype})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
+          + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
     scored = 0
     for path in files:

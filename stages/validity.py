@@ -39,8 +39,8 @@ def main() -> None:
     device = resolve_device(params.device)
     scorer_dir = resolve_model_dir(args.scorer, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
-    evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype,
-                                 models.max_input_tokens, models.max_output_tokens)
+    evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
+                                 models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
     artifacts.write(args.out, artifacts.Validity.model_validate(result))

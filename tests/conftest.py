@@ -11,6 +11,7 @@ import pytest
 from helpers import tiny_models_config, write_raw
 from storyrewrite.data.prepare import prepare
 from storyrewrite.models.materialise import materialise
+from storyrewrite.models.roles import EVAL_ROLES
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import DataConfig, ModelsConfig
 from storyrewrite.parallel import cores, share_machine
@@ -57,11 +58,11 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_evaluators(tmp_path_factory) -> Path:
     """The eval_models stage's directory for tiny models: judge tiny:llama, embedder
-    tiny:roberta ([CLS]), NLI classifier tiny:roberta-nli (MNLI labels)."""
+    tiny:roberta ([CLS]), NLI classifier tiny:roberta-nli (MNLI labels); no BERTScore encoder."""
     out = tmp_path_factory.mktemp("evaluators")
     config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=96, max_output_tokens=40,
                           judge="tiny:llama", embedder="tiny:roberta", nli="tiny:roberta-nli")
-    materialise(config, out, seed=0, roles=("judge", "embedder", "nli"))
+    materialise(config, out, seed=0, roles=EVAL_ROLES)  # models.bertscore null
     return out
 
 

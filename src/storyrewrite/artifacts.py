@@ -54,6 +54,7 @@ class SystemMetrics(Artifact):
     bartscore: Overlap
     rougeL: Overlap
     sacrebleu: Overlap
+    bertscore: Overlap | None = None  # None: `models.bertscore` is null
     instances: int
     empty_predictions: int
     counterfactual_metrics: str  # "available", or why not

@@ -72,6 +72,7 @@ class ModelsConfig(Section):
     judge: str | None = None  # causal LM of CF-PMI
     embedder: str | None = None  # sentence encoder of drift similarity
     nli: str | None = None  # NLI classifier of EntScore / HMean
+    bertscore: str | None = None  # encoder of BERTScore (storyrewrite.metrics.bertscore)
 
 
 class TrainConfig(Section):
@@ -159,9 +160,11 @@ class GenerateConfig(Section):
 
 
 class ScoreConfig(Section):
-    """`score`: the LM scorer (BARTScore) and the judge of CF-PMI."""
+    """`score`: the LM scorer (BARTScore), the judge of CF-PMI and BERTScore."""
     batch_size: Positive  # pairs per forward pass
     dtype: Dtype = "float32"  # the scorer's and the judge's weights
+    bertscore_layer: Positive | None = None  # BERTScore's layer; None: bert_score's default for the model
+    bertscore_rescale: bool = False  # rescale BERTScore with bert_score's baseline for the model
 
 
 class SignificanceConfig(Section):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from storyrewrite.metrics import coherence, lexical
+from storyrewrite.metrics.bertscore import BERTScore
 from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.evaluate import Evaluators
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -51,9 +52,13 @@ STORIES = [
 def test_reference_based_metrics_score_both_endings_against_the_other_references(tiny_evaluators):
     assert other_references(STORIES) == [["She won no prize."], ["She threw it away."], []]
     judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
-    evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")))
+    bertscore = BERTScore(resolve_model_dir(tiny_evaluators, "embedder"), "tiny:roberta", layer=2)
+    evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")), bertscore=bertscore)
     pairs, not_measured = gold_and_copy(STORIES, evaluators, scorer=judge, batch_size=2)
     assert set(pairs) == {"cf_pmi", "drift", *METRICS} and not_measured == {"ents": "`models.nli` is null"}
+    assert pairs["bertscore"][0][0] == pytest.approx(bertscore.f1(["She threw it away."], ["She won no prize."])[0], abs=1e-6)
+    _, without = gold_and_copy(STORIES, Evaluators(judge=judge), scorer=judge, batch_size=2)
+    assert without["bertscore"] == "`models.bertscore` is null"
     gold_pmi, copy_pmi, stories = pairs["cf_pmi"]
     assert gold_pmi == pytest.approx(coherence.cf_pmi(judge, STORIES, [r["target"] for r in STORIES]), abs=1e-6)
     assert copy_pmi == pytest.approx(coherence.cf_pmi(judge, STORIES, [r["original_ending"] for r in STORIES]), abs=1e-6)

@@ -2,8 +2,9 @@
 testing and the report read scores through this module alone).
 
 Two tables, two families of columns, every one higher-is-better:
-- overlap with the references (`<metric>/<form>`): BARTScore, ROUGE-L and SacreBLEU, each
-  predictive and counterfactual (storyrewrite.metrics.counterfactual);
+- overlap with the references (`<metric>/<form>`): BARTScore, ROUGE-L and SacreBLEU (and
+  BERTScore where `models.bertscore` names its encoder), each predictive and counterfactual
+  (storyrewrite.metrics.counterfactual);
 - following the counterfactual (storyrewrite.metrics.coherence): `cf_pmi`, `cf_follow` (the
   share of instances with cf_pmi > 0), `drift`, `ents`. `hmean` is a corpus figure (it combines
   corpus BLEU with mean EntScore), shown but not resampled.
@@ -36,7 +37,6 @@ def value(row: dict, column: str) -> float:
 
 def available(row: dict) -> list[str]:
     """The tested columns a per-instance scores row supports, in table order."""
-    has_original = all(f"{m}_original" in row for m in METRICS)
-    overlap = [c for c in OVERLAP if c.endswith("/predictive") or has_original]
+    overlap = [c for c in OVERLAP if (metric := c.split("/")[0]) in row and (c.endswith("/predictive") or f"{metric}_original" in row)]
     source = {"cf_follow": "cf_pmi"}
     return overlap + [c for c in COHERENCE if source.get(c, c) in row]

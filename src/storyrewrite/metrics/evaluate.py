@@ -5,9 +5,10 @@ ending (Y_EE) and, where the task has one, against the original ending (X_OE); t
 counterfactual forms are derived from those two (`storyrewrite.metrics.counterfactual`). Where
 the task has a counterfactual event, the coherence metrics say whether the ending follows it
 (`storyrewrite.metrics.coherence`).
-Corpus numbers: each overlap metric's own (BARTScore and ROUGE-L the mean over instances,
-SacreBLEU corpus BLEU); the coherence metrics' means over instances (cf_follow the share with
-cf_pmi > 0); HMean combines corpus BLEU with mean EntScore.
+BERTScore, an overlap metric too, only where `models.bertscore` names its encoder.
+Corpus numbers: each overlap metric's own (BARTScore, ROUGE-L and BERTScore the mean over
+instances, SacreBLEU corpus BLEU); the coherence metrics' means over instances (cf_follow the
+share with cf_pmi > 0); HMean combines corpus BLEU with mean EntScore.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from storyrewrite.io import InputError, read_jsonl
 from storyrewrite.metrics import coherence, counterfactual, lexical
+from storyrewrite.metrics.bertscore import BERTScore
 from storyrewrite.metrics.registry import OVERLAP_METRICS, Scoring
 from storyrewrite.metrics.echo import prompt_echo
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -31,19 +33,28 @@ COHERENCE_INPUTS = ("premise", "initial", "counterfactual", "original_ending")
 
 @dataclass
 class Evaluators:
-    """The models of the coherence metrics, each None where its spec is null."""
+    """The evaluation models besides the LM scorer: the coherence metrics' and BERTScore's, each
+    None where its spec is null."""
 
     judge: LMScorer | None = None
     encoder: SentenceEncoder | None = None
     nli: coherence.EntailmentScorer | None = None
     specs: dict = field(default_factory=dict)  # role -> spec (None where null)
     judge_is_scorer: bool = False  # the judge has the training scorer's weights (DTO optimised its likelihoods)
+    bertscore: BERTScore | None = None
 
     @classmethod
     def load(cls, directory: Path, scorer: LMScorer, scorer_models: Path, device: torch.device, dtype: str,
-             max_input_tokens: int, max_output_tokens: int) -> "Evaluators":
+             max_input_tokens: int, max_output_tokens: int, bertscore_layer: int | None = None,
+             bertscore_rescale: bool = False, coherence_models: bool = True) -> "Evaluators":
         """The eval_models stage's models (`directory`), on `device`; a judge that is the scorer
-        of the models stage's directory `scorer_models` is that scorer itself (loaded once)."""
+        of the models stage's directory `scorer_models` is that scorer itself (loaded once).
+        Without `coherence_models`, BERTScore's alone (a task without a counterfactual event)."""
+        bertscore = None
+        if (bertscore_dir := optional_model_dir(directory, "bertscore")) is not None:
+            bertscore = BERTScore(bertscore_dir, role_spec(directory, "bertscore"), bertscore_layer, bertscore_rescale, device)
+        if not coherence_models:
+            return cls(bertscore=bertscore)
         judge_dir, embedder_dir, nli_dir = (optional_model_dir(directory, role) for role in ("judge", "embedder", "nli"))
         same = judge_dir is not None and same_model(judge_dir, role_spec(directory, "judge"),
                                                     resolve_model_dir(scorer_models, "scorer"), role_spec(scorer_models, "scorer"))
@@ -53,6 +64,7 @@ class Evaluators:
             judge=judge, encoder=None if embedder_dir is None else SentenceEncoder(embedder_dir, device),
             nli=None if nli_dir is None else coherence.EntailmentScorer(nli_dir, role_spec(directory, "nli"), device),
             specs={role: role_spec(directory, role) for role in ("judge", "embedder", "nli")}, judge_is_scorer=same,
+            bertscore=bertscore,
         )
 
 def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
@@ -84,31 +96,33 @@ def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
 
 def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMScorer, batch_size: int,
                  evaluators: Evaluators | None = None) -> tuple[list[dict], dict]:
-    """(per-instance rows, corpus metrics) for one system; the coherence metrics of the
-    `evaluators` given (none without)."""
+    """(per-instance rows, corpus metrics) for one system; the coherence metrics and BERTScore
+    of the `evaluators` given (none without)."""
     outputs = [predictions[row["id"]] for row in instances]
     references = {"edited": [row["target"] for row in instances]}
     if all("original_ending" in row for row in instances):
         references["original"] = [row["original_ending"] for row in instances]
-    scoring = Scoring(scorer, batch_size)
+    scoring = Scoring(scorer, batch_size, bertscore=None if evaluators is None else evaluators.bertscore)
+    computed = [metric for metric in OVERLAP_METRICS.values() if metric.computable(scoring)]
     per_instance: dict[str, dict[str, list[float]]] = {name: {} for name in references}
     corpus: dict[str, dict[str, float]] = {name: {} for name in references}
     for name, refs in references.items():
-        for metric in OVERLAP_METRICS.values():
+        for metric in computed:
             values = per_instance[name][metric.name] = metric.values(outputs, refs, scoring)
             corpus[name][metric.name] = metric.corpus_value(outputs, refs, values)
 
     rows = []
     for i, row in enumerate(instances):
         scored = {"id": row["id"], "story_id": row["story_id"]}
-        for metric in OVERLAP_METRICS:
-            scored[metric] = per_instance["edited"][metric][i]
+        for metric in computed:
+            scored[metric.name] = per_instance["edited"][metric.name][i]
             if "original" in per_instance:
-                scored[f"{metric}_original"] = per_instance["original"][metric][i]
+                scored[f"{metric.name}_original"] = per_instance["original"][metric.name][i]
         rows.append(scored)
     metrics = {
-        metric: {k: round(v, 4) for k, v in counterfactual.forms(corpus["edited"][metric], corpus.get("original", {}).get(metric)).items()}
-        for metric in OVERLAP_METRICS
+        metric.name: {k: round(v, 4) for k, v in counterfactual.forms(corpus["edited"][metric.name],
+                                                                      corpus.get("original", {}).get(metric.name)).items()}
+        for metric in computed
     }
     metrics["instances"] = len(instances)
     metrics["empty_predictions"] = sum(not p.strip() for p in outputs)

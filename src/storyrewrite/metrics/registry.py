@@ -11,9 +11,11 @@ An entry is all a new overlap metric takes, besides its field in
   original ending, with its multi-reference form (`storyrewrite.metrics.validity`).
 
 Every metric is higher-is-better. Its functions take the predictions and the references; a metric
-computed with a model (`needs_scorer`, BARTScore) takes a `Scoring` as well, which carries the
-frozen LM scorer. Torch-free: the significance and report stages read the names and labels here,
-and only the `score` and `validity` stages load a scorer.
+computed with a model (`needs`: BARTScore the frozen LM scorer, BERTScore its encoder) takes a
+`Scoring` as well, which carries the loaded models. A metric whose model is not loaded (BERTScore
+while `models.bertscore` is null) is not computed, and no table shows it. Torch-free: the
+significance and report stages read the names and labels here, and only the `score` and
+`validity` stages load models.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class Scoring:
 
     scorer: object | None = None  # storyrewrite.metrics.lm_scorer.LMScorer: M(a, b), BARTScore's model
     batch_size: int = 16
+    bertscore: object | None = None  # storyrewrite.metrics.bertscore.BERTScore (None: `models.bertscore` is null)
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,13 @@ class OverlapMetric:
     # (predictions, references) -> the corpus value; None: the mean of the per-instance values
     corpus: Callable[[list[str], list[str]], float] | None = None
     decimals: int = 1  # digits in the tables
-    needs_scorer: bool = False  # its functions take a Scoring (the validity stage skips it without a scorer)
+    # The `Scoring` field its functions need (`scorer`, `bertscore`; it is also the `models.<needs>`
+    # param): they then take the Scoring, and the metric is computed only where that model is loaded.
+    needs: str | None = None
     instance_label: str | None = None  # what one instance's value is called, where it is not `label` (the figure)
+
+    def computable(self, scoring: Scoring) -> bool:
+        return self.needs is None or getattr(scoring, self.needs) is not None
 
     def values(self, predictions: list[str], references: list[str], scoring: Scoring) -> list[float]:
         return self.per_instance(predictions, references, *self._scoring(scoring))
@@ -57,7 +65,7 @@ class OverlapMetric:
         return sum(values) / len(values) if self.corpus is None else self.corpus(predictions, references)
 
     def _scoring(self, scoring: Scoring) -> tuple[Scoring, ...]:
-        return (scoring,) if self.needs_scorer else ()
+        return (scoring,) if self.needs else ()
 
 
 def bartscore(predictions: list[str], references: list[str], scoring: Scoring) -> list[float]:
@@ -72,9 +80,20 @@ def best_bartscore(predictions: list[str], references: list[list[str]], scoring:
     return [max(next(values) for _ in refs) for refs in references]
 
 
+def bertscore(predictions: list[str], references: list[str], scoring: Scoring) -> list[float]:
+    """BERTScore F1 of Ŷ against the reference."""
+    return scoring.bertscore.f1(predictions, references, scoring.batch_size)
+
+
+def best_bertscore(predictions: list[str], references: list[list[str]], scoring: Scoring) -> list[float]:
+    """The best BERTScore F1 of Ŷ over its references (bert_score's multi-reference form)."""
+    return scoring.bertscore.f1(predictions, references, scoring.batch_size)
+
+
 OVERLAP_METRICS: dict[str, OverlapMetric] = {metric.name: metric for metric in (
-    OverlapMetric("bartscore", "BARTScore", bartscore, best_bartscore, decimals=3, needs_scorer=True),
+    OverlapMetric("bartscore", "BARTScore", bartscore, best_bartscore, decimals=3, needs="scorer"),
     OverlapMetric("rougeL", "ROUGE-L", lexical.rouge_l, lexical.best_rouge_l),
     OverlapMetric("sacrebleu", "SacreBLEU", lexical.sentence_bleu, lexical.multi_reference_bleu,
                   corpus=lexical.corpus_bleu, instance_label="sentence BLEU"),
+    OverlapMetric("bertscore", "BERTScore", bertscore, best_bertscore, decimals=3, needs="bertscore"),
 )}

@@ -32,7 +32,7 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
                   seconds: dict[str, float] | None = None) -> tuple[dict[str, tuple[list[float], list[float], list[str]]], dict[str, str]]:
     """({metric: (values of Y_EE, values of the copy of X_OE, story ids)}, {metric: why it was
     not measured}) for every metric the models given can compute (`evaluators`:
-    storyrewrite.metrics.evaluate.Evaluators; `scorer` for the overlap metrics that need one,
+    storyrewrite.metrics.evaluate.Evaluators; `scorer` for the overlap metric that needs one,
     BARTScore). `seconds`, if given, receives each metric's wall time."""
     seconds = {} if seconds is None else seconds
     gold, copy = [row["target"] for row in instances], [row["original_ending"] for row in instances]
@@ -53,10 +53,11 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
     endings = ([gold[i] for i in kept], [copy[i] for i in kept])
     if kept and evaluators.encoder is not None:
         measure("drift", lambda rows, ends: coherence.drift_similarity(evaluators.encoder, rows, ends, refs), rows, endings)
-    scoring = Scoring(scorer, batch_size)
+    scoring = Scoring(scorer, batch_size, bertscore=evaluators.bertscore)
     for metric in OVERLAP_METRICS.values():
-        if kept and (scorer is not None or not metric.needs_scorer):
+        if kept and metric.computable(scoring):
             measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings)
-    models = {"cf_pmi": ("judge", evaluators.judge), "drift": ("embedder", evaluators.encoder), "ents": ("nli", evaluators.nli)}
+    models = {"cf_pmi": ("judge", evaluators.judge), "drift": ("embedder", evaluators.encoder), "ents": ("nli", evaluators.nli),
+              **{metric.name: (metric.needs, getattr(scoring, metric.needs)) for metric in OVERLAP_METRICS.values() if metric.needs}}
     not_measured = {name: f"`models.{role}` is null" for name, (role, model) in models.items() if model is None}
     return pairs, not_measured

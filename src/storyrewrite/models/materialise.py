@@ -1,8 +1,8 @@
 """Materialise every role's model once as a plain `save_pretrained` directory.
 
 The `models` stage materialises the generator and the scorer into `models/pretrained/`, the
-`eval_models` stage the evaluation models (judge, embedder, NLI classifier) into
-`models/evaluators/`: two stages, so that changing an evaluation model rescores the systems
+`eval_models` stage the evaluation models (judge, embedder, NLI classifier, BERTScore's
+encoder) into `models/evaluators/`: two stages, so that changing an evaluation model rescores the systems
 without retraining them. Each directory has an `index.json` (role -> model directory, and the
 spec each came from); a spec two roles share is materialised once. Later stages load the saved
 directories (storyrewrite.models.store), which takes a fraction of a second instead of the GGUF

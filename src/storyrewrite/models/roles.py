@@ -8,6 +8,7 @@ work, when the model a spec names cannot play it.
 | `judge`     | `models.judge`     | lm         | a causal LM with an end token (CF-PMI)                   |
 | `embedder`  | `models.embedder`  | encoder    | a sentence encoder, not a decoder-only LM (drift)        |
 | `nli`       | `models.nli`       | classifier | a sequence classifier with an `entailment` label (EntScore)|
+| `bertscore` | `models.bertscore` | encoder    | an encoder, not a seq2seq or decoder-only LM (BERTScore)  |
 """
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ ROLES = {
     "judge": Role("judge", "lm", "eval_models"),
     "embedder": Role("embedder", "encoder", "eval_models"),
     "nli": Role("nli", "classifier", "eval_models"),
+    "bertscore": Role("bertscore", "encoder", "eval_models"),
 }
+EVAL_ROLES = tuple(name for name, role in ROLES.items() if role.stage == "eval_models")
 
 
 def is_decoder_only(config: PretrainedConfig) -> bool:
@@ -66,10 +69,11 @@ def check_role(role: str, directory: str | Path, spec: str) -> None:
         if AutoTokenizer.from_pretrained(directory).eos_token_id is None:
             raise InputError(f"params: {key}: its tokenizer has no end-of-text token, which CF-PMI scores after the "
                              "ending (as BARTScore does) and pads batches with")
-    elif role == "embedder":
+    elif role in ("embedder", "bertscore"):
+        needs = ("a sentence encoder; drift similarity needs one (e.g. bundled:all-minilm-l6-v2, bert-base-uncased)" if role == "embedder"
+                 else "an encoder; BERTScore matches an encoder's token embeddings (e.g. roberta-large, bundled:all-minilm-l6-v2)")
         if config.is_encoder_decoder or is_decoder_only(config):
-            raise InputError(f"params: {key} is a {'seq2seq' if config.is_encoder_decoder else 'decoder-only'} LM, not a "
-                             "sentence encoder; drift similarity needs one (e.g. bundled:all-minilm-l6-v2, bert-base-uncased)")
+            raise InputError(f"params: {key} is a {'seq2seq' if config.is_encoder_decoder else 'decoder-only'} LM, not {needs}")
     elif role == "nli":
         if not any(name.endswith("ForSequenceClassification") for name in config.architectures or []):
             raise InputError(f"params: {key} is not a sequence classifier (architectures: "

@@ -34,7 +34,8 @@ from storyrewrite.records import stages_table
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, read_blob
-from storyrewrite.report.tables import COLUMNS, Row, coherence_columns, column_label, markdown_table, metric_value, number, plain_cells
+from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
+                                        plain_cells)
 from storyrewrite.significance.compare import compare
 from storyrewrite.systems import COPY_BASELINES
 
@@ -169,8 +170,9 @@ class Entry:
 
 
 def all_columns(metrics: list[dict]) -> list[str]:
-    """The overlap columns, then the coherence columns any of these metrics files has."""
-    return COLUMNS + coherence_columns([Row("", "", m, {}) for m in metrics])
+    """The overlap columns, then the coherence columns, that any of these metrics files has."""
+    rows = [Row("", "", m, {}) for m in metrics]
+    return overlap_columns(rows) + coherence_columns(rows)
 
 
 def comparison(runs: list[Run]) -> list[Entry]:

@@ -14,7 +14,7 @@ METRIC_LABELS = {name: metric.label for name, metric in OVERLAP_METRICS.items()}
 FORM_LABELS = {"predictive": "M", "counterfactual": "M + Δ_M"}
 COHERENCE_LABELS = {"cf_pmi": "CF-PMI", "cf_follow": "follows X_CE (%)", "drift": "drift", "ents": "EntScore",
                     "hmean": "HMean"}
-COLUMNS = list(OVERLAP)
+COLUMNS = list(OVERLAP)  # every registered overlap column; a table shows those its systems have (overlap_columns)
 
 
 def column_label(column: str) -> str:
@@ -28,7 +28,7 @@ def metric_value(metrics: dict, column: str) -> float | None:
     """A system's corpus value in `column`, from its metrics JSON (None where not computed)."""
     if "/" in column:
         metric, form = column.split("/")
-        return metrics.get(metric, {}).get(form)
+        return (metrics.get(metric) or {}).get(form)
     return metrics.get(column)
 
 
@@ -61,6 +61,13 @@ class Row:
     story_p_values: dict = field(default_factory=dict)  # the same, resampling whole stories (marked †)
 
 
+def overlap_columns(rows: list[Row]) -> list[str]:
+    """The overlap columns of the metrics any system of the table has, in both forms (a metric
+    computed only where its model is named, BERTScore, has none while it is not)."""
+    computed = {c.split("/")[0] for c in COLUMNS if c.endswith("/predictive") and any(metric_value(r.metrics, c) is not None for r in rows)}
+    return [c for c in COLUMNS if c.split("/")[0] in computed]
+
+
 def coherence_columns(rows: list[Row]) -> list[str]:
     """The coherence columns any system of the table has (none for a task without X_CE)."""
     return [c for c in COHERENCE_TABLE if any(metric_value(r.metrics, c) is not None for r in rows)]
@@ -90,7 +97,9 @@ def _cell(row: Row, column: str, best: dict, alpha: float, latex: bool) -> str:
     return text + ("\\*" if mark else "") + ("†" if story else "")
 
 
-def markdown_table(rows: list[Row], alpha: float, columns: list[str] = COLUMNS) -> str:
+def markdown_table(rows: list[Row], alpha: float, columns: list[str] | None = None) -> str:
+    """The overlap table (columns None: overlap_columns) or any other columns."""
+    columns = overlap_columns(rows) if columns is None else columns
     best = best_values(rows, columns)
     header = ["System"] + [column_label(c) for c in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -103,11 +112,14 @@ def _latex_label(label: str) -> str:
     return label.replace("&", "\\&").replace("_", "\\_").replace("%", "\\%")
 
 
-def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] = COLUMNS) -> str:
-    """The overlap table (COLUMNS: predictive and counterfactual groups) or any other columns."""
+def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] | None = None) -> str:
+    """The overlap table (columns None: overlap_columns, in predictive and counterfactual groups)
+    or any other columns."""
+    grouped = columns is None
+    columns = overlap_columns(rows) if columns is None else columns
     best = best_values(rows, columns)
     lines = ["\\begin{table}[t]", "\\centering", "\\small", "\\begin{tabular}{l" + "r" * len(columns) + "}", "\\toprule"]
-    if columns == COLUMNS:
+    if grouped:
         n = len(columns) // 2
         lines += [" & \\multicolumn{%d}{c}{Predictive $M(\\hat{Y}, Y_{EE})$} & \\multicolumn{%d}{c}{Counterfactual $M + \\Delta_M$} \\\\" % (n, n),
                   "System & " + " & ".join(METRIC_LABELS[c.split("/")[0]] for c in columns) + " \\\\"]
