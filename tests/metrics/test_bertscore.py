@@ -127,3 +127,21 @@ def test_tables_show_bertscore_only_where_a_system_has_it():
     assert nll.endswith("| 0.812 | -3.000 | **50.0** | **0.0** | **0.700** |") and "**0.815**" in dto
     latex = latex_table(rows, 0.05, "c")
     assert "\\multicolumn{4}{c}{Predictive" in latex and "System & BARTScore & ROUGE-L & SacreBLEU & BERTScore & BARTScore" in latex
+
+
+def test_the_eval_models_directory_carries_the_encoder_to_the_score_stage(tmp_path):
+    """The path `dvc exp run -S models.bertscore=… -S score.bertscore_layer=…` takes: the
+    eval_models stage materialises the encoder; the score stage loads it with the spec it came
+    from, also for a task without a counterfactual event (ART: BERTScore alone)."""
+    from storyrewrite.models.materialise import materialise
+    from storyrewrite.models.roles import EVAL_ROLES
+    from storyrewrite.params import ModelsConfig
+
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=96, max_output_tokens=40,
+                          bertscore="tiny:roberta")
+    materialise(config, tmp_path, seed=0, roles=EVAL_ROLES)
+    evaluators = Evaluators.load(tmp_path, None, tmp_path, torch.device("cpu"), "float32", 96, 40, bertscore_layer=1,
+                                 coherence_models=False)
+    assert evaluators.bertscore.spec == "tiny:roberta" and evaluators.bertscore.layer == 1
+    assert evaluators.judge is None and evaluators.encoder is None
+    assert evaluators.bertscore.f1(["He went home."], ["He went home."]) == [pytest.approx(1.0, abs=1e-5)]

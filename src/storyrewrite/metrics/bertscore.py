@@ -87,15 +87,15 @@ class BERTScore:
                 raise InputError(f"params: `score.bertscore_rescale` is true but bert_score has no baseline for "
                                  f"`models.bertscore` = {spec!r} (it has them for hub models such as roberta-large)")
         self.spec, self.layer, self.rescale = spec, layer, rescale
-        with warnings.catch_warnings():
-            # It reads the baseline through a read-only pandas array into a tensor it never writes.
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            self.scorer = BERTScorer(model_type=str(directory), num_layers=layer, lang="en", rescale_with_baseline=rescale,
-                                     baseline_path=None if baseline is None else str(baseline), device=str(device))
+        self.scorer = BERTScorer(model_type=str(directory), num_layers=layer, lang="en", rescale_with_baseline=rescale,
+                                 baseline_path=None if baseline is None else str(baseline), device=str(device))
         self.scorer._tokenizer = _fit_tokenizer(self.scorer._tokenizer, config, directory)
 
     def f1(self, predictions: list[str], references: list[str] | list[list[str]], batch_size: int = 16) -> list[float]:
         if not predictions:
             return []
-        _, _, f1 = self.scorer.score(predictions, references, batch_size=batch_size)
+        with warnings.catch_warnings():
+            # It reads the rescaling baseline through a read-only pandas array into a tensor it never writes.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            _, _, f1 = self.scorer.score(predictions, references, batch_size=batch_size)
         return f1.tolist()
