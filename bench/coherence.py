@@ -49,7 +49,8 @@ def stage_work(params, pretrained: Path, evaluators: Path | None, predictions: d
     started = clock(device)
     scorer = LMScorer.from_dir(resolve_model_dir(pretrained, "scorer"), models.max_input_tokens, models.max_output_tokens, config.dtype, device)
     loaded = None if evaluators is None else Evaluators.load(evaluators, scorer, pretrained, device, config.dtype,
-                                                             models.max_input_tokens, models.max_output_tokens)
+                                                             models.max_input_tokens, models.max_output_tokens,
+                                                             config.bertscore_layer, config.bertscore_rescale)
     score_system(predictions, instances, scorer, config.batch_size, loaded)
     return clock(device) - started
 

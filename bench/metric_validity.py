@@ -42,8 +42,8 @@ def main() -> None:
     started = clock(device)
     scorer_dir = resolve_model_dir(pretrained, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, config.dtype, device)
-    evaluators = Evaluators.load(evaluators_dir(params), scorer, pretrained, device, config.dtype,
-                                 models.max_input_tokens, models.max_output_tokens)
+    evaluators = Evaluators.load(evaluators_dir(params), scorer, pretrained, device, config.dtype, models.max_input_tokens,
+                                 models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
     loading = clock(device) - started
     seconds: dict[str, float] = {}
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds)
@@ -52,8 +52,8 @@ def main() -> None:
     write_result("metric_validity", device, {"validity": result, "seconds": {k: round(v, 1) for k, v in seconds.items()},
                                              "total_seconds": round(total, 1), "loading_seconds": round(loading, 1)},
                  {"task": params.task, "instances": len(instances), "judge": models.judge, "embedder": models.embedder,
-                  "nli": models.nli, "scorer": models.scorer, "batch_size": config.batch_size, "dtype": config.dtype,
-                  "profiles": [str(p) for p in args.profile]})
+                  "nli": models.nli, "bertscore": models.bertscore, "scorer": models.scorer, "batch_size": config.batch_size,
+                  "dtype": config.dtype, "profiles": [str(p) for p in args.profile]})
     render()
 
 

@@ -382,3 +382,25 @@ def test_a_training_sections_own_seed_changes_its_randomness_and_nothing_else(tm
         _fit(tmp_path / f"seed{seed}-{len(losses)}", run)
         losses.append([row["value"] for row in _curve(tmp_path / f"seed{seed}-{len(losses)}" / "logs", "train_loss")])
     assert losses[0] == losses[2] and losses[0] != losses[1]
+
+
+@pytest.mark.parametrize("budget, description", [(dict(max_steps=2, max_epochs=None), "Epoch 0"),
+                                                 (dict(max_steps=-1, max_epochs=1), "Epoch 0/0")])
+def test_the_progress_bar_names_the_epoch_total_only_where_there_is_one(budget, description):
+    """A run bounded by steps (Lightning's max_epochs -1 once fitting) reads "Epoch 0", not
+    Lightning 2.6's "Epoch 0/-2"; a run bounded by epochs keeps its total."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from storyrewrite.training.run import progress_bar
+
+    seen = []
+
+    class Read(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            seen.append(trainer.progress_bar_callback._get_train_description(trainer.current_epoch).strip())
+
+    trainer = L.Trainer(callbacks=[progress_bar(), Read()], logger=False, enable_checkpointing=False, accelerator="cpu",
+                        limit_train_batches=2, limit_val_batches=0, enable_model_summary=False, **budget)
+    trainer.fit(BoringModel())
+    assert seen and set(seen) == {description}

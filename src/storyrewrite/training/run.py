@@ -137,6 +137,26 @@ def placement(config: TrainConfig) -> tuple[str, int | str | list[int]]:
     return config.accelerator, config.devices
 
 
+def progress_bar() -> Callback:
+    """Lightning's own default progress bar (rich where installed, else tqdm), except that a run
+    bounded by steps (Lightning's max_epochs -1) reads "Epoch 0", not "Epoch 0/-2".
+    Lightning-AI/pytorch-lightning#21924 fixes that upstream after 2.6.6, the pinned release; this
+    goes when the pin moves past it."""
+    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+
+    if not _RICH_AVAILABLE:
+        return TQDMProgressBar()
+
+    class StepBoundedRichProgressBar(RichProgressBar):
+        def _get_train_description(self, current_epoch: int) -> str:
+            if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
+                return super()._get_train_description(current_epoch)
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+
+    return StepBoundedRichProgressBar()
+
+
 def _trainer_kwargs(config: TrainConfig) -> dict:
     accelerator, devices = placement(config)
     return dict(
@@ -191,7 +211,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
                            save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
-    trainer = L.Trainer(callbacks=[best, latest, monitor, *callbacks], default_root_dir=str(checkpoint_dir),
+    trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **_trainer_kwargs(run.config))
 
     started = time.perf_counter()
