@@ -40,6 +40,16 @@ def test_unknown_specs_list_valid_ones():
         load_from_source("bundled:gpt5")
 
 
+def test_a_spec_that_names_no_model_it_can_reach_names_the_role_and_the_valid_sources(tmp_path):
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16,
+                          bertscore=str(tmp_path / "no-such-model"))
+    with pytest.raises(InputError, match=r"`models.bertscore` = '.*no-such-model' cannot be loaded \(no such directory\); "
+                                         r"a spec is a local model directory, a Hugging Face hub name .*bundled:all-minilm-l6-v2 or "
+                                         r"tiny:bart, tiny:llama, tiny:roberta, tiny:roberta-nli"):
+        materialise(config, tmp_path / "out", seed=0, roles=("bertscore",))
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
 def test_resolve_model_dir_rejects_a_non_model(tmp_path):
     with pytest.raises(InputError, match="not a model directory"):
         resolve_model_dir(tmp_path)

@@ -17,7 +17,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from storyrewrite.io import InputError, atomic_dir, write_json_atomic
 from storyrewrite.models.roles import ROLES, check_role
-from storyrewrite.models.specs import fetch
+from storyrewrite.models.specs import BUNDLED, fetch
+from storyrewrite.models.tiny import TINY
 from storyrewrite.params import ModelsConfig
 
 
@@ -50,7 +51,17 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
             directory = spec_dir(staging, spec, ROLES[role].kind)
             if not directory.exists():
                 directory.mkdir()
-                fetch(spec, ROLES[role].kind, directory, seed)
+                try:
+                    fetch(spec, ROLES[role].kind, directory, seed)
+                except OSError as error:  # transformers: neither a local directory nor a model it can reach on the hub
+                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
+                        reason = "no such directory"
+                    raise InputError(
+                        f"params: `models.{role}` = {spec!r} cannot be loaded ({reason}); a spec is a local model "
+                        f"directory, a Hugging Face hub name (the hub or its cache needed), "
+                        f"{', '.join('bundled:' + name for name in BUNDLED)} or {', '.join('tiny:' + kind for kind in TINY)}"
+                    ) from None
             check_role(role, directory, spec)
         if {"generator", "scorer"} <= set(roles):
             check_same_vocabulary(*(AutoTokenizer.from_pretrained(spec_dir(staging, specs[r])) for r in ("generator", "scorer")),
