@@ -59,5 +59,6 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
             measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings)
     models = {"cf_pmi": ("judge", evaluators.judge), "drift": ("embedder", evaluators.encoder), "ents": ("nli", evaluators.nli),
               **{metric.name: (metric.needs, getattr(scoring, metric.needs)) for metric in OVERLAP_METRICS.values() if metric.needs}}
-    not_measured = {name: f"`models.{role}` is null" for name, (role, model) in models.items() if model is None}
+    not_measured = {name: "no LM scorer was given" if role == "scorer" else f"`models.{role}` is null"
+                    for name, (role, model) in models.items() if model is None}
     return pairs, not_measured
