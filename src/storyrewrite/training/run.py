@@ -44,6 +44,8 @@ COMPILE_BACKEND: Any = "inductor"
 # DataLoader itself has no state_dict.
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+# Lightning 2.6.6's own use of a torch pytree API that torch 2.13 deprecates: nothing a user can act on.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 
 
 @dataclass(frozen=True)
