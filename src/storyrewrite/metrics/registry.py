@@ -80,13 +80,9 @@ def best_bartscore(predictions: list[str], references: list[list[str]], scoring:
     return [max(next(values) for _ in refs) for refs in references]
 
 
-def bertscore(predictions: list[str], references: list[str], scoring: Scoring) -> list[float]:
-    """BERTScore F1 of Ŷ against the reference."""
-    return scoring.bertscore.f1(predictions, references, scoring.batch_size)
-
-
-def best_bertscore(predictions: list[str], references: list[list[str]], scoring: Scoring) -> list[float]:
-    """The best BERTScore F1 of Ŷ over its references (bert_score's multi-reference form)."""
+def bertscore(predictions: list[str], references: list[str] | list[list[str]], scoring: Scoring) -> list[float]:
+    """BERTScore F1 of Ŷ against its reference, or the best over several (bert_score takes
+    either, so one function is both the per-instance and the best-of form)."""
     return scoring.bertscore.f1(predictions, references, scoring.batch_size)
 
 
@@ -95,5 +91,5 @@ OVERLAP_METRICS: dict[str, OverlapMetric] = {metric.name: metric for metric in (
     OverlapMetric("rougeL", "ROUGE-L", lexical.rouge_l, lexical.best_rouge_l),
     OverlapMetric("sacrebleu", "SacreBLEU", lexical.sentence_bleu, lexical.multi_reference_bleu,
                   corpus=lexical.corpus_bleu, instance_label="sentence BLEU"),
-    OverlapMetric("bertscore", "BERTScore", bertscore, best_bertscore, decimals=3, needs="bertscore"),
+    OverlapMetric("bertscore", "BERTScore", bertscore, bertscore, decimals=3, needs="bertscore"),
 )}

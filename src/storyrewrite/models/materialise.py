@@ -2,9 +2,9 @@
 
 The `models` stage materialises the generator and the scorer into `models/pretrained/`, the
 `eval_models` stage the evaluation models (judge, embedder, NLI classifier, BERTScore's
-encoder) into `models/evaluators/`: two stages, so that changing an evaluation model rescores the systems
-without retraining them. Each directory has an `index.json` (role -> model directory, and the
-spec each came from); a spec two roles share is materialised once. Later stages load the saved
+encoder) into `models/evaluators/`: two stages, so that changing an evaluation model rescores
+the systems without retraining them. Each directory has an `index.json` (role -> model
+directory, and the spec each came from); a spec two roles share is materialised once. Later stages load the saved
 directories (storyrewrite.models.store), which takes a fraction of a second instead of the GGUF
 de-quantisation's half a minute.
 """
