@@ -25,17 +25,35 @@ def test_template_messages_with_and_without_example(small_prepared):
     assert "minimal" not in zero[0]["content"] and "as few words as you can" in zero[0]["content"]
     assert zero[1]["content"].endswith(f"Counterfactual event: {query['counterfactual']}\nRewritten ending:")
     assert query["target"] not in zero[1]["content"]  # the answer is never in the query
-    one = messages(template, query, example)[1]["content"]
-    assert one.startswith("Here is a solved example.") and f"Rewritten ending: {example['target']}" in one
+    # One-shot: the example asked (the same query form) and answered, then the query.
+    one = messages(template, query, example)
+    assert [m["role"] for m in one] == ["system", "user", "assistant", "user"]
+    assert one[0] == zero[0] and one[3] == zero[1]
+    assert one[1] == messages(template, example, None)[1]  # the example in the query's own form
+    assert one[2]["content"] == example["target"]
+    assert query["target"] not in "".join(m["content"] for m in one)
+
+
+@pytest.mark.parametrize("template", ["rewrite.txt", "rewrite_ablated.txt", "art.txt"])
+def test_every_shipped_template_reads_and_asks_without_the_answer(template):
+    read = Template.read(ROOT / "prompts" / template)
+    assert read.system and read.query.rstrip().endswith(":")  # the reply follows the last field label
+    assert "{target}" not in read.query
 
 
 def test_template_errors_name_the_problem(tmp_path):
-    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{premise} {nope}\n")
-    with pytest.raises(InputError, match=r"missing section\(s\) \[example\]"):
+    (tmp_path / "t.txt").write_text("[system]\nx\n")
+    with pytest.raises(InputError, match=r"t\.txt: missing section\(s\) \[query\]"):
         Template.read(tmp_path / "t.txt")
-    (tmp_path / "t.txt").write_text("[system]\nx\n[example]\ny\n[query]\n{nope}\n")
+    (tmp_path / "t.txt").write_text("[system]\nx\n[example]\ny\n[query]\n{premise}\n")
+    with pytest.raises(InputError, match=r"t\.txt:3: no \[example\] section: .*earlier user turn.*valid sections: system, query"):
+        Template.read(tmp_path / "t.txt")
+    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{premise} {nope}\n")
     with pytest.raises(InputError, match=r"unknown placeholder \{nope\}"):
         messages(Template.read(tmp_path / "t.txt"), {"premise": "p"}, None)
+    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{target}\n")  # the answer is never asked for
+    with pytest.raises(InputError, match=r"unknown placeholder \{target\}"):
+        messages(Template.read(tmp_path / "t.txt"), {"premise": "p", "target": "t"}, None)
 
 
 def test_example_choice_per_mode(small_prepared):
