@@ -81,6 +81,19 @@ def test_rescaling_uses_bert_score_s_baseline_for_the_model(tiny_evaluators):
     assert default_layer("roberta-large") == 17
 
 
+@pytest.mark.parametrize("spec, layer, baseline", [
+    ("roberta-large", 17, "roberta-large.tsv"),
+    ("FacebookAI/roberta-large", 17, "roberta-large.tsv"),  # the hub's current name of the same model
+    ("google-bert/bert-base-uncased", 9, "bert-base-uncased.tsv"),
+    ("facebook/bart-large", 10, None),  # the package knows it under its org; it has no baseline for it
+    ("someone/roberta-large", None, None),  # another org's model of that name is not the package's
+    ("FacebookAI/no-such-model", None, None),
+])
+def test_the_package_s_tables_know_hub_models_by_their_old_and_new_names(spec, layer, baseline):
+    assert default_layer(spec) == layer
+    assert (None if baseline_file(spec) is None else baseline_file(spec).name) == baseline
+
+
 def test_bad_settings_name_the_parameter(tiny_evaluators, tiny_model_dirs):
     directory = _encoder(tiny_evaluators)
     with pytest.raises(InputError, match=r"`score.bertscore_layer` is null and `models.bertscore` = 'tiny:roberta'.*name the layer \(1 to 2\)"):

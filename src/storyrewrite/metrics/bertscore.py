@@ -47,19 +47,33 @@ def _fit_tokenizer(tokenizer, config, directory: str | Path):
     return tokenizer
 
 
-def default_layer(spec: str) -> int | None:
-    """The layer `bert_score` uses for the hub model `spec` (roberta-large: 17), None if it
-    knows no such model."""
+# The hub moved its first models into these organisations (roberta-large is now
+# FacebookAI/roberta-large, bert-base-uncased google-bert/bert-base-uncased); `bert_score`'s
+# tables know them by their old names, which the hub still resolves.
+HUB_LEGACY_ORGS = ("FacebookAI", "google-bert", "distilbert", "xlnet", "albert", "google-t5", "openai-community")
+
+
+def _package_name(spec: str) -> str:
+    """The name `bert_score`'s tables know the hub model `spec` by."""
     from bert_score.utils import model2layers
 
-    return model2layers.get(spec)
+    org, _, name = spec.partition("/")
+    return name if spec not in model2layers and org in HUB_LEGACY_ORGS and name in model2layers else spec
+
+
+def default_layer(spec: str) -> int | None:
+    """The layer `bert_score` uses for the hub model `spec` (roberta-large or
+    FacebookAI/roberta-large: 17), None if it knows no such model."""
+    from bert_score.utils import model2layers
+
+    return model2layers.get(_package_name(spec))
 
 
 def baseline_file(spec: str) -> Path | None:
     """The rescaling baseline `bert_score` ships for the hub model `spec` (English), if any."""
     import bert_score
 
-    path = Path(bert_score.__file__).parent / "rescale_baseline" / "en" / f"{spec}.tsv"
+    path = Path(bert_score.__file__).parent / "rescale_baseline" / "en" / f"{_package_name(spec)}.tsv"
     return path if path.exists() else None
 
 
