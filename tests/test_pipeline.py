@@ -88,6 +88,7 @@ def test_default_profile_end_to_end(tmp_path):
     # The coherence table, with the judge named as the training scorer, and the validity figures.
     following = results.split("## Following the counterfactual")[1].split("## Metric validity")[0]
     assert "| System | CF-PMI | follows X_CE (%) | drift |" in following and "The judge is the training scorer" in following
+    assert "The judge wrote the endings of tiny:llama one-shot, fixed example (local); tiny:llama one-shot, random " in following
     assert "EntScore and HMean: not computed (`models.nli` is null" in following
     assert "| CF-PMI | as they are | 3 |" in results and "| drift similarity | against the story's other references | 3 |" in results
     significance = json.loads((tmp_path / "reports" / "significance.json").read_text())
@@ -200,6 +201,7 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     # A judge other than the scorer, and the NLI classifier: EntScore and HMean in the table.
     results = (tmp_path / "reports" / "results.md").read_text()
     assert "| EntScore | HMean |" in results and "The judge is the training scorer" not in results
+    assert "wrote the endings" not in results  # the LLM row is tiny:bart's, the judge tiny:llama
     assert "ents" in read_jsonl(tmp_path / "reports" / "scores" / "nll.jsonl")[0]
     # CPO on the seq2seq path, with TRL's columns among its curves.
     _commit(tmp_path, "paper")

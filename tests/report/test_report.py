@@ -122,3 +122,23 @@ def test_a_renamed_field_fails_where_the_artifact_is_read_naming_file_and_field(
     (tmp_path / "nll" / "metrics.json").write_text(json.dumps(summary))
     with pytest.raises(InputError, match=r"nll/metrics\.json: field `best_val_nll`: missing TrainingSummary"):
         read_summaries(["nll"], tmp_path)
+
+
+def test_the_notes_name_the_llm_rows_the_judge_wrote_itself():
+    """The local backend runs the generator's pretrained weights: where the CF-PMI judge is that
+    model, it scores endings it wrote after reading X_CE, and the notes say so for those rows."""
+    from storyrewrite.report.build import coherence_notes, judge_wrote
+
+    usages = {"m zero-shot (local)": {"backend": "local", "model": "m"},
+              "m zero-shot (openai)": {"backend": "openai", "model": "m"},  # a server's model of that name: not the judge's weights
+              "other RAG (local)": {"backend": "local", "model": "other"}}
+    assert judge_wrote(usages, "m") == ["m zero-shot (local)"]
+    assert judge_wrote(usages, None) == []
+    metrics = {"coherence_metrics": "available",
+               "evaluators": {"judge": "m", "embedder": None, "nli": None, "judge_is_scorer": False}}
+    notes = coherence_notes(metrics, judge_wrote(usages, "m"))
+    assert ("The judge wrote the endings of m zero-shot (local) itself, after reading X_CE in the prompt, so its CF-PMI may "
+            "favour those rows for that reason alone.") in notes
+    assert not any("wrote the endings" in note for note in coherence_notes(metrics))
+    assert not any("wrote the endings" in note for note in coherence_notes({**metrics, "evaluators": {**metrics["evaluators"], "judge": None}},
+                                                                         ["m zero-shot (local)"]))

@@ -55,14 +55,19 @@ def what_m_scores(metrics: dict) -> str:
             "the counterfactual columns (M + Δ_M) are n/a.")
 
 
+def read_llm_usage(system: str, llm_usage: Path) -> dict | None:
+    """An LLM baseline's usage file (mode, backend, model, cost) in `llm_usage`; None for another system."""
+    path = llm_usage / f"{system.removeprefix('llm_')}.json"
+    return artifacts.read(path, artifacts.LLMUsage).model_dump() if system.startswith("llm_") and path.exists() else None
+
+
 def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
     """How the report names a system: from what its run wrote (the training summary or the LLM
     stage's usage file, whose labels come from the objective and mode registries)."""
     if system in COPY_BASELINES:
         return COPY_BASELINES[system][1]
-    usage = llm_usage / f"{system.removeprefix('llm_')}.json"
-    if system.startswith("llm_") and usage.exists():
-        return llm_label(artifacts.read(usage, artifacts.LLMUsage).model_dump())
+    if (usage := read_llm_usage(system, llm_usage)) is not None:
+        return llm_label(usage)
     if summary is not None:
         if system == "nll":
             return summary["label"]
@@ -101,9 +106,16 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str], seconds
     return "\n".join(lines)
 
 
-def coherence_notes(metrics: dict) -> list[str]:
+def judge_wrote(usages: dict[str, dict], judge: str | None) -> list[str]:
+    """The LLM baselines (label -> usage file) whose endings the CF-PMI judge itself wrote: the
+    local backend runs the generator's pretrained weights, the same spec as the judge's."""
+    return [label for label, usage in usages.items() if usage["backend"] == "local" and usage["model"] == judge]
+
+
+def coherence_notes(metrics: dict, written_by_judge: list[str] = ()) -> list[str]:
     """What the "Following the counterfactual" columns measure, with which models, and what they
-    leave out, from a system's metrics (the same evaluators scored every system)."""
+    leave out, from a system's metrics (the same evaluators scored every system); the LLM rows
+    the judge wrote itself (`judge_wrote`) are named."""
     if metrics.get("coherence_metrics") != "available":
         return [f"Following the counterfactual: {metrics.get('coherence_metrics', 'not computed')}."]
     models = metrics["evaluators"]
@@ -115,6 +127,9 @@ def coherence_notes(metrics: dict) -> list[str]:
         if models.get("judge_is_scorer"):
             notes.append("The judge is the training scorer: DTO optimised this model's likelihoods, so its CF-PMI may "
                          "favour the DTO systems for that reason alone (the paper profile judges with another model).")
+        if written_by_judge:
+            notes.append(f"The judge wrote the endings of {'; '.join(written_by_judge)} itself, after reading X_CE in the "
+                         "prompt, so its CF-PMI may favour those rows for that reason alone.")
     if models.get("embedder"):
         notes.append(f"Drift (Qin et al. 2019): cos(φ(X_P ⊕ X_CE ⊕ Ŷ) − φ(X_P ⊕ X_IE ⊕ X_OE), φ(X_P ⊕ X_CE ⊕ Y_EE) − "
                      f"φ(X_P ⊕ X_IE ⊕ X_OE)), φ = `{models['embedder']}`: does the ending move the story the way the "
@@ -143,6 +158,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
     summaries = read_summaries(order, train_logs)
     labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
+    usages = {labels[s]: usage for s in order if (usage := read_llm_usage(s, llm_usage)) is not None}
     rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
@@ -183,7 +199,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     markdown = "\n\n".join([
         "# Results", markdown_table(rows, alpha), *notes, *shown_figure,
-        "## Following the counterfactual", *following, *coherence_notes(metrics[baseline]),
+        "## Following the counterfactual", *following,
+        *coherence_notes(metrics[baseline], judge_wrote(usages, (metrics[baseline].get("evaluators") or {}).get("judge"))),
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
         *validity_section,
         "## Training", training_section(summaries, labels, train_seconds(records)),

@@ -31,7 +31,8 @@ from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_js
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
 from storyrewrite.records import stages_table
-from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
+from storyrewrite.report.build import (coherence_notes, echo_notes, judge_wrote, llm_label, train_seconds, training_section,
+                                        what_m_scores)
 from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
@@ -175,6 +176,12 @@ def all_columns(metrics: list[dict]) -> list[str]:
     return overlap_columns(rows) + coherence_columns(rows)
 
 
+def llm_usage(run: Run, system: str) -> dict | None:
+    """An LLM baseline's usage file (mode, backend, model, cost) in `run`, if it has one."""
+    path = f"reports/llm/{system.removeprefix('llm_')}.json"
+    return run.artifact(path, artifacts.LLMUsage) if run.has(path) else None
+
+
 def comparison(runs: list[Run]) -> list[Entry]:
     chosen = best_per_objective(runs)
     # The NLL model, the LLM modes and the copy baselines of one commit are the same in every run
@@ -183,8 +190,7 @@ def comparison(runs: list[Run]) -> list[Entry]:
     entries = [Entry(reference.summary(BASELINE)["label"] if reference.summary(BASELINE) else BASELINE, reference, BASELINE, "baseline")]
     entries += [Entry(objective_label(run, runs), run, FINETUNED, "trained") for run in chosen]
     for system in sorted(s for s in reference.systems() if s.startswith("llm_")):
-        usage = f"reports/llm/{system.removeprefix('llm_')}.json"
-        info = reference.artifact(usage, artifacts.LLMUsage) if reference.has(usage) else None
+        info = llm_usage(reference, system)
         entries.append(Entry(llm_label(info) if info else system, reference, system, "llm"))
     entries += [Entry(label, reference, system, "copy") for system, (_, label) in COPY_BASELINES.items()
                 if system in reference.systems()]
@@ -385,6 +391,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     rows = [Row(e.system, e.label, e.run.metrics(e.system), tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
                 story_p_values=tests.get(e.label, {}).get("story", {})) for e in entries]
     base_metrics = reference.metrics(BASELINE)
+    usages = {e.label: usage for e in entries if e.kind == "llm" and (usage := llm_usage(e.run, e.system)) is not None}
     bases = sorted({run.base[:7] for run in runs if run.base})
     devices = sorted({f"{r['device']} ({r['device_name']})" for run in runs for r in _records(run)})
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
@@ -409,7 +416,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
-        *coherence_notes(base_metrics),
+        *coherence_notes(base_metrics, judge_wrote(usages, (base_metrics.get("evaluators") or {}).get("judge"))),
         "## The copy of the original ending", copy_against_trained(entries),
         "## Training", training_section(summaries, {label: label for label in summaries}, seconds),
         "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
