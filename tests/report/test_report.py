@@ -79,10 +79,16 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     # A task without an original ending (ART): the caption says so and what M scores against.
     for system in ("nll", "finetuned"):
         art = _metrics(-2.0, counterfactual_metrics="n/a: the task has no original ending")
+        for metric in ("bartscore", "rougeL", "sacrebleu"):
+            art[metric] = {"predictive": art[metric]["predictive"]}  # as the score stage writes it for ART
         (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(art))
     markdown, _ = report(["nll", "finetuned"])
-    assert ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so the "
-            "counterfactual columns (M + Δ_M) are n/a.") in markdown and "edited ending" not in markdown
+    assert ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so "
+            "there is no counterfactual form (M + Δ_M).") in markdown and "edited ending" not in markdown
+    header = next(line for line in markdown.splitlines() if line.startswith("| System"))
+    assert header == "| System | BARTScore (M) | ROUGE-L (M) | SacreBLEU (M) |"  # no column of n/a
+    latex = report(["nll", "finetuned"])[1]
+    assert "System & BARTScore (M) & ROUGE-L (M) & SacreBLEU (M) \\\\" in latex and "multicolumn" not in latex
 
 
 def test_the_training_section_reads_the_runs_summaries_and_the_wall_time_from_the_stage_record(tmp_path):

@@ -52,7 +52,7 @@ def what_m_scores(metrics: dict) -> str:
         return ("M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) "
                 "rewards moving away from the original ending as well.")
     return ("M(Ŷ, Y) scores the prediction against the reference ending. The task has no original ending, so "
-            "the counterfactual columns (M + Δ_M) are n/a.")
+            "there is no counterfactual form (M + Δ_M).")
 
 
 def read_llm_usage(system: str, llm_usage: Path) -> dict | None:

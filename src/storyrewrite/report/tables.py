@@ -62,10 +62,13 @@ class Row:
 
 
 def overlap_columns(rows: list[Row]) -> list[str]:
-    """The overlap columns of the metrics any system of the table has, in both forms (a metric
-    computed only where its model is named, BERTScore, has none while it is not)."""
-    computed = {c.split("/")[0] for c in COLUMNS if c.endswith("/predictive") and any(metric_value(r.metrics, c) is not None for r in rows)}
-    return [c for c in COLUMNS if c.split("/")[0] in computed]
+    """The overlap columns of the metrics any system of the table has (a metric computed only
+    where its model is named, BERTScore, has none while it is not), in the forms any system has
+    (a task without an original ending, ART, has no counterfactual form)."""
+    present = [c for c in COLUMNS if any(metric_value(r.metrics, c) is not None for r in rows)]
+    computed = {c.split("/")[0] for c in present if c.endswith("/predictive")}
+    forms = {c.split("/")[1] for c in present}
+    return [c for c in COLUMNS if c.split("/")[0] in computed and c.split("/")[1] in forms]
 
 
 def coherence_columns(rows: list[Row]) -> list[str]:
@@ -113,10 +116,11 @@ def _latex_label(label: str) -> str:
 
 
 def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] | None = None) -> str:
-    """The overlap table (columns None: overlap_columns, in predictive and counterfactual groups)
-    or any other columns."""
+    """The overlap table (columns None: overlap_columns, in predictive and counterfactual groups
+    where there are both) or any other columns."""
     grouped = columns is None
     columns = overlap_columns(rows) if columns is None else columns
+    grouped = grouped and any(c.endswith("/counterfactual") for c in columns)  # both forms: a group each
     best = best_values(rows, columns)
     lines = ["\\begin{table}[t]", "\\centering", "\\small", "\\begin{tabular}{l" + "r" * len(columns) + "}", "\\toprule"]
     if grouped:
