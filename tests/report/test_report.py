@@ -142,9 +142,9 @@ def test_the_notes_name_the_llm_rows_the_judge_wrote_itself():
     assert judge_wrote(usages, None) == []
     metrics = {"coherence_metrics": "available",
                "evaluators": {"judge": "m", "embedder": None, "nli": None, "judge_is_scorer": False}}
-    notes = coherence_notes(metrics, judge_wrote(usages, "m"))
+    notes = coherence_notes(metrics, usages)
     assert ("The judge wrote the endings of m zero-shot (local) itself, after reading X_CE in the prompt, so its CF-PMI may "
             "favour those rows for that reason alone.") in notes
     assert not any("wrote the endings" in note for note in coherence_notes(metrics))
-    assert not any("wrote the endings" in note for note in coherence_notes({**metrics, "evaluators": {**metrics["evaluators"], "judge": None}},
-                                                                         ["m zero-shot (local)"]))
+    no_judge = {**metrics, "evaluators": {**metrics["evaluators"], "judge": None}}
+    assert not any("wrote the endings" in note for note in coherence_notes(no_judge, usages))

@@ -112,10 +112,10 @@ def judge_wrote(usages: dict[str, dict], judge: str | None) -> list[str]:
     return [label for label, usage in usages.items() if usage["backend"] == "local" and usage["model"] == judge]
 
 
-def coherence_notes(metrics: dict, written_by_judge: list[str] = ()) -> list[str]:
+def coherence_notes(metrics: dict, llm_usages: dict[str, dict] | None = None) -> list[str]:
     """What the "Following the counterfactual" columns measure, with which models, and what they
-    leave out, from a system's metrics (the same evaluators scored every system); the LLM rows
-    the judge wrote itself (`judge_wrote`) are named."""
+    leave out, from a system's metrics (the same evaluators scored every system); of the LLM
+    baselines (label -> usage file), those the judge wrote itself are named."""
     if metrics.get("coherence_metrics") != "available":
         return [f"Following the counterfactual: {metrics.get('coherence_metrics', 'not computed')}."]
     models = metrics["evaluators"]
@@ -127,8 +127,8 @@ def coherence_notes(metrics: dict, written_by_judge: list[str] = ()) -> list[str
         if models.get("judge_is_scorer"):
             notes.append("The judge is the training scorer: DTO optimised this model's likelihoods, so its CF-PMI may "
                          "favour the DTO systems for that reason alone (the paper profile judges with another model).")
-        if written_by_judge:
-            notes.append(f"The judge wrote the endings of {'; '.join(written_by_judge)} itself, after reading X_CE in the "
+        if written := judge_wrote(llm_usages or {}, models["judge"]):
+            notes.append(f"The judge wrote the endings of {'; '.join(written)} itself, after reading X_CE in the "
                          "prompt, so its CF-PMI may favour those rows for that reason alone.")
     if models.get("embedder"):
         notes.append(f"Drift (Qin et al. 2019): cos(φ(X_P ⊕ X_CE ⊕ Ŷ) − φ(X_P ⊕ X_IE ⊕ X_OE), φ(X_P ⊕ X_CE ⊕ Y_EE) − "
@@ -200,7 +200,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     markdown = "\n\n".join([
         "# Results", markdown_table(rows, alpha), *notes, *shown_figure,
         "## Following the counterfactual", *following,
-        *coherence_notes(metrics[baseline], judge_wrote(usages, (metrics[baseline].get("evaluators") or {}).get("judge"))),
+        *coherence_notes(metrics[baseline], usages),
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
         *validity_section,
         "## Training", training_section(summaries, labels, train_seconds(records)),

@@ -31,8 +31,7 @@ from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_js
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
 from storyrewrite.records import stages_table
-from storyrewrite.report.build import (coherence_notes, echo_notes, judge_wrote, llm_label, train_seconds, training_section,
-                                        what_m_scores)
+from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
@@ -416,7 +415,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
-        *coherence_notes(base_metrics, judge_wrote(usages, (base_metrics.get("evaluators") or {}).get("judge"))),
+        *coherence_notes(base_metrics, usages),
         "## The copy of the original ending", copy_against_trained(entries),
         "## Training", training_section(summaries, {label: label for label in summaries}, seconds),
         "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
