@@ -1,10 +1,10 @@
 import pytest
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.llm.backends import LocalBackend
+from storyrewrite.llm.backends import LocalBackend, Reply
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.modes import ExampleSource
-from storyrewrite.llm.run import run_mode
+from storyrewrite.llm.run import prompt_chars, run_mode
 from storyrewrite.params import LLMConfig, build, load_yaml
 
 from helpers import ROOT
@@ -28,6 +28,9 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     assert [p["prediction"] for p in predictions[::3]] == [" ".join(s.split("\n\n")[0].split()) for s in single]
     again, cached = run_mode("zero_shot", test, source, backend, cache)
     assert again == predictions and cached.requests == 0 and cached.cache_hits == 2
+    # In instance order instead of longest first: the same predictions.
+    unsorted, _ = run_mode("zero_shot", test, source, backend, ResponseCache(tmp_path / "unsorted"), length_sorted=False)
+    assert unsorted == predictions
     # What the predictions cost is counted the same from the cache as from the model.
     assert cached.metrics() == usage.metrics()
     assert usage.metrics()["instances"] == 6 and usage.prompt_tokens > 0
@@ -36,3 +39,37 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
 def backend_messages(config, row):
     from storyrewrite.llm.prompts import Template, messages
     return messages(Template.read(config.templates["timetravel"]), row, None)
+
+
+class Recorder:
+    """A backend that answers each prompt with its length and records the batches it was sent."""
+    name, model_id, label, batch_size, retries = "recorder", "recorder", "recorder", 5, 0
+
+    def __init__(self):
+        self.batches = []
+
+    def complete_many(self, prompts, max_new_tokens, temperature):
+        self.batches.append([prompt_chars(p) for p in prompts])
+        for position in reversed(range(len(prompts))):  # out of order, as a server's threads answer
+            yield position, Reply(f"{prompt_chars(prompts[position])} characters", 1, 1, 0.0)
+
+
+@pytest.mark.parametrize("length_sorted", [True, False])
+def test_prompts_go_to_the_backend_longest_first_and_come_back_in_instance_order(length_sorted, small_prepared, tmp_path):
+    section = load_yaml(ROOT / "params.yaml")["llm"]
+    config = build(LLMConfig, {**section, "templates": {k: str(ROOT / v) for k, v in section["templates"].items()}}, "llm")
+    base = load_instances(small_prepared, "timetravel", "test")[0]
+    # 12 stories of different lengths in no order, and the first asked again (answered once).
+    extra = [5, 0, 9, 2, 11, 7, 1, 10, 3, 8, 4, 6, 5]
+    instances = [{**base, "id": f"s{k}:{i}", "story_id": f"s{k}", "premise": base["premise"] + " And then" * k}
+                 for i, k in enumerate(extra)]
+    source = ExampleSource(instances, "timetravel", config, 0)
+    backend = Recorder()
+    predictions, usage = run_mode("zero_shot", instances, source, backend, ResponseCache(tmp_path), length_sorted)
+    lengths = [prompt_chars(backend_messages(config, row)) for row in instances]
+    assert [len(b) for b in backend.batches] == [5, 5, 2] and usage.requests == 12
+    sent = [n for batch in backend.batches for n in batch]
+    assert sent == (sorted(set(lengths), reverse=True) if length_sorted else lengths[:12])
+    # Each instance gets its own prompt's reply, whatever the order of sending and answering.
+    assert [p["id"] for p in predictions] == [r["id"] for r in instances]
+    assert [p["prediction"] for p in predictions] == [f"{n} characters" for n in lengths]

@@ -57,9 +57,19 @@ def clean_reply(text: str) -> str:
     return " ".join(text.split())
 
 
+def prompt_chars(messages: list[dict]) -> int:
+    """A prompt's length in characters, which stand for its tokens whatever the backend's tokenizer."""
+    return sum(len(turn["content"]) for turn in messages)
+
+
 def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: Backend,
-             cache: ResponseCache) -> tuple[list[dict], Usage]:
-    """Predictions [{id, prediction}] in instance order, and their `Usage`."""
+             cache: ResponseCache, length_sorted: bool = True) -> tuple[list[dict], Usage]:
+    """Predictions [{id, prediction}] in instance order, and their `Usage`.
+
+    The prompts go to the backend longest first (`length_sorted`), as `generate` orders its
+    sources: a batch then holds prompts of like length, so little of a local model's batch is
+    padding, and the largest batch, the memory peak, comes first. False keeps instance order
+    (bench/llm_batching.py measures the two)."""
     config = source.config
     template = Template.read(config.templates[source.task])
     examples = get_mode(mode).examples(instances, source)
@@ -74,6 +84,8 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
             usage.cache_hits += 1
     todo = list(dict.fromkeys(k for k in keys if k not in replies))  # each distinct prompt once
     by_key = dict(zip(keys, queries))
+    if length_sorted:
+        todo.sort(key=lambda k: -prompt_chars(by_key[k]))  # stable: equal lengths keep instance order
     started = time.perf_counter()
     for start in range(0, len(todo), backend.batch_size):
         batch = todo[start : start + backend.batch_size]
