@@ -6,7 +6,9 @@
 #   what a step of the other objectives (DTO-Delta, CPO, RLOO: sampling included) costs against it;
 #   GPU busy share from torch.profiler, operator tables in OUT/traces/;
 # nll_throughput: NLL steps/s and generation >= 200 test predictions/s (dynamic, then static KV cache);
-# scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, and its bf16 rate.
+# scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, and its bf16 rate;
+# llm_batching: the local LLM backend's prompts/s sent longest first (as the llm stages do) against
+#   instance order, and the share of padding each way.
 # With `compile` as the second argument, objective_step_time then runs once more with the models'
 # bodies compiled (`compile: true`; each process first compiles, a minute or more), after the rest.
 set -euo pipefail
@@ -28,6 +30,8 @@ python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1
   | tee "$OUT/nll_throughput_static.txt"
 python bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64 2>&1 \
   | tee "$OUT/scorer_and_bootstrap.txt"
+python bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 256 2>&1 \
+  | tee "$OUT/llm_batching.txt"
 if [ "${2:-}" = compile ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.

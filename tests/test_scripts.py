@@ -238,12 +238,12 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
     calls = log.read_text().splitlines()
     assert [c.split()[0] for c in calls] == ["bench/objective_step_time.py", "bench/nll_throughput.py",
                                              "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py",
-                                             "bench/objective_step_time.py"]
+                                             "bench/llm_batching.py", "bench/objective_step_time.py"]
     assert "--compile" in calls[-1] and not any("--compile" in c for c in calls[:-1])
     assert "--objectives nll score score_delta delta cpo rloo " in calls[0]  # every objective's step against NLL's
     assert "warning: the compiled step bench failed" in result.stderr
     plain = subprocess.run(["bash", str(script), "out2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 4
+    assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 5
     bad = subprocess.run(["bash", str(script), "out3", "compiled"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "may only be 'compile', got 'compiled'" in bad.stderr
 
