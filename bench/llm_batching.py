@@ -25,7 +25,7 @@ from storyrewrite.llm.backends import LocalBackend
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
 from storyrewrite.llm.prompts import Template, messages
-from storyrewrite.llm.run import prompt_chars, run_mode
+from storyrewrite.llm.run import longest_first, run_mode
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
 
@@ -72,13 +72,12 @@ def main() -> None:
     # Padding, counted in the backend's own tokens for the order each way sends the prompts.
     template = Template.read(config.templates[params.task])
     chats = [messages(template, row, example) for row, example in zip(queries, get_mode(args.mode).examples(queries, source))]
-    texts = [backend.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for chat in chats]
-    tokens = [len(ids) for ids in backend.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    longest_first = [t for _, t in sorted(zip(chats, tokens), key=lambda pair: -prompt_chars(pair[0]))]
-    padding = {"length_sorted": padding_share(longest_first, backend.batch_size),
+    tokens = backend.encode(chats)["attention_mask"].sum(dim=1).tolist()
+    padding = {"length_sorted": padding_share([tokens[i] for i in longest_first(chats)], backend.batch_size),
                "instance_order": padding_share(tokens, backend.batch_size)}
 
-    run_mode(args.mode, queries[: backend.batch_size], source, backend, ResponseCache(tempfile.mkdtemp()))  # warm-up
+    with tempfile.TemporaryDirectory() as cache:  # warm-up
+        run_mode(args.mode, queries[: backend.batch_size], source, backend, ResponseCache(cache))
     seconds: dict[bool, list[float]] = {True: [], False: []}
     replies: dict[bool, list[dict]] = {}
     for repeat in range(args.repeats):

@@ -117,12 +117,17 @@ class LocalBackend:
     def complete(self, messages: list[dict], max_new_tokens: int, temperature: float) -> Reply:
         return next(self.complete_many([messages], max_new_tokens, temperature))[1]
 
+    def encode(self, prompts: list[list[dict]]):
+        """The chat prompts as the model reads them: its chat template with the generation prompt,
+        tokenized into one padded batch (on the CPU)."""
+        texts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
+        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
     def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
         import torch
 
         started = time.perf_counter()
-        texts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
-        inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        inputs = self.encode(prompts).to(self.model.device)
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         with torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,

@@ -62,6 +62,12 @@ def prompt_chars(messages: list[dict]) -> int:
     return sum(len(turn["content"]) for turn in messages)
 
 
+def longest_first(prompts: list[list[dict]]) -> list[int]:
+    """The positions of `prompts` in the order `run_mode` sends them: longest first, equal
+    lengths in their given order."""
+    return sorted(range(len(prompts)), key=lambda i: -prompt_chars(prompts[i]))
+
+
 def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: Backend,
              cache: ResponseCache, length_sorted: bool = True) -> tuple[list[dict], Usage]:
     """Predictions [{id, prediction}] in instance order, and their `Usage`.
@@ -85,7 +91,7 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
     todo = list(dict.fromkeys(k for k in keys if k not in replies))  # each distinct prompt once
     by_key = dict(zip(keys, queries))
     if length_sorted:
-        todo.sort(key=lambda k: -prompt_chars(by_key[k]))  # stable: equal lengths keep instance order
+        todo = [todo[i] for i in longest_first([by_key[k] for k in todo])]
     started = time.perf_counter()
     for start in range(0, len(todo), backend.batch_size):
         batch = todo[start : start + backend.batch_size]
