@@ -102,6 +102,23 @@ def test_gumbel_softmax_is_seeded_and_hard_is_one_hot():
     assert torch.equal(hard.argmax(-1), a.argmax(-1)) and set(hard.unique().tolist()) <= {0.0, 1.0}
 
 
+
+@pytest.mark.parametrize("tau, dtype", [(1.0, torch.float32), (0.5, torch.float32), (1.0, torch.bfloat16)])
+def test_gumbel_softmax_is_the_written_out_formula(tau, dtype):
+    """The in-place computation gives softmax((logits + g) / tau), g = −log(−log u) from the
+    seeded draw, written out here: the same values and the same gradient, the logits untouched."""
+    logits = torch.randn(2, 5, 11).to(dtype).requires_grad_()
+    before = logits.detach().clone()
+    uniform = torch.rand(logits.shape, generator=torch.Generator().manual_seed(3)).clamp(1e-10, 1.0 - 1e-7)
+    expected = torch.softmax((logits.float() - torch.log(-torch.log(uniform))) / tau, dim=-1)
+    weights = torch.randn(2, 5, 11)
+    actual = gumbel_softmax(logits, tau, False, 3)
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7)
+    grad_actual, = torch.autograd.grad((actual * weights).sum(), logits)
+    grad_expected, = torch.autograd.grad((expected * weights).sum(), logits)
+    torch.testing.assert_close(grad_actual, grad_expected)
+    assert torch.equal(logits.detach(), before)
+
 @pytest.fixture(params=["bart", "llama"])
 def dto_setup(request, tiny_model_dirs, small_prepared):
     directory = tiny_model_dirs[request.param]

@@ -32,11 +32,19 @@ def gumbel_softmax(logits: torch.Tensor, tau: float, hard: bool, seed: int) -> t
     a step is reproducible for a given device and seed, a resumed run draws what the interrupted
     one would have, and no B×T×V tensor crosses between host and GPU. bf16 logits are promoted by
     the addition, not copied first. With `hard`, the forward value is the one-hot argmax and the
-    gradient that of the soft sample (straight-through)."""
+    gradient that of the soft sample (straight-through).
+
+    The noise becomes the softmax's input in place: one B×T×V float32 buffer where the written-out
+    formula allocates six (the same values bit for bit; at 2×124×49,152 on a 2-vCPU CPU, forward
+    and backward take half the time). Neither the addition nor the division by tau (skipped at
+    1.0) keeps its input for the backward pass, so autograd allows it."""
     generator = torch.Generator(device=logits.device).manual_seed(seed)
-    uniform = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
-    gumbels = -torch.log(-torch.log(uniform.clamp_(min=1e-10, max=1.0 - 1e-7)))
-    soft = torch.softmax((logits + gumbels) / tau, dim=-1)
+    noise = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+    noise.clamp_(min=1e-10, max=1.0 - 1e-7).log_().neg_().log_().neg_()  # g = −log(−log u)
+    noise.add_(logits)
+    if tau != 1.0:
+        noise.div_(tau)
+    soft = torch.softmax(noise, dim=-1)
     if not hard:
         return soft
     one_hot = torch.zeros_like(soft).scatter_(-1, soft.argmax(dim=-1, keepdim=True), 1.0)
