@@ -179,7 +179,8 @@ def main() -> None:
     print(f"{first['device']}; precision {args.precision}; {'compiled' if args.compile else 'eager'}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
           f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
     sampling = any(r["sample_share"] is not None for rows in runs.values() for r in rows)
-    print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>18}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
+    width = max(18, 5 * args.repeats + 3)  # the per-repeat column: 5 characters a repeat
+    print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
           + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else ""))
     figures = {}
     for objective in args.objectives:
@@ -195,7 +196,7 @@ def main() -> None:
             **({"gpu_busy": round(mean(objective, "gpu_busy"), 3)} if busy else {}),
         }
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
-              f"{' '.join(f'{r:.2f}' for r in per_repeat):>18}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
+              f"{' '.join(f'{r:.2f}' for r in per_repeat):>{width}}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
               f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s"
               + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
               + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
