@@ -102,7 +102,6 @@ def test_gumbel_softmax_is_seeded_and_hard_is_one_hot():
     assert torch.equal(hard.argmax(-1), a.argmax(-1)) and set(hard.unique().tolist()) <= {0.0, 1.0}
 
 
-
 @pytest.mark.parametrize("tau, dtype", [(1.0, torch.float32), (0.5, torch.float32), (1.0, torch.bfloat16)])
 def test_gumbel_softmax_is_the_written_out_formula(tau, dtype):
     """The in-place computation gives softmax((logits + g) / tau), g = −log(−log u) from the
@@ -118,6 +117,7 @@ def test_gumbel_softmax_is_the_written_out_formula(tau, dtype):
     grad_expected, = torch.autograd.grad((expected * weights).sum(), logits)
     torch.testing.assert_close(grad_actual, grad_expected)
     assert torch.equal(logits.detach(), before)
+
 
 @pytest.fixture(params=["bart", "llama"])
 def dto_setup(request, tiny_model_dirs, small_prepared):
