@@ -22,7 +22,7 @@ from storyrewrite.models import materialise as materialise_module
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.roles import EVAL_ROLES
 from storyrewrite.params import Params, load_yaml, overlay
-from storyrewrite.records import peak_rss_gb
+from storyrewrite.records import cpu_features, cpu_has_bf16, peak_rss_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
@@ -72,6 +72,10 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
         "script": f"bench/{script}.py", "command": " ".join(["python", f"bench/{script}.py", *sys.argv[1:]]),
         **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
+        # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
+        # use, and whether bf16 runs in hardware or in emulation (bf16-mixed on a CPU).
+        **({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_has_bf16()}
+           if where["device"] == "cpu" else {}),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": settings, "figures": figures,
         "targets": targets or {},
     }
@@ -141,4 +145,5 @@ def peak_memory_gb(device: torch.device) -> float:
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    return f"CPU {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    features = cpu_features(torch.backends.cpu.get_cpu_capability(), cpu_has_bf16())
+    return f"CPU {platform.machine()} ({features}), {torch.get_num_threads()} torch threads, torch {torch.__version__}"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from storyrewrite.io import InputError
-from storyrewrite.records import StageRecord, describe_device, read_records, stages_table
+from storyrewrite.records import StageRecord, cpu_features, cpu_has_bf16, describe_device, read_records, stages_table
 
 
 def test_a_record_names_the_device_the_wall_time_and_the_rate(tmp_path, monkeypatch):
@@ -82,3 +82,28 @@ def test_peak_memory_is_the_processs_own_not_its_parents():
                            capture_output=True, text=True, check=True)
     assert peak_rss_gb() >= 0.4
     assert float(child.stdout) < 0.2
+
+
+def _cpuinfo(*flag_lines: str, key: str = "flags") -> str:
+    return "".join(f"processor\t: {i}\nmodel name\t: a CPU\n{key}\t\t: {flags}\n\n" for i, flags in enumerate(flag_lines))
+
+
+@pytest.mark.parametrize("cpuinfo, expected", [
+    (_cpuinfo("fpu sse2 avx avx2 fma", "fpu sse2 avx avx2 fma"), False),  # AVX2 only: bf16 emulated
+    (_cpuinfo("avx2 avx512f avx512bw avx512vl", "avx2 avx512f avx512bw avx512vl"), False),  # AVX-512 without its bf16 extension
+    (_cpuinfo("avx2 avx512f avx512_bf16", "avx2 avx512f avx512_bf16"), True),
+    (_cpuinfo("avx2 amx_tile amx_bf16 amx_int8"), True),
+    (_cpuinfo("avx2 avx512_bf16", "avx2"), False),  # every core must have them
+    (_cpuinfo("fp asimd bf16 i8mm", key="Features"), True),  # Arm
+    (_cpuinfo("fp asimd", key="Features"), False),
+    ("processor\t: 0\nmodel name\t: a CPU\n", None),  # no flags listed: unknown
+])
+def test_bf16_instructions_are_read_from_the_cpus_flags(cpuinfo, expected):
+    assert cpu_has_bf16(cpuinfo) is expected
+
+
+def test_the_cpu_features_are_named_with_and_without_a_bf16_answer():
+    assert cpu_features("AVX2", False) == "AVX2, no bf16 instructions"
+    assert cpu_features("AVX512", True) == "AVX512, bf16 instructions"
+    assert cpu_features("DEFAULT", None) == "DEFAULT"
+

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from storyrewrite.io import InputError, read_json, read_text, write_text_atomic
+from storyrewrite.records import cpu_features
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -240,7 +241,8 @@ def benchmarks() -> str:
             rows = [[f"`{name}`", _shown(value), _mark(value, targets.get(name))] for name, value in _flatten(run["figures"])]
             parts.append("\n".join([
                 f"### `{run['script']}` on {where}",
-                f"`{run['command']}`; {run['device_name'] if run['device'] != 'cpu' else run.get('machine', where)}, "
+                f"`{run['command']}`; {run['device_name'] if run['device'] != 'cpu' else run.get('machine', where)}"
+                + (f" ({cpu_features(run['cpu_capability'], run.get('cpu_bf16'))})" if "cpu_capability" in run else "") + ", "
                 f"{run['torch_threads']} torch threads, torch {run['torch']}"
                 + (f", CUDA {run['cuda']}" if run.get("cuda") else "") + f"; commit {run['commit']}, {run['measured_at']}.",
                 "", _table(["figure", "value", "target"], rows),

@@ -42,6 +42,28 @@ def cpu_name() -> str:
     return f"{name} ({os.cpu_count()} cores)"
 
 
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether the CPU has bf16 arithmetic instructions, from its flags in /proc/cpuinfo (or
+    `cpuinfo`, that file's text): x86 `avx512_bf16` or `amx_bf16`, Arm `bf16`. Without them torch
+    computes bf16 in emulation. None where no flags are listed (no /proc/cpuinfo: not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = [set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines()
+             if line.split(":", 1)[0].strip() in ("flags", "Features") and ":" in line]
+    if not flags:
+        return None
+    return all(cpu & {"avx512_bf16", "amx_bf16", "bf16"} for cpu in flags)
+
+
+def cpu_features(capability: str, has_bf16: bool | None) -> str:
+    """"AVX2, no bf16 instructions": torch's CPU capability (torch.backends.cpu.get_cpu_capability)
+    and `cpu_has_bf16`'s answer, what a CPU timing depends on beyond the model name."""
+    return capability + {True: ", bf16 instructions", False: ", no bf16 instructions"}.get(has_bf16, "")
+
+
 def describe_device(device) -> dict:
     """{"device": "cuda:0" | "cpu", "device_name": ...} for a torch.device or its string."""
     text = str(device)

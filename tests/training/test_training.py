@@ -16,7 +16,7 @@ from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
-from storyrewrite.training.run import assemble, fit
+from storyrewrite.training.run import assemble, bf16_emulation_warning, fit
 
 from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
 
@@ -404,3 +404,22 @@ def test_the_progress_bar_names_the_epoch_total_only_where_there_is_one(budget, 
                         limit_train_batches=2, limit_val_batches=0, enable_model_summary=False, **budget)
     trainer.fit(BoringModel())
     assert seen and set(seen) == {description}
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_announced_and_nowhere_else():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    warning = bf16_emulation_warning("train", "bf16-mixed", cpu, False)
+    assert warning.startswith("warning: `train.precision` = bf16-mixed on a CPU without bf16 instructions")
+    assert bf16_emulation_warning("train_nll", "bf16-true", cpu, False).startswith("warning: `train_nll.precision` = bf16-true")
+    assert bf16_emulation_warning("train", "bf16-mixed", cpu, True) is None  # bf16 in hardware
+    assert bf16_emulation_warning("train", "bf16-mixed", cpu, None) is None  # unknown: no claim
+    assert bf16_emulation_warning("train", "32-true", cpu, False) is None
+    assert bf16_emulation_warning("train", "bf16-mixed", cuda, False) is None
+
+
+def test_a_bf16_run_on_such_a_cpu_prints_the_warning_once(tmp_path, tiny_model_dirs, small_prepared, monkeypatch, capsys):
+    monkeypatch.setattr("storyrewrite.training.run.cpu_has_bf16", lambda: False)
+    _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=1, val_check_interval=1,
+                            precision="bf16-mixed"), diagnostics=False)
+    assert capsys.readouterr().out.count("on a CPU without bf16 instructions") == 1
+

@@ -24,6 +24,7 @@ from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, sa
 from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_objective
 from storyrewrite.parallel import assigned_gpu
 from storyrewrite.params import ModelsConfig, Params, Section, TrainConfig
+from storyrewrite.records import cpu_has_bf16
 from storyrewrite.training.checkpointing import AtomicCheckpointIO, check_readable
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
@@ -174,6 +175,17 @@ def _trainer_kwargs(config: TrainConfig) -> dict:
     )
 
 
+def bf16_emulation_warning(section: str, precision: str, device: torch.device, has_bf16: bool | None) -> str | None:
+    """The line a bf16 run prints on a CPU without bf16 instructions (`has_bf16`: records.cpu_has_bf16),
+    where torch computes bf16 in emulation; None elsewhere. The GPU profile's settings on such a CPU
+    (a rehearsal, or `device: auto` finding no GPU) would otherwise just seem to hang."""
+    if device.type != "cpu" or not str(precision).startswith("bf16") or has_bf16 is not False:
+        return None
+    return (f"warning: `{section}.precision` = {precision} on a CPU without bf16 instructions (AVX512-BF16, AMX or "
+            f"Arm BF16): torch emulates bf16 here, and a step can take several times as long as in 32-true "
+            f"(docs/benchmarks.md, bench/objective_step_time.py --precision bf16-mixed)")
+
+
 def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks: tuple[Callback, ...] = (),
         diagnostics: bool = True) -> dict:
     """Train; export the best-on-val weights to `out_dir`. `checkpoint_dir` keeps the best and
@@ -215,6 +227,9 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **_trainer_kwargs(run.config))
+    warning = bf16_emulation_warning(run.section, run.config.precision, trainer.strategy.root_device, cpu_has_bf16())
+    if warning and trainer.is_global_zero:
+        print(warning, flush=True)
 
     started = time.perf_counter()
     if run.config.validate_at_start and resume_from is None:
