@@ -57,6 +57,8 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
                  targets: dict[str, dict[str, float]] | None = None) -> Path:
     """reports/bench/<script>.json: this run's figures with where they were measured (machine,
     device, versions, commit), kept per device: a run replaces the previous one of its device.
+    `script`: the script's name, with a variant (e.g. "-bf16-mixed") where its options measure
+    something else; the record names the script that ran and its command line as given.
     `targets`: a figure's dotted path in `figures` -> {"max": x} or {"min": x} (docs/benchmarks.md
     marks each figure against its target)."""
     import sys
@@ -69,7 +71,8 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
     runs = read_json(path) if path.exists() else {}
     where = describe_device(device)
     runs[where["device_name"] if where["device"] != "cpu" else f"cpu: {where['device_name']}"] = {
-        "script": f"bench/{script}.py", "command": " ".join(["python", f"bench/{script}.py", *sys.argv[1:]]),
+        # The script that ran, not the result's name: a variant's command must be runnable as shown.
+        "script": f"bench/{Path(sys.argv[0]).name}", "command": " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
         # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
