@@ -239,8 +239,10 @@ def benchmarks() -> str:
         for where, run in read_json(path).items():
             targets = run.get("targets", {})
             rows = [[f"`{name}`", _shown(value), _mark(value, targets.get(name))] for name, value in _flatten(run["figures"])]
+            # A variant's results (objective_step_time-bf16-mixed.json) are named apart from the script's own.
+            variant = path.stem.removeprefix(Path(run["script"]).stem).strip("-_")
             parts.append("\n".join([
-                f"### `{run['script']}` on {where}",
+                f"### `{run['script']}`{f' ({variant})' if variant else ''} on {where}",
                 f"`{run['command']}`; {run['device_name'] if run['device'] != 'cpu' else run.get('machine', where)}"
                 + (f" ({cpu_features(run['cpu_capability'], run.get('cpu_bf16'))})" if "cpu_capability" in run else "") + ", "
                 f"{run['torch_threads']} torch threads, torch {run['torch']}"
