@@ -70,9 +70,9 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
     path = ROOT / "reports" / "bench" / f"{script}.json"
     runs = read_json(path) if path.exists() else {}
     where = describe_device(device)
+    ran = f"bench/{Path(sys.argv[0]).name}"  # the script that ran, not the result's name: a variant's command runs as shown
     runs[where["device_name"] if where["device"] != "cpu" else f"cpu: {where['device_name']}"] = {
-        # The script that ran, not the result's name: a variant's command must be runnable as shown.
-        "script": f"bench/{Path(sys.argv[0]).name}", "command": " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "script": ran, "command": " ".join(["python", ran, *sys.argv[1:]]),
         **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
         # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
