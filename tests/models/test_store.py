@@ -56,10 +56,26 @@ def test_resolve_model_dir_rejects_a_non_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_bundled_smollm2_materialises_exactly(tmp_path):
-    """The GGUF model is de-quantised once; the saved copy gives the same logits."""
+def test_bundled_smollm2_materialises_exactly(tmp_path, monkeypatch):
+    """The GGUF model is de-quantised once, its file parsed once (transformers alone parses it
+    three times); the embeddings are gguf's own de-quantisation of the file's tensor, and the
+    saved copy gives the same logits."""
+    import gguf
+
+    readers = []
+
+    def reader(*args, **kwargs):
+        readers.append(real(*args, **kwargs))
+        return readers[-1]
+
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", reader)
     model, tokenizer = load_from_source("bundled:smollm2-135m-instruct")
     assert type(model).__name__ == "LlamaForCausalLM" and len(tokenizer) == 49152
+    assert len(readers) == 1 and gguf.GGUFReader is reader  # parsed once; the patch undone
+    embedding = next(t for t in readers[0].tensors if t.name == "token_embd.weight")
+    want = torch.from_numpy(gguf.dequantize(embedding.data, embedding.tensor_type).copy()).float()
+    torch.testing.assert_close(model.get_input_embeddings().weight.detach(), want, atol=0, rtol=0)
     save_model(model, tokenizer, tmp_path / "smol")
     assert "quantization_config" not in json.loads((tmp_path / "smol" / "config.json").read_text())
     reloaded = load_model(tmp_path / "smol")

@@ -12,9 +12,12 @@ A model is named by a *spec* string in params (`models.generator`, `models.judge
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import shutil
 import zipfile
 from dataclasses import dataclass
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -52,9 +55,26 @@ BUNDLED = {
 }
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within the block, `gguf.GGUFReader` parses a file once and `gguf.get_tensor_name_map`
+    builds a map once. transformers (5.x) parses the whole GGUF file for the tokenizer, again for
+    the config and again for the weights (SmolLM2's 49k-token vocabulary and merges are most of
+    the header), and builds gguf's tensor-name map for every module it walks: two thirds of the
+    load's time. transformers imports both names from `gguf` when it calls them, so patching the
+    package's attributes is enough; the reader is read-only (a memory map), and the loaded
+    weights, config and tokenizer are the same as without the patch."""
+    import gguf
+
+    with mock.patch.object(gguf, "GGUFReader", functools.cache(gguf.GGUFReader)), \
+            mock.patch.object(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map)):
+        yield
+
+
 def _load_gguf(directory: Path, file_name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file_name)
-    quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file_name)
+        quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
     # transformers refuses to save a model it loaded from GGUF; its weights are already
     # de-quantised, so move them into a plain model built from the same config.
     config = quantized.config
