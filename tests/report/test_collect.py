@@ -71,18 +71,21 @@ def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll
     def jsonl(rows):
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
-    params = {"seed": 0, "task": "timetravel", "objective": objective, "train": {"lr": 1e-5},
+    params = {"seed": 0, "task": "timetravel", "objective": objective, "train": {"lr": 1e-5}, "llm": {"modes": ["zero_shot"]},
               "cpo": {"beta": (settings or {}).get("beta", 0.1)}, "significance": {"n_resamples": 200, "unit": "instance"}}
     return {
         "params.yaml": yaml.safe_dump(params).encode(),
         "reports/metrics/nll.json": dump(_metrics(-1.9)),
         "reports/metrics/finetuned.json": dump(_metrics(bart, 60 + 10 * shift)),
         "reports/metrics/llm_zero_shot.json": dump(_metrics(-2.5, 40.0)),
+        "reports/metrics/llm_rag.json": dump(_metrics(-2.2, 45.0)),  # a mode since dropped from llm.modes: in git, not a system
+        "reports/sanity/metrics/copy_reference.json": dump(_metrics(-0.5, 100.0)),
         "reports/sanity/metrics/copy_original.json": dump(_metrics(-1.0, 70.0)),
         "reports/scores/nll.jsonl": jsonl(_scores(0.0)),
         "reports/scores/finetuned.jsonl": jsonl(_scores(shift)),
         "reports/scores/llm_zero_shot.jsonl": jsonl(_scores(-0.5)),
         "reports/scores/.gitignore": b"/finetuned.jsonl\n",
+        "reports/sanity/scores/copy_reference.jsonl": jsonl(_scores(2.0)),
         "reports/sanity/scores/copy_original.jsonl": jsonl(_scores(1.0)),
         "reports/significance.json": dump({"baseline": "nll", "n_resamples": 200, "unit": "instance",
                                            "p_values": {"finetuned": {"bartscore/predictive": 0.0 if shift > 0 else 1.0}}}),
@@ -148,7 +151,8 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     results = (out / "results.md").read_text()
     table = [line for line in results.split("## Following")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == [
-        "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the original ending"]
+        "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the reference (upper bound)",
+        "| Copy of the original ending"]  # the systems of the runs' params: not llm_rag, whose metrics lie in their commits
     assert (out / "train" / "dto" / "finetuned.png").read_bytes() == PNG and (out / "results.png").exists()
     # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
     assert "CPO (beta=2): cpo-b" in results
@@ -238,6 +242,17 @@ def test_a_damaged_or_missing_blob_is_named(gathered):
     blob.unlink()
     with pytest.raises(InputError, match=r"blobs/[0-9a-f]{64}\.gz: missing \(the gathered folder .* is incomplete\)"):
         run.summary("finetuned")
+
+
+def test_a_run_whose_params_do_not_name_its_systems_is_named(tmp_path):
+    files = _files("old", "score", 1.5, 0.3, -1.7)
+    params = yaml.safe_load(files["params.yaml"])
+    del params["llm"]
+    files["params.yaml"] = yaml.safe_dump(params).encode()
+    gather_run(DictFS(files), {"name": "old", "rev": "1" * 40, "base": "abcdef1234"}, tmp_path / "runs")
+    with pytest.raises(InputError, match=r"runs/old\.json: the run's params\.yaml needs `task` \(one of timetravel, .*\) and "
+                                         r"`llm\.modes` \(a list\); it has task 'timetravel', llm\.modes None"):
+        write_bundle(load_runs([tmp_path / "runs"]), tmp_path / "out", "test profile")
 
 
 def test_no_gathered_runs_is_an_error_naming_the_folder(tmp_path):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
@@ -37,7 +38,7 @@ from storyrewrite.report.gather import manifests, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
 from storyrewrite.significance.compare import compare
-from storyrewrite.systems import COPY_BASELINES
+from storyrewrite.systems import COPY_BASELINES, pipeline_systems
 
 BASELINE, FINETUNED = "nll", "finetuned"
 UNITS = ("instance", "story")
@@ -105,7 +106,14 @@ class Run:
         return self.artifact(path, artifacts.TrainingSummary) if self.has(path) else None
 
     def systems(self) -> list[str]:
-        return [Path(p).stem for p in self.under("reports/metrics/") + self.under("reports/sanity/metrics/")]
+        """The systems of the run's pipeline, named by its own params as the report stage names
+        them (storyrewrite.systems): never whatever metrics files its commit holds, for the
+        metrics of an LLM mode since dropped from `llm.modes` stay in git."""
+        task, modes = self.params.get("task"), (self.params.get("llm") or {}).get("modes")
+        if task not in TASK_COLUMNS or not isinstance(modes, list):
+            raise InputError(f"{self.root}/{self.name}.json: the run's params.yaml needs `task` (one of {', '.join(TASK_COLUMNS)}) "
+                             f"and `llm.modes` (a list); it has task {task!r}, llm.modes {modes!r}")
+        return pipeline_systems([BASELINE, FINETUNED], modes, task)
 
     @property
     def val_nll(self) -> float | None:
