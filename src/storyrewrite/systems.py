@@ -37,3 +37,11 @@ def llm_system(mode: str) -> str:
 def pipeline_systems(trained: list[str], llm_modes: list[str], task: str) -> list[str]:
     """Every system of the run: trained, then LLM, then copy baselines."""
     return [*trained, *(llm_system(mode) for mode in llm_modes), *copy_systems(task)]
+
+
+def of_the_run(stage: str, systems: list[str]) -> bool:
+    """Whether the stage record named `stage` (reports/stages/<stage>.json) is of a run of
+    `systems`: the records of an LLM mode since dropped from `llm.modes` (`llm-<mode>`,
+    `score_llm-<mode>`) stay in the folder, as outputs of a stage DVC no longer has."""
+    kind, _, mode = stage.partition("-")
+    return kind not in ("llm", "score_llm") or llm_system(mode) in systems

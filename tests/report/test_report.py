@@ -58,9 +58,10 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     (tmp_path / "significance.json").write_text(json.dumps({"baseline": "nll", "n_resamples": 10, "unit": "instance",
                                                             "p_values": {"finetuned": {"bartscore/predictive": 0.01}}}))
     (tmp_path / "stages").mkdir()
-    (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps(
-        {"stage": "generate-nll", "device": "cuda:0", "device_name": "H100", "dtype": "bfloat16", "wall_s": 20.0,
-         "items": 5000, "unit": "predictions", "items_per_s": 250.0, "peak_rss_gb": 3.0, "peak_cuda_gb": 9.5}))
+    for stage in ("generate-nll", "llm-old", "score_llm-old"):  # llm_old's records are left behind too
+        (tmp_path / "stages" / f"{stage}.json").write_text(json.dumps(
+            {"stage": stage, "device": "cuda:0", "device_name": "H100", "dtype": "bfloat16", "wall_s": 20.0,
+             "items": 5000, "unit": "predictions", "items_per_s": 250.0, "peak_rss_gb": 3.0, "peak_cuda_gb": 9.5}))
 
     def report(systems):
         return build_report(systems, [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
@@ -70,7 +71,7 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     markdown, _ = report(["nll", "finetuned"])
     table = [line for line in markdown.split("## Training")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == ["| NLL", "| finetuned"]
-    assert "llm_old" not in markdown
+    assert "llm_old" not in markdown and "llm-old" not in markdown
     assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GB, CUDA 9.5 GB |" \
         in markdown.split("## Stages")[1]
     assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown

@@ -13,7 +13,7 @@ from storyrewrite.report.examples import example_block
 from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
 from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
 from storyrewrite.significance.validity import markdown as validity_markdown
-from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES
+from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES, of_the_run
 
 
 
@@ -154,7 +154,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
     metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), artifacts.SystemMetrics).model_dump() for s in systems}
     significance = artifacts.read(significance_path, artifacts.Significance)
-    records = read_records(stage_records)
+    records = [r for r in read_records(stage_records) if of_the_run(r["stage"], systems)]
     order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
     summaries = read_summaries(order, train_logs)
     labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
