@@ -107,3 +107,18 @@ def test_the_cpu_features_are_named_with_and_without_a_bf16_answer():
     assert cpu_features("AVX512", True) == "AVX512, bf16 instructions"
     assert cpu_features("DEFAULT", None) == "DEFAULT"
 
+
+
+def test_the_cpu_is_named_from_cpuinfo_and_without_it_from_the_platform(monkeypatch):
+    import os
+    import platform
+
+    from storyrewrite import records
+
+    cores = os.cpu_count()
+    monkeypatch.setattr(records, "_proc_cpuinfo", lambda: _cpuinfo("avx2", "avx2"))
+    assert records.cpu_name() == f"a CPU ({cores} cores)"
+    assert records.cpu_has_bf16() is False  # the same file's flags
+    monkeypatch.setattr(records, "_proc_cpuinfo", lambda: None)  # not Linux
+    assert records.cpu_name() == f"{platform.processor() or platform.machine()} ({cores} cores)"
+    assert records.cpu_has_bf16() is None

@@ -29,28 +29,26 @@ from storyrewrite import artifacts
 PIPELINE_ORDER = ("train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance")
 
 
+def _proc_cpuinfo() -> str | None:
+    """The text of /proc/cpuinfo; None where there is none (not Linux)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
 def cpu_name() -> str:
     """The CPU model as /proc/cpuinfo names it (platform's guess elsewhere), with its core count."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} ({os.cpu_count()} cores)"
+    names = [line.split(":", 1)[1].strip() for line in (_proc_cpuinfo() or "").splitlines() if line.startswith("model name")]
+    return f"{names[0] if names else platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
     """Whether the CPU has bf16 arithmetic instructions, from its flags in /proc/cpuinfo (or
     `cpuinfo`, that file's text): x86 `avx512_bf16` or `amx_bf16`, Arm `bf16`. Without them torch
     computes bf16 in emulation. None where no flags are listed (no /proc/cpuinfo: not Linux)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
+    if cpuinfo is None and (cpuinfo := _proc_cpuinfo()) is None:
+        return None
     flags = [set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines()
              if line.split(":", 1)[0].strip() in ("flags", "Features") and ":" in line]
     if not flags:
