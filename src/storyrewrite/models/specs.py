@@ -17,8 +17,8 @@ import functools
 import shutil
 import zipfile
 from dataclasses import dataclass
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import (
