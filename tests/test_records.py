@@ -108,7 +108,6 @@ def test_the_cpu_features_are_named_with_and_without_a_bf16_answer():
     assert cpu_features("DEFAULT", None) == "DEFAULT"
 
 
-
 def test_the_cpu_is_named_from_cpuinfo_and_without_it_from_the_platform(monkeypatch):
     import os
     import platform

@@ -424,4 +424,3 @@ def test_a_bf16_run_on_such_a_cpu_prints_the_warning_once(tmp_path, tiny_model_d
     _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=1, val_check_interval=1,
                             precision="bf16-mixed"), diagnostics=False)
     assert capsys.readouterr().out.count("on a CPU without bf16 instructions") == 1
-

@@ -196,11 +196,11 @@ def comparison(runs: list[Run]) -> list[Entry]:
     reference = chosen[0]
     entries = [Entry(reference.summary(BASELINE)["label"] if reference.summary(BASELINE) else BASELINE, reference, BASELINE, "baseline")]
     entries += [Entry(objective_label(run, runs), run, FINETUNED, "trained") for run in chosen]
-    for system in sorted(s for s in reference.systems() if s.startswith("llm_")):
+    systems = reference.systems()
+    for system in sorted(s for s in systems if s.startswith("llm_")):
         info = llm_usage(reference, system)
         entries.append(Entry(llm_label(info) if info else system, reference, system, "llm"))
-    entries += [Entry(label, reference, system, "copy") for system, (_, label) in COPY_BASELINES.items()
-                if system in reference.systems()]
+    entries += [Entry(label, reference, system, "copy") for system, (_, label) in COPY_BASELINES.items() if system in systems]
     return entries
 
 
