@@ -30,8 +30,14 @@ CACHE = ROOT / ".cache" / "bench"
 
 def _commit() -> str:
     """The commit the bench runs, taken when it starts (the code it imports), `+changes` where
-    the tracked files other than reports/ (outputs, the bench figures among them) differ from it."""
+    the tracked files other than reports/ (outputs, the bench figures among them) differ from it.
+    STORYREWRITE_COMMIT, where set, names it instead: a copy of the tree that is not the checkout
+    (sent to a GPU machine without its .git) cannot say which commit it is."""
+    import os
     import subprocess
+
+    if os.environ.get("STORYREWRITE_COMMIT"):
+        return os.environ["STORYREWRITE_COMMIT"]
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!reports"], cwd=ROOT, capture_output=True,

@@ -11,7 +11,9 @@
 #   instance order, and the share of padding each way.
 # With `compile` as the second argument, objective_step_time then runs once more with the models'
 # bodies compiled (`compile: true`; each process first compiles, a minute or more), after the rest.
-set -euo pipefail
+# A bench that fails does not stop the others (a loan of the machine is short): the script goes on
+# and exits 1 at the end naming those that failed.
+set -uo pipefail
 OUT=${1:-bench-out}
 case ${2:-} in "" | compile) ;; *)
   echo "error: the second argument may only be 'compile', got '$2'" >&2
@@ -23,19 +25,27 @@ nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 >
 SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 export PYTHONUNBUFFERED=1
-python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \
-  --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces" 2>&1 | tee "$OUT/objective_step_time.txt"
-python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 20 --generate 1024 2>&1 | tee "$OUT/nll_throughput.txt"
-python bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1 --generate 1024 --cache static 2>&1 \
-  | tee "$OUT/nll_throughput_static.txt"
-python bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64 2>&1 \
-  | tee "$OUT/scorer_and_bootstrap.txt"
-python bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 256 2>&1 \
-  | tee "$OUT/llm_batching.txt"
+FAILED=()
+bench() {  # bench LOG ARGS...: runs `python ARGS...`, its output also in OUT/LOG
+  local log=$1
+  shift
+  python "$@" 2>&1 | tee "$OUT/$log" || FAILED+=("$log")
+}
+bench objective_step_time.txt bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 \
+  --profile params/gpu.yaml --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces"
+bench nll_throughput.txt bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 20 --generate 1024
+bench nll_throughput_static.txt bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1 --generate 1024 \
+  --cache static
+bench scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
+bench llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 256
 if [ "${2:-}" = compile ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.
   python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \
     --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 \
     | tee "$OUT/objective_step_time_compiled.txt" || echo "warning: the compiled step bench failed (see above); the eager results stand" >&2
+fi
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "error: these benches failed (their output in $OUT): ${FAILED[*]}" >&2
+  exit 1
 fi

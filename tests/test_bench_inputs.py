@@ -32,3 +32,15 @@ def test_a_cached_input_is_built_once_per_setting_and_never_taken_half_built(tmp
         common.cached("data", {"max_train": 1}, code, fails)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, other.name])  # no staging left
     assert common.cached("data", {"max_train": 1}, code, build).joinpath("table.txt").exists() and len(built) == 3
+
+
+def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
+    """A figure names the commit that measured it: git's (this checkout), or STORYREWRITE_COMMIT
+    where the tree was copied without its .git."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    monkeypatch.delenv("STORYREWRITE_COMMIT", raising=False)
+    assert common._commit().removesuffix("+changes") == head
+    monkeypatch.setenv("STORYREWRITE_COMMIT", "0123abc")
+    assert common._commit() == "0123abc"

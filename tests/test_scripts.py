@@ -226,7 +226,8 @@ exit 0"""})
 
 
 def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failure(tmp_path):
-    """scripts/gpu_bench.sh with stub `python` (whose compiled run fails) and `nvidia-smi`."""
+    """scripts/gpu_bench.sh with stub `python` (whose compiled run fails, then one whose generation bench
+    fails) and `nvidia-smi`."""
     log = tmp_path / "calls.log"
     bin_dir = _write_stubs(tmp_path, {"python": f'echo "$*" >> {log}\ncase "$*" in *--compile*) exit 1;; esac\nexit 0',
                                          "nvidia-smi": "exec sleep 30"})
@@ -246,6 +247,13 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
     assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 5
     bad = subprocess.run(["bash", str(script), "out3", "compiled"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "may only be 'compile', got 'compiled'" in bad.stderr
+    # A failing bench (the first generation one) does not stop those after it; the script then fails naming it.
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
+                                    'case "$*" in *nll_throughput*static*) exit 0;; *nll_throughput*) exit 1;; esac\nexit 0\n')
+    before = len(log.read_text().splitlines())
+    failing = subprocess.run(["bash", str(script), "out4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert failing.returncode == 1 and "these benches failed (their output in out4): nll_throughput.txt" in failing.stderr
+    assert len(log.read_text().splitlines()) == before + 5
 
 
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
