@@ -160,16 +160,26 @@ def main() -> None:
         return
 
     runs: dict[str, list[dict]] = {objective: [] for objective in args.objectives}
+    failed: dict[str, str] = {}  # an objective whose process failed -> the end of its error output
     for _ in range(args.repeats):
-        for objective in args.objectives:
+        for objective in [o for o in args.objectives if o not in failed]:
             command = [sys.executable, __file__, "--one", objective, "--device", args.device, "--precision", args.precision,
                        "--steps", str(args.steps), *sum((["--profile", str(p)] for p in args.profile), [])]
             command += (["--batch-size", str(args.batch_size)] if args.batch_size else []) + (["--trace", args.trace] if args.trace else [])
             command += ["--compile"] if args.compile else []
             output = subprocess.run(command, capture_output=True, text=True)
             if output.returncode != 0:
-                raise SystemExit(output.stderr[-3000:])
+                # The others are still measured (a GPU lent for minutes is not spent for nothing);
+                # without the base objective there is no ratio to give.
+                failed[objective] = output.stderr[-3000:]
+                print(f"{objective}: its process failed (exit {output.returncode}):\n{failed[objective]}", file=sys.stderr)
+                if objective == args.objectives[0]:
+                    raise SystemExit(f"error: {objective}, the base of every ratio, failed")
+                continue
             runs[objective].append(json.loads(output.stdout.strip().splitlines()[-1]))
+    for objective in failed:
+        args.objectives.remove(objective)
+        del runs[objective]
 
     def mean(objective: str, key: str) -> float:
         return statistics.mean(r[key] for r in runs[objective])
@@ -211,7 +221,9 @@ def main() -> None:
     write_result(script, resolve_device(args.device), figures,
                  {"precision": args.precision, "compile": args.compile, "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
-                  "profiles": [str(p) for p in args.profile]}, targets)
+                  "profiles": [str(p) for p in args.profile], **({"failed": sorted(failed)} if failed else {})}, targets)
+    if failed:
+        raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")
 
 
 if __name__ == "__main__":
