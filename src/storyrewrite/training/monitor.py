@@ -47,9 +47,16 @@ class TrainingDiverged(InputError):
 
 
 def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
-    """A step's logged scalars as numbers, in one device-to-host copy (one sync on a GPU)."""
-    names = list(logs)
-    return dict(zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist()))
+    """A step's logged scalars as numbers, in one copy per device they lie on (one sync on a GPU):
+    an objective may log values it computed on the host (RLOO's rewards, in float64 on the CPU)
+    beside the GPU's, and one stack cannot hold tensors of two devices."""
+    by_device: dict[torch.device, list[str]] = {}
+    for name, value in logs.items():
+        by_device.setdefault(value.device, []).append(name)
+    values: dict[str, float] = {}
+    for names in by_device.values():
+        values |= zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist())
+    return {name: values[name] for name in logs}
 
 
 
