@@ -30,6 +30,25 @@ def test_a_stale_or_unknown_block_is_found():
         docs.render("<!-- generated: nope -->\n<!-- end generated -->", "x.md")
 
 
+def test_the_readme_gpu_line_holds_the_gpu_figures_only(tmp_path, monkeypatch):
+    """The README's GPU line: each GPU's figures beside their targets, no CPU figure, and a plain
+    statement where no GPU measured them."""
+    import json
+
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    (tmp_path / "reports" / "bench").mkdir(parents=True)
+    assert docs.gpu_speed().startswith("No GPU figure yet")
+    entry = lambda device, ratio: {"device": device, "commit": "abc1234", "measured_at": "2026-01-02T03:04:05+00:00",  # noqa: E731
+                                   "figures": {"score": {"ratio": ratio}, "score_delta": {"ratio": 1.7}, "nll": {"gpu_busy": 0.5}},
+                                   "targets": {"score.ratio": {"max": 1.5}, "score_delta.ratio": {"max": 1.8}}}
+    (tmp_path / "reports" / "bench" / "objective_step_time-bf16-mixed.json").write_text(json.dumps(
+        {"cpu: Some CPU": entry("cpu", 9.0), "NVIDIA X100": entry("cuda:0", 1.4)}))
+    line = docs.gpu_speed()
+    assert line.startswith("On one NVIDIA X100 (commit abc1234, 2026-01-02): a DTO-Score training step")
+    assert "1.4× an NLL step (target ≤ 1.5 ✓); DTO-Score+Delta 1.7× (target ≤ 1.8 ✓); GPU busy during NLL steps 50%." in line
+    assert "Some CPU" not in line and "9×" not in line  # nothing of the CPU entry
+
+
 def test_the_readme_is_short_and_links_pages_that_exist():
     assert len(README.splitlines()) <= 150
     for target in re.findall(r"\]\(([^)#]+)\)", README):

@@ -253,6 +253,35 @@ def benchmarks() -> str:
     return "\n\n".join(parts) if parts else "No benchmark has been run yet."
 
 
+# The GPU targets the README states, each: (figures file, dotted figure, how it reads, format).
+GPU_FIGURES = [
+    ("objective_step_time-bf16-mixed", "score.ratio", "a DTO-Score training step (batch 16, bf16-mixed) {}× an NLL step", "g"),
+    ("objective_step_time-bf16-mixed", "score_delta.ratio", "DTO-Score+Delta {}×", "g"),
+    ("objective_step_time-bf16-mixed", "nll.gpu_busy", "GPU busy during NLL steps {}", ".0%"),
+    ("nll_throughput", "generate_predictions_per_s", "generation (batches of 128, bf16) {} test predictions/s", ".1f"),
+    ("scorer_and_bootstrap", "batched_speedup", "the batched LMScorer {}× a one-pair loop", ".1f"),
+    ("scorer_and_bootstrap", "largest_fp32_difference", "with fp32 scores within {} of it", ".1e"),
+]
+
+
+def gpu_speed() -> str:
+    """The GPU targets' figures, per GPU that measured them (reports/bench/, non-CPU entries)."""
+    by_device: dict[str, list[str]] = {}
+    for stem, name, words, spec in GPU_FIGURES:
+        path = ROOT / "reports" / "bench" / f"{stem}.json"
+        for where, run in (read_json(path).items() if path.exists() else []):
+            figures = dict(_flatten(run["figures"]))
+            if run["device"] == "cpu" or name not in figures:
+                continue
+            mark = _mark(figures[name], run.get("targets", {}).get(name))
+            by_device.setdefault(f"{where} (commit {run['commit']}, {run['measured_at'][:10]})", []).append(
+                words.format(format(figures[name], spec)) + (f" (target {mark})" if mark else ""))
+    if not by_device:
+        return "No GPU figure yet: `bash scripts/gpu_bench.sh` measures them ([docs/gpu.md](docs/gpu.md))."
+    return "\n\n".join(f"On one {where}: " + "; ".join(parts) + "." for where, parts in by_device.items()) \
+        + " Every figure, with its command and machine: [docs/benchmarks.md](docs/benchmarks.md)."
+
+
 def test_durations() -> str:
     """The slowest tests of the last full run (reports/tests/durations.json, `make test`)."""
     path = ROOT / "reports" / "tests" / "durations.json"
@@ -269,7 +298,7 @@ def test_durations() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "stages": stages, "params": params, "profiles": profiles, "objectives": objectives, "curves": curves, "results": results,
-    "benchmarks": benchmarks, "test-durations": test_durations,
+    "benchmarks": benchmarks, "gpu-speed": gpu_speed, "test-durations": test_durations,
 }
 
 
