@@ -73,8 +73,13 @@ def main() -> None:
                                                                     ("cache", args.cache)) if v is not None})
     rows = load_instances(prepared, params.task, "test")[: args.generate]
     out = Path(tempfile.mkdtemp()) / "predictions.jsonl"
-    # A first small call loads the kernels (and, with a static cache, compiles): not timed.
-    generate_predictions(model_dir, rows[: generate.batch_size], params.task, generate, params.models, out, params.seed, device)
+    # A first call of two batches loads the kernels and, with a static cache, compiles: for a first
+    # shape, then again for a second, after which torch.compile treats the lengths as dynamic (on an
+    # H200 a single warm-up batch left a 41 s compilation inside the timed run). Timed apart.
+    warmup = rows[: 2 * generate.batch_size]
+    started = clock(device)
+    generate_predictions(model_dir, warmup, params.task, generate, params.models, out, params.seed, device)
+    warmup_seconds = clock(device) - started
     started = clock(device)
     generate_predictions(model_dir, rows, params.task, generate, params.models, Path(str(out) + "2"), params.seed, device)
     generate_seconds = clock(device) - started
@@ -86,6 +91,8 @@ def main() -> None:
     print(f"generation:    {len(rows) / generate_seconds:.1f} predictions/s ({len(rows)} test instances, batch "
           f"{generate.batch_size}, {generate.dtype}, {generate.cache} cache, <= {generate.max_new_tokens} new tokens, "
           f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {words / len(rows):.1f} words each)")
+    print(f"warm-up:       {warmup_seconds:.1f} s for the {len(warmup)} instances generated first (kernels loaded"
+          f"{', the static cache compiled' if generate.cache == 'static' else ''}; not in the rate above)")
     print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak_memory_gb(device):.2f} GB at the end "
           f"({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
     # Named per generation setting: a static-cache or bf16 run is a run of its own in the figures file.
@@ -93,9 +100,10 @@ def main() -> None:
     write_result("nll_throughput" + variant, device, {
         "train_s_per_step": round(step_seconds, 4), "train_instances_per_s": round(config.batch_size / step_seconds, 3),
         "generate_predictions_per_s": round(len(rows) / generate_seconds, 3), "words_per_prediction": round(words / len(rows), 1),
+        "warmup_s": round(warmup_seconds, 2),
         "peak_memory_after_training_gb": round(train_memory, 2), "peak_memory_gb": round(peak_memory_gb(device), 2),
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision,
-        "generate_instances": len(rows), "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
+        "generate_instances": len(rows), "warmup_instances": len(warmup), "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
         "profiles": [str(p) for p in args.profile]},
         {"generate_predictions_per_s": {"min": 200}} if device.type == "cuda" else None)
