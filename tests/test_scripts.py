@@ -238,22 +238,25 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     assert [c.split()[0] for c in calls] == ["bench/objective_step_time.py", "bench/nll_throughput.py",
-                                             "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py",
-                                             "bench/llm_batching.py", "bench/objective_step_time.py"]
+                                             "bench/nll_throughput.py", "bench/nll_throughput.py",
+                                             "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
+                                             "bench/objective_step_time.py"]
+    assert calls[2].endswith("--no-cudnn-attention") and calls[3].endswith("--cache static")
     assert "--compile" in calls[-1] and not any("--compile" in c for c in calls[:-1])
     assert "--objectives nll score score_delta delta cpo rloo " in calls[0]  # every objective's step against NLL's
     assert "warning: the compiled step bench failed" in result.stderr
     plain = subprocess.run(["bash", str(script), "out2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 5
+    assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 6
     bad = subprocess.run(["bash", str(script), "out3", "compiled"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "may only be 'compile', got 'compiled'" in bad.stderr
     # A failing bench (the first generation one) does not stop those after it; the script then fails naming it.
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
-                                    'case "$*" in *nll_throughput*static*) exit 0;; *nll_throughput*) exit 1;; esac\nexit 0\n')
+                                    'case "$*" in *nll_throughput*--steps\\ 20*) exit 1;; esac\nexit 0\n')
     before = len(log.read_text().splitlines())
     failing = subprocess.run(["bash", str(script), "out4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert failing.returncode == 1 and "these benches failed (their output in out4): nll_throughput.txt" in failing.stderr
-    assert len(log.read_text().splitlines()) == before + 5
+    assert failing.returncode == 1
+    assert "these benches failed (their output in out4): nll_throughput.txt nll_throughput_no_cudnn.txt" in failing.stderr
+    assert len(log.read_text().splitlines()) == before + 6
 
 
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
