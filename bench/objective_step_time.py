@@ -7,7 +7,7 @@ one run of this script.
         [--compile]
 
 Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in bf16-mixed);
-diagnostics <= 5 % of a step. RLOO (`--objectives nll score score_delta rloo`: the params' `rl`
+diagnostics <= 5 % of a step; on CUDA, the GPU busy >= 80 % of a step. RLOO (`--objectives nll score score_delta rloo`: the params' `rl`
 section, its reward `rl.reward`) has no target: its ratio and the share of its step spent
 sampling (`sample share`: the sampling's time over the step's, steps with diagnostics) are the
 result. Figures go to reports/bench/objective_step_time.json.
@@ -216,6 +216,8 @@ def main() -> None:
           f"(optimiser state{', compilation' if args.compile else ''})")
     targets = {f"{o}.ratio": {"max": {"score": 1.5, "score_delta": 1.8}[o]} for o in figures if o in ("score", "score_delta")}
     targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
+    if busy:  # the GPU's share of a training step's wall time
+        targets |= {f"{o}.gpu_busy": {"min": 0.8} for o in figures}
     # A name per precision and compilation: each is a run of its own in the figures file.
     script = "objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}") + ("-compiled" if args.compile else "")
     write_result(script, resolve_device(args.device), figures,
