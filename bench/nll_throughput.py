@@ -3,13 +3,14 @@ through the `generate` stage's own function) and peak memory, measured in one ru
 
     python bench/nll_throughput.py [--device auto] [--precision 32-true] [--steps 6]
         [--generate 16] [--profile params/gpu.yaml] [--batch-size N] [--dtype bfloat16] [--cache static]
-        [--no-cudnn-attention]
+        [--cudnn-attention]
 
 Defaults are the params' (with the profiles overlaid); --batch-size/--dtype/--cache override the
 `generate` section. Target on an H100 with SmolLM2-135M, 48 new tokens: >= 200 predictions/s.
---no-cudnn-attention keeps torch's scaled-dot-product attention off its cuDNN kernels (flash or
-memory-efficient ones instead): cuDNN builds an execution plan for each new shape, and training
-batches and decoding steps change shape at every step (docs/gpu.md, Status).
+On CUDA the project keeps attention off cuDNN's kernels (storyrewrite.models.device.
+attention_off_cudnn: cuDNN builds an execution plan for each new shape, and training batches and
+decoding steps change shape at every step); --cudnn-attention lets torch choose them again, to
+measure the difference.
 """
 from __future__ import annotations
 
@@ -51,13 +52,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="generation batch size (default: generate.batch_size)")
     parser.add_argument("--dtype", help="generation weights (default: generate.dtype)")
     parser.add_argument("--cache", help="dynamic | static KV cache (default: generate.cache)")
-    parser.add_argument("--no-cudnn-attention", action="store_true", help="attention off cuDNN's kernels (CUDA)")
+    parser.add_argument("--cudnn-attention", action="store_true",
+                        help="let torch run attention on cuDNN's kernels again (CUDA), as before the project kept it off them")
     args = parser.parse_args()
-    if args.no_cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)
 
     params, pretrained, prepared = inputs(args.profile)
-    device = resolve_device(args.device)
+    device = resolve_device(args.device)  # on CUDA: attention off cuDNN's kernels, unless --cudnn-attention
+    if args.cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(True)
     config = params.train_nll
     model_dir = resolve_model_dir(pretrained)
     module, datamodule = assemble(Run.from_params(params, "train_nll", "nll", model_dir, prepared))
@@ -104,7 +106,7 @@ def main() -> None:
     print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak_memory_gb(device):.2f} GB at the end "
           f"({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
     # Named per generation setting: a static-cache or bf16 run is a run of its own in the figures file.
-    variant = "".join(f"-{v}" for v in (args.dtype, args.cache, args.precision) if v) + ("-no-cudnn-attention" if args.no_cudnn_attention else "")
+    variant = "".join(f"-{v}" for v in (args.dtype, args.cache, args.precision) if v) + ("-cudnn-attention" if args.cudnn_attention else "")
     write_result("nll_throughput" + variant, device, {
         "train_s_per_step": round(step_seconds, 4), "train_instances_per_s": round(config.batch_size / step_seconds, 3),
         "generate_predictions_per_s": round(len(rows) / generate_seconds, 3), "words_per_prediction": round(words / len(rows), 1),
@@ -113,7 +115,7 @@ def main() -> None:
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision,
         "generate_instances": len(rows), "warmup_instances": len(warmup), "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
-        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
+        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,
         "profiles": [str(p) for p in args.profile]},
         {"generate_predictions_per_s": {"min": 200}} if device.type == "cuda" else None)
 

@@ -44,6 +44,16 @@ def pytest_collection_modifyitems(config, items):
     items[:] = first + [i for i in items if i not in first and i not in last] + last
 
 
+@pytest.fixture(autouse=True)
+def _attention_kernels_restored():
+    """A test that resolves a (faked) CUDA device turns cuDNN attention off process-wide
+    (storyrewrite.models.device.attention_off_cudnn): the next test starts as torch does."""
+    import torch
+
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
     """kind ('bart' or 'llama') -> a materialised tiny model directory."""

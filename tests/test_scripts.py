@@ -241,7 +241,7 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
                                              "bench/nll_throughput.py", "bench/nll_throughput.py",
                                              "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
                                              "bench/objective_step_time.py"]
-    assert calls[2].endswith("--no-cudnn-attention") and calls[3].endswith("--cache static")
+    assert calls[2].endswith("--cudnn-attention") and calls[3].endswith("--cache static")
     assert "--compile" in calls[-1] and not any("--compile" in c for c in calls[:-1])
     assert "--objectives nll score score_delta delta cpo rloo " in calls[0]  # every objective's step against NLL's
     assert "warning: the compiled step bench failed" in result.stderr
@@ -255,7 +255,7 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
     before = len(log.read_text().splitlines())
     failing = subprocess.run(["bash", str(script), "out4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert failing.returncode == 1
-    assert "these benches failed (their output in out4): nll_throughput.txt nll_throughput_no_cudnn.txt" in failing.stderr
+    assert "these benches failed (their output in out4): nll_throughput.txt nll_throughput_cudnn.txt" in failing.stderr
     assert len(log.read_text().splitlines()) == before + 6
 
 

@@ -16,6 +16,7 @@ from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
+from storyrewrite.training import run as run_module
 from storyrewrite.training.run import assemble, bf16_emulation_warning, fit
 
 from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
@@ -49,9 +50,12 @@ def _steps(log_dir, name):
     return [row["step"] for row in _curve(log_dir, name)]
 
 
-def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepared):
+def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepared, monkeypatch):
+    placed = []  # the device whose attention kernels a training run sets (off cuDNN's on CUDA)
+    monkeypatch.setattr(run_module, "attention_off_cudnn", placed.append)
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=2)
     first = _fit(tmp_path, run)
+    assert placed == [torch.device("cpu")]
     assert first["global_step"] == 2 and first["resumed_from_step"] is None
     # The same run again (what `dvc repro -f` asks for) trains every step again.
     again = _fit(tmp_path, run)

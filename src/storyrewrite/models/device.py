@@ -15,7 +15,23 @@ def resolve_device(spec: str) -> torch.device:
     """The params' `device`: `auto` is a CUDA GPU if there is one (the first; with several
     concurrent workers and several GPUs, the one this process holds: storyrewrite.parallel),
     else the CPU; `cpu`, `cuda` and `cuda:N` are taken as they are (a GPU that is not there is
-    an error)."""
+    an error). A CUDA device also keeps attention off cuDNN's kernels (`attention_off_cudnn`)."""
+    device = _resolve(spec)
+    attention_off_cudnn(device)
+    return device
+
+
+def attention_off_cudnn(device: torch.device) -> None:
+    """On a CUDA device, torch's scaled-dot-product attention runs on its flash or memory-efficient
+    kernels, never cuDNN's (process-wide). On Hopper and newer GPUs with a recent cuDNN, torch tries
+    cuDNN's first, and cuDNN builds an execution plan for every new shape it meets, a fraction of a
+    second each, where this project's training batches and decoding steps change shape at every
+    step (docs/gpu.md, Status). The kernels differ in rounding only. Nothing changes on a CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def _resolve(spec: str) -> torch.device:
     if spec == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
