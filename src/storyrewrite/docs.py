@@ -254,13 +254,16 @@ def benchmarks() -> str:
 
 
 # The GPU targets the README states, each: (figures file, dotted figure, how it reads, format).
+# `{value}` is the figure; other fields are the run's own settings, as its record holds them.
 GPU_FIGURES = [
-    ("objective_step_time-bf16-mixed", "score.ratio", "a DTO-Score training step (batch 16, bf16-mixed) {}× an NLL step", "g"),
-    ("objective_step_time-bf16-mixed", "score_delta.ratio", "DTO-Score+Delta {}×", "g"),
-    ("objective_step_time-bf16-mixed", "nll.gpu_busy", "GPU busy during NLL steps {}", ".0%"),
-    ("nll_throughput", "generate_predictions_per_s", "generation (batches of 128, bf16) {} test predictions/s", ".1f"),
-    ("scorer_and_bootstrap", "batched_speedup", "the batched LMScorer {}× a one-pair loop", ".1f"),
-    ("scorer_and_bootstrap", "largest_fp32_difference", "with fp32 scores within {} of it", ".1e"),
+    ("objective_step_time-bf16-mixed", "score.ratio",
+     "a DTO-Score training step (batch {batch_size}, {precision}) {value}× an NLL step", "g"),
+    ("objective_step_time-bf16-mixed", "score_delta.ratio", "DTO-Score+Delta {value}×", "g"),
+    ("objective_step_time-bf16-mixed", "nll.gpu_busy", "GPU busy during NLL steps {value}", ".0%"),
+    ("nll_throughput", "generate_predictions_per_s",
+     "generation (batches of {generate_batch_size}, {generate_dtype}) {value} test predictions/s", ".1f"),
+    ("scorer_and_bootstrap", "batched_speedup", "the batched LMScorer {value}× a one-pair loop", ".1f"),
+    ("scorer_and_bootstrap", "largest_fp32_difference", "with fp32 scores within {value} of it", ".1e"),
 ]
 
 
@@ -275,7 +278,7 @@ def gpu_speed() -> str:
                 continue
             mark = _mark(figures[name], run.get("targets", {}).get(name))
             by_device.setdefault(f"{where} (commit {run['commit']}, {run['measured_at'][:10]})", []).append(
-                words.format(format(figures[name], spec)) + (f" (target {mark})" if mark else ""))
+                words.format(**run.get("settings", {}), value=format(figures[name], spec)) + (f" (target {mark})" if mark else ""))
     if not by_device:
         return "No GPU figure yet: `bash scripts/gpu_bench.sh` measures them ([docs/gpu.md](docs/gpu.md))."
     return "\n\n".join(f"On one {where}: " + "; ".join(parts) + "." for where, parts in by_device.items()) \
