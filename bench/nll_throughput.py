@@ -83,9 +83,9 @@ def main() -> None:
                                                                     ("cache", args.cache)) if v is not None})
     rows = load_instances(prepared, params.task, "test")[: args.generate]
     out = Path(tempfile.mkdtemp()) / "predictions.jsonl"
-    # A first call of two batches loads the kernels and, with a static cache, compiles: for a first
-    # shape, then again for a second, after which torch.compile treats the lengths as dynamic (on an
-    # H200 a single warm-up batch left a 41 s compilation inside the timed run). Timed apart.
+    # A first call of two batches loads the kernels and, with a static cache, compiles, timed apart:
+    # torch.compile compiles again for a second shape (after which it treats the lengths as
+    # dynamic), and with a single warm-up batch the timed run's first batch was still compiling.
     warmup = rows[: 2 * generate.batch_size]
     started = clock(device)
     generate_predictions(model_dir, warmup, params.task, generate, params.models, out, params.seed, device)

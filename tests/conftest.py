@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import tiny_models_config, write_raw
 from storyrewrite.data.prepare import prepare
@@ -48,11 +49,10 @@ def pytest_collection_modifyitems(config, items):
 def _attention_kernels_restored():
     """A test that resolves a (faked) CUDA device turns cuDNN attention off process-wide
     (storyrewrite.models.device.attention_off_cudnn): the next test starts as torch does."""
-    import torch
-
     enabled = torch.backends.cuda.cudnn_sdp_enabled()
     yield
     torch.backends.cuda.enable_cudnn_sdp(enabled)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
