@@ -1,47 +1,62 @@
 #!/usr/bin/env bash
 # The GPU benchmarks (issue 10's targets), each printing ratios measured in one run, with the GPU's
 # utilisation sampled every second beside them. Everything lands in OUT (default bench-out/):
-#   bash scripts/gpu_bench.sh [OUT] [compile]
-# objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step (bf16-mixed, batch 16), and
-#   what a step of the other objectives (DTO-Delta, CPO, RLOO: sampling included) costs against it;
-#   GPU busy share from torch.profiler, operator tables in OUT/traces/;
-# nll_throughput: NLL steps/s and generation >= 200 test predictions/s (dynamic KV cache; again with attention
-#   on cuDNN's kernels, which the project keeps it off; then a static KV cache);
-# scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, and its bf16 rate;
-# llm_batching: the local LLM backend's prompts/s sent longest first (as the llm stages do) against
-#   instance order, and the share of padding each way.
-# With `compile` as the second argument, objective_step_time then runs once more with the models'
-# bodies compiled (`compile: true`; each process first compiles, a minute or more), after the rest.
+#   bash scripts/gpu_bench.sh [OUT] [BENCH ...]
+# BENCH, run in this order whatever the order given (the first ones answer the questions still open,
+# so that a loan of the machine cut short has measured what matters most):
+#   generation         nll_throughput: NLL steps through Lightning's loop, and generation >= 200 test
+#                      predictions/s (dynamic KV cache)
+#   generation-cudnn   the same with attention on cuDNN's kernels (torch's own choice, which the
+#                      project keeps it off)
+#   steps              objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step
+#                      (bf16-mixed, batch 16), and what a step of the other objectives (DTO-Delta, CPO,
+#                      RLOO: sampling included) costs against it; GPU busy share from torch.profiler,
+#                      operator tables in OUT/traces/
+#   generation-static  nll_throughput with a static KV cache (compiled in a timed-apart warm-up)
+#   scorer             scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, its bf16 rate
+#   llm                llm_batching: the local LLM backend's prompts/s sent longest first (as the llm
+#                      stages do) against instance order, and the share of padding each way
+#   compile            objective_step_time once more with the models' bodies compiled (`compile: true`;
+#                      each process first compiles, a minute or more); its failure is a warning only
+#   all                every one above but compile (the default)
 # A bench that fails does not stop the others (a loan of the machine is short): the script goes on
 # and exits 1 at the end naming those that failed.
 set -uo pipefail
 OUT=${1:-bench-out}
-case ${2:-} in "" | compile) ;; *)
-  echo "error: the second argument may only be 'compile', got '$2'" >&2
-  exit 2
-  ;;
-esac
+shift || true
+NAMES=(generation generation-cudnn steps generation-static scorer llm compile)
+declare -A WANTED=()
+for name in "${@:-all}"; do
+  if [ "$name" = all ]; then
+    for each in "${NAMES[@]}"; do [ "$each" = compile ] || WANTED[$each]=1; done
+  elif [[ " ${NAMES[*]} " == *" $name "* ]]; then
+    WANTED[$name]=1
+  else
+    echo "error: no bench '$name'; valid: ${NAMES[*]} all" >&2
+    exit 2
+  fi
+done
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvidia-smi.csv" 2>&1 &
 SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 export PYTHONUNBUFFERED=1
 FAILED=()
-bench() {  # bench LOG ARGS...: runs `python ARGS...`, its output also in OUT/LOG
-  local log=$1
-  shift
+bench() {  # bench NAME LOG ARGS...: if NAME is wanted, runs `python ARGS...`, its output also in OUT/LOG
+  local name=$1 log=$2
+  shift 2
+  [ -n "${WANTED[$name]:-}" ] || return 0
   python "$@" 2>&1 | tee "$OUT/$log" || FAILED+=("$log")
 }
-bench objective_step_time.txt bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 \
+GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --generate 1024)
+bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20
+bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 20 --cudnn-attention
+bench steps objective_step_time.txt bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 \
   --profile params/gpu.yaml --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces"
-bench nll_throughput.txt bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 20 --generate 1024
-bench nll_throughput_cudnn.txt bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 20 --generate 1024 \
-  --cudnn-attention
-bench nll_throughput_static.txt bench/nll_throughput.py --device cuda --profile params/gpu.yaml --steps 1 --generate 1024 \
-  --cache static
-bench scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
-bench llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 256
-if [ "${2:-}" = compile ]; then
+bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static
+bench scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
+bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 256
+if [ -n "${WANTED[compile]:-}" ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.
   python bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml \

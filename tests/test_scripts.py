@@ -225,7 +225,7 @@ exit 0"""})
     assert "python -m dvc queue start -j 1" in log.read_text().splitlines()
 
 
-def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failure(tmp_path):
+def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_failure(tmp_path):
     """scripts/gpu_bench.sh with stub `python` (whose compiled run fails, then one whose generation bench
     fails) and `nvidia-smi`."""
     log = tmp_path / "calls.log"
@@ -233,30 +233,46 @@ def test_the_gpu_bench_runs_the_compiled_step_bench_last_and_survives_its_failur
                                          "nvidia-smi": "exec sleep 30"})
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     script = ROOT / "scripts" / "gpu_bench.sh"
-    result = subprocess.run(["bash", str(script), "out", "compile"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=60)
+
+    def run(*args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+        before = len(log.read_text().splitlines()) if log.exists() else 0
+        result = subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        return result, log.read_text().splitlines()[before:] if log.exists() else []
+
+    # The default: every bench but the compiled one, the generation benches (the open questions) first.
+    result, calls = run("out")
     assert result.returncode == 0, result.stderr
-    calls = log.read_text().splitlines()
-    assert [c.split()[0] for c in calls] == ["bench/objective_step_time.py", "bench/nll_throughput.py",
-                                             "bench/nll_throughput.py", "bench/nll_throughput.py",
-                                             "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
+    assert [c.split()[0] for c in calls] == ["bench/nll_throughput.py", "bench/nll_throughput.py",
+                                             "bench/objective_step_time.py", "bench/nll_throughput.py",
+                                             "bench/scorer_and_bootstrap.py", "bench/llm_batching.py"]
+    assert calls[1].endswith("--cudnn-attention") and calls[3].endswith("--cache static")
+    assert "--objectives nll score score_delta delta cpo rloo " in calls[2]  # every objective's step against NLL's
+    assert not any("--compile" in c for c in calls)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "llm_batching.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
+        "nvidia-smi.csv", "objective_step_time.txt", "scorer_and_bootstrap.txt"]
+
+    # Named benches run in the script's order, whatever the order given; the compiled one's failure is a warning.
+    result, calls = run("out2", "compile", "steps", "generation-cudnn")
+    assert result.returncode == 0, result.stderr
+    assert [c.split()[0] for c in calls] == ["bench/nll_throughput.py", "bench/objective_step_time.py",
                                              "bench/objective_step_time.py"]
-    assert calls[2].endswith("--cudnn-attention") and calls[3].endswith("--cache static")
-    assert "--compile" in calls[-1] and not any("--compile" in c for c in calls[:-1])
-    assert "--objectives nll score score_delta delta cpo rloo " in calls[0]  # every objective's step against NLL's
+    assert calls[0].endswith("--cudnn-attention") and "--compile" in calls[2] and "--compile" not in calls[1]
     assert "warning: the compiled step bench failed" in result.stderr
-    plain = subprocess.run(["bash", str(script), "out2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert plain.returncode == 0 and len(log.read_text().splitlines()) == len(calls) + 6
-    bad = subprocess.run(["bash", str(script), "out3", "compiled"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert bad.returncode == 2 and "may only be 'compile', got 'compiled'" in bad.stderr
+    result, calls = run("out3", "all", "compile")
+    assert result.returncode == 0 and len(calls) == 7 and "--compile" in calls[-1]
+
+    result, calls = run("out4", "generation", "compiled")
+    assert result.returncode == 2 and calls == []
+    assert ("error: no bench 'compiled'; valid: generation generation-cudnn steps generation-static scorer llm compile all"
+            in result.stderr)
+
     # A failing bench (the first generation one) does not stop those after it; the script then fails naming it.
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                                     'case "$*" in *nll_throughput*--steps\\ 20*) exit 1;; esac\nexit 0\n')
-    before = len(log.read_text().splitlines())
-    failing = subprocess.run(["bash", str(script), "out4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert failing.returncode == 1
-    assert "these benches failed (their output in out4): nll_throughput.txt nll_throughput_cudnn.txt" in failing.stderr
-    assert len(log.read_text().splitlines()) == before + 6
+    result, calls = run("out5")
+    assert result.returncode == 1 and len(calls) == 6
+    assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
 
 
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
