@@ -46,6 +46,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.training.monitor import read_logs
 from storyrewrite.training.run import Run, assemble
 
@@ -149,7 +150,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="default: the params' train.batch_size")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per process (and as many with the diagnostics' parts timed)")
     parser.add_argument("--repeats", type=int, default=2, help="times the whole sequence of objectives is measured")
-    parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"])
+    parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"], choices=sorted(OBJECTIVES),
+                        metavar="OBJECTIVE", help=f"the first is the base of every ratio; valid: {', '.join(OBJECTIVES)}")
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
@@ -177,14 +179,13 @@ def main() -> None:
                     raise SystemExit(f"error: {objective}, the base of every ratio, failed")
                 continue
             runs[objective].append(json.loads(output.stdout.strip().splitlines()[-1]))
-    for objective in failed:
-        args.objectives.remove(objective)
-        del runs[objective]
+    objectives = [o for o in args.objectives if o not in failed]
+    runs = {objective: runs[objective] for objective in objectives}
 
     def mean(objective: str, key: str) -> float:
         return statistics.mean(r[key] for r in runs[objective])
 
-    base, first = args.objectives[0], runs[args.objectives[0]][0]
+    base, first = objectives[0], runs[objectives[0]][0]
     busy = "gpu_busy" in first
     print(f"{first['device']}; precision {args.precision}; {'compiled' if args.compile else 'eager'}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
           f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
@@ -193,7 +194,7 @@ def main() -> None:
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
           + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else ""))
     figures = {}
-    for objective in args.objectives:
+    for objective in objectives:
         per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base])]
         share = statistics.mean(r["sample_share"] for r in runs[objective]) if runs[objective][0]["sample_share"] is not None else None
         figures[objective] = {

@@ -270,9 +270,10 @@ GPU_FIGURES = [
 def gpu_speed() -> str:
     """The GPU targets' figures, per GPU that measured them (reports/bench/, non-CPU entries)."""
     by_device: dict[str, list[str]] = {}
+    paths = {stem: ROOT / "reports" / "bench" / f"{stem}.json" for stem, *_ in GPU_FIGURES}
+    records = {stem: read_json(path) if path.exists() else {} for stem, path in paths.items()}  # each file read once
     for stem, name, words, spec in GPU_FIGURES:
-        path = ROOT / "reports" / "bench" / f"{stem}.json"
-        for where, run in (read_json(path).items() if path.exists() else []):
+        for where, run in records[stem].items():
             figures = dict(_flatten(run["figures"]))
             if run["device"] == "cpu" or name not in figures:
                 continue
