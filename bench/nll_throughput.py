@@ -7,10 +7,11 @@ through the `generate` stage's own function) and peak memory, measured in one ru
 
 Defaults are the params' (with the profiles overlaid); --batch-size/--dtype/--cache override the
 `generate` section. Target on an H100 with SmolLM2-135M, 48 new tokens: >= 200 predictions/s.
-On CUDA the project keeps attention off cuDNN's kernels (storyrewrite.models.device.
-attention_off_cudnn: cuDNN builds an execution plan for each new shape, and training batches and
-decoding steps change shape at every step); --cudnn-attention lets torch choose them again, to
-measure the difference.
+Training runs as the train stage's Trainer does (torch's deterministic algorithms, which on CUDA
+never choose cuDNN's attention), generation as the generate stage does (without them). On CUDA
+the project keeps attention off cuDNN's kernels (storyrewrite.models.device.attention_off_cudnn:
+cuDNN builds an execution plan for each new shape, and decoding steps change shape at every
+step); --cudnn-attention lets torch choose them again for generation, to measure the difference.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
-from storyrewrite.training.run import Run, assemble
+from storyrewrite.training.run import Run, _trainer_kwargs, assemble
 
 
 class Timer(L.Callback):
@@ -70,14 +71,17 @@ def main() -> None:
     datamodule.train_dataloader = lambda: DataLoader(batches, batch_size=None, collate_fn=datamodule.collate)
     timer = Timer(device)
     precision = args.precision or config.precision
+    # The stage's `deterministic` (training.run._trainer_kwargs): torch's deterministic algorithms, as the stage trains.
+    deterministic = _trainer_kwargs(config)["deterministic"]
     trainer = L.Trainer(max_steps=len(batches), accelerator="gpu" if device.type == "cuda" else "cpu",
                         devices=[device.index or 0] if device.type == "cuda" else 1, precision=precision, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer])
+                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], deterministic=deterministic)
     trainer.fit(module, datamodule=datamodule)
     step_seconds = sum(timer.seconds[1:]) / len(timer.seconds[1:])  # the first step allocates optimiser state
     train_memory = peak_memory_gb(device)
     del module, trainer
+    torch.use_deterministic_algorithms(False)  # the generate stage runs without them (cuDNN's attention allowed)
 
     generate = params.generate.model_copy(update={k: v for k, v in (("batch_size", args.batch_size), ("dtype", args.dtype),
                                                                     ("cache", args.cache)) if v is not None})
@@ -112,7 +116,7 @@ def main() -> None:
         "generate_predictions_per_s": round(len(rows) / generate_seconds, 3), "words_per_prediction": round(words / len(rows), 1),
         "warmup_s": round(warmup_seconds, 2),
         "peak_memory_after_training_gb": round(train_memory, 2), "peak_memory_gb": round(peak_memory_gb(device), 2),
-    }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision,
+    }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision, "deterministic": deterministic,
         "generate_instances": len(rows), "warmup_instances": len(warmup), "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
         "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,

@@ -12,9 +12,10 @@ section, its reward `rl.reward`) has no target: its ratio and the share of its s
 sampling (`sample share`: the sampling's time over the step's, steps with diagnostics) are the
 result. Figures go to reports/bench/objective_step_time.json.
 
-A step is what the train stage's step does: the loss with its terms and diagnostics, backward,
-the gradient norm, AdamW (fused on CUDA), and one device-to-host copy of the logged values;
-`--precision bf16-mixed` runs the forward under autocast as Lightning does. Each objective runs
+A step is what the train stage's step does, under the stage's torch flags (its Trainer's
+`deterministic`: deterministic algorithms only, cuBLAS's fixed workspace): the loss with its terms
+and diagnostics, backward, the gradient norm, AdamW (fused on CUDA), and one device-to-host copy of
+the logged values; `--precision bf16-mixed` runs the forward under autocast as Lightning does. Each objective runs
 in a process of its own (as in training, only its models are resident; its peak memory is its
 own), the objectives one after the other, the whole sequence `--repeats` times so that a machine
 whose speed drifts slows them alike; a step time is the mean over the repeats of each process's
@@ -43,21 +44,36 @@ from pathlib import Path
 import torch
 from common import clock, describe, inputs, peak_memory_gb, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.training.monitor import read_logs
-from storyrewrite.training.run import Run, assemble
+from storyrewrite.params import TrainConfig
+from storyrewrite.training.run import Run, _trainer_kwargs, assemble
+
+
+def stage_flags(config: TrainConfig) -> bool:
+    """Set torch's flags as the train stage's Trainer sets them, through the same Lightning
+    function, from the same `deterministic` (training.run._trainer_kwargs); return it. With it
+    torch runs deterministic algorithms only (on CUDA: never cuDNN's attention; deterministic
+    backward kernels) and cuBLAS a fixed workspace, which a step's time depends on."""
+    deterministic = _trainer_kwargs(config)["deterministic"]
+    _set_torch_flags(deterministic=deterministic)
+    return deterministic
 
 
 def build(objective: str, args, device: torch.device):
-    """(module on the device, its optimiser, the fixed batch on the device)."""
+    """(module on the device, its optimiser, the fixed batch on the device), under the train
+    stage's torch flags (set before any model touches the device: cuBLAS reads its workspace
+    setting when it starts)."""
     params, pretrained, prepared = inputs(args.profile)
     run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
                           resolve_model_dir(pretrained, "scorer"))
     run = dataclasses.replace(run, config=run.config.model_copy(update={"batch_size": args.batch_size or run.config.batch_size,
                                                                         "compile": args.compile}))
+    stage_flags(run.config)
     module, datamodule = assemble(run)
     datamodule.setup()
     # The same batch for every objective, on the device as Lightning would move it.
@@ -126,7 +142,8 @@ def measure(objective: str, args) -> dict:
     result = {"with": median, "without": median - statistics.median(diagnostics_seconds), "first": first_step,
               "sample_share": statistics.median(sample_shares) if sample_shares else None,
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
-              "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"]}
+              "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"],
+              "deterministic": torch.are_deterministic_algorithms_enabled()}
     if device.type == "cuda":
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profiler:
@@ -222,7 +239,8 @@ def main() -> None:
     # A name per precision and compilation: each is a run of its own in the figures file.
     script = "objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}") + ("-compiled" if args.compile else "")
     write_result(script, resolve_device(args.device), figures,
-                 {"precision": args.precision, "compile": args.compile, "batch_size": first["batch_size"],
+                 {"precision": args.precision, "compile": args.compile, "deterministic": first["deterministic"],
+                  "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   "profiles": [str(p) for p in args.profile], **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:

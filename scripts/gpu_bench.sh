@@ -6,8 +6,8 @@
 # so that a loan of the machine cut short has measured what matters most):
 #   generation         nll_throughput: NLL steps through Lightning's loop, and generation >= 200 test
 #                      predictions/s (dynamic KV cache)
-#   generation-cudnn   the same with attention on cuDNN's kernels (torch's own choice, which the
-#                      project keeps it off)
+#   generation-cudnn   generation with attention on cuDNN's kernels (torch's own choice, which the
+#                      project keeps it off; training, deterministic as in the stage, never uses them)
 #   steps              objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step
 #                      (bf16-mixed, batch 16), and what a step of the other objectives (DTO-Delta, CPO,
 #                      RLOO: sampling included) costs against it; GPU busy share from torch.profiler,
@@ -50,7 +50,7 @@ bench() {  # bench NAME LOG ARGS...: if NAME is wanted, runs `python ARGS...`, i
 }
 GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --generate 1024)
 bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20
-bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 20 --cudnn-attention
+bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention
 bench steps objective_step_time.txt bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 \
   --profile params/gpu.yaml --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces"
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static

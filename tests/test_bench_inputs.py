@@ -44,3 +44,39 @@ def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
     assert common._commit().removesuffix("+changes") == head
     monkeypatch.setenv("STORYREWRITE_COMMIT", "0123abc")
     assert common._commit() == "0123abc"
+
+
+def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatch):
+    """bench/objective_step_time.py times a step as the train stage trains it: the flags that the
+    stage's Trainer sets (deterministic algorithms, which on CUDA rule out cuDNN's attention;
+    cuBLAS's workspace; cuDNN's benchmark mode) are the ones the bench sets."""
+    import os
+
+    import lightning as L
+    import objective_step_time
+    import torch
+
+    from storyrewrite.params import Params
+    from storyrewrite.training.run import _trainer_kwargs
+
+    def flags() -> tuple:
+        return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+    def unset() -> None:  # the opposite of what the stage sets
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+    before = flags()
+    config = Params.load(ROOT / "params.yaml").train
+    try:
+        unset()
+        L.Trainer(**_trainer_kwargs(config))
+        stage = flags()
+        unset()
+        assert objective_step_time.stage_flags(config) is True
+        assert flags() == stage and stage[0] is True and stage[3] is not None
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark = before[2]
