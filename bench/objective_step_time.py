@@ -26,13 +26,16 @@ around the objective's diagnostics, the gradient norm and the logged values' cop
 and the time they take is set against the plain steps' median (`diagnostics`: a step with them
 over the same step without them). On CUDA the torch profiler then runs a few more
 steps and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
-writes its operator table and Chrome trace. `--compile` runs the steps as `compile: true` trains
-(torch.compile of the transformer bodies); the first step, which the timings leave out, then
-includes the compilation, and its time is printed.
+writes its operator table and Chrome trace. Every eager run counts the aten operators of one
+step but the optimiser's (`ops/step`, views left out): about one GPU kernel launch each, the same
+count on any device, so that a CPU shows the ratio a launch-bound GPU step follows. `--compile`
+runs the steps as `compile: true` trains (torch.compile of the transformer bodies); the first
+step, which the timings leave out, then includes the compilation, and its time is printed.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -45,6 +48,7 @@ import torch
 from common import clock, describe, inputs, peak_memory_gb, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
@@ -83,9 +87,33 @@ def build(objective: str, args, device: torch.device):
     return module, module.configure_optimizers()["optimizer"], batch
 
 
-def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, timed: list | None = None) -> None:
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched while active, by name, views left out (they launch no
+    kernel): on a GPU each of the others launches one kernel or a few, so that a step whose host
+    cannot keep the GPU busy takes time in proportion to their number. An operator that calls
+    others inside its own kernel (a slice_backward's zero fill and copy) counts once. torch has no
+    such counter short of the profiler, whose events also list those inner calls, and the
+    wrappers that launch nothing (`aten::to`, `aten::linear`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def ops(self) -> int:
+        return sum(self.counts.values())
+
+
+def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, timed: list | None = None,
+         optimise: bool = True) -> None:
     """One training step; with `timed`, the seconds of the diagnostics' own work are appended to it
-    (the device synchronised around each part, so only an instrumented step pays for that)."""
+    (the device synchronised around each part, so only an instrumented step pays for that);
+    `optimise: False` leaves the parameters as they were (the gradients are dropped)."""
     module.diagnostics = diagnostics
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed"
                 else contextlib.nullcontext())
@@ -113,7 +141,8 @@ def step(module, optimizer, batch, device: torch.device, precision: str, diagnos
             module.loss = dataclasses.replace(module.loss, compute=compute)
     loss.backward()
     part(lambda: module.on_before_optimizer_step(optimizer))  # the gradient norm, with diagnostics
-    optimizer.step()
+    if optimise:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if diagnostics:  # the monitor's one device-to-host copy per step
         part(lambda: read_logs(module.step_logs))
@@ -144,6 +173,12 @@ def measure(objective: str, args) -> dict:
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"],
               "deterministic": torch.are_deterministic_algorithms_enabled()}
+    if not args.compile:  # (a compiled body's kernels are its own, and a dispatch mode would change how it runs)
+        # The operators of one step but the optimiser's (the same for every objective, and fused
+        # into a few kernels on CUDA, where a CPU's AdamW runs a dozen per parameter tensor).
+        with OpCounter() as counter:
+            step(module, optimizer, batch, device, args.precision, True, optimise=False)
+        result["ops"] = counter.ops
     if device.type == "cuda":
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profiler:
@@ -208,8 +243,10 @@ def main() -> None:
           f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
     sampling = any(r["sample_share"] is not None for rows in runs.values() for r in rows)
     width = max(18, 5 * args.repeats + 3)  # the per-repeat column: 5 characters a repeat
+    counted = "ops" in first
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
-          + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else ""))
+          + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else "")
+          + (f"{'ops/step':>10}{'ops ratio':>11}" if counted else ""))
     figures = {}
     for objective in objectives:
         per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base])]
@@ -222,16 +259,21 @@ def main() -> None:
             "first_step_s": round(mean(objective, "first"), 2),
             **({"sample_share": round(share, 3)} if share is not None else {}),
             **({"gpu_busy": round(mean(objective, "gpu_busy"), 3)} if busy else {}),
+            **({"ops_per_step": round(mean(objective, "ops")), "ops_ratio": round(mean(objective, "ops") / mean(base, "ops"), 3)}
+               if counted else {}),
         }
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
               f"{' '.join(f'{r:.2f}' for r in per_repeat):>{width}}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
               f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s"
               + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
-              + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else ""))
+              + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else "")
+              + (f"{mean(objective, 'ops'):>10.0f}{mean(objective, 'ops') / mean(base, 'ops'):>10.2f}x" if counted else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them (their own work timed); peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
-          f"(optimiser state{', compilation' if args.compile else ''})")
+          f"(optimiser state{', compilation' if args.compile else ''})"
+          + ("; ops/step: aten operators of a step but the optimiser's, views left out (about one GPU kernel launch "
+             "each: a step the host cannot keep the GPU busy for takes time in proportion)" if counted else ""))
     targets = {f"{o}.ratio": {"max": {"score": 1.5, "score_delta": 1.8}[o]} for o in figures if o in ("score", "score_delta")}
     targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
     if busy:  # the GPU's share of a training step's wall time

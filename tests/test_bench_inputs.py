@@ -80,3 +80,33 @@ def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatc
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.benchmark = before[2]
+
+
+def test_the_step_benchs_operator_count_agrees_with_the_profiler_and_leaves_views_out(tiny_model_dirs):
+    """bench/objective_step_time.py's `ops/step`: the operators a forward and backward dispatch,
+    counted by name, against torch.profiler's count of the same operators in the same work."""
+    import objective_step_time
+    import torch
+
+    from storyrewrite.models.store import load_model, resolve_model_dir
+
+    model = load_model(resolve_model_dir(tiny_model_dirs["llama"], "generator")).train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def work() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    work()
+    with objective_step_time.OpCounter() as counter:
+        work()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        work()
+    profiled = {event.key: event.count for event in profiler.key_averages()}
+    # Operators that are kernels of their own: the profiler also lists those that others call inside
+    # (a slice_backward's zero fill), which reach no dispatch mode, and the two differ there.
+    for name in ("mm", "mul", "pow", "cat", "mean", "silu_backward"):
+        assert counter.counts[f"aten.{name}"] == profiled[f"aten::{name}"] > 0, name
+    assert profiled["aten::view"] > 0 and profiled["aten::t"] > 0  # views were dispatched, and are not counted
+    assert not {"aten.view", "aten.t", "aten.transpose", "aten.detach"} & set(counter.counts)
+    assert counter.ops == sum(counter.counts.values())
