@@ -25,8 +25,10 @@ def attention_off_cudnn(device: torch.device) -> None:
     """On a CUDA device, torch's scaled-dot-product attention runs on its flash or memory-efficient
     kernels, never cuDNN's (process-wide). On Hopper and newer GPUs with a recent cuDNN, torch tries
     cuDNN's first, and cuDNN builds an execution plan for every new shape it meets, a fraction of a
-    second each, where this project's training batches and decoding steps change shape at every
-    step (docs/gpu.md, Status). The kernels differ in rounding only. Nothing changes on a CPU."""
+    second each, where generation's decoding steps and scoring's batches change shape all the time
+    (docs/gpu.md, Status). The kernels differ in rounding only. Nothing changes on a CPU. Training
+    needs no call: its Trainer runs torch's deterministic algorithms, which never choose cuDNN's
+    attention."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
 

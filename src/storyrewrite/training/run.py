@@ -19,7 +19,6 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from storyrewrite import closure
 from storyrewrite import artifacts
 from storyrewrite.io import InputError, sha256_file, write_text_atomic
-from storyrewrite.models.device import attention_off_cudnn
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_objective
@@ -231,7 +230,6 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **_trainer_kwargs(run.config))
-    attention_off_cudnn(trainer.strategy.root_device)
     warning = bf16_emulation_warning(run.section, run.config.precision, trainer.strategy.root_device, cpu_has_bf16())
     if warning and trainer.is_global_zero:
         print(warning, flush=True)
