@@ -241,6 +241,19 @@ def test_dto_trains_and_its_checkpoints_hold_the_generator_only(tmp_path, tiny_m
     assert all(key.startswith("generator.") for key in state["state_dict"])
 
 
+def test_frozen_models_placed_by_a_validation_hook_can_be_trained_through(tiny_model_dirs, small_prepared):
+    """Lightning calls on_validation_start in inference mode (the validation of the starting
+    weights places the scorer first): a scorer moved there to another device must not become
+    inference tensors, which the training steps' autograd would refuse. The meta device stands in
+    for a GPU."""
+    module, _ = assemble(tiny_run(tiny_model_dirs["llama"], small_prepared, "score", DTO, tiny_model_dirs["llama"], section="train"))
+    module._device = torch.device("meta")  # LightningModule.device's own attribute, which Lightning sets
+    with torch.inference_mode():
+        module.on_validation_start()
+    parameters = list(module.loss.scorer.model.parameters())
+    assert all(p.device.type == "meta" and not p.is_inference() for p in parameters)
+
+
 @pytest.mark.parametrize("task", ["timetravel_ablated", "art"])
 def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs, small_prepared, task):
     for objective in ("nll", "score"):

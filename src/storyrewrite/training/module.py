@@ -34,8 +34,12 @@ class RewriteModule(L.LightningModule):
         self.step_terms: tuple[str, ...] = ()
 
     def _place_scorer(self) -> None:
-        for model in self.loss.frozen_models():
-            model.to(self.device)
+        # Lightning calls the validation hooks in inference mode, where a tensor moved to the GPU
+        # is an inference tensor, which autograd refuses to save: a frozen model placed by the
+        # validation of the starting weights would fail the first training step.
+        with torch.inference_mode(False):
+            for model in self.loss.frozen_models():
+                model.to(self.device)
 
     # Fit, and the validation of the starting weights that comes before it (`Trainer.validate`).
     on_fit_start = on_validation_start = _place_scorer
