@@ -75,8 +75,9 @@ def build(objective: str, args, device: torch.device):
     params, pretrained, prepared = inputs(args.profile)
     run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
                           resolve_model_dir(pretrained, "scorer"))
+    # The precision too, as the stage's module reads it (under bf16-mixed, frozen models hold their linear weights in bf16).
     run = dataclasses.replace(run, config=run.config.model_copy(update={"batch_size": args.batch_size or run.config.batch_size,
-                                                                        "compile": args.compile}))
+                                                                        "compile": args.compile, "precision": args.precision}))
     stage_flags(run.config)
     module, datamodule = assemble(run)
     datamodule.setup()

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
+from torch.utils._python_dispatch import TorchDispatchMode
 from safetensors.torch import load_file
 
 from storyrewrite.io import InputError
@@ -254,6 +255,52 @@ def test_frozen_models_placed_by_a_validation_hook_can_be_trained_through(tiny_m
     assert all(p.device.type == "meta" and not p.is_inference() for p in parameters)
 
 
+class _CastCounter(TorchDispatchMode):
+    """Counts aten._to_copy, the operator of a dtype cast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.casts += func.overloadpacket is torch.ops.aten._to_copy
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_under_bf16_mixed_the_frozen_scorer_holds_its_linear_weights_in_bf16_and_the_step_is_the_same(
+        tiny_model_dirs, small_prepared, kind):
+    """A DTO step under the autocast of bf16-mixed: with the scorer's linear weights stored in
+    bf16 (what autocast casts them to at every call) the loss and every gradient are those of
+    the float32 scorer bit for bit, with as many fewer casts as the scorer's forward has linear
+    calls; the input embedding stays float32 and a tied output layer gets its own copy."""
+    model_dir = tiny_model_dirs[kind]
+    batch = None
+    results = {}
+    for precision in ("bf16-mixed", "32-true"):
+        run = tiny_run(model_dir, small_prepared, "score_delta", DTO, model_dir, section="train", kind=kind, precision=precision)
+        module, data = assemble(run)
+        batch = batch or data.collate(read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:2])
+        module.generator.eval()  # no dropout: both steps compute one function
+        module.on_fit_start()
+        scorer = module.loss.scorer.model
+        linear = [m for m in scorer.modules() if isinstance(m, torch.nn.Linear)]
+        with _CastCounter() as counter, torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = module.step_loss(batch)
+        loss.backward()
+        grads = {name: p.grad for name, p in module.generator.named_parameters()}
+        results[precision] = (loss.detach(), grads, counter.casts, {m.weight.dtype for m in linear})
+        assert scorer.get_input_embeddings().weight.dtype == torch.float32
+        if precision == "bf16-mixed":
+            assert scorer.get_output_embeddings().weight is not scorer.get_input_embeddings().weight
+            assert torch.equal(scorer.get_output_embeddings().weight, scorer.get_input_embeddings().weight.to(torch.bfloat16))
+    (loss, grads, casts, dtypes), (loss_ref, grads_ref, casts_ref, dtypes_ref) = results["bf16-mixed"], results["32-true"]
+    assert dtypes == {torch.bfloat16} and dtypes_ref == {torch.float32}
+    assert torch.equal(loss, loss_ref) and loss.dtype == torch.float32
+    assert grads.keys() == grads_ref.keys() and all(torch.equal(grads[k], grads_ref[k]) for k in grads)
+    assert casts_ref - casts >= len(linear)  # each linear layer runs at least once per forward
+
+
 @pytest.mark.parametrize("task", ["timetravel_ablated", "art"])
 def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs, small_prepared, task):
     for objective in ("nll", "score"):
@@ -434,7 +481,11 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_announced_and_nowhere_else()
 
 
 def test_a_bf16_run_on_such_a_cpu_prints_the_warning_once(tmp_path, tiny_model_dirs, small_prepared, monkeypatch, capsys):
+    """A DTO run: its frozen scorer, its linear weights in bf16, validated at the start, trained
+    and validated again under Lightning's bf16-mixed autocast."""
     monkeypatch.setattr("storyrewrite.training.run.cpu_has_bf16", lambda: False)
-    _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=1, val_check_interval=1,
-                            precision="bf16-mixed"), diagnostics=False)
+    summary = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, "score", DTO, tiny_model_dirs["llama"],
+                                      section="train", max_steps=1, val_check_interval=1, precision="bf16-mixed",
+                                      validate_at_start=True), diagnostics=False)
     assert capsys.readouterr().out.count("on a CPU without bf16 instructions") == 1
+    assert math.isfinite(summary["start_val_loss"]) and math.isfinite(summary["best_val_loss"])

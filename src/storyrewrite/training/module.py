@@ -8,11 +8,36 @@ from transformers import PreTrainedModel
 from storyrewrite.objectives.registry import Loss
 
 VALIDATION_NOISE_OFFSET = 10**9  # validation draws its own Gumbel noise, the same every time
+# The dtype in which Lightning's mixed precisions run a step's matrix products (torch.autocast).
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def cast_linear_weights(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Store the weights and biases of a frozen model's linear layers in `dtype`, as autocast to
+    `dtype` casts them at every call: it keeps the casts of trainable weights for the rest of the
+    step, never those of frozen ones, so a frozen scorer's ~200 float32 matrices were cast
+    again, a kernel and a pass over the weights each, in every forward pass. The products get
+    the same operands bit for bit; the model must then run under that autocast only (a float32
+    input to a cast layer is an error, not a silent change). Everything else stays as it is:
+    the input embedding (a lookup, which autocast does not cast: its float32 rows enter the
+    residual stream) and the norms (which autocast runs in float32); an output layer tied to the
+    input embedding gets a cast copy of its own. Returns the number of tensors cast."""
+    cast = 0
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            if parameter.dtype == torch.float32:
+                setattr(module, name, torch.nn.Parameter(parameter.detach().to(dtype), requires_grad=False))
+                cast += 1
+    return cast
 
 
 class RewriteModule(L.LightningModule):
     """The objective's frozen scorer (DTO) lives in `loss`, not as a submodule: it gets no
-    optimiser state and is not saved in checkpoints (it is reloaded from its source).
+    optimiser state and is not saved in checkpoints (it is reloaded from its source). With an
+    `autocast_dtype` (the training precision's, `AUTOCAST_DTYPES`), the frozen models' linear
+    weights are stored in it once they are placed (`cast_linear_weights`).
 
     Each training step leaves what the curves log in `step_logs` (detached tensors, read once
     per step by storyrewrite.training.monitor): the loss, its terms and, with `diagnostics`, the
@@ -21,7 +46,7 @@ class RewriteModule(L.LightningModule):
     """
 
     def __init__(self, generator: PreTrainedModel, loss: Loss, lr: float, weight_decay: float,
-                 warmup_steps: int, seed: int = 0, diagnostics: bool = True):
+                 warmup_steps: int, seed: int = 0, diagnostics: bool = True, autocast_dtype: torch.dtype | None = None):
         super().__init__()
         # from_pretrained returns a model in eval mode; Lightning keeps module modes as they
         # are, so switch dropout on for training here.
@@ -30,16 +55,19 @@ class RewriteModule(L.LightningModule):
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         self.noise_seed = seed * 1_000_003
         self.diagnostics = diagnostics
+        self.autocast_dtype = autocast_dtype
         self.step_logs: dict[str, torch.Tensor] = {}
         self.step_terms: tuple[str, ...] = ()
 
     def _place_scorer(self) -> None:
         # Lightning calls the validation hooks in inference mode, where a tensor moved to the GPU
-        # is an inference tensor, which autograd refuses to save: a frozen model placed by the
-        # validation of the starting weights would fail the first training step.
+        # or cast would be an inference tensor, which autograd refuses to save: a frozen model
+        # placed by the validation of the starting weights would fail the first training step.
         with torch.inference_mode(False):
             for model in self.loss.frozen_models():
                 model.to(self.device)
+                if self.autocast_dtype is not None:
+                    cast_linear_weights(model, self.autocast_dtype)
 
     # Fit, and the validation of the starting weights that comes before it (`Trainer.validate`).
     on_fit_start = on_validation_start = _place_scorer

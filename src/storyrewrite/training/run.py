@@ -28,7 +28,7 @@ from storyrewrite.records import cpu_has_bf16
 from storyrewrite.training.checkpointing import AtomicCheckpointIO, check_readable
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
-from storyrewrite.training.module import RewriteModule
+from storyrewrite.training.module import AUTOCAST_DTYPES, RewriteModule
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.training.monitor import TrainingMonitor, wall_time
 
@@ -99,7 +99,7 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
                                             run.models.max_output_tokens, run.init_dir))
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
-                           run.config.warmup_steps, run.seed, diagnostics)
+                           run.config.warmup_steps, run.seed, diagnostics, AUTOCAST_DTYPES.get(run.config.precision))
     if run.config.compile:
         for model in (module.generator, *([loss.scorer.model] if loss.scorer is not None else [])):
             compile_body(model, COMPILE_BACKEND)
