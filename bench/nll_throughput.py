@@ -29,7 +29,7 @@ from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
-from storyrewrite.training.run import Run, _trainer_kwargs, assemble
+from storyrewrite.training.run import Run, assemble, trainer_kwargs
 
 
 class Timer(L.Callback):
@@ -71,8 +71,8 @@ def main() -> None:
     datamodule.train_dataloader = lambda: DataLoader(batches, batch_size=None, collate_fn=datamodule.collate)
     timer = Timer(device)
     precision = args.precision or config.precision
-    # The stage's `deterministic` (training.run._trainer_kwargs): torch's deterministic algorithms, as the stage trains.
-    deterministic = _trainer_kwargs(config)["deterministic"]
+    # The stage's `deterministic` (training.run.trainer_kwargs): torch's deterministic algorithms, as the stage trains.
+    deterministic = trainer_kwargs(config)["deterministic"]
     trainer = L.Trainer(max_steps=len(batches), accelerator="gpu" if device.type == "cuda" else "cpu",
                         devices=[device.index or 0] if device.type == "cuda" else 1, precision=precision, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -55,15 +55,15 @@ from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.training.monitor import read_logs
 from storyrewrite.params import TrainConfig
-from storyrewrite.training.run import Run, _trainer_kwargs, assemble
+from storyrewrite.training.run import Run, assemble, trainer_kwargs
 
 
 def stage_flags(config: TrainConfig) -> bool:
     """Set torch's flags as the train stage's Trainer sets them, through the same Lightning
-    function, from the same `deterministic` (training.run._trainer_kwargs); return it. With it
+    function, from the same `deterministic` (training.run.trainer_kwargs); return it. With it
     torch runs deterministic algorithms only (on CUDA: never cuDNN's attention; deterministic
     backward kernels) and cuBLAS a fixed workspace, which a step's time depends on."""
-    deterministic = _trainer_kwargs(config)["deterministic"]
+    deterministic = trainer_kwargs(config)["deterministic"]
     _set_torch_flags(deterministic=deterministic)
     return deterministic
 

@@ -57,7 +57,7 @@ def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatc
     import torch
 
     from storyrewrite.params import Params
-    from storyrewrite.training.run import _trainer_kwargs
+    from storyrewrite.training.run import trainer_kwargs
 
     def flags() -> tuple:
         return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -72,7 +72,7 @@ def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatc
     config = Params.load(ROOT / "params.yaml").train
     try:
         unset()
-        L.Trainer(**_trainer_kwargs(config))
+        L.Trainer(**trainer_kwargs(config))
         stage = flags()
         unset()
         assert objective_step_time.stage_flags(config) is True

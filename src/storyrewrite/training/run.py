@@ -163,7 +163,9 @@ def progress_bar() -> Callback:
     return StepBoundedRichProgressBar()
 
 
-def _trainer_kwargs(config: TrainConfig) -> dict:
+def trainer_kwargs(config: TrainConfig) -> dict:
+    """The Lightning Trainer's settings for a training section, as the train stages build it (the
+    step benches take their torch flags from its `deterministic`)."""
     accelerator, devices = placement(config)
     return dict(
         max_steps=config.max_steps, max_epochs=config.max_epochs if config.max_steps == -1 else None,
@@ -229,7 +231,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
-                        plugins=[AtomicCheckpointIO()], **_trainer_kwargs(run.config))
+                        plugins=[AtomicCheckpointIO()], **trainer_kwargs(run.config))
     warning = bf16_emulation_warning(run.section, run.config.precision, trainer.strategy.root_device, cpu_has_bf16())
     if warning and trainer.is_global_zero:
         print(warning, flush=True)
