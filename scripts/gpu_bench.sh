@@ -4,6 +4,9 @@
 #   bash scripts/gpu_bench.sh [OUT] [BENCH ...]
 # BENCH, run in this order whatever the order given (the first ones answer the questions still open,
 # so that a loan of the machine cut short has measured what matters most):
+#   training           training_paths: every objective trains 2 steps through the train stage's own
+#                      fit on the GPU (tiny models; validation at the start, checkpoints, export): the
+#                      code paths only the GPU shows, checked before anything long
 #   generation         nll_throughput: NLL steps through Lightning's loop, and generation >= 200 test
 #                      predictions/s (dynamic KV cache)
 #   generation-cudnn   generation with attention on cuDNN's kernels (torch's own choice, which the
@@ -24,7 +27,7 @@
 set -uo pipefail
 OUT=${1:-bench-out}
 shift || true
-NAMES=(generation generation-cudnn steps generation-static scorer llm compile)
+NAMES=(training generation generation-cudnn steps generation-static scorer llm compile)
 declare -A WANTED=()
 for name in "${@:-all}"; do
   if [ "$name" = all ]; then
@@ -48,6 +51,7 @@ bench() {  # bench NAME LOG ARGS...: if NAME is wanted, runs `python ARGS...`, i
   [ -n "${WANTED[$name]:-}" ] || return 0
   python "$@" 2>&1 | tee "$OUT/$log" || FAILED+=("$log")
 }
+bench training training_paths.txt bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny
 GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --generate 1024)
 bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20
 bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention

@@ -110,3 +110,16 @@ def test_the_step_benchs_operator_count_agrees_with_the_profiler_and_leaves_view
     assert profiled["aten::view"] > 0 and profiled["aten::t"] > 0  # views were dispatched, and are not counted
     assert not {"aten.view", "aten.t", "aten.transpose", "aten.detach"} & set(counter.counts)
     assert counter.ops == sum(counter.counts.values())
+
+
+def test_the_training_check_trains_an_objective_through_the_stages_fit(tmp_path, monkeypatch):
+    """bench/training_paths.py (the GPU bench's first check), here on the CPU: a DTO objective's 2
+    steps through `fit`, validated at the start and after, its weights exported."""
+    import argparse
+
+    import training_paths
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    args = argparse.Namespace(device="cpu", profile=[], tiny=True, steps=2)
+    result = training_paths.train("score", args)
+    assert (result["device"], result["steps"], result["precision"]) == ("cpu", 2, "32-true")

@@ -240,18 +240,20 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
         result = subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         return result, log.read_text().splitlines()[before:] if log.exists() else []
 
-    # The default: every bench but the compiled one, the generation benches (the open questions) first.
+    # The default: every bench but the compiled one; the training check and the generation benches
+    # (the open questions) first.
     result, calls = run("out")
     assert result.returncode == 0, result.stderr
-    assert [c.split()[0] for c in calls] == ["bench/nll_throughput.py", "bench/nll_throughput.py",
+    assert [c.split()[0] for c in calls] == ["bench/training_paths.py", "bench/nll_throughput.py", "bench/nll_throughput.py",
                                              "bench/objective_step_time.py", "bench/nll_throughput.py",
                                              "bench/scorer_and_bootstrap.py", "bench/llm_batching.py"]
-    assert calls[1].endswith("--cudnn-attention") and calls[3].endswith("--cache static")
-    assert "--objectives nll score score_delta delta cpo rloo " in calls[2]  # every objective's step against NLL's
+    assert calls[0] == "bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny"  # every objective
+    assert calls[2].endswith("--cudnn-attention") and calls[4].endswith("--cache static")
+    assert "--objectives nll score score_delta delta cpo rloo " in calls[3]  # every objective's step against NLL's
     assert not any("--compile" in c for c in calls)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "llm_batching.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
-        "nvidia-smi.csv", "objective_step_time.txt", "scorer_and_bootstrap.txt"]
+        "nvidia-smi.csv", "objective_step_time.txt", "scorer_and_bootstrap.txt", "training_paths.txt"]
 
     # Named benches run in the script's order, whatever the order given; the compiled one's failure is a warning.
     result, calls = run("out2", "compile", "steps", "generation-cudnn")
@@ -261,18 +263,18 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert calls[0].endswith("--cudnn-attention") and "--compile" in calls[2] and "--compile" not in calls[1]
     assert "warning: the compiled step bench failed" in result.stderr
     result, calls = run("out3", "all", "compile")
-    assert result.returncode == 0 and len(calls) == 7 and "--compile" in calls[-1]
+    assert result.returncode == 0 and len(calls) == 8 and "--compile" in calls[-1]
 
     result, calls = run("out4", "generation", "compiled")
     assert result.returncode == 2 and calls == []
-    assert ("error: no bench 'compiled'; valid: generation generation-cudnn steps generation-static scorer llm compile all"
+    assert ("error: no bench 'compiled'; valid: training generation generation-cudnn steps generation-static scorer llm compile all"
             in result.stderr)
 
     # Failing benches (the two generation ones) do not stop those after them; the script then fails naming them.
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                                     'case "$*" in *nll_throughput*--steps\\ 20*|*--cudnn-attention*) exit 1;; esac\nexit 0\n')
     result, calls = run("out5")
-    assert result.returncode == 1 and len(calls) == 6
+    assert result.returncode == 1 and len(calls) == 7
     assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
 
 
