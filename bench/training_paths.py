@@ -35,8 +35,6 @@ def train(objective: str, args) -> dict:
     """`fit` of the train section with `objective` for `args.steps` steps on `args.device`; what it reports."""
     import dataclasses
 
-    import torch
-
     from storyrewrite.models.store import resolve_model_dir
     from storyrewrite.training.run import Run, fit
 
@@ -56,7 +54,7 @@ def train(objective: str, args) -> dict:
     if summary["start_val_loss"] is None or summary["best_val_loss"] is None or not exported:
         raise SystemExit(f"error: {objective} trained, but validation or the export is missing: {summary}")
     return {"seconds": round(time.perf_counter() - started, 1), "device": summary["device"], "steps": summary["global_step"],
-            "precision": summary["precision"], "cuda": torch.version.cuda}
+            "precision": summary["precision"]}
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
-from torch.utils._python_dispatch import TorchDispatchMode
 from safetensors.torch import load_file
 
 from storyrewrite.io import InputError
@@ -255,25 +254,17 @@ def test_frozen_models_placed_by_a_validation_hook_can_be_trained_through(tiny_m
     assert all(p.device.type == "meta" and not p.is_inference() for p in parameters)
 
 
-class _CastCounter(TorchDispatchMode):
-    """Counts aten._to_copy, the operator of a dtype cast."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.casts = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.casts += func.overloadpacket is torch.ops.aten._to_copy
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_under_bf16_mixed_the_frozen_scorer_holds_its_linear_weights_in_bf16_and_the_step_is_the_same(
         tiny_model_dirs, small_prepared, kind):
     """A DTO step under the autocast of bf16-mixed: with the scorer's linear weights stored in
     bf16 (what autocast casts them to at every call) the loss and every gradient are those of
     the float32 scorer bit for bit, with as many fewer casts as the scorer's forward has linear
-    calls; the input embedding stays float32 and a tied output layer gets its own copy."""
+    calls; the input embedding stays float32 and a tied output layer gets its own copy. The casts
+    are counted by the step bench's operator counter."""
+    sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
+    from objective_step_time import OpCounter
+
     model_dir = tiny_model_dirs[kind]
     batch = None
     results = {}
@@ -285,11 +276,11 @@ def test_under_bf16_mixed_the_frozen_scorer_holds_its_linear_weights_in_bf16_and
         module.on_fit_start()
         scorer = module.loss.scorer.model
         linear = [m for m in scorer.modules() if isinstance(m, torch.nn.Linear)]
-        with _CastCounter() as counter, torch.autocast("cpu", dtype=torch.bfloat16):
+        with OpCounter() as counter, torch.autocast("cpu", dtype=torch.bfloat16):
             loss = module.step_loss(batch)
         loss.backward()
         grads = {name: p.grad for name, p in module.generator.named_parameters()}
-        results[precision] = (loss.detach(), grads, counter.casts, {m.weight.dtype for m in linear})
+        results[precision] = (loss.detach(), grads, counter.counts["aten._to_copy"], {m.weight.dtype for m in linear})
         assert scorer.get_input_embeddings().weight.dtype == torch.float32
         if precision == "bf16-mixed":
             assert scorer.get_output_embeddings().weight is not scorer.get_input_embeddings().weight
