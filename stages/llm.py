@@ -12,8 +12,6 @@ from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.retrieval import Index, query_text
 from storyrewrite.llm.modes import ExampleSource, get_mode
 from storyrewrite.llm.run import run_mode
-from storyrewrite.models.device import resolve_device
-from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 
@@ -29,9 +27,15 @@ def main() -> None:
     parser.add_argument("--usage", type=Path, required=True, help="usage .json (DVC metrics): prompts and tokens")
     StageRecord.add_argument(parser)
     args = parser.parse_args()
-    record = StageRecord.start(args.record)
     params = Params.load()
     config, task, mode = params.llm, params.task, get_mode(args.mode)
+    if config.backend == "local" or mode.needs_index:
+        # A model runs here: torch and transformers are imported before the record's clock starts
+        # (its wall time excludes imports, as in every stage). A remote backend's mode that does
+        # not retrieve needs neither.
+        import storyrewrite.models.sentence  # noqa: F401
+        import storyrewrite.models.store  # noqa: F401
+    record = StageRecord.start(args.record)
     instances = load_instances(args.data, task, params.generate.split)
     train = load_instances(args.data, task, "train")
     backend = make_backend(config, args.local_model, params.models.generator, params.device)
@@ -41,6 +45,9 @@ def main() -> None:
     print(f"llm {mode.name}: backend {config.backend}, model {backend.label}" + (f" on {device} ({dtype})" if local else ""))
     retrieve = None
     if mode.needs_index:
+        from storyrewrite.models.device import resolve_device
+        from storyrewrite.models.sentence import SentenceEncoder
+
         index, embedder = Index(args.index), SentenceEncoder(args.index / "embedder", resolve_device(params.device))
         retrieve = lambda rows: index.nearest(embedder.embed([query_text(r, task) for r in rows]))  # noqa: E731
     source = ExampleSource(train, task, config, params.seed, retrieve)

@@ -8,8 +8,6 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import run_stage
 from storyrewrite.llm.indexing import build_index, extract_minilm, write_unbuilt
 from storyrewrite.llm.modes import needs_index
-from storyrewrite.models.device import resolve_device
-from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 
@@ -20,14 +18,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     StageRecord.add_argument(parser)
     args = parser.parse_args()
-    record = StageRecord.start(args.record)
     params = Params.load()
-    if not needs_index(params.llm.modes):
+    if not needs_index(params.llm.modes):  # no model runs: neither torch nor transformers is imported
+        record = StageRecord.start(args.record)
         write_unbuilt(args.out, f"no mode of `llm.modes` ({', '.join(params.llm.modes) or 'none'}) retrieves")
         print(f"{args.out}: not built (no retrieving mode in llm.modes)")
         if record:
             record.finish("cpu", None, 0, "training instances", built=False)
         return
+    # Imported here, before the record's clock starts (its wall time excludes imports, as in
+    # every stage): only a retrieving mode needs torch and transformers.
+    import storyrewrite.models.specs  # noqa: F401  (extract_minilm's)
+    from storyrewrite.models.device import resolve_device
+    from storyrewrite.models.sentence import SentenceEncoder
+
+    record = StageRecord.start(args.record)
     train = load_instances(args.data, params.task, "train")
     embedder = SentenceEncoder(extract_minilm(args.out / "embedder"), resolve_device(params.device))
     build_index(train, embedder, args.out, params.task)

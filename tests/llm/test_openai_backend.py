@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -124,13 +125,16 @@ def test_the_stage_never_writes_the_key_and_its_metrics_do_not_depend_on_the_cac
 
         def stage() -> tuple[dict, dict]:
             result = subprocess.run(
-                [sys.executable, str(ROOT / "stages" / "llm.py"), "--mode", "zero_shot", "--data", str(small_prepared),
+                [sys.executable, "-X", "importtime", str(ROOT / "stages" / "llm.py"), "--mode", "zero_shot", "--data", str(small_prepared),
                  "--index", "unused", "--local-model", "unused", "--cache", "cache", "--out", "predictions/llm_zero_shot.jsonl",
                  "--usage", "reports/llm/zero_shot.json", "--record", "reports/stages/llm-zero_shot.json"],
                 cwd=tmp_path, env={**os.environ, "OPENAI_API_KEY": KEY}, capture_output=True, text=True, timeout=120,
             )
             assert result.returncode == 0, result.stderr[-2000:]
             assert KEY not in result.stdout + result.stderr
+            # A remote backend runs no model here: the stage never imports torch or transformers.
+            imported = set(re.findall(r"^import time:.*\|\s*(\S+)$", result.stderr, re.M))
+            assert "storyrewrite.llm.backends" in imported and not imported & {"torch", "transformers"}
             return (json.loads((tmp_path / "reports" / "llm" / "zero_shot.json").read_text()),
                     json.loads((tmp_path / "reports" / "stages" / "llm-zero_shot.json").read_text()))
 

@@ -108,25 +108,24 @@ def test_rag_retrieves_the_duplicated_training_story_and_never_a_test_one(embedd
     assert not test_ids & set(index.nearest(embedder.embed([query_text(r, "timetravel") for r in test])))
 
 
-def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tmp_path, small_prepared, monkeypatch):
-    import runpy
+def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tmp_path, small_prepared):
+    """The stage as DVC runs it: without a retrieving mode it loads neither MiniLM (the module that
+    fetches it is never imported) nor torch and transformers."""
+    import re
+    import subprocess
     import sys
 
     import yaml
 
-    from storyrewrite.llm import indexing
-
     params = load_yaml(ROOT / "params.yaml")
     params["llm"]["modes"] = ["zero_shot", "one_shot_fixed"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-
-    def no_minilm(dest):
-        raise AssertionError("MiniLM was asked for")
-
-    monkeypatch.setattr(indexing, "extract_minilm", no_minilm)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["llm_index.py", "--data", str(small_prepared), "--out", "index"])
-    runpy.run_path(str(ROOT / "stages" / "llm_index.py"), run_name="__main__")
+    result = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "stages" / "llm_index.py"), "--data", str(small_prepared),
+                             "--out", "index"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = set(re.findall(r"^import time:.*\|\s*(\S+)$", result.stderr, re.M))
+    assert "storyrewrite.llm.indexing" in imported  # the trace is read right
+    assert not imported & {"torch", "transformers", "storyrewrite.models.specs", "storyrewrite.models.sentence"}
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["unbuilt.json"]
     with pytest.raises(InputError, match=r"the retrieval index was not built \(no mode of `llm.modes` \(zero_shot, one_shot_fixed\) retrieves\)"):
         Index(tmp_path / "index")

