@@ -119,6 +119,20 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Pa
     return params, pretrained, prepared
 
 
+def train_run(profiles: list[Path], objective: str, overrides: dict | None = None, **changes):
+    """The train stage's `Run` of `objective`, as the stage builds it from these params (see
+    `inputs`), its training section changed by `changes` (e.g. max_steps, precision)."""
+    import dataclasses
+
+    # Imported here: the benches that train nothing must not pull in Lightning.
+    from storyrewrite.models.store import resolve_model_dir
+    from storyrewrite.training.run import Run
+
+    params, pretrained, prepared = inputs(profiles, overrides)
+    run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared, resolve_model_dir(pretrained, "scorer"))
+    return dataclasses.replace(run, config=run.config.model_copy(update=changes))
+
+
 def cached(kind: str, settings: object, code: str, build: Callable[[Path], object]) -> Path:
     """.cache/bench/<kind>-<digest>/, filled by `build` the first time: the digest covers the
     settings and the package code that `code` (a module file) runs, so a changed setting or

@@ -45,17 +45,16 @@ import sys
 from pathlib import Path
 
 import torch
-from common import clock, describe, inputs, peak_memory_gb, write_result
+from common import clock, describe, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from storyrewrite.models.device import resolve_device
-from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.training.monitor import read_logs
 from storyrewrite.params import TrainConfig
-from storyrewrite.training.run import Run, assemble, trainer_kwargs
+from storyrewrite.training.run import assemble, trainer_kwargs
 
 
 def stage_flags(config: TrainConfig) -> bool:
@@ -72,12 +71,9 @@ def build(objective: str, args, device: torch.device):
     """(module on the device, its optimiser, the fixed batch on the device), under the train
     stage's torch flags (set before any model touches the device: cuBLAS reads its workspace
     setting when it starts)."""
-    params, pretrained, prepared = inputs(args.profile)
-    run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
-                          resolve_model_dir(pretrained, "scorer"))
     # The precision too, as the stage's module reads it (under bf16-mixed, frozen models hold their linear weights in bf16).
-    run = dataclasses.replace(run, config=run.config.model_copy(update={"batch_size": args.batch_size or run.config.batch_size,
-                                                                        "compile": args.compile, "precision": args.precision}))
+    run = train_run(args.profile, objective, compile=args.compile, precision=args.precision,
+                    **({"batch_size": args.batch_size} if args.batch_size else {}))
     stage_flags(run.config)
     module, datamodule = assemble(run)
     datamodule.setup()

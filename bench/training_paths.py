@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import inputs
+from common import train_run
 
 from storyrewrite.objectives.registry import OBJECTIVES
 
@@ -35,17 +35,13 @@ def train(objective: str, args) -> dict:
     """`fit` of the train section with `objective` for `args.steps` steps on `args.device`; what it reports."""
     import dataclasses
 
-    from storyrewrite.models.store import resolve_model_dir
-    from storyrewrite.training.run import Run, fit
+    from storyrewrite.training.run import fit
 
-    params, pretrained, prepared = inputs(args.profile, TINY if args.tiny else None)
-    run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared,
-                          resolve_model_dir(pretrained, "scorer"))
+    run = train_run(args.profile, objective, TINY if args.tiny else None, max_steps=args.steps, val_check_interval=args.steps,
+                    checkpoint_every_n_steps=1, validate_at_start=True, batch_size=2, limit_val_batches=2)
     accelerator = {"auto": run.config.accelerator, "cpu": "cpu"}.get(args.device, "gpu")
-    changes = {"max_steps": args.steps, "val_check_interval": args.steps,
-               "checkpoint_every_n_steps": 1, "validate_at_start": True, "batch_size": 2, "limit_val_batches": 2,
-               "accelerator": accelerator, "devices": 1 if accelerator != "auto" else run.config.devices}
-    run = dataclasses.replace(run, config=run.config.model_copy(update=changes))
+    devices = 1 if accelerator != "auto" else run.config.devices
+    run = dataclasses.replace(run, config=run.config.model_copy(update={"accelerator": accelerator, "devices": devices}))
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
         started = time.perf_counter()
