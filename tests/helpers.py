@@ -3,6 +3,7 @@ reports from (storyrewrite.artifacts)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from storyrewrite.params import DTOConfig, ModelsConfig, RLConfig, TrainConfig, build, load_yaml
@@ -75,3 +76,8 @@ def record(stage: str, wall: float = 10.0, **changes) -> dict:
     """A stage record (artifacts.Record)."""
     return {"stage": stage, "device": "cpu", "device_name": "cpu", "dtype": "float32", "wall_s": wall, "items": 10,
             "unit": "steps", "items_per_s": 10 / wall, **changes}
+
+
+def imported_modules(importtime_trace: str) -> set[str]:
+    """The modules a process imported, read from its stderr under `python -X importtime`."""
+    return set(re.findall(r"^import time:.*\|\s*(\S+)$", importtime_trace, re.M))

@@ -1,6 +1,5 @@
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from storyrewrite.llm.run import run_mode
 from storyrewrite.params import LLMConfig, OpenAISettings, build, load_yaml
 
 from chat_server import ChatServer
-from helpers import ROOT
+from helpers import ROOT, imported_modules
 
 KEY = "sk-test-NEVER-WRITE-ME-1234"
 
@@ -133,7 +132,7 @@ def test_the_stage_never_writes_the_key_and_its_metrics_do_not_depend_on_the_cac
             assert result.returncode == 0, result.stderr[-2000:]
             assert KEY not in result.stdout + result.stderr
             # A remote backend runs no model here: the stage never imports torch or transformers.
-            imported = set(re.findall(r"^import time:.*\|\s*(\S+)$", result.stderr, re.M))
+            imported = imported_modules(result.stderr)
             assert "storyrewrite.llm.backends" in imported and not imported & {"torch", "transformers"}
             return (json.loads((tmp_path / "reports" / "llm" / "zero_shot.json").read_text()),
                     json.loads((tmp_path / "reports" / "stages" / "llm-zero_shot.json").read_text()))

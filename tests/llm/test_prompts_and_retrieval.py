@@ -10,7 +10,7 @@ from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
 from storyrewrite.llm.run import clean_reply
 from storyrewrite.params import LLMConfig, build, load_yaml
 
-from helpers import ROOT
+from helpers import ROOT, imported_modules
 
 
 def _config(**changes) -> LLMConfig:
@@ -111,7 +111,6 @@ def test_rag_retrieves_the_duplicated_training_story_and_never_a_test_one(embedd
 def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tmp_path, small_prepared):
     """The stage as DVC runs it: without a retrieving mode it loads neither MiniLM (the module that
     fetches it is never imported) nor torch and transformers."""
-    import re
     import subprocess
     import sys
 
@@ -123,7 +122,7 @@ def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tm
     result = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "stages" / "llm_index.py"), "--data", str(small_prepared),
                              "--out", "index"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    imported = set(re.findall(r"^import time:.*\|\s*(\S+)$", result.stderr, re.M))
+    imported = imported_modules(result.stderr)
     assert "storyrewrite.llm.indexing" in imported  # the trace is read right
     assert not imported & {"torch", "transformers", "storyrewrite.models.specs", "storyrewrite.models.sentence"}
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["unbuilt.json"]
