@@ -3,10 +3,14 @@ through the `generate` stage's own function) and peak memory, measured in one ru
 
     python bench/nll_throughput.py [--device auto] [--precision 32-true] [--steps 6]
         [--generate 16] [--profile params/gpu.yaml] [--batch-size N] [--dtype bfloat16] [--cache static]
-        [--cudnn-attention]
+        [--compare-batch-sizes N ...] [--cudnn-attention]
 
 Defaults are the params' (with the profiles overlaid); --batch-size/--dtype/--cache override the
 `generate` section. Target on an H100 with SmolLM2-135M, 48 new tokens: >= 200 predictions/s.
+--compare-batch-sizes generates for the same instances again at other batch sizes, each after its
+own warm-up, and reports each rate against the run's: the data for choosing `generate.batch_size`
+(a decoding step of a small model costs about the same at any batch size while the GPU waits for
+kernel launches, so the rate then grows with the batch until memory or arithmetic limits it).
 Training runs as the train stage's Trainer does (torch's deterministic algorithms, which on CUDA
 never choose cuDNN's attention), generation as the generate stage does (without them). On CUDA
 the project keeps attention off cuDNN's kernels (storyrewrite.models.device.attention_off_cudnn:
@@ -53,6 +57,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="generation batch size (default: generate.batch_size)")
     parser.add_argument("--dtype", help="generation weights (default: generate.dtype)")
     parser.add_argument("--cache", help="dynamic | static KV cache (default: generate.cache)")
+    parser.add_argument("--compare-batch-sizes", type=int, nargs="+", default=[], metavar="N",
+                        help="generation batch sizes to measure as well, each against the run's")
     parser.add_argument("--cudnn-attention", action="store_true",
                         help="let torch run attention on cuDNN's kernels again (CUDA), as before the project kept it off them")
     args = parser.parse_args()
@@ -86,38 +92,67 @@ def main() -> None:
     generate = params.generate.model_copy(update={k: v for k, v in (("batch_size", args.batch_size), ("dtype", args.dtype),
                                                                     ("cache", args.cache)) if v is not None})
     rows = load_instances(prepared, params.task, "test")[: args.generate]
-    out = Path(tempfile.mkdtemp()) / "predictions.jsonl"
-    # A first call of two batches loads the kernels and, with a static cache, compiles, timed apart:
-    # torch.compile compiles again for a second shape (after which it treats the lengths as
-    # dynamic), and with a single warm-up batch the timed run's first batch was still compiling.
-    warmup = rows[: 2 * generate.batch_size]
-    started = clock(device)
-    generate_predictions(model_dir, warmup, params.task, generate, params.models, out, params.seed, device)
-    warmup_seconds = clock(device) - started
-    started = clock(device)
-    generate_predictions(model_dir, rows, params.task, generate, params.models, Path(str(out) + "2"), params.seed, device)
-    generate_seconds = clock(device) - started
-    words = sum(len(row["prediction"].split()) for _, row in read_jsonl(Path(str(out) + "2")))
+    scratch = Path(tempfile.mkdtemp())
+
+    def measure(batch_size: int) -> dict:
+        """Generation for `rows` in batches of `batch_size`, as the stage generates: predictions/s,
+        the warm-up's seconds, words per prediction and (CUDA) the peak memory of generation alone."""
+        config = generate.model_copy(update={"batch_size": batch_size})
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        # A first call of two batches loads the kernels and, with a static cache, compiles, timed apart:
+        # torch.compile compiles again for a second shape (after which it treats the lengths as
+        # dynamic), and with a single warm-up batch the timed run's first batch was still compiling.
+        warmup = rows[: 2 * batch_size]
+        started = clock(device)
+        generate_predictions(model_dir, warmup, params.task, config, params.models, scratch / f"warmup-{batch_size}.jsonl",
+                             params.seed, device)
+        warmup_seconds = clock(device) - started
+        out = scratch / f"predictions-{batch_size}.jsonl"
+        started = clock(device)
+        generate_predictions(model_dir, rows, params.task, config, params.models, out, params.seed, device)
+        seconds = clock(device) - started
+        return {"predictions_per_s": round(len(rows) / seconds, 3), "warmup_s": round(warmup_seconds, 2),
+                "warmup_instances": len(warmup),
+                "words_per_prediction": round(sum(len(row["prediction"].split()) for _, row in read_jsonl(out)) / len(rows), 1),
+                "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 1024**3, 2) if device.type == "cuda" else None}
+
+    run = measure(generate.batch_size)
+    others = {size: measure(size) for size in args.compare_batch_sizes if size != generate.batch_size}
+    # On CUDA the peak since training's, each generation's apart; on a CPU the process's peak RSS.
+    peak = max([train_memory, *(m["peak_memory_gb"] for m in [run, *others.values()])]) if device.type == "cuda" \
+        else peak_memory_gb(device)
 
     print(f"{describe(device)}; model {params.models.generator}")
     print(f"NLL training:  {step_seconds:.3f} s/step = {config.batch_size / step_seconds:.1f} instances/s "
           f"(batch {config.batch_size}, {precision}; mean of {len(timer.seconds) - 1} steps after a warm-up step)")
-    print(f"generation:    {len(rows) / generate_seconds:.1f} predictions/s ({len(rows)} test instances, batch "
+    print(f"generation:    {run['predictions_per_s']:.1f} predictions/s ({len(rows)} test instances, batch "
           f"{generate.batch_size}, {generate.dtype}, {generate.cache} cache, <= {generate.max_new_tokens} new tokens, "
-          f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {words / len(rows):.1f} words each)")
-    print(f"warm-up:       {warmup_seconds:.1f} s for the {len(warmup)} instances generated first (kernels loaded"
+          f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {run['words_per_prediction']:.1f} words each)")
+    print(f"warm-up:       {run['warmup_s']:.1f} s for the {run['warmup_instances']} instances generated first (kernels loaded"
           f"{', the static cache compiled' if generate.cache == 'static' else ''}; not in the rate above)")
-    print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak_memory_gb(device):.2f} GB at the end "
-          f"({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
+    for size, other in others.items():
+        print(f"  batch {size}: {other['predictions_per_s']:.1f} predictions/s = "
+              f"{other['predictions_per_s'] / run['predictions_per_s']:.2f}x batch {generate.batch_size}"
+              + (f", generation's peak {other['peak_memory_gb']:.2f} GB" if other["peak_memory_gb"] is not None else ""))
+    print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak:.2f} GB in all"
+          + (f", generation alone {run['peak_memory_gb']:.2f} GB (batch {generate.batch_size})" if run["peak_memory_gb"] is not None else "")
+          + f" ({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
     # Named per generation setting: a static-cache or bf16 run is a run of its own in the figures file.
     variant = "".join(f"-{v}" for v in (args.dtype, args.cache, args.precision) if v) + ("-cudnn-attention" if args.cudnn_attention else "")
     write_result("nll_throughput" + variant, device, {
         "train_s_per_step": round(step_seconds, 4), "train_instances_per_s": round(config.batch_size / step_seconds, 3),
-        "generate_predictions_per_s": round(len(rows) / generate_seconds, 3), "words_per_prediction": round(words / len(rows), 1),
-        "warmup_s": round(warmup_seconds, 2),
-        "peak_memory_after_training_gb": round(train_memory, 2), "peak_memory_gb": round(peak_memory_gb(device), 2),
+        "generate_predictions_per_s": run["predictions_per_s"], "words_per_prediction": run["words_per_prediction"],
+        "warmup_s": run["warmup_s"],
+        "peak_memory_after_training_gb": round(train_memory, 2), "peak_memory_gb": round(peak, 2),
+        **({"generate_peak_memory_gb": run["peak_memory_gb"]} if run["peak_memory_gb"] is not None else {}),
+        # Each other batch size's rate, and its ratio to the run's (measured in this process).
+        **({"other_batch_sizes": {str(size): {"predictions_per_s": m["predictions_per_s"],
+                                             "ratio": round(m["predictions_per_s"] / run["predictions_per_s"], 3),
+                                             **({"peak_memory_gb": m["peak_memory_gb"]} if m["peak_memory_gb"] is not None else {})}
+                                  for size, m in others.items()}} if others else {}),
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision, "deterministic": deterministic,
-        "generate_instances": len(rows), "warmup_instances": len(warmup), "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
+        "generate_instances": len(rows), "warmup_instances": run["warmup_instances"], "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
         "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,
         "profiles": [str(p) for p in args.profile]},

@@ -8,7 +8,7 @@
 #                      fit on the GPU (tiny models; validation at the start, checkpoints, export): the
 #                      code paths only the GPU shows, checked before anything long
 #   generation         nll_throughput: NLL steps through Lightning's loop, and generation >= 200 test
-#                      predictions/s (dynamic KV cache)
+#                      predictions/s (dynamic KV cache), at the profile's batch size and at 128 and 1024
 #   generation-cudnn   generation with attention on cuDNN's kernels (torch's own choice, which the
 #                      project keeps it off; training, deterministic as in the stage, never uses them)
 #   steps              objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step
@@ -53,13 +53,13 @@ bench() {  # bench NAME LOG ARGS...: if NAME is wanted, runs `python ARGS...`, i
 }
 bench training training_paths.txt bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny
 GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --generate 1024)
-bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20
+bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20 --compare-batch-sizes 128 1024
 bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention
 bench steps objective_step_time.txt bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 \
   --profile params/gpu.yaml --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces"
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static
 bench scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
-bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 256
+bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024
 if [ -n "${WANTED[compile]:-}" ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.
