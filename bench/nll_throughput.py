@@ -118,9 +118,16 @@ def main() -> None:
                 "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 1024**3, 2) if device.type == "cuda" else None}
 
     run = measure(generate.batch_size)
-    others = {size: measure(size) for size in args.compare_batch_sizes if size != generate.batch_size}
+    others = {}
+    for size in (s for s in args.compare_batch_sizes if s != generate.batch_size):
+        try:
+            others[size] = measure(size)
+        except torch.OutOfMemoryError:  # a size too large for the device is a finding; the run's figures stand
+            others[size] = {"predictions_per_s": None, "peak_memory_gb": None, "error": "out of memory"}
+            torch.cuda.empty_cache()
+    measured = {size: m for size, m in others.items() if m["predictions_per_s"] is not None}
     # On CUDA the peak since training's, each generation's apart; on a CPU the process's peak RSS.
-    peak = max([train_memory, *(m["peak_memory_gb"] for m in [run, *others.values()])]) if device.type == "cuda" \
+    peak = max([train_memory, *(m["peak_memory_gb"] for m in [run, *measured.values()])]) if device.type == "cuda" \
         else peak_memory_gb(device)
 
     print(f"{describe(device)}; model {params.models.generator}")
@@ -132,6 +139,9 @@ def main() -> None:
     print(f"warm-up:       {run['warmup_s']:.1f} s for the {run['warmup_instances']} instances generated first (kernels loaded"
           f"{', the static cache compiled' if generate.cache == 'static' else ''}; not in the rate above)")
     for size, other in others.items():
+        if other["predictions_per_s"] is None:
+            print(f"  batch {size}: {other['error']}")
+            continue
         print(f"  batch {size}: {other['predictions_per_s']:.1f} predictions/s = "
               f"{other['predictions_per_s'] / run['predictions_per_s']:.2f}x batch {generate.batch_size}"
               + (f", generation's peak {other['peak_memory_gb']:.2f} GB" if other["peak_memory_gb"] is not None else ""))
@@ -150,6 +160,7 @@ def main() -> None:
         **({"other_batch_sizes": {str(size): {"predictions_per_s": m["predictions_per_s"],
                                              "ratio": round(m["predictions_per_s"] / run["predictions_per_s"], 3),
                                              **({"peak_memory_gb": m["peak_memory_gb"]} if m["peak_memory_gb"] is not None else {})}
+                                  if m["predictions_per_s"] is not None else {"error": m["error"]}
                                   for size, m in others.items()}} if others else {}),
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision, "deterministic": deterministic,
         "generate_instances": len(rows), "warmup_instances": run["warmup_instances"], "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,

@@ -59,7 +59,7 @@ bench steps objective_step_time.txt bench/objective_step_time.py --device cuda -
   --profile params/gpu.yaml --objectives nll score score_delta delta cpo rloo --trace "$OUT/traces"
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static
 bench scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
-bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024
+bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024 --repeats 2
 if [ -n "${WANTED[compile]:-}" ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.
