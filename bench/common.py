@@ -83,8 +83,7 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
         "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
         # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
         # use, and whether bf16 runs in hardware or in emulation (bf16-mixed on a CPU).
-        **({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_has_bf16()}
-           if where["device"] == "cpu" else {}),
+        **(cpu_facts() if where["device"] == "cpu" else {}),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": settings, "figures": figures,
         "targets": targets or {},
     }
@@ -165,8 +164,15 @@ def peak_memory_gb(device: torch.device) -> float:
     return peak_rss_gb()
 
 
+def cpu_facts() -> dict:
+    """{"cpu_capability", "cpu_bf16"}: the vector instructions torch's CPU kernels use and whether
+    the CPU has bf16 instructions (records.cpu_has_bf16): what a CPU figure depends on beyond its model."""
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_has_bf16()}
+
+
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    features = cpu_features(torch.backends.cpu.get_cpu_capability(), cpu_has_bf16())
+    facts = cpu_facts()
+    features = cpu_features(facts["cpu_capability"], facts["cpu_bf16"])
     return f"CPU {platform.machine()} ({features}), {torch.get_num_threads()} torch threads, torch {torch.__version__}"
