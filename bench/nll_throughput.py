@@ -115,20 +115,25 @@ def main() -> None:
         return {"predictions_per_s": round(len(rows) / seconds, 3), "warmup_s": round(warmup_seconds, 2),
                 "warmup_instances": len(warmup),
                 "words_per_prediction": round(sum(len(row["prediction"].split()) for _, row in read_jsonl(out)) / len(rows), 1),
-                "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 1024**3, 2) if device.type == "cuda" else None}
+                "peak_memory_gb": round(peak_memory_gb(device), 2) if device.type == "cuda" else None}
 
     run = measure(generate.batch_size)
-    others = {}
+    # Each other batch size, as the record holds it: its rate, its ratio to the run's and (CUDA) the
+    # peak memory of its generation, or why it has none.
+    compared: dict[str, dict] = {}
     for size in (s for s in args.compare_batch_sizes if s != generate.batch_size):
         try:
-            others[size] = measure(size)
+            other = measure(size)
         except torch.OutOfMemoryError:  # a size too large for the device is a finding; the run's figures stand
-            others[size] = {"predictions_per_s": None, "peak_memory_gb": None, "error": "out of memory"}
+            compared[str(size)] = {"error": "out of memory"}
             torch.cuda.empty_cache()
-    measured = {size: m for size, m in others.items() if m["predictions_per_s"] is not None}
+            continue
+        compared[str(size)] = {"predictions_per_s": other["predictions_per_s"],
+                               "ratio": round(other["predictions_per_s"] / run["predictions_per_s"], 3),
+                               **({"peak_memory_gb": other["peak_memory_gb"]} if other["peak_memory_gb"] is not None else {})}
     # On CUDA the peak since training's, each generation's apart; on a CPU the process's peak RSS.
-    peak = max([train_memory, *(m["peak_memory_gb"] for m in [run, *measured.values()])]) if device.type == "cuda" \
-        else peak_memory_gb(device)
+    peak = max([train_memory, run["peak_memory_gb"], *(c["peak_memory_gb"] for c in compared.values() if "peak_memory_gb" in c)]) \
+        if device.type == "cuda" else peak_memory_gb(device)
 
     print(f"{describe(device)}; model {params.models.generator}")
     print(f"NLL training:  {step_seconds:.3f} s/step = {config.batch_size / step_seconds:.1f} instances/s "
@@ -138,13 +143,10 @@ def main() -> None:
           f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {run['words_per_prediction']:.1f} words each)")
     print(f"warm-up:       {run['warmup_s']:.1f} s for the {run['warmup_instances']} instances generated first (kernels loaded"
           f"{', the static cache compiled' if generate.cache == 'static' else ''}; not in the rate above)")
-    for size, other in others.items():
-        if other["predictions_per_s"] is None:
-            print(f"  batch {size}: {other['error']}")
-            continue
-        print(f"  batch {size}: {other['predictions_per_s']:.1f} predictions/s = "
-              f"{other['predictions_per_s'] / run['predictions_per_s']:.2f}x batch {generate.batch_size}"
-              + (f", generation's peak {other['peak_memory_gb']:.2f} GB" if other["peak_memory_gb"] is not None else ""))
+    for size, other in compared.items():
+        print(f"  batch {size}: " + (other["error"] if "error" in other else
+              f"{other['predictions_per_s']:.1f} predictions/s = {other['ratio']}x batch {generate.batch_size}"
+              + (f", generation's peak {other['peak_memory_gb']:.2f} GB" if "peak_memory_gb" in other else "")))
     print(f"peak memory:   {train_memory:.2f} GB after training steps, {peak:.2f} GB in all"
           + (f", generation alone {run['peak_memory_gb']:.2f} GB (batch {generate.batch_size})" if run["peak_memory_gb"] is not None else "")
           + f" ({'GPU, allocated by torch' if device.type == 'cuda' else 'RSS'})")
@@ -156,12 +158,7 @@ def main() -> None:
         "warmup_s": run["warmup_s"],
         "peak_memory_after_training_gb": round(train_memory, 2), "peak_memory_gb": round(peak, 2),
         **({"generate_peak_memory_gb": run["peak_memory_gb"]} if run["peak_memory_gb"] is not None else {}),
-        # Each other batch size's rate, and its ratio to the run's (measured in this process).
-        **({"other_batch_sizes": {str(size): {"predictions_per_s": m["predictions_per_s"],
-                                             "ratio": round(m["predictions_per_s"] / run["predictions_per_s"], 3),
-                                             **({"peak_memory_gb": m["peak_memory_gb"]} if m["peak_memory_gb"] is not None else {})}
-                                  if m["predictions_per_s"] is not None else {"error": m["error"]}
-                                  for size, m in others.items()}} if others else {}),
+        **({"other_batch_sizes": compared} if compared else {}),  # measured in this process
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision, "deterministic": deterministic,
         "generate_instances": len(rows), "warmup_instances": run["warmup_instances"], "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
