@@ -41,7 +41,8 @@ def padding_share(lengths: list[int], batch_size: int) -> float:
     return (padded - used) / padded
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--mode", default="zero_shot", choices=[m for m in MODES if not MODES[m].needs_index],
@@ -52,7 +53,11 @@ def main() -> None:
                         help="the model's weights (default: llm.local_dtype)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     params, pretrained, prepared = inputs(args.profile)
     config, device = params.llm, resolve_device(args.device)
     dtype = args.dtype or config.local_dtype

@@ -47,7 +47,8 @@ class Timer(L.Callback):
         self.seconds.append(clock(self.device) - self._started)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default=None, help="Lightning precision (default: the params' train_nll.precision)")
@@ -61,7 +62,11 @@ def main() -> None:
                         help="generation batch sizes to measure as well, each against the run's")
     parser.add_argument("--cudnn-attention", action="store_true",
                         help="let torch run attention on cuDNN's kernels again (CUDA), as before the project kept it off them")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
 
     params, pretrained, prepared = inputs(args.profile)
     device = resolve_device(args.device)  # on CUDA: attention off cuDNN's kernels, unless --cudnn-attention

@@ -192,7 +192,8 @@ def measure(objective: str, args) -> dict:
     return result
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"))
@@ -205,7 +206,11 @@ def main() -> None:
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return

@@ -49,13 +49,18 @@ def timed(device: torch.device, function, *args, **kwargs):
     return result, clock(device) - started
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     params, pretrained, prepared = inputs(args.profile)
     device = resolve_device(args.device)
     models = params.models

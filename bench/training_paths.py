@@ -53,7 +53,8 @@ def train(objective: str, args) -> dict:
             "precision": summary["precision"]}
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="auto: the train section's accelerator (a GPU where there is one)")
@@ -63,7 +64,11 @@ def main() -> None:
                         help=f"valid: {', '.join(OBJECTIVES)}")
     parser.add_argument("--steps", type=int, default=2, help="training steps of each objective")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: train one objective, print JSON
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     if args.one:
         print(json.dumps(train(args.one, args)))
         return

@@ -4,7 +4,9 @@ and still gathers and collects, and how it refuses a bad part. Then scripts/gpu_
 same way, and the GPU kit: scripts/gpu_pack.sh and the lists of what it carries."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import io
 import os
 import re
@@ -13,6 +15,7 @@ import stat
 import subprocess
 import sys
 
+import pytest
 from helpers import ROOT
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
@@ -276,6 +279,33 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     result, calls = run("out5")
     assert result.returncode == 1 and len(calls) == 7
     assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
+
+
+def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_line(tmp_path, monkeypatch):
+    """A flag renamed in a bench script, or mistyped in scripts/gpu_bench.sh, would otherwise show
+    only on the GPU machine: each call of `all` and `compile` goes through the script's own parser
+    and names profiles that exist."""
+    log = tmp_path / "calls.log"
+    bin_dir = _write_stubs(tmp_path, {"python": f'printf "%s\\n" "$*" >> {log}', "nvidia-smi": "exec sleep 30"})
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bench.sh"), "out", "all", "compile"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert len(calls) == 8
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    for script, *argv in calls:
+        assert script.startswith("bench/") and script.endswith(".py"), script
+        parser = importlib.import_module(script.removeprefix("bench/").removesuffix(".py")).arguments()
+        errors = io.StringIO()
+        with contextlib.redirect_stderr(errors):
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit:
+                pytest.fail(f"scripts/gpu_bench.sh calls `{script} {' '.join(argv)}`, which its parser refuses: {errors.getvalue()}")
+            with pytest.raises(SystemExit):  # the parser refuses what it does not know
+                parser.parse_args([*argv, "--no-such-flag"])
+        assert args.profile and all((ROOT / profile).is_file() for profile in args.profile), (script, args.profile)
 
 
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
