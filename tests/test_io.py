@@ -60,3 +60,31 @@ def test_atomic_dir_swaps_a_directory_in_whole_or_leaves_the_old_one(tmp_path):
         (staging / "b.csv").write_text("2")
     assert [p.name for p in target.iterdir()] == ["b.csv"]
     assert [p.name for p in tmp_path.iterdir()] == ["curves"]
+
+
+
+def test_an_atomically_written_file_gets_the_mode_open_gives_a_new_file(tmp_path, monkeypatch):
+    """mkstemp makes its temporary files 0600: outputs renamed from them would be readable by
+    their owner only (reports on a shared machine). They get what `open` gives, under any umask."""
+    import os
+    import stat
+
+    from storyrewrite import io
+
+    current = os.umask(0o022)
+    os.umask(current)
+    assert io._UMASK == current  # read at import, and left as it was
+    try:
+        for umask in (0o022, 0o027, 0o077):
+            os.umask(umask)
+            monkeypatch.setattr(io, "_UMASK", umask)
+            folder = tmp_path / oct(umask)
+            folder.mkdir()
+            (folder / "plain.txt").write_text("x")
+            io.write_text_atomic(folder / "atomic.txt", "x")
+            io.write_json_atomic(folder / "atomic.json", {"a": 1})
+            expected = stat.S_IMODE((folder / "plain.txt").stat().st_mode)
+            assert expected == 0o666 & ~umask
+            assert [stat.S_IMODE((folder / name).stat().st_mode) for name in ("atomic.txt", "atomic.json")] == [expected] * 2
+    finally:
+        os.umask(current)

@@ -13,12 +13,18 @@ from typing import Any
 
 from storyrewrite.errors import InputError  # re-exported: every stage imports it from here
 
+# The process's umask, read once (reading it means setting it): mkstemp makes its files 0600,
+# and an output should get the mode `open` would have given it (others may read reports/).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
 
-    Readers never see a half-written file, and a failure leaves no partial output behind.
+    Readers never see a half-written file, and a failure leaves no partial output behind. The
+    file gets the mode `open` gives a new one (0666 less the umask).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,6 +33,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        tmp.chmod(0o666 & ~_UMASK)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
