@@ -99,8 +99,8 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Pa
     The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
     models, the data); anything else comes from .cache/bench/ (see `cached`)."""
     raw_params = load_yaml(ROOT / "params.yaml")
-    for layer in [*(load_yaml(profile) for profile in profiles), overrides or {}]:
-        raw_params = overlay(raw_params, layer)
+    for source, layer in [*((str(profile), load_yaml(profile)) for profile in profiles), ("overrides", overrides or {})]:
+        raw_params = overlay(raw_params, layer, source=source)
     params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
     if params.models != workspace.models or not (pretrained / "index.json").exists():

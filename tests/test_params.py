@@ -116,6 +116,15 @@ def test_profiles_compose_and_every_section_stays_valid():
     assert "-S models.generator=facebook/bart-large-cnn" in result.stdout and "-S data.max_train=null" in result.stdout
 
 
-def test_a_profile_may_not_invent_keys():
-    with pytest.raises(InputError, match=r"profile: unknown key `train\.lr_schedule`"):
-        overlay(load_yaml(ROOT / "params.yaml"), {"train": {"lr_schedule": "cosine"}})
+def test_a_profile_may_not_invent_keys(tmp_path):
+    base = load_yaml(ROOT / "params.yaml")
+    with pytest.raises(InputError, match=r"^profile: unknown key `train\.lr_schedule`; valid keys in `train`: "
+                                         + ", ".join(base["train"]) + "$"):
+        overlay(base, {"train": {"lr_schedule": "cosine"}})
+    # The command names the profile's file, and the top-level keys for a section that does not exist.
+    profile = tmp_path / "mine.yaml"
+    profile.write_text("trian:\n  lr: 0.1\n")
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", "params/gpu.yaml", str(profile)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {profile}: unknown key `trian`; valid keys: {', '.join(base)}"

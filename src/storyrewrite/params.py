@@ -290,16 +290,17 @@ def load_yaml(path: str | Path) -> dict:
     return params
 
 
-def overlay(base: dict, changes: dict, where: str = "", strict: bool = True) -> dict:
+def overlay(base: dict, changes: dict, where: str = "", strict: bool = True, source: str = "profile") -> dict:
     """`base` with the keys of `changes` replaced, section by section. `strict`: a key that
-    `base` does not have is an error (a profile only changes settings, it never invents them)."""
+    `base` does not have is an error naming `source` (the profile's file) and the keys `base` has
+    there (a profile only changes settings, it never invents them)."""
     merged = dict(base)
     for key, value in changes.items():
         name = f"{where}.{key}" if where else key
         if strict and key not in base:
-            raise InputError(f"profile: unknown key `{name}`")
+            raise InputError(f"{source}: unknown key `{name}`; valid keys{f' in `{where}`' if where else ''}: {', '.join(base)}")
         nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = overlay(merged[key], value, name, strict) if nested else value
+        merged[key] = overlay(merged[key], value, name, strict, source) if nested else value
     return merged
 
 
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         merged, changes = load_yaml(args.params), {}
         for profile in args.profiles:
             layer = load_yaml(profile)
-            merged, changes = overlay(merged, layer), overlay(changes, layer, strict=False)
+            merged, changes = overlay(merged, layer, source=str(profile)), overlay(changes, layer, strict=False)
         Params(merged, " + ".join(map(str, [args.params, *args.profiles]))).check_all()
         if args.action == "overrides":
             # How YAML spells each value (null, 1.0e-05, bf16-mixed, [a, b]), as `dvc exp run -S` parses it.
