@@ -9,6 +9,8 @@ commit's outputs (dvc.yaml, "Run cache")."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -68,6 +70,33 @@ def test_the_closure_follows_imports_inside_functions_and_package_inits():
     assert "src/storyrewrite/models/store.py" in files
     assert {"src/storyrewrite/__init__.py", "src/storyrewrite/llm/__init__.py"} <= files
     assert not any(name.startswith("src/storyrewrite/training/") for name in files)
+
+
+def test_the_closure_command_rewrites_stale_deps_and_names_a_missing_file(tmp_path):
+    """`python -m storyrewrite.closure --update FILE` puts back a dep taken out of a copy of
+    dvc.yaml (everything else kept as it was); a missing file, or a stage script that does not
+    exist, is one line naming it, and the file is left as it was."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "storyrewrite.closure", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+
+    original = (ROOT / "dvc.yaml").read_text()
+    copy = tmp_path / "dvc.yaml"
+    copy.write_text(original.replace("      - src/storyrewrite/models/encoding.py\n", "", 1))
+    result = run("--update", str(copy))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["train_nll: code deps updated"]
+    assert copy.read_text() == original
+
+    bad = original.replace("- stages/score.py\n", "- stages/scores.py\n", 1)
+    copy.write_text(bad)
+    line = bad.splitlines().index("        - stages/scores.py") + 1
+    result = run("--update", str(copy))
+    assert (result.returncode, result.stderr) == (2, f"error: {copy}:{line}: stages/scores.py: no such file\n")
+    assert copy.read_text() == bad
+    result = run("stages/scores.py")
+    assert (result.returncode, result.stderr) == (2, "error: stages/scores.py: no such file\n")
+    assert run().returncode == 2 and run("--help").returncode == 0
 
 
 def objective_problems(dvc: dict, objectives: dict | None = None) -> list[str]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
-import sys
 from pathlib import Path
+
+from storyrewrite.io import InputError, write_text_atomic
 
 PACKAGE = "storyrewrite"
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -111,32 +112,50 @@ def update_dvc_yaml(path: Path) -> list[str]:
         i += 1
         if script is None:
             continue
-        indent = script.group(1)
+        indent, number = script.group(1), i  # the script's line (1-based)
         old = []
         while i < len(lines) and re.fullmatch(rf"{indent}- src/\S+", lines[i]):
             old.append(lines[i])
             i += 1
+        if not (root / script.group(2)).is_file():
+            raise InputError(f"{path}:{number}: {script.group(2)}: no such file")
         new = [f"{indent}- {p.relative_to(root).as_posix()}" for p in sorted(closure(root / script.group(2)))]
         if new != old:
             changed.append(stage)
         out.extend(new)
-    path.write_text("\n".join(out), encoding="utf-8")
+    write_text_atomic(path, "\n".join(out))
     return changed
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m storyrewrite.closure SCRIPT ...` prints each script's closure;
     `python -m storyrewrite.closure --update dvc.yaml` writes every stage's code deps."""
+    import argparse
+
+    from storyrewrite.io import run_stage
+
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.closure", description=main.__doc__)
+    parser.add_argument("scripts", type=Path, nargs="*", metavar="SCRIPT", help="a stage's script or a package module")
+    parser.add_argument("--update", type=Path, nargs="?", const=Path("dvc.yaml"), metavar="DVC_YAML",
+                        help="rewrite the code deps of every stage there (default: dvc.yaml)")
+    args = parser.parse_args(argv)
+    if args.update is None and not args.scripts:
+        parser.error("name a script, or --update dvc.yaml")
     root = PACKAGE_DIR.parents[1]
-    args = argv if argv is not None else sys.argv[1:]
-    if args[:1] == ["--update"]:
-        for name in update_dvc_yaml(Path(args[1] if len(args) > 1 else "dvc.yaml")):
-            print(f"{name}: code deps updated")
-        return
-    for entry in args:
-        print(f"{entry}:")
-        for path in sorted(closure(entry)):
-            print(f"  - {path.relative_to(root).as_posix()}")
+
+    def run() -> None:
+        for path in [*args.scripts, *([args.update] if args.update else [])]:
+            if not path.is_file():
+                raise InputError(f"{path}: no such file")
+        if args.update:
+            for name in update_dvc_yaml(args.update):
+                print(f"{name}: code deps updated")
+        for entry in args.scripts:
+            print(f"{entry}:")
+            for path in sorted(closure(entry)):
+                print(f"  - {path.relative_to(root).as_posix()}")
+
+    run_stage(run)
 
 
 if __name__ == "__main__":
