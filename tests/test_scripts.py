@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from helpers import ROOT
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
@@ -129,6 +130,34 @@ def test_the_seeds_part_runs_nll_continued_and_dto_again_with_each_fine_tuning_s
     bad = subprocess.run(["bash", str(SCRIPT), "grid", "seeds"], cwd=tmp_path, capture_output=True, text=True,
                          env={**env, "COMPARISON_SEEDS": "1,2"}, timeout=60)
     assert bad.returncode == 2 and "error: COMPARISON_SEEDS must be whole numbers separated by spaces, got '1,2'" in bad.stderr
+
+
+def test_every_experiment_of_the_gpu_comparison_is_a_valid_setting(tmp_path):
+    """Each experiment's `-S` overrides (every part, and the seeds), applied as `dvc exp run`
+    applies them (YAML values) on top of the GPU profile, give params that validate, with a
+    registered objective the task can train: a key renamed in params.yaml fails here rather
+    than when the queue reaches that experiment on the GPU machine."""
+    from storyrewrite.objectives.registry import get_objective
+    from storyrewrite.params import Params, load_yaml, overlay
+
+    runs = []
+    for part in ("all", "seeds"):
+        (tmp_path / part).mkdir()
+        result, calls = _run(tmp_path / part, "gpu", part, "params/gpu.yaml")
+        assert result.returncode == 0, result.stderr
+        runs += [c for c in calls if c.startswith("dvc exp run")]
+    assert len(runs) == 7 + len(GRID) + 8
+    profile = overlay(load_yaml(ROOT / "params.yaml"), load_yaml(ROOT / "params" / "gpu.yaml"))
+    for run in runs:
+        raw = profile
+        for key, value in re.findall(r"-S (\S+?)=(\S+)", run):
+            change = yaml.safe_load(value)
+            for part in reversed(key.split(".")):
+                change = {part: change}
+            raw = overlay(raw, change, source=run)
+        params = Params(raw, run)
+        params.check_all()
+        assert get_objective(params.objective, params.task).name == params.objective
 
 
 def test_an_experiment_not_gathered_as_it_finished_is_gathered_once_more_at_the_end(tmp_path):
