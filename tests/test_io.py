@@ -62,7 +62,6 @@ def test_atomic_dir_swaps_a_directory_in_whole_or_leaves_the_old_one(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["curves"]
 
 
-
 def test_an_atomically_written_file_gets_the_mode_open_gives_a_new_file(tmp_path, monkeypatch):
     """mkstemp makes its temporary files 0600: outputs renamed from them would be readable by
     their owner only (reports on a shared machine). They get what `open` gives, under any umask."""

@@ -96,7 +96,7 @@ def digest(files: set[Path]) -> str:
 
 
 def update_dvc_yaml(path: Path) -> list[str]:
-    """Rewrite, in place and keeping every comment, each stage's `src/` deps of dvc.yaml as the
+    """Rewrite (atomically, keeping every comment) each stage's `src/` deps of dvc.yaml as the
     import closure of the stage's script (listed right after the script, in path order);
     returns the names of the stages whose lists changed."""
     root = PACKAGE_DIR.parents[1]
@@ -112,14 +112,14 @@ def update_dvc_yaml(path: Path) -> list[str]:
         i += 1
         if script is None:
             continue
-        indent, number = script.group(1), i  # the script's line (1-based)
+        indent, script_file, number = script.group(1), script.group(2), i  # i: the script's line (1-based)
         old = []
         while i < len(lines) and re.fullmatch(rf"{indent}- src/\S+", lines[i]):
             old.append(lines[i])
             i += 1
-        if not (root / script.group(2)).is_file():
-            raise InputError(f"{path}:{number}: {script.group(2)}: no such file")
-        new = [f"{indent}- {p.relative_to(root).as_posix()}" for p in sorted(closure(root / script.group(2)))]
+        if not (root / script_file).is_file():
+            raise InputError(f"{path}:{number}: {script_file}: no such file")
+        new = [f"{indent}- {p.relative_to(root).as_posix()}" for p in sorted(closure(root / script_file))]
         if new != old:
             changed.append(stage)
         out.extend(new)
