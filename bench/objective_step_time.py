@@ -26,9 +26,12 @@ around the objective's diagnostics, the gradient norm and the logged values' cop
 and the time they take is set against the plain steps' median (`diagnostics`: a step with them
 over the same step without them). On CUDA the torch profiler then runs a few more
 steps and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
-writes its operator table and Chrome trace. Every eager run counts the aten operators of one
-step but the optimiser's (`ops/step`, views left out): about one GPU kernel launch each, the same
-count on any device, so that a CPU shows the ratio a launch-bound GPU step follows. `--compile`
+writes the first repeat's operator table and Chrome trace. A line as each process ends gives its
+step time and where its time went (building the models, the steps, counting the operators, the
+profiler; the rest is the process's start), so that a run cut short keeps what it measured.
+Every eager run counts the aten operators of one step but the optimiser's (`ops/step`, views left
+out): about one GPU kernel launch each, the same count on any device, so that a CPU shows the
+ratio a launch-bound GPU step follows. `--compile`
 runs the steps as `compile: true` trains (torch.compile of the transformer bodies); the first
 step, which the timings leave out, then includes the compilation, and its time is printed.
 """
@@ -42,6 +45,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -151,7 +155,9 @@ def measure(objective: str, args) -> dict:
     """One objective in this process: medians with and without diagnostics, peak memory, GPU busy."""
     device = resolve_device(args.device)
     torch.manual_seed(0)
+    started = time.perf_counter()
     module, optimizer, batch = build(objective, args, device)
+    phases = {"build_s": time.perf_counter() - started}  # where a process's time goes, beside its imports
     started = clock(device)
     step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state (and compiles)
     first_step = clock(device) - started
@@ -164,6 +170,7 @@ def measure(objective: str, args) -> dict:
         if "sample_seconds" in module.step_logs:
             sample_shares.append(float(module.step_logs["sample_seconds"]) / times[-1])
         step(module, optimizer, batch, device, args.precision, True, timed=diagnostics_seconds)
+    phases["steps_s"] = clock(device) - started
     median = statistics.median(times)
     result = {"with": median, "without": median - statistics.median(diagnostics_seconds), "first": first_step,
               "sample_share": statistics.median(sample_shares) if sample_shares else None,
@@ -173,10 +180,13 @@ def measure(objective: str, args) -> dict:
     if not args.compile:  # (a compiled body's kernels are its own, and a dispatch mode would change how it runs)
         # The operators of one step but the optimiser's (the same for every objective, and fused
         # into a few kernels on CUDA, where a CPU's AdamW runs a dozen per parameter tensor).
+        started = time.perf_counter()
         with OpCounter() as counter:
             step(module, optimizer, batch, device, args.precision, True, optimise=False)
         result["ops"] = counter.ops
+        phases["ops_s"] = time.perf_counter() - started
     if device.type == "cuda":
+        started = time.perf_counter()
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profiler:
             started = clock(device)
@@ -189,7 +199,8 @@ def measure(objective: str, args) -> dict:
             Path(args.trace).mkdir(parents=True, exist_ok=True)
             (Path(args.trace) / f"{objective}.txt").write_text(averages.table(sort_by="self_device_time_total", row_limit=30))
             profiler.export_chrome_trace(str(Path(args.trace) / f"{objective}.json"))
-    return result
+        phases["profile_s"] = time.perf_counter() - started
+    return result | {"phases": phases}
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -217,13 +228,18 @@ def main() -> None:
 
     runs: dict[str, list[dict]] = {objective: [] for objective in args.objectives}
     failed: dict[str, str] = {}  # an objective whose process failed -> the end of its error output
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         for objective in [o for o in args.objectives if o not in failed]:
             command = [sys.executable, __file__, "--one", objective, "--device", args.device, "--precision", args.precision,
                        "--steps", str(args.steps), *sum((["--profile", str(p)] for p in args.profile), [])]
-            command += (["--batch-size", str(args.batch_size)] if args.batch_size else []) + (["--trace", args.trace] if args.trace else [])
+            command += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+            # The first repeat's profile is the one written: a Chrome trace of a GPU step is tens of
+            # MB, and writing it again costs each later process seconds for the same table.
+            command += ["--trace", args.trace] if args.trace and repeat == 0 else []
             command += ["--compile"] if args.compile else []
+            started = time.perf_counter()
             output = subprocess.run(command, capture_output=True, text=True)
+            seconds = time.perf_counter() - started
             if output.returncode != 0:
                 # The others are still measured (a GPU lent for minutes is not spent for nothing);
                 # without the base objective there is no ratio to give.
@@ -233,6 +249,13 @@ def main() -> None:
                     raise SystemExit(f"error: {objective}, the base of every ratio, failed")
                 continue
             runs[objective].append(json.loads(output.stdout.strip().splitlines()[-1]))
+            # A line as each process ends: a run cut short (a GPU lent for minutes) keeps what it
+            # measured, and the phases show where a process's time goes (the rest is its start:
+            # imports, the device's initialisation).
+            row, phases = runs[objective][-1], runs[objective][-1]["phases"]
+            print(f"{objective} (repeat {repeat + 1}/{args.repeats}): {row['with']:.4f} s/step"
+                  + (f", {row['ops']} ops/step" if "ops" in row else "") + f"; process {seconds:.0f} s: "
+                  + ", ".join(f"{name.removesuffix('_s')} {value:.1f} s" for name, value in phases.items()), flush=True)
     objectives = [o for o in args.objectives if o not in failed]
     runs = {objective: runs[objective] for objective in objectives}
 
