@@ -123,3 +123,20 @@ def test_the_training_check_trains_an_objective_through_the_stages_fit(tmp_path,
     args = argparse.Namespace(device="cpu", profile=[], tiny=True, steps=2)
     result = training_paths.train("score", args)
     assert (result["device"], result["steps"], result["precision"]) == ("cpu", 2, "32-true")
+
+
+def test_the_step_benchs_device_seconds_agree_with_the_profilers_own_averages():
+    """bench/objective_step_time.py's GPU busy reads the profiler's raw events (key_averages()
+    parses them all in Python first, seconds a step): summed for one kind of device, they give the
+    time key_averages() gives, and none for a device that did no work."""
+    import objective_step_time
+    import torch
+    from torch.autograd import DeviceType
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        model(torch.randn(16, 64)).sum().backward()
+    events = profiler.profiler.kineto_results.events()
+    averaged = sum(event.cpu_time_total for event in profiler.key_averages()) / 1e6
+    assert objective_step_time.device_seconds(events, DeviceType.CPU) == pytest.approx(averaged, rel=0.02)
+    assert averaged > 0 and objective_step_time.device_seconds(events, DeviceType.CUDA) == 0
