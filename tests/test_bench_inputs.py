@@ -140,3 +140,21 @@ def test_the_step_benchs_device_seconds_agree_with_the_profilers_own_averages():
     averaged = sum(event.cpu_time_total for event in profiler.key_averages()) / 1e6
     assert objective_step_time.device_seconds(events, DeviceType.CPU) == pytest.approx(averaged, rel=0.02)
     assert averaged > 0 and objective_step_time.device_seconds(events, DeviceType.CUDA) == 0
+
+
+def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch):
+    """bench/objective_step_time.py's per-process line: the `steps` phase spans the untimed first
+    step and every timed one (it is the interval around them), the others are there and positive."""
+    import objective_step_time
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    args = objective_step_time.arguments().parse_args(["--device", "cpu", "--steps", "2", "--batch-size", "2",
+                                                       "--profile", str(profile)])
+    result = objective_step_time.measure("score", args)
+    phases = result["phases"]
+    assert set(phases) == {"build_s", "steps_s", "ops_s"} and min(phases.values()) > 0
+    # Two timed steps: their median is their mean, so the two together take twice it.
+    assert phases["steps_s"] >= result["first"] + 2 * result["with"]
+    assert result["ops"] > 0 and result["batch_size"] == 2
