@@ -12,7 +12,8 @@ machine to them.
 Each objective runs in a process of its own (a CUDA error leaves the others their device), with
 the train section of the params and profiles, the batch size cut to 2 and validation to 2
 batches; `--tiny` trains tiny random-init Llama models instead of the profile's. Prints one line
-per objective (ok, with the fit's wall time and its process's, or the end of its error) and exits 1 if any failed.
+per objective (ok, with the fit's wall time and its process's, or the end of its error) and
+exits 1 if any failed.
 """
 from __future__ import annotations
 

@@ -59,5 +59,5 @@ poll)
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40 ;;
-*) sed -n 2,17p "$0"; exit 2 ;;
+*) sed -n 2,16p "$0"; exit 2 ;;
 esac

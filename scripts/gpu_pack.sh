@@ -10,8 +10,8 @@
 # It fills .device/ (ignored through .git/info/exclude) and prints the device calls to make.
 #
 # One device call carries at most 64 MB (61 MiB), the working tree included (every tracked file,
-# and the untracked ones git does not ignore). The kit carries the wheels in one call and splits the model
-# packages into parts of 60 MiB; beside this project's tree neither may fit. So the parts are split
+# and the untracked ones git does not ignore). The kit carries the wheels in one call and splits
+# the model packages into parts of 60 MiB; beside this project's tree neither may fit. So the parts are split
 # again here to fit (the first part beside the wheels of the kit's install call, in the room they
 # leave), and the wheels go in as many calls as they need: .device/whl.2, .device/whl.3,
 # ... each installed into the kit's folder before the kit's own install call (.device/whl), whose
