@@ -26,6 +26,7 @@ start)
   mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
   echo running > "$JOB/state"
   setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
+  echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
   sleep 3; cat "$JOB/log.txt" ;;
 run)  # (internal: the detached job)
   shift

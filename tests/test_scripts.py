@@ -12,6 +12,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -589,6 +590,14 @@ def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_model
     assert bad.returncode == 2 and "error: no bench 'stepz'" in bad.stderr and not (home / "job").exists()
 
     assert job("start", "training", "steps").returncode == 0
+    try:
+        _follow_the_gpu_job(job, results, home, out, log)
+    finally:  # a job left waiting for the model packages would outlive a failed test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
+
+
+def _follow_the_gpu_job(job, results, home, out, log) -> None:
     waiting = job("poll", "4")
     assert waiting.returncode == 0 and waiting.stdout.startswith("running")
     assert "bench-out/training/training_paths.txt" in results() and not any("steps" in name for name in results())
