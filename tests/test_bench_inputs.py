@@ -125,21 +125,27 @@ def test_the_training_check_trains_an_objective_through_the_stages_fit(tmp_path,
     assert (result["device"], result["steps"], result["precision"]) == ("cpu", 2, "32-true")
 
 
-def test_the_step_benchs_device_seconds_agree_with_the_profilers_own_averages():
+def test_the_step_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
     """bench/objective_step_time.py's GPU busy reads the profiler's raw events (key_averages()
-    parses them all in Python first, seconds a step): summed for one kind of device, they give the
-    time key_averages() gives, and none for a device that did no work."""
+    parses them all in Python first, seconds a step): summed for one kind of device, two timed
+    regions on the CPU give the seconds a wall clock measured around them, a device that did no
+    work none. (Not key_averages()'s sum: it drops an operator nested in one of the same name.)"""
+    import time
+
     import objective_step_time
     import torch
     from torch.autograd import DeviceType
 
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    spans = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        model(torch.randn(16, 64)).sum().backward()
+        for seconds in (0.02, 0.03):
+            with torch.profiler.record_function(f"wait {seconds}"):
+                started = time.perf_counter()
+                time.sleep(seconds)
+                spans.append(time.perf_counter() - started)
     events = profiler.profiler.kineto_results.events()
-    averaged = sum(event.cpu_time_total for event in profiler.key_averages()) / 1e6
-    assert objective_step_time.device_seconds(events, DeviceType.CPU) == pytest.approx(averaged, rel=0.02)
-    assert averaged > 0 and objective_step_time.device_seconds(events, DeviceType.CUDA) == 0
+    assert sum(spans) <= objective_step_time.device_seconds(events, DeviceType.CPU) < 1.5 * sum(spans)
+    assert objective_step_time.device_seconds(events, DeviceType.CUDA) == 0
 
 
 def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch):
