@@ -261,10 +261,10 @@ def main() -> None:
             # A line as each process ends: a run cut short (a GPU lent for minutes) keeps what it
             # measured, and the phases show where a process's time goes (the rest is its start:
             # imports, the device's initialisation).
-            row, phases = runs[objective][-1], runs[objective][-1]["phases"]
+            row = runs[objective][-1]
             print(f"{objective} (repeat {repeat + 1}/{args.repeats}): {row['with']:.4f} s/step"
                   + (f", {row['ops']} ops/step" if "ops" in row else "") + f"; process {seconds:.0f} s: "
-                  + ", ".join(f"{name.removesuffix('_s')} {value:.1f} s" for name, value in phases.items()), flush=True)
+                  + ", ".join(f"{name.removesuffix('_s')} {value:.1f} s" for name, value in row["phases"].items()), flush=True)
     objectives = [o for o in args.objectives if o not in failed]
     runs = {objective: runs[objective] for objective in objectives}
 

