@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from storyrewrite.io import InputError
 from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay
@@ -85,6 +86,21 @@ def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
     result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", str(tmp_path / "bad.yaml")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.strip() == "error: params: `cpo.beta` = -2: Input should be greater than 0"
+
+
+def test_check_all_reports_every_invalid_section_a_line_each():
+    raw = load_yaml(ROOT / "params.yaml")
+    params = _params(task="ar", cpo=dict(raw["cpo"], beta=-2), llm=dict(raw["llm"], modes="rag"))
+    with pytest.raises(InputError) as error:
+        params.check_all()
+    assert str(error.value).split("\nerror: ") == [
+        "params: `task` = 'ar': Input should be 'timetravel', 'timetravel_ablated' or 'art'",
+        "params: `cpo.beta` = -2: Input should be greater than 0",
+        "params: `llm.modes` = 'rag': Input should be a valid list"]
+    # The command prints them as it prints one: `error: ` before each.
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", "--params", "/dev/stdin"],
+                            input=yaml.safe_dump(params.raw), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.splitlines() == ["error: " + line for line in str(error.value).split("\nerror: ")]
 
 
 def test_exponent_without_dot_reads_as_float():

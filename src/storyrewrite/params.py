@@ -271,8 +271,18 @@ class Params:
         raise AttributeError(name)
 
     def check_all(self) -> None:
+        """Build every section; every error found, not only the first: one InputError, a line
+        each. (The names a stage looks up in a registry, `objective` and `llm.modes`, are checked
+        by the stage that reads them: importing the registries here would make every stage's
+        code deps, which are this module's imports, include them.)"""
+        errors = []
         for name in SECTIONS:
-            self.section(name)
+            try:
+                self.section(name)
+            except InputError as error:
+                errors.append(str(error))
+        if errors:  # printed as `error: ...` by run_stage: every line reads the same
+            raise InputError("\nerror: ".join(errors))
 
 
 def load_yaml(path: str | Path) -> dict:
