@@ -4,13 +4,15 @@ one run of this script.
 
     python bench/objective_step_time.py [--device auto] [--precision 32-true] [--batch-size N]
         [--steps 4] [--repeats 2] [--objectives nll score score_delta] [--profile params/gpu.yaml] [--trace DIR]
-        [--compile]
+        [--compile] [--name NAME]
 
 Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in bf16-mixed);
 diagnostics <= 5 % of a step; on CUDA, the GPU busy >= 80 % of a step. RLOO (`--objectives nll score score_delta rloo`: the params' `rl`
 section, its reward `rl.reward`) has no target: its ratio and the share of its step spent
 sampling (`sample share`: the sampling's time over the step's, steps with diagnostics) are the
-result. Figures go to reports/bench/objective_step_time.json.
+result. Figures go to reports/bench/objective_step_time.json (`-bf16-mixed`, `-compiled` added
+for those runs; `--name` names another file, so that a run of other objectives keeps the
+targets' run beside it).
 
 A step is what the train stage's step does, under the stage's torch flags (its Trainer's
 `deterministic`: deterministic algorithms only, cuBLAS's fixed workspace): the loss with its terms
@@ -212,6 +214,13 @@ def measure(objective: str, args) -> dict:
     return result | {"phases": phases}
 
 
+def result_name(args: argparse.Namespace) -> str:
+    """The figures' file in reports/bench/ (without .json): `--name`, else one per precision and
+    compilation, each a run of its own."""
+    return args.name or ("objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}")
+                         + ("-compiled" if args.compile else ""))
+
+
 def arguments() -> argparse.ArgumentParser:
     """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,6 +234,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
+    parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
+                        "and -compiled where not 32-true and eager): a run of its own there, each device's last")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
     return parser
 
@@ -312,9 +323,7 @@ def main() -> None:
     targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
     if busy:  # the GPU's share of a training step's wall time
         targets |= {f"{o}.gpu_busy": {"min": 0.8} for o in figures}
-    # A name per precision and compilation: each is a run of its own in the figures file.
-    script = "objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}") + ("-compiled" if args.compile else "")
-    write_result(script, resolve_device(args.device), figures,
+    write_result(result_name(args), resolve_device(args.device), figures,
                  {"precision": args.precision, "compile": args.compile, "deterministic": first["deterministic"],
                   "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,

@@ -164,3 +164,16 @@ def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch)
     # Two timed steps: their median is their mean, so the two together take twice it.
     assert phases["steps_s"] >= result["first"] + 2 * result["with"]
     assert result["ops"] > 0 and result["batch_size"] == 2
+
+
+def test_the_step_bench_names_its_figures_file_by_precision_and_compilation_or_as_told():
+    """A run of other objectives (scripts/gpu_bench.sh's `steps-others`) names a file of its own,
+    so that it does not replace the targets' run of the same device and precision."""
+    import objective_step_time
+
+    name = lambda *argv: objective_step_time.result_name(objective_step_time.arguments().parse_args(list(argv)))  # noqa: E731
+    assert name() == "objective_step_time"
+    assert name("--precision", "bf16-mixed") == "objective_step_time-bf16-mixed"
+    assert name("--precision", "bf16-mixed", "--compile") == "objective_step_time-bf16-mixed-compiled"
+    assert name("--precision", "bf16-mixed", "--name", "objective_step_time-bf16-mixed-others") == \
+        "objective_step_time-bf16-mixed-others"
