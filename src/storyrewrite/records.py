@@ -153,11 +153,13 @@ def _seconds(value: float) -> str:
 
 def stages_table(records: list[dict]) -> str:
     """Markdown: one row per stage record (device, dtype, wall time, work done and its rate,
-    peak memory)."""
+    peak memory; an LLM stage's replies from its response cache beside its requests)."""
     lines = ["| Stage | device | dtype | wall time | work | rate | peak memory |", "|---|---|---|---|---|---|---|"]
     for r in records:
         where = r["device"] if r["device_name"] == r["device"] else f"{r['device']} ({r['device_name']})"
         work = "-" if r["items"] is None else f"{r['items']} {r['unit']}"
+        if r.get("cache_hits"):  # an LLM stage: the replies its response cache held cost no request
+            work += f" (+{r['cache_hits']} from the response cache)"
         rate = "-" if not r["items_per_s"] else f"{r['items_per_s']:.3g} {r['unit']}/s"
         memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GB" + (f", CUDA {r['peak_cuda_gb']} GB" if "peak_cuda_gb" in r else "")
         lines.append(f"| {r['stage']} | {where} | {r['dtype'] or '-'} | {_seconds(r['wall_s'])} | {work} | {rate} | {memory} |")
