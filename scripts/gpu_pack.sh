@@ -30,7 +30,8 @@ for file in pack.sh on-device.sh; do
     exit 2
   fi
 done
-for setting in "CARRY_MIB=${CARRY_MIB:-61}" "MARGIN_MIB=${MARGIN_MIB:-1}"; do
+CARRY_MIB=${CARRY_MIB:-61} MARGIN_MIB=${MARGIN_MIB:-1}
+for setting in "CARRY_MIB=$CARRY_MIB" "MARGIN_MIB=$MARGIN_MIB"; do
   if ! [[ ${setting#*=} =~ ^[0-9]+$ ]]; then
     echo "error: ${setting%%=*} must be a whole number of MiB, got '${setting#*=}'" >&2
     exit 2
@@ -58,7 +59,7 @@ packed=$(bash .device/kit/pack.sh)
 printf '%s\n' "$packed" | sed '/^next:/,$d'
 
 MIB=$((1024 * 1024))
-LIMIT=$((${CARRY_MIB:-61} * MIB))
+LIMIT=$(($CARRY_MIB * MIB))
 TREE=$("${PYTHON:-python3}" - <<'PY'
 import os, subprocess
 names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -71,7 +72,7 @@ if [ -d shared ]; then  # a shared/ folder inside the checkout travels whether g
 fi
 size() { du -cb "$@" | tail -1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-FIXED=$((TREE + $(size .device/on-device.sh) + ${MARGIN_MIB:-1} * MIB))
+FIXED=$((TREE + $(size .device/on-device.sh) + $MARGIN_MIB * MIB))
 # The wheels in groups that each fit beside the tree, largest first (first fit): the first stays
 # in .device/whl, the others move to .device/whl.2, .device/whl.3, ...
 WHEEL_CALLS=$("${PYTHON:-python3}" - "$((LIMIT - FIXED))" <<'PY'
@@ -102,7 +103,7 @@ PY
 )
 PART=$(((LIMIT - FIXED - $(size .device/parts/sha256)) / MIB * MIB))
 if [ $PART -lt $((4 * MIB)) ]; then
-  echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one device call carries at most ${CARRY_MIB:-61} MiB" >&2
+  echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one device call carries at most $CARRY_MIB MiB" >&2
   exit 1
 fi
 cat .device/parts/part_* > .device/models.tar
@@ -145,7 +146,7 @@ if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$SUM" ]; then
 fi
 echo "$SUM" > .device/parts/sha256
 echo "model packages: $(echo $PACKED)"
-echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of ${CARRY_MIB:-61} MiB$([ $FIRST -gt 0 ] && echo ", the first ($(mib "$FIRST")) beside the wheels of the install call")"
+echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of $CARRY_MIB MiB$([ $FIRST -gt 0 ] && echo ", the first ($(mib "$FIRST")) beside the wheels of the install call")"
 echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree"
 echo "next: device calls, back to back (../shared/gpu/README.md):"
 for number in $(seq 2 "$WHEEL_CALLS"); do
