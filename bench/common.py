@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from commit_name import commit_name
 
 from storyrewrite import closure
 from storyrewrite.data import prepare as prepare_module
@@ -28,24 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
 
 
-def _commit() -> str:
-    """The commit the bench runs, taken when it starts (the code it imports), `+changes` where
-    the tracked files other than reports/ (outputs, the bench figures among them) differ from it.
-    STORYREWRITE_COMMIT, where set, names it instead: a copy of the tree that is not the checkout
-    (sent to a GPU machine without its .git) cannot say which commit it is."""
-    import os
-    import subprocess
-
-    if os.environ.get("STORYREWRITE_COMMIT"):
-        return os.environ["STORYREWRITE_COMMIT"]
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!reports"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return commit + ("+changes" if dirty else "")
-
-
-COMMIT = _commit()
+COMMIT = commit_name(ROOT)  # taken when the bench starts: the code it imports
 
 
 def evaluators_dir(params: Params) -> Path:

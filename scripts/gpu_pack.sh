@@ -161,10 +161,7 @@ for part in $(cd .device/parts && ls part_* | grep -vx part_00); do
   echo "  carry [\".device/on-device.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/on-device.sh part"
 done
 echo "  then, in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash .device/on-device.sh start \"CMD\" && bash .device/on-device.sh poll 500"
-# The commit the figures name (bench/common.py): the machine's copy of the tree has no .git.
-commit=$(git rev-parse --short HEAD 2>/dev/null || true)
-if [ -n "$commit" ]; then
-  [ -z "$(git status --porcelain --untracked-files=no -- . ':!reports')" ] || commit+="+changes"
-  echo "$commit" > .device/commit
-fi
+# The commit the figures name (bench/commit_name.py): the machine's copy of the tree has no .git.
+commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")
+[ -z "$commit" ] || echo "$commit" > .device/commit
 echo "or, for the benchmarks (scripts/gpu_job.sh): to the install call add \" && bash scripts/gpu_job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash scripts/gpu_job.sh poll 500; then bash scripts/gpu_job.sh poll 540 until it says done"

@@ -39,11 +39,13 @@ def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
     where the tree was copied without its .git."""
     import subprocess
 
+    from commit_name import commit_name
+
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     monkeypatch.delenv("STORYREWRITE_COMMIT", raising=False)
-    assert common._commit().removesuffix("+changes") == head
+    assert commit_name(ROOT).removesuffix("+changes") == head
     monkeypatch.setenv("STORYREWRITE_COMMIT", "0123abc")
-    assert common._commit() == "0123abc"
+    assert commit_name(ROOT) == "0123abc"
 
 
 def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatch):
