@@ -17,7 +17,8 @@
 # What DVC does, DVC does: the first experiment runs alone (`dvc exp run --temp`) and so builds,
 # once, every stage the others share (the models, the NLL model, the LLM and copy baselines),
 # which go to DVC's run cache; the others are queued (`dvc exp run --queue`) and run by
-# `dvc queue start -j N`, each restoring the shared stages from the run cache. Each stage takes
+# `dvc queue start -j N`, each restoring the shared stages from the run cache (or, where dvc.lock
+# named outputs built on another machine, from the first experiment's: storyrewrite.report.lockfile). Each stage takes
 # its share of the machine (STORYREWRITE_WORKERS=N: cores / N threads, a GPU of its own where
 # there are several; see src/storyrewrite/parallel.py). What DVC cannot do stays here: naming the
 # experiments, gathering each one as soon as it has finished (runs/NAME holds what ran even if the
@@ -133,7 +134,16 @@ for entry in "${PLAN[@]}"; do
   if [ $first = 1 ]; then  # alone: it builds what the others restore from the run cache
     first=0
     echo "== $experiment: ${settings[*]} ($(date -u +%H:%M:%S))"
-    if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then RAN=1; gather "$experiment"; else FAILED+=("$experiment"); fi
+    if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then
+      RAN=1
+      gather "$experiment"
+      # Where dvc.lock names outputs built elsewhere (a fresh clone), the queued experiments would
+      # run the stages they share again: dvc.lock takes this experiment's entries for those.
+      python -m storyrewrite.report.lockfile adopt "runs/$NAME/$experiment.json" ||
+        echo "warning: dvc.lock left as it was: the queued experiments may run the stages they share again" >&2
+    else
+      FAILED+=("$experiment")
+    fi
   else
     echo "== $experiment: queued, ${settings[*]}"
     dvc exp run --queue -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}" >/dev/null

@@ -81,3 +81,22 @@ def record(stage: str, wall: float = 10.0, **changes) -> dict:
 def imported_modules(importtime_trace: str) -> set[str]:
     """The modules a process imported, read from its stderr under `python -X importtime`."""
     return set(re.findall(r"^import time:.*\|\s*(\S+)$", importtime_trace, re.M))
+
+
+class DictFS:
+    """The calls storyrewrite.report.gather makes of DVC's file system, over a dict {path: bytes}."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files = files
+
+    def isdir(self, path):
+        return any(name.startswith(path + "/") for name in self.files)
+
+    def exists(self, path):
+        return path in self.files or self.isdir(path)
+
+    def find(self, path, detail=False):
+        return sorted(name for name in self.files if name.startswith(path + "/"))
+
+    def read_bytes(self, path):
+        return self.files[path]

@@ -88,6 +88,10 @@ def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_a
     gathered = [c.split(" --names ")[1] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
     assert gathered == [n for n in names if n != "gpu-cpo-b2-l2"] + ["gpu-*"]
     assert calls[calls.index(runs[0]) + 1] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-nll-continued"
+    # Then dvc.lock takes its entries for what was built elsewhere, before any experiment is queued
+    # (storyrewrite.report.lockfile; tests/report/test_lockfile.py), once.
+    assert calls[calls.index(runs[0]) + 2] == "python -m storyrewrite.report.lockfile adopt runs/gpu/gpu-nll-continued.json"
+    assert len([c for c in calls if "lockfile" in c]) == 1
     assert calls[-2] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-*"
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"
 
@@ -182,6 +186,20 @@ exit 0
         assert len(gathers) == 2 and calls.index(gathers[1]) > calls.index("dvc queue start -j 1")
         assert ("grid-dto-delta (gather)" in result.stderr) == (code == 1)
         assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
+
+
+def test_a_lock_that_cannot_take_the_first_experiments_entries_is_a_warning_and_the_queue_runs(tmp_path):
+    env, log = _stubs(tmp_path, "none", "none")
+    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+if [ "$2" = storyrewrite.report.lockfile ]; then echo "error: runs/grid/grid-nll-continued.json: no such gathered run" >&2; exit 2; fi
+exit 0
+""")
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert result.returncode == 0, result.stderr
+    assert "warning: dvc.lock left as it was: the queued experiments may run the stages they share again" in result.stderr
+    assert "dvc queue start -j 1" in calls and calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
 
 
 def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):

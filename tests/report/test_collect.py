@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from helpers import system_metrics, training_summary
+from helpers import DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, write_bundle
 from storyrewrite.report.gather import experiments, gather_run, select
@@ -16,25 +16,6 @@ from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
 PNG = b"\x89PNG\r\n\x1a\n\xff\x00 not text"  # a figure: bytes that are not UTF-8
-
-
-class DictFS:
-    """The calls gather makes of DVC's file system, over a dict {path: bytes}."""
-
-    def __init__(self, files: dict[str, bytes]):
-        self.files = files
-
-    def isdir(self, path):
-        return any(name.startswith(path + "/") for name in self.files)
-
-    def exists(self, path):
-        return path in self.files or self.isdir(path)
-
-    def find(self, path, detail=False):
-        return sorted(name for name in self.files if name.startswith(path + "/"))
-
-    def read_bytes(self, path):
-        return self.files[path]
 
 
 def _scores(shift: float) -> list[dict]:
