@@ -15,20 +15,21 @@
 # collected results add to the `core` runs' as the spread over seeds.
 #
 # What DVC does, DVC does: the first experiment runs alone (`dvc exp run --temp`) and so builds,
-# once, every stage the others share (the models, the NLL model, the LLM and copy baselines),
-# which go to DVC's run cache; the others are queued (`dvc exp run --queue`) and run by
+# once, every stage the others share (the models, the NLL model, the LLM and copy baselines), which
+# go to DVC's run cache; the others are queued (`dvc exp run --queue`) and run by
 # `dvc queue start -j N`, each restoring the shared stages from the run cache (or, where dvc.lock
-# named outputs built on another machine, from the first experiment's: storyrewrite.report.lockfile). Each stage takes
-# its share of the machine (STORYREWRITE_WORKERS=N: cores / N threads, a GPU of its own where
-# there are several; see src/storyrewrite/parallel.py). What DVC cannot do stays here: naming the
-# experiments, gathering each one as soon as it has finished (runs/NAME holds what ran even if the
-# machine goes away), skipping those that exist (after an interruption the same command goes on
-# where it stopped), and collecting. An experiment that fails (a diverging CPO setting, say) does
-# not stop the others: the script gathers and collects what ran, names the failures and exits 1.
-# A folder gathered on another machine, put beside this one as runs/NAME.<anything>, is collected
-# with it, and its experiments are not run again: on a machine lent for a short while, run `all`,
-# keep what was gathered as runs/NAME.<n> (git tracks such folders), and the same command on the
-# next machine runs only what is still missing (docs/gpu.md). Without names, DVC's own sweep runs the CPO grid too:
+# named outputs built on another machine, from the first experiment's outputs:
+# storyrewrite.report.lockfile). Each stage takes its share of the machine (STORYREWRITE_WORKERS=N:
+# cores / N threads, a GPU of its own where there are several; see src/storyrewrite/parallel.py).
+# What DVC cannot do stays here: naming the experiments, gathering each one as soon as it has
+# finished (runs/NAME holds what ran even if the machine goes away), skipping those that exist
+# (after an interruption the same command goes on where it stopped), and collecting. An experiment
+# that fails (a diverging CPO setting, say) does not stop the others: the script gathers and
+# collects what ran, names the failures and exits 1. A folder gathered on another machine, put
+# beside this one as runs/NAME.<anything>, is collected with it, and its experiments are not run
+# again: on a machine lent for a short while, run `all`, keep what was gathered as runs/NAME.<n>
+# (git tracks such folders), and the same command on the next machine runs only what is still
+# missing (docs/gpu.md). Without names, DVC's own sweep runs the CPO grid too:
 #   dvc exp run --queue -S objective=cpo -S 'cpo.beta=0.1,0.5,1,2' -S 'cpo.lambda=0.5,1,2'
 set -euo pipefail
 

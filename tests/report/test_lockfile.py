@@ -34,10 +34,10 @@ def test_a_stage_is_stale_only_with_the_same_command_deps_and_params_other_outpu
     assert stale_stages({}, theirs, uncached) == [] and stale_stages(ours, {}, uncached) == []
 
 
-def _git_dvc(repo: Path, *args: str) -> str:
+def _dvc(repo: Path, *args: str) -> str:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    command = [sys.executable, "-m", "dvc", *args] if args[0] != "git" else list(args)
-    return subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True, text=True, timeout=120).stdout
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, check=True, capture_output=True, text=True,
+                          timeout=120).stdout
 
 
 @pytest.fixture
@@ -47,15 +47,15 @@ def built_elsewhere(tmp_path):
     time, say) other bytes, in no cache here; `copy`'s the same."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    _git_dvc(repo, "git", "init", "-q")
-    _git_dvc(repo, "init", "-q")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    _dvc(repo, "init", "-q")
     (repo / "in.txt").write_text("story\n")
     (repo / "params.yaml").write_text("lr: 3e-05\nbatch: 2\n")
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
         "copy": {"cmd": "cp in.txt copy.txt", "deps": ["in.txt"], "outs": ["copy.txt"]},
         "stamp": {"cmd": "cat copy.txt > stamp.txt && echo here >> stamp.txt", "deps": ["copy.txt"], "params": ["lr", "batch"],
                   "outs": ["stamp.txt"]}}}, sort_keys=False))
-    _git_dvc(repo, "repro", "-q")
+    _dvc(repo, "repro", "-q")
     built_here = (repo / "dvc.lock").read_text()
     elsewhere = built_here.replace(_md5(repo, "stamp"), hashlib.md5(b"built elsewhere").hexdigest())
     assert elsewhere != built_here and "lr: 3e-05" in built_here  # a YAML 1.2 float, unquoted
@@ -71,10 +71,10 @@ def _md5(repo: Path, stage: str) -> str:
 
 def test_the_lock_takes_the_experiments_entry_for_what_was_built_elsewhere_and_dvc_then_finds_it_up_to_date(built_elsewhere):
     repo, built_here, _ = built_elsewhere
-    assert "stamp" in _git_dvc(repo, "status")  # its output is in no cache: DVC would run it again
+    assert "stamp" in _dvc(repo, "status")  # its output is in no cache: DVC would run it again
     assert adopt(repo, repo / "runs" / "t" / "first.json") == ["stamp"]
     assert (repo / "dvc.lock").read_text() == built_here  # DVC's own layout, byte for byte
-    assert "up to date" in _git_dvc(repo, "status")
+    assert "up to date" in _dvc(repo, "status")
     # Nothing left to take: a second call changes nothing.
     assert adopt(repo, repo / "runs" / "t" / "first.json") == [] and (repo / "dvc.lock").read_text() == built_here
 
