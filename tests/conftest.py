@@ -100,7 +100,6 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import json
     import os
     import platform
     from datetime import datetime, timezone

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import openai
 import pytest
 import yaml
 
@@ -103,7 +104,7 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
     cache = ResponseCache(tmp_path / "cache")
     with ChatServer(fail_after=3) as server:  # the 4th request fails (not retryable): the run stops
         config = _config(server.url)
-        with pytest.raises(Exception):
+        with pytest.raises(openai.BadRequestError):  # the server's 400, which the client does not retry
             run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0), _backend(config), cache)
         assert server.successes == 3
         server.fail_after = None

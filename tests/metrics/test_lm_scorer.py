@@ -117,27 +117,30 @@ def test_target_sets_in_one_pass_give_each_set_its_own_values_and_gradients(tiny
     scores and gradients with respect to the soft sources equal those of each set scored alone,
     with SDPA and with eager attention (whose mask is additive). An implementation that takes
     no custom mask is refused, naming the valid ones."""
-    results = {}
-    for implementation in ("sdpa", "eager"):
+    sets = [TARGETS, [t + " And more words here." for t in TARGETS[::-1]]]
+
+    def scorer_and_sources(implementation):
         scorer = LMScorer.from_dir(tiny_model_dirs["llama"])
         scorer.model.config._attn_implementation = implementation
         probs, mask = _one_hot_sources(scorer, SOURCES)
-        logits = torch.log(probs + 0.05)
-        sets = [TARGETS, [t + " And more words here." for t in TARGETS[::-1]]]
+        return scorer, torch.log(probs + 0.05), mask
 
-        def value_and_grad(fn):
-            source = logits.clone().requires_grad_(True)
-            values = fn(torch.softmax(source, dim=-1))
-            (values[0] * 2 - values[1]).sum().backward()  # Score+Delta's combination
-            return [v.detach() for v in values], source.grad
+    def value_and_grad(fn, logits):
+        source = logits.clone().requires_grad_(True)
+        values = fn(torch.softmax(source, dim=-1))
+        (values[0] * 2 - values[1]).sum().backward()  # Score+Delta's combination
+        return [v.detach() for v in values], source.grad
 
-        together = value_and_grad(lambda p: scorer.score_soft_many(p, mask, sets))
-        alone = value_and_grad(lambda p: [scorer.score_soft(p, mask, s) for s in sets])
+    results = {}
+    for implementation in ("sdpa", "eager"):
+        scorer, logits, mask = scorer_and_sources(implementation)
+        together = value_and_grad(lambda p, scorer=scorer, mask=mask: scorer.score_soft_many(p, mask, sets), logits)
+        alone = value_and_grad(lambda p, scorer=scorer, mask=mask: [scorer.score_soft(p, mask, s) for s in sets], logits)
         for a, b in zip(together[0], alone[0]):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(together[1], alone[1], atol=1e-6, rtol=1e-4)
         results[implementation] = together
     torch.testing.assert_close(results["eager"][0], results["sdpa"][0], atol=1e-5, rtol=1e-5)
-    scorer.model.config._attn_implementation = "flash_attention_2"
+    scorer, logits, mask = scorer_and_sources("flash_attention_2")
     with pytest.raises(InputError, match="'flash_attention_2'.*valid implementations: sdpa .*eager"):
         scorer.score_soft_many(torch.softmax(logits, dim=-1), mask, sets)

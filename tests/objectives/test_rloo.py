@@ -243,5 +243,5 @@ def test_a_run_reads_only_its_objectives_sections(tmp_path, objective, read):
     for name in {"dto", "cpo", "rl", "generate"} - read:
         raw[name] = {"not_a_key": 1}
     params = Params(raw)
-    run = Run.from_params(params, "train", objective, tmp_path, tmp_path, tmp_path)
+    Run.from_params(params, "train", objective, tmp_path, tmp_path, tmp_path)
     assert set(params.built) == read

@@ -16,7 +16,6 @@ from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
-from storyrewrite.training import run as run_module
 from storyrewrite.training.run import assemble, bf16_emulation_warning, fit
 
 from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
