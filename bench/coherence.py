@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def one_context_at_a_time(judge: LMScorer, instances: list[dict], endings: list[str]) -> list[float]:
     """The obvious loop: each instance's two contexts scored one after the other, batch of one."""
     values = []
-    for row, ending in zip(instances, endings):
+    for row, ending in zip(instances, endings, strict=True):
         counterfactual, initial = judge_contexts(row)
         values.append(judge.score([counterfactual], [ending], 1)[0] - judge.score([initial], [ending], 1)[0])
     return values
@@ -82,7 +82,7 @@ def main() -> None:
     started = clock(device)
     looped = one_context_at_a_time(judge, rows, endings)
     looped_seconds = clock(device) - started
-    largest = max(abs(a - b) for a, b in zip(batched, looped))
+    largest = max(abs(a - b) for a, b in zip(batched, looped, strict=True))
     pairs = 2 * len(rows)
     print(f"{describe(device)}; judge {models.judge}; {len(rows)} instances = {pairs} (context, ending) pairs")
     print(f"cf_pmi, batched (batch {config.batch_size}): {pairs / batched_seconds:.1f} pairs/s")

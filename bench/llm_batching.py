@@ -76,7 +76,7 @@ def main() -> None:
 
     # Padding, counted in the backend's own tokens for the order each way sends the prompts.
     template = Template.read(config.templates[params.task])
-    chats = [messages(template, row, example) for row, example in zip(queries, get_mode(args.mode).examples(queries, source))]
+    chats = [messages(template, row, example) for row, example in zip(queries, get_mode(args.mode).examples(queries, source), strict=True)]
     tokens = backend.encode(chats)["attention_mask"].sum(dim=1).tolist()
     padding = {"length_sorted": padding_share([tokens[i] for i in longest_first(chats)], backend.batch_size),
                "instance_order": padding_share(tokens, backend.batch_size)}
@@ -92,7 +92,7 @@ def main() -> None:
                 replies[length_sorted], _ = run_mode(args.mode, queries, source, backend, ResponseCache(cache), length_sorted)
                 seconds[length_sorted].append(clock(device) - started)
     rate = {way: len(queries) / statistics.median(seconds[way]) for way in seconds}
-    alike = sum(a == b for a, b in zip(replies[True], replies[False]))
+    alike = sum(a == b for a, b in zip(replies[True], replies[False], strict=True))
     speedup = rate[True] / rate[False]
     print(f"{describe(device)}; {params.models.generator} ({dtype}); mode {args.mode}; {len(queries)} prompts "
           f"({min(tokens)}-{max(tokens)} tokens), batches of {backend.batch_size}, {config.max_new_tokens} new tokens at most")

@@ -294,7 +294,7 @@ def main() -> None:
           + (f"{'ops/step':>10}{'ops ratio':>11}" if counted else ""))
     figures = {}
     for objective in objectives:
-        per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base])]
+        per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base], strict=True)]
         share = statistics.mean(r["sample_share"] for r in runs[objective]) if runs[objective][0]["sample_share"] is not None else None
         figures[objective] = {
             "s_per_step": round(mean(objective, "with"), 4), "ratio": round(mean(objective, "with") / mean(base, "with"), 3),

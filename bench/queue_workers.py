@@ -57,7 +57,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     dvc(repo, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
     names = [f"lr-{number}-j{jobs}" for number in range(len(lrs))]
-    for name, lr in zip(names, lrs):
+    for name, lr in zip(names, lrs, strict=True):
         dvc(repo, "exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}")
     started = time.perf_counter()
     dvc(repo, "queue", "start", "-j", str(jobs), output=False)

@@ -29,7 +29,7 @@ def one_pair_at_a_time(scorer: LMScorer, sources: list[str], targets: list[str])
     """The obvious loop: tokenize one pair, run the model on it, average the target log-probs."""
     scores, device = [], scorer.device
     with torch.no_grad():
-        for source, target in zip(sources, targets):
+        for source, target in zip(sources, targets, strict=True):
             source_ids = scorer.encoder.source_ids([source])[0]
             target_ids = scorer.encoder.target_ids([" " + target if not scorer.seq2seq else target])[0]
             if scorer.seq2seq:

@@ -147,7 +147,7 @@ def test_the_example_metric_is_scored_in_both_forms_and_stored(monkeypatch, tiny
     rows, metrics = score_system(PREDICTIONS, STORIES, LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=2)
     predictions = [PREDICTIONS[row["id"]] for row in STORIES]
     for suffix, reference in (("", "target"), ("_original", "original_ending")):
-        apart = [sacrebleu.metrics.CHRF().sentence_score(p, [row[reference]]).score for p, row in zip(predictions, STORIES)]
+        apart = [sacrebleu.metrics.CHRF().sentence_score(p, [row[reference]]).score for p, row in zip(predictions, STORIES, strict=True)]
         assert [row[f"chrf{suffix}"] for row in rows] == pytest.approx(apart, abs=1e-9)
     assert rows[1]["chrf_original"] == pytest.approx(100.0)  # the copy of the original ending
     edited = sacrebleu.metrics.CHRF().corpus_score(predictions, [[row["target"] for row in STORIES]]).score
@@ -164,7 +164,7 @@ def test_the_example_metric_is_scored_in_both_forms_and_stored(monkeypatch, tiny
     # Its best-of-references form is the best single reference (what the validity check uses).
     several = [["She won no prize at the fair.", "She threw the cake away."], ["He went home without fish."]]
     assert functions["best_chrf"](predictions[:2], several) == pytest.approx(
-        [max(functions["sentence_chrf"]([p], [r])[0] for r in refs) for p, refs in zip(predictions[:2], several)])
+        [max(functions["sentence_chrf"]([p], [r])[0] for r in refs) for p, refs in zip(predictions[:2], several, strict=True)])
 
 
 def test_the_example_metric_is_measured_by_the_validity_check(monkeypatch, tiny_model_dirs):

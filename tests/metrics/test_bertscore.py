@@ -56,7 +56,7 @@ def test_bertscore_equals_the_formula_computed_apart(tiny_evaluators):
     directory = _encoder(tiny_evaluators)
     for layer in (1, 2):
         values = BERTScore(directory, "tiny:roberta", layer=layer).f1(PREDICTIONS, REFERENCES, batch_size=2)
-        assert values == pytest.approx([by_hand(directory, layer, p, r) for p, r in zip(PREDICTIONS, REFERENCES)], abs=1e-5)
+        assert values == pytest.approx([by_hand(directory, layer, p, r) for p, r in zip(PREDICTIONS, REFERENCES, strict=True)], abs=1e-5)
     assert values[1] == 0.0 and 0 < values[0] < 1
 
 
@@ -66,7 +66,7 @@ def test_the_multi_reference_form_is_the_best_single_reference(tiny_evaluators):
     best = bertscore.f1(PREDICTIONS, [[reference, *others] for reference in REFERENCES])
     singles = [bertscore.f1(PREDICTIONS, [reference] * len(PREDICTIONS)) for reference in (REFERENCES, *others)]
     singles[0] = bertscore.f1(PREDICTIONS, REFERENCES)
-    assert best == pytest.approx([max(column) for column in zip(*singles)], abs=1e-6)
+    assert best == pytest.approx([max(column) for column in zip(*singles, strict=True)], abs=1e-6)
 
 
 def test_rescaling_uses_bert_score_s_baseline_for_the_model(tiny_evaluators):

@@ -53,7 +53,7 @@ def test_cf_pmi_equals_the_token_by_token_difference_of_the_two_contexts(tiny_ev
     model, tokenizer = load_model(directory).eval(), load_tokenizer(directory)
     expected = [log_prob_step_by_step(model, tokenizer, f"{row['premise']} {row['counterfactual']}", ending)
                 - log_prob_step_by_step(model, tokenizer, f"{row['premise']} {row['initial']}", ending)
-                for row, ending in zip(STORIES, ENDINGS)]
+                for row, ending in zip(STORIES, ENDINGS, strict=True)]
     judge = LMScorer.from_dir(directory, max_input_tokens=96, max_output_tokens=40)
     # Batches of 2 over 6 pairs of mixed lengths: padding in every batch.
     assert coherence.cf_pmi(judge, STORIES, ENDINGS, batch_size=2) == pytest.approx(expected, abs=1e-5)
@@ -68,7 +68,7 @@ def test_drift_equals_the_cosine_of_the_two_moves_computed_text_by_text(tiny_eva
     directory = resolve_model_dir(tiny_evaluators, "embedder")
     model, tokenizer = AutoModel.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
     expected = []
-    for row, ending in zip(STORIES, ENDINGS):
+    for row, ending in zip(STORIES, ENDINGS, strict=True):
         start = cls_vector(model, tokenizer, f"{row['premise']} {row['initial']} {row['original_ending']}")
         moved = cls_vector(model, tokenizer, f"{row['premise']} {row['counterfactual']} {ending}") - start
         wanted = cls_vector(model, tokenizer, f"{row['premise']} {row['counterfactual']} {row['target']}") - start
@@ -81,7 +81,7 @@ def test_drift_equals_the_cosine_of_the_two_moves_computed_text_by_text(tiny_eva
     # Several references: the best of them.
     several = coherence.drift_similarity(encoder, STORIES, ENDINGS, [[r["target"], STORIES[0]["target"]] for r in STORIES])
     alone = coherence.drift_similarity(encoder, STORIES, ENDINGS, [[STORIES[0]["target"]]] * 3)
-    assert several == pytest.approx([max(a, b) for a, b in zip(expected, alone)], abs=1e-6)
+    assert several == pytest.approx([max(a, b) for a, b in zip(expected, alone, strict=True)], abs=1e-6)
 
 
 def test_a_sentence_transformers_directory_pools_as_its_files_say(tiny_evaluators, tmp_path):
@@ -116,7 +116,7 @@ def test_ents_is_the_softmax_of_the_class_named_entailment_and_hmean_its_harmoni
     model, tokenizer = AutoModelForSequenceClassification.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
     expected = []
     with torch.no_grad():
-        for row, ending in zip(STORIES, ENDINGS):
+        for row, ending in zip(STORIES, ENDINGS, strict=True):
             logits = model(**tokenizer(f"{row['premise']} {row['counterfactual']}", ending, return_tensors="pt")).logits[0]
             expected.append(torch.softmax(logits, dim=-1)[0].item())
     nli = coherence.EntailmentScorer(directory, "tiny:roberta-nli")
@@ -153,7 +153,7 @@ def _evaluators(tiny_evaluators, nli: bool = True) -> Evaluators:
 
 def test_score_system_adds_the_coherence_columns_and_their_corpus_values(tiny_evaluators):
     evaluators = _evaluators(tiny_evaluators)
-    predictions = {row["id"]: ending for row, ending in zip(STORIES, ENDINGS)}
+    predictions = {row["id"]: ending for row, ending in zip(STORIES, ENDINGS, strict=True)}
     rows, metrics = score_system(predictions, STORIES, evaluators.judge, batch_size=2, evaluators=evaluators)
     for name in ("cf_pmi", "drift", "ents"):
         assert metrics[name] == pytest.approx(np.mean([r[name] for r in rows]), abs=1e-4)

@@ -56,9 +56,9 @@ def test_corpus_metrics_and_counterfactual_forms(tiny_model_dirs):
     preds = [predictions[i["id"]] for i in INSTANCES]
     edited, original = [i["target"] for i in INSTANCES], [i["original_ending"] for i in INSTANCES]
     apart = {
-        "bartscore": ([scorer.score([p], [t])[0] for p, t in zip(preds, edited)], [scorer.score([p], [o])[0] for p, o in zip(preds, original)]),
-        "rougeL": ([100 * rouge.score(t, p)["rougeL"].fmeasure for p, t in zip(preds, edited)],
-                   [100 * rouge.score(o, p)["rougeL"].fmeasure for p, o in zip(preds, original)]),
+        "bartscore": ([scorer.score([p], [t])[0] for p, t in zip(preds, edited, strict=True)], [scorer.score([p], [o])[0] for p, o in zip(preds, original, strict=True)]),
+        "rougeL": ([100 * rouge.score(t, p)["rougeL"].fmeasure for p, t in zip(preds, edited, strict=True)],
+                   [100 * rouge.score(o, p)["rougeL"].fmeasure for p, o in zip(preds, original, strict=True)]),
     }
     for metric, (vs_edited, vs_original) in apart.items():
         assert [r[metric] for r in rows] == pytest.approx(vs_edited, abs=1e-4)

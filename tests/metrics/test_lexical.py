@@ -10,7 +10,7 @@ REFERENCES = ["The cat ran home quickly.", "She baked a cake.", "Something."]
 
 def test_rouge_l_is_rouge_score_with_stemming():
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    expected = [100 * scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(PREDICTIONS, REFERENCES)]
+    expected = [100 * scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(PREDICTIONS, REFERENCES, strict=True)]
     assert lexical.rouge_l(PREDICTIONS, REFERENCES) == pytest.approx(expected)
     assert lexical.corpus_rouge_l(PREDICTIONS, REFERENCES) == pytest.approx(sum(expected) / 3)
     # By hand: stems the/cat/run/home/quick (6 tokens) vs the/cat/ran/home/quick (5); "run" != "ran", so
@@ -21,5 +21,19 @@ def test_rouge_l_is_rouge_score_with_stemming():
 def test_bleu_matches_sacrebleu():
     assert lexical.corpus_bleu(PREDICTIONS, REFERENCES) == pytest.approx(sacrebleu.corpus_bleu(PREDICTIONS, [REFERENCES]).score)
     assert lexical.sentence_bleu(PREDICTIONS, REFERENCES) == pytest.approx(
-        [sacrebleu.sentence_bleu(p, [r]).score for p, r in zip(PREDICTIONS, REFERENCES)])
+        [sacrebleu.sentence_bleu(p, [r]).score for p, r in zip(PREDICTIONS, REFERENCES, strict=True)])
     assert lexical.sentence_bleu(["same words here ok"], ["same words here ok"])[0] == pytest.approx(100)
+
+
+@pytest.mark.parametrize("function, references", [
+    (lexical.rouge_l, REFERENCES), (lexical.sentence_bleu, REFERENCES),
+    (lexical.best_rouge_l, [[r] for r in REFERENCES]), (lexical.multi_reference_bleu, [[r] for r in REFERENCES]),
+])
+def test_a_prediction_without_its_reference_is_an_error_not_a_shorter_score(function, references):
+    """One list shorter than the other (a reference lost on the way) raises, where pairing them up
+    to the shorter one would score the rest and say nothing."""
+    assert len(function(PREDICTIONS, references)) == len(PREDICTIONS)
+    with pytest.raises(ValueError, match="zip"):
+        function(PREDICTIONS, references[:-1])
+    with pytest.raises(ValueError, match="zip"):
+        function(PREDICTIONS[:-1], references)

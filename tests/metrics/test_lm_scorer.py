@@ -40,7 +40,7 @@ def test_score_equals_step_by_step_formula(scorer_and_parts):
     scorer, model, tokenizer, seq2seq = scorer_and_parts
     sources = SOURCES  # one of them empty, as an empty prediction would be
     scores = scorer.score(sources, TARGETS, batch_size=3)
-    expected = [step_by_step(model, tokenizer, s, t, seq2seq) for s, t in zip(sources, TARGETS)]
+    expected = [step_by_step(model, tokenizer, s, t, seq2seq) for s, t in zip(sources, TARGETS, strict=True)]
     assert scores == pytest.approx(expected, abs=1e-4)
     assert scorer.score(sources[::-1], TARGETS[::-1], batch_size=1) == pytest.approx(scores[::-1], abs=1e-5)
 
@@ -105,7 +105,7 @@ def test_soft_sources_run_once_whatever_the_number_of_target_sets(scorer_and_par
     handle.remove()
     assert one_pass_calls == 1 and three_sets_calls == 1
     torch.testing.assert_close(three[0], one, atol=1e-5, rtol=1e-5)
-    for scores, targets in zip(three[1:], (TARGETS[::-1], TARGETS[1:] + TARGETS[:1])):
+    for scores, targets in zip(three[1:], (TARGETS[::-1], TARGETS[1:] + TARGETS[:1]), strict=True):
         assert scores.tolist() == pytest.approx(scorer.score(SOURCES, targets), abs=1e-4)
     assert empty[0].tolist() == pytest.approx(scorer.score(SOURCES, [""] * 4), abs=1e-4)
     torch.testing.assert_close(empty[1][0], empty[0], atol=1e-5, rtol=1e-5)
@@ -136,7 +136,7 @@ def test_target_sets_in_one_pass_give_each_set_its_own_values_and_gradients(tiny
         scorer, logits, mask = scorer_and_sources(implementation)
         together = value_and_grad(lambda p, scorer=scorer, mask=mask: scorer.score_soft_many(p, mask, sets), logits)
         alone = value_and_grad(lambda p, scorer=scorer, mask=mask: [scorer.score_soft(p, mask, s) for s in sets], logits)
-        for a, b in zip(together[0], alone[0]):
+        for a, b in zip(together[0], alone[0], strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(together[1], alone[1], atol=1e-6, rtol=1e-4)
         results[implementation] = together

@@ -135,8 +135,8 @@ def _dto(name, directory, hard=False):
 
 @pytest.mark.parametrize("name, combine", [
     ("score", lambda e, o: -sum(e) / len(e)),
-    ("delta", lambda e, o: -sum(x - y for x, y in zip(e, o)) / len(e)),
-    ("score_delta", lambda e, o: -sum(2 * x - y for x, y in zip(e, o)) / len(e)),
+    ("delta", lambda e, o: -sum(x - y for x, y in zip(e, o, strict=True)) / len(e)),
+    ("score_delta", lambda e, o: -sum(2 * x - y for x, y in zip(e, o, strict=True)) / len(e)),
 ])
 def test_dto_losses_with_one_hot_samples_equal_the_scorer(dto_setup, name, combine):
     """hard=True: the relaxed Ŷ is one-hot, so each loss is the scorer's M on those tokens."""

@@ -150,7 +150,7 @@ def test_kl_zero_loads_no_reference_model_and_the_kl_term_is_the_log_ratio(tiny_
         completions, _, sources = rloo.sample(model, batch, config.samples, 3, MAX_NEW, 1.0, encoder.tokenizer.eos_token_id,
                                               encoder.tokenizer.pad_token_id)
     reference = load_model(directory).eval()
-    kls = [_alone_logp(model, encoder, s, c) - _alone_logp(reference, encoder, s, c) for s, c in zip(sources, completions)]
+    kls = [_alone_logp(model, encoder, s, c) - _alone_logp(reference, encoder, s, c) for s, c in zip(sources, completions, strict=True)]
     assert out.diagnostics()["kl"].item() == pytest.approx(sum(kls) / len(kls), abs=1e-4)
 
 

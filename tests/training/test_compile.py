@@ -29,7 +29,7 @@ def test_a_compiled_body_gives_the_eager_values_and_compiles_once_for_every_batc
 
     with torch.no_grad():
         for number, (rows, width) in enumerate([(2, 9), (3, 14), (4, 6)]):
-            for got, want in zip(run(compiled, rows, width), run(eager, rows, width)):
+            for got, want in zip(run(compiled, rows, width), run(eager, rows, width), strict=True):
                 torch.testing.assert_close(got, want)
             if number == 0:
                 graphs = counter.frame_count

@@ -121,7 +121,7 @@ def build_splits(raw_dir: Path, config: DataConfig, seed: int) -> dict[str, dict
         }
     else:
         tt_splits = dict(zip(("train", "val"), split_by_story(
-            timetravel_instances(read_stories(tt / "dev.json")), config.val_fraction, seed)))
+            timetravel_instances(read_stories(tt / "dev.json")), config.val_fraction, seed), strict=True))
     tt_splits["test"] = timetravel_instances(read_stories(tt / "test.json"))
 
     art = raw_dir / "art"

@@ -83,7 +83,7 @@ def generate_predictions(
             write_jsonl_atomic(partial, rows)
 
     sources = {row["id"]: model_source(row, task, tokenizer, seq2seq) for row in instances if row["id"] not in done}
-    lengths = dict(zip(sources, (len(r) for r in encoder.source_ids(list(sources.values()))))) if sources else {}
+    lengths = dict(zip(sources, (len(r) for r in encoder.source_ids(list(sources.values()))), strict=True)) if sources else {}
     # Longest first: similar lengths share a batch (little padding), and memory peaks at once.
     todo = sorted(sources, key=lambda i: -lengths[i])
     if torn:
@@ -95,7 +95,7 @@ def generate_predictions(
             inputs = {k: v.to(device) for k, v in encoder.prompts([sources[i] for i in batch_ids]).items()}
             output = model.generate(**inputs, generation_config=generation)
             new_tokens = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
-            for instance_id, text in zip(batch_ids, tokenizer.batch_decode(new_tokens, skip_special_tokens=True)):
+            for instance_id, text in zip(batch_ids, tokenizer.batch_decode(new_tokens, skip_special_tokens=True), strict=True):
                 done[instance_id] = _clean(text, seq2seq)
                 sink.write(json.dumps({"id": instance_id, "prediction": done[instance_id]}, ensure_ascii=False) + "\n")
             sink.flush()

@@ -137,7 +137,7 @@ class LocalBackend:
         prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()
         new_lengths = (new != self.tokenizer.pad_token_id).sum(dim=1).tolist()
         seconds = (time.perf_counter() - started) / len(prompts)
-        for i, (text, p, n) in enumerate(zip(answers, prompt_lengths, new_lengths)):
+        for i, (text, p, n) in enumerate(zip(answers, prompt_lengths, new_lengths, strict=True)):
             yield i, Reply(text.strip(), p, n, seconds)
 
 

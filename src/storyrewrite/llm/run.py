@@ -80,7 +80,7 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
     template = Template.read(config.templates[source.task])
     examples = get_mode(mode).examples(instances, source)
     settings = {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens}
-    queries = [messages(template, row, example) for row, example in zip(instances, examples)]
+    queries = [messages(template, row, example) for row, example in zip(instances, examples, strict=True)]
     keys = [cache_key(backend.name, backend.model_id, m, settings) for m in queries]
     usage, replies = Usage(instances=len(instances)), {}
     for key in keys:
@@ -89,7 +89,7 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
             usage.count(entry)
             usage.cache_hits += 1
     todo = list(dict.fromkeys(k for k in keys if k not in replies))  # each distinct prompt once
-    by_key = dict(zip(keys, queries))
+    by_key = dict(zip(keys, queries, strict=True))
     if length_sorted:
         todo = [todo[i] for i in longest_first([by_key[k] for k in todo])]
     started = time.perf_counter()
@@ -107,4 +107,4 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
             usage.per_request_seconds.append(reply.seconds)
     usage.seconds = time.perf_counter() - started
     usage.retries = backend.retries
-    return [{"id": row["id"], "prediction": clean_reply(replies[key])} for row, key in zip(instances, keys)], usage
+    return [{"id": row["id"], "prediction": clean_reply(replies[key])} for row, key in zip(instances, keys, strict=True)], usage

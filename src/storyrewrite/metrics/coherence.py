@@ -47,9 +47,9 @@ def cf_pmi(judge: LMScorer, instances: list[dict], endings: list[str], batch_siz
     scored in one batched, length-sorted pass, each distinct (context, ending) pair once (a
     story's three instances share their contexts, and a system's endings for them often repeat)."""
     n = len(instances)
-    counterfactual, initial = zip(*(judge_contexts(row) for row in instances)) if n else ((), ())
+    counterfactual, initial = zip(*(judge_contexts(row) for row in instances), strict=True) if n else ((), ())
     values = judge.score([*counterfactual, *initial], [*endings, *endings], batch_size)
-    return [after_cf - after_initial for after_cf, after_initial in zip(values[:n], values[n:])]
+    return [after_cf - after_initial for after_cf, after_initial in zip(values[:n], values[n:], strict=True)]
 
 
 def drift_similarity(encoder: SentenceEncoder, instances: list[dict], endings: list[str],
@@ -59,12 +59,12 @@ def drift_similarity(encoder: SentenceEncoder, instances: list[dict], endings: l
     Every distinct text is embedded once."""
     references = references if references is not None else [[row["target"]] for row in instances]
     original = [f"{row['premise']} {row['initial']} {row['original_ending']}" for row in instances]
-    scored = [f"{row['premise']} {row['counterfactual']} {ending}" for row, ending in zip(instances, endings)]
-    gold = [[f"{row['premise']} {row['counterfactual']} {ref}" for ref in refs] for row, refs in zip(instances, references)]
+    scored = [f"{row['premise']} {row['counterfactual']} {ending}" for row, ending in zip(instances, endings, strict=True)]
+    gold = [[f"{row['premise']} {row['counterfactual']} {ref}" for ref in refs] for row, refs in zip(instances, references, strict=True)]
     texts = list(dict.fromkeys([*original, *scored, *(text for texts in gold for text in texts)]))
-    vectors = dict(zip(texts, encoder.embed(texts)))
+    vectors = dict(zip(texts, encoder.embed(texts), strict=True))
     values = []
-    for start, ending, refs in zip(original, scored, gold):
+    for start, ending, refs in zip(original, scored, gold, strict=True):
         moved = vectors[ending] - vectors[start]
         targets = torch.stack([vectors[ref] - vectors[start] for ref in refs])
         values.append(float(torch.nn.functional.cosine_similarity(moved.unsqueeze(0), targets, dim=-1).max()))
@@ -85,7 +85,7 @@ class EntailmentScorer:
     def probabilities(self, premises: list[str], hypotheses: list[str], batch_size: int = 16) -> list[float]:
         """P(entailment) of each (premise, hypothesis) pair, in input order; length-sorted
         batches, each distinct pair once."""
-        pairs = list(zip(premises, hypotheses))
+        pairs = list(zip(premises, hypotheses, strict=True))
         unique = list(dict.fromkeys(pairs))
         lengths = [len(ids) for ids in self.tokenizer([p for p, _ in unique], [h for _, h in unique])["input_ids"]]
         order = sorted(range(len(unique)), key=lambda i: -lengths[i])
@@ -95,7 +95,7 @@ class EntailmentScorer:
             inputs = self.tokenizer([p for p, _ in chunk], [h for _, h in chunk], padding=True, truncation=True,
                                     max_length=self.max_length, return_tensors="pt").to(self.model.device)
             probabilities = torch.softmax(self.model(**inputs).logits.float(), dim=-1)[:, self.label]
-            found.update(zip(chunk, probabilities.tolist()))
+            found.update(zip(chunk, probabilities.tolist(), strict=True))
         return [found[pair] for pair in pairs]
 
 

@@ -26,4 +26,4 @@ def echoes(prediction: str, instance: dict) -> bool:
 
 def prompt_echo(predictions: list[str], instances: list[dict]) -> float:
     """The share of predictions that echo the prompt."""
-    return sum(echoes(p, row) for p, row in zip(predictions, instances)) / len(instances)
+    return sum(echoes(p, row) for p, row in zip(predictions, instances, strict=True)) / len(instances)

@@ -148,7 +148,7 @@ def score_coherence(outputs: list[str], instances: list[dict], rows: list[dict],
     if evaluators.nli is not None:
         per_instance["ents"] = coherence.entailment(evaluators.nli, instances, outputs, batch_size)
     for name, values in per_instance.items():
-        for row, value in zip(rows, values):
+        for row, value in zip(rows, values, strict=True):
             row[name] = value
     corpus = {name: sum(values) / len(values) for name, values in per_instance.items()}
     if "cf_pmi" in per_instance:

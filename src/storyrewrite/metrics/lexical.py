@@ -14,7 +14,7 @@ def _rouge():
 
 def rouge_l(predictions: list[str], references: list[str]) -> list[float]:
     """Sentence-level ROUGE-L F1 × 100 of each prediction against its reference."""
-    return [100 * _rouge().score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
+    return [100 * _rouge().score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
 
 
 def corpus_rouge_l(predictions: list[str], references: list[str]) -> float:
@@ -25,7 +25,7 @@ def corpus_rouge_l(predictions: list[str], references: list[str]) -> float:
 
 def sentence_bleu(predictions: list[str], references: list[str]) -> list[float]:
     """SacreBLEU sentence BLEU (exp-smoothed, sacrebleu's default for sentences)."""
-    return [sacrebleu.sentence_bleu(pred, [ref]).score for pred, ref in zip(predictions, references)]
+    return [sacrebleu.sentence_bleu(pred, [ref]).score for pred, ref in zip(predictions, references, strict=True)]
 
 
 def corpus_bleu(predictions: list[str], references: list[str]) -> float:
@@ -34,9 +34,9 @@ def corpus_bleu(predictions: list[str], references: list[str]) -> float:
 
 def best_rouge_l(predictions: list[str], references: list[list[str]]) -> list[float]:
     """Sentence-level ROUGE-L F1 × 100 against several references each: the best of them."""
-    return [max(100 * _rouge().score(ref, pred)["rougeL"].fmeasure for ref in refs) for pred, refs in zip(predictions, references)]
+    return [max(100 * _rouge().score(ref, pred)["rougeL"].fmeasure for ref in refs) for pred, refs in zip(predictions, references, strict=True)]
 
 
 def multi_reference_bleu(predictions: list[str], references: list[list[str]]) -> list[float]:
     """SacreBLEU sentence BLEU against several references each (BLEU's own multi-reference form)."""
-    return [sacrebleu.sentence_bleu(pred, refs).score for pred, refs in zip(predictions, references)]
+    return [sacrebleu.sentence_bleu(pred, refs).score for pred, refs in zip(predictions, references, strict=True)]

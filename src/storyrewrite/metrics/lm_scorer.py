@@ -57,7 +57,7 @@ class LMScorer:
         target_ids = self.encoder.target_ids(self._targets(targets))
         # Identical pairs are scored once: a story's three instances share one input, so a
         # system's prediction, and its score against the original ending, often repeat.
-        pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids)]
+        pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids, strict=True)]
         unique = list(dict.fromkeys(pairs))
         order = sorted(range(len(unique)), key=lambda i: -(len(unique[i][0]) + len(unique[i][1])))
         values_of: dict[tuple, float] = {}
@@ -66,7 +66,7 @@ class LMScorer:
             batch = self.encoder.batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
             batch = {k: v.to(self.device) for k, v in batch.items()}
             values = mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
-            values_of.update(zip(chunk, values.tolist()))
+            values_of.update(zip(chunk, values.tolist(), strict=True))
         return [values_of[pair] for pair in pairs]
 
     def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:

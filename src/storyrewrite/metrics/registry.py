@@ -75,7 +75,7 @@ def bartscore(predictions: list[str], references: list[str], scoring: Scoring) -
 
 def best_bartscore(predictions: list[str], references: list[list[str]], scoring: Scoring) -> list[float]:
     """The best M(Ŷ, reference) over each prediction's references."""
-    sources = [prediction for prediction, refs in zip(predictions, references) for _ in refs]
+    sources = [prediction for prediction, refs in zip(predictions, references, strict=True) for _ in refs]
     values = iter(scoring.scorer.score(sources, [ref for refs in references for ref in refs], scoring.batch_size))
     return [max(next(values) for _ in refs) for refs in references]
 

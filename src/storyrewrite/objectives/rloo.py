@@ -96,7 +96,7 @@ def source_rows(batch: dict, seq2seq: bool) -> tuple[torch.Tensor, torch.Tensor,
     for a causal model, as the batch holds them) and as unpadded token-id lists."""
     width = batch["input_ids"].shape[1] - (0 if seq2seq else batch["target_ids"].shape[1])
     ids, mask = batch["input_ids"][:, :width], batch["attention_mask"][:, :width]
-    rows = [[token for token, keep in zip(row, keeps) if keep] for row, keeps in zip(ids.tolist(), mask.tolist())]
+    rows = [[token for token, keep in zip(row, keeps, strict=True) if keep] for row, keeps in zip(ids.tolist(), mask.tolist(), strict=True)]
     return ids, mask, rows
 
 

@@ -87,7 +87,7 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
     positions = np.arange(len(systems))[::-1]
     for index, column in enumerate(columns):
         axis = axes[index // width][index % width]
-        for position, system in zip(positions, systems):
+        for position, system in zip(positions, systems, strict=True):
             if system not in drawn[column]:
                 continue
             mean, low, high = drawn[column][system]
@@ -96,7 +96,7 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
                           markerfacecolor="white" if system in echoing else colour)
         if baseline in drawn[column]:
             axis.axvline(drawn[column][baseline][0], color="tab:red", linestyle=":", linewidth=1)
-        for copy, style in zip(copies, ("--", "-.")):
+        for copy, style in zip(copies, ("--", "-."), strict=False):  # a style for each of up to two copies
             if copy in drawn[column]:
                 axis.axvline(drawn[column][copy][0], color="0.35", linestyle=style, linewidth=1, label=labels[copy])
         name = column_label(column)

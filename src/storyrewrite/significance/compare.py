@@ -30,7 +30,7 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
         base = np.array([[value(row, c) for c in tested] for row in base_rows])
         values = np.array([[value(by_id[i], c) for c in tested] for i in order])
         p_values = paired_bootstrap_many(values, base, n_resamples=n_resamples, seed=seed, clusters=clusters)
-        results[system] = {column: round(float(p), 4) for column, p in zip(tested, p_values)}
+        results[system] = {column: round(float(p), 4) for column, p in zip(tested, p_values, strict=True)}
     return results
 
 

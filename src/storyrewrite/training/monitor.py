@@ -55,7 +55,7 @@ def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
         by_device.setdefault(value.device, []).append(name)
     values: dict[str, float] = {}
     for names in by_device.values():
-        values |= zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist())
+        values |= zip(names, torch.stack([logs[n].float().reshape(()) for n in names]).tolist(), strict=True)
     return {name: values[name] for name in logs}
 
 
