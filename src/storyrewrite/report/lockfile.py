@@ -55,7 +55,7 @@ def adopt(root: Path, manifest_path: Path) -> list[str]:
     the stale stages into `root`/dvc.lock; returns their names."""
     # DVC's YAML (ruamel, YAML 1.2) both to compare and to write: PyYAML reads `3e-05` as a
     # string, and a round trip keeps DVC's layout of the entries it does not replace.
-    from dvc.utils.serialize import dumps_yaml, parse_yaml, parse_yaml_for_update
+    from dvc.utils.serialize import dumps_yaml, parse_yaml_for_update
 
     if not manifest_path.is_file():
         raise InputError(f"{manifest_path}: no such gathered run (python -m storyrewrite.report.gather --out "
@@ -67,11 +67,10 @@ def adopt(root: Path, manifest_path: Path) -> list[str]:
     lock_path = Path(root) / "dvc.lock"
     if not lock_path.exists():  # nothing committed or run here: every stage is looked up in the run cache
         return []
-    ours = lock_path.read_text(encoding="utf-8")
-    stale = stale_stages(parse_yaml(ours, str(lock_path)) or {}, parse_yaml(theirs, str(manifest_path)) or {},
-                         uncached_stages(root))
+    lock = parse_yaml_for_update(lock_path.read_text(encoding="utf-8"), str(lock_path)) or {}
+    experiment = parse_yaml_for_update(theirs, str(manifest_path)) or {}
+    stale = stale_stages(lock, experiment, uncached_stages(root))
     if stale:
-        lock, experiment = parse_yaml_for_update(ours, str(lock_path)), parse_yaml_for_update(theirs, str(manifest_path))
         for name in stale:
             lock["stages"][name] = experiment["stages"][name]
         write_text_atomic(lock_path, dumps_yaml(lock))
