@@ -131,11 +131,14 @@ def test_target_sets_in_one_pass_give_each_set_its_own_values_and_gradients(tiny
         (values[0] * 2 - values[1]).sum().backward()  # Score+Delta's combination
         return [v.detach() for v in values], source.grad
 
+    def together_and_alone(implementation):
+        scorer, logits, mask = scorer_and_sources(implementation)
+        return (value_and_grad(lambda p: scorer.score_soft_many(p, mask, sets), logits),
+                value_and_grad(lambda p: [scorer.score_soft(p, mask, s) for s in sets], logits))
+
     results = {}
     for implementation in ("sdpa", "eager"):
-        scorer, logits, mask = scorer_and_sources(implementation)
-        together = value_and_grad(lambda p, scorer=scorer, mask=mask: scorer.score_soft_many(p, mask, sets), logits)
-        alone = value_and_grad(lambda p, scorer=scorer, mask=mask: [scorer.score_soft(p, mask, s) for s in sets], logits)
+        together, alone = together_and_alone(implementation)
         for a, b in zip(together[0], alone[0], strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(together[1], alone[1], atol=1e-6, rtol=1e-4)
