@@ -33,7 +33,9 @@ step time and where its time went (building the models, the steps, counting the 
 profiler; the rest is the process's start), so that a run cut short keeps what it measured.
 Every eager run counts the aten operators of one step but the optimiser's (`ops/step`, views left
 out): about one GPU kernel launch each, the same count on any device, so that a CPU shows the
-ratio a launch-bound GPU step follows. `--compile`
+ratio a launch-bound GPU step follows; and the floating-point operations of the same step's
+matrix products and attention (`GFLOP/step`, torch's FlopCounterMode): the ratio a step whose GPU
+is never idle tends to, where the arithmetic, not the launches, sets the time. `--compile`
 runs the steps as `compile: true` trains (torch.compile of the transformer bodies); the first
 step, which the timings leave out, then includes the compilation, and its time is printed.
 """
@@ -55,6 +57,7 @@ from common import clock, describe, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 from torch.autograd import DeviceType
+from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from storyrewrite.models.device import resolve_device
@@ -111,6 +114,28 @@ class OpCounter(TorchDispatchMode):
     @property
     def ops(self) -> int:
         return sum(self.counts.values())
+
+
+# torch's FlopCounterMode has formulas for the GPU's attention kernels (flash, memory-efficient,
+# cuDNN) but not for the CPU's (torch 2.13): theirs, so that a step counts the same on any device.
+# Like torch's, they count attention in full, a causal mask's skipped half included.
+CPU_ATTENTION_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda query, key, value, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(query, key, value),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda grad_out, query, key, value, *args, out_shape=None, **kwargs:
+            flop_counter.sdpa_backward_flop_count(grad_out, query, key, value),
+}
+
+
+def count_flops(work) -> int:
+    """The floating-point operations of the matrix products (and attention) that `work()`
+    dispatches, by torch's FlopCounterMode (2 a multiply-add; elementwise work is not counted):
+    the arithmetic a step would take if the GPU were never idle, against which the launch-bound
+    time of an eager step can be set."""
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+        work()
+    return counter.get_total_flops()
 
 
 def device_seconds(events, device_type) -> float:
@@ -196,6 +221,9 @@ def measure(objective: str, args) -> dict:
             step(module, optimizer, batch, device, args.precision, True, optimise=False)
         result["ops"] = counter.ops
         phases["ops_s"] = time.perf_counter() - started
+        started = time.perf_counter()  # (a pass of its own: the FLOP counter decomposes operators it has no formula for)
+        result["flops"] = count_flops(lambda: step(module, optimizer, batch, device, args.precision, True, optimise=False))
+        phases["flops_s"] = time.perf_counter() - started
     if device.type == "cuda":
         profiling = time.perf_counter()  # the profiler's own start and post-processing included
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -291,7 +319,7 @@ def main() -> None:
     counted = "ops" in first
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
           + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else "")
-          + (f"{'ops/step':>10}{'ops ratio':>11}" if counted else ""))
+          + (f"{'ops/step':>10}{'ops ratio':>11}{'GFLOP/step':>12}{'FLOP ratio':>12}" if counted else ""))
     figures = {}
     for objective in objectives:
         per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base], strict=True)]
@@ -304,21 +332,25 @@ def main() -> None:
             "first_step_s": round(mean(objective, "first"), 2),
             **({"sample_share": round(share, 3)} if share is not None else {}),
             **({"gpu_busy": round(mean(objective, "gpu_busy"), 3)} if busy else {}),
-            **({"ops_per_step": round(mean(objective, "ops")), "ops_ratio": round(mean(objective, "ops") / mean(base, "ops"), 3)}
-               if counted else {}),
+            **({"ops_per_step": round(mean(objective, "ops")), "ops_ratio": round(mean(objective, "ops") / mean(base, "ops"), 3),
+                "gflop_per_step": round(mean(objective, "flops") / 1e9, 3),
+                "flop_ratio": round(mean(objective, "flops") / mean(base, "flops"), 3)} if counted else {}),
         }
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
               f"{' '.join(f'{r:.2f}' for r in per_repeat):>{width}}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
               f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s"
               + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
               + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else "")
-              + (f"{mean(objective, 'ops'):>10.0f}{mean(objective, 'ops') / mean(base, 'ops'):>10.2f}x" if counted else ""))
+              + (f"{mean(objective, 'ops'):>10.0f}{mean(objective, 'ops') / mean(base, 'ops'):>10.2f}x"
+                 f"{mean(objective, 'flops') / 1e9:>12.2f}{mean(objective, 'flops') / mean(base, 'flops'):>11.2f}x" if counted else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them (their own work timed); peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
           f"(optimiser state{', compilation' if args.compile else ''})"
           + ("; ops/step: aten operators of a step but the optimiser's, views left out (about one GPU kernel launch "
-             "each: a step the host cannot keep the GPU busy for takes time in proportion)" if counted else ""))
+             "each: a step the host cannot keep the GPU busy for takes time in proportion); GFLOP/step: the same work's "
+             "matrix products and attention (the arithmetic a step never left waiting on its launches would take in "
+             "proportion)" if counted else ""))
     targets = {f"{o}.ratio": {"max": {"score": 1.5, "score_delta": 1.8}[o]} for o in figures if o in ("score", "score_delta")}
     targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
     if busy:  # the GPU's share of a training step's wall time

@@ -114,6 +114,41 @@ def test_the_step_benchs_operator_count_agrees_with_the_profiler_and_leaves_view
     assert counter.ops == sum(counter.counts.values())
 
 
+def test_the_step_benchs_flop_count_takes_the_cpus_attention_as_the_math_path_computes_it(tiny_model_dirs):
+    """`GFLOP/step`: torch's counter has no formula for the CPU's fused attention. With ours, a
+    tiny Llama's forward counts what the same forward on the math path (attention as matrix
+    products, which torch counts) does; its backward also recomputes the attention scores, one
+    product of queries and keys per layer more than the math path's backward."""
+    import objective_step_time
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from storyrewrite.models.store import load_model, resolve_model_dir
+
+    model = load_model(resolve_model_dir(tiny_model_dirs["llama"], "generator")).train()
+    config = model.config
+    batch, length = 2, 12
+    ids = torch.randint(0, config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
+
+    def forward() -> None:
+        model(input_ids=ids)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    fused_forward, fused_step = objective_step_time.count_flops(forward), objective_step_time.count_flops(step)
+    with sdpa_kernel(SDPBackend.MATH):
+        math_forward, math_step = objective_step_time.count_flops(forward), objective_step_time.count_flops(step)
+    with FlopCounterMode(display=False) as torch_own:
+        forward()
+    head_dim = config.hidden_size // config.num_attention_heads
+    scores = 2 * batch * config.num_attention_heads * length * length * head_dim  # one product of queries and keys
+    assert fused_forward == math_forward == torch_own.get_total_flops() + 2 * scores * config.num_hidden_layers
+    assert fused_step - math_step == scores * config.num_hidden_layers
+
+
 def test_the_training_check_trains_an_objective_through_the_stages_fit(tmp_path, monkeypatch):
     """bench/training_paths.py (the GPU bench's first check), here on the CPU: a DTO objective's 2
     steps through `fit`, validated at the start and after, its weights exported."""
@@ -162,10 +197,10 @@ def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch)
                                                        "--profile", str(profile)])
     result = objective_step_time.measure("score", args)
     phases = result["phases"]
-    assert set(phases) == {"build_s", "steps_s", "ops_s"} and min(phases.values()) > 0
+    assert set(phases) == {"build_s", "steps_s", "ops_s", "flops_s"} and min(phases.values()) > 0
     # Two timed steps: their median is their mean, so the two together take twice it.
     assert phases["steps_s"] >= result["first"] + 2 * result["with"]
-    assert result["ops"] > 0 and result["batch_size"] == 2
+    assert result["ops"] > 0 and result["flops"] > 0 and result["batch_size"] == 2
 
 
 def test_the_step_bench_names_its_figures_file_by_precision_and_compilation_or_as_told():
