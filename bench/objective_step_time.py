@@ -319,7 +319,7 @@ def main() -> None:
     counted = "ops" in first
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
           + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else "")
-          + (f"{'ops/step':>10}{'ops ratio':>11}{'GFLOP/step':>12}{'FLOP ratio':>12}" if counted else ""))
+          + (f"{'ops/step':>10}{'ops ratio':>11}{'GFLOP/step':>12}{'FLOP ratio':>12}{'TFLOP/s':>9}" if counted else ""))
     figures = {}
     for objective in objectives:
         per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base], strict=True)]
@@ -334,6 +334,8 @@ def main() -> None:
             **({"gpu_busy": round(mean(objective, "gpu_busy"), 3)} if busy else {}),
             **({"ops_per_step": round(mean(objective, "ops")), "ops_ratio": round(mean(objective, "ops") / mean(base, "ops"), 3),
                 "gflop_per_step": round(mean(objective, "flops") / 1e9, 3),
+                # the arithmetic's rate: far below the device's matrix units', the step waits on something else
+                "tflop_per_s": round(mean(objective, "flops") / mean(objective, "with") / 1e12, 4),
                 "flop_ratio": round(mean(objective, "flops") / mean(base, "flops"), 3)} if counted else {}),
         }
         print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
@@ -342,7 +344,8 @@ def main() -> None:
               + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
               + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else "")
               + (f"{mean(objective, 'ops'):>10.0f}{mean(objective, 'ops') / mean(base, 'ops'):>10.2f}x"
-                 f"{mean(objective, 'flops') / 1e9:>12.2f}{mean(objective, 'flops') / mean(base, 'flops'):>11.2f}x" if counted else ""))
+                 f"{mean(objective, 'flops') / 1e9:>12.2f}{mean(objective, 'flops') / mean(base, 'flops'):>11.2f}x"
+                 f"{mean(objective, 'flops') / mean(objective, 'with') / 1e12:>9.3f}" if counted else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them (their own work timed); peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
@@ -350,7 +353,7 @@ def main() -> None:
           + ("; ops/step: aten operators of a step but the optimiser's, views left out (about one GPU kernel launch "
              "each: a step the host cannot keep the GPU busy for takes time in proportion); GFLOP/step: the same work's "
              "matrix products and attention (the arithmetic a step never left waiting on its launches would take in "
-             "proportion)" if counted else ""))
+             "proportion); TFLOP/s: that arithmetic over the step time, the rate the step ran it at" if counted else ""))
     targets = {f"{o}.ratio": {"max": {"score": 1.5, "score_delta": 1.8}[o]} for o in figures if o in ("score", "score_delta")}
     targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
     if busy:  # the GPU's share of a training step's wall time
