@@ -320,32 +320,37 @@ def main() -> None:
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
           + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else "")
           + (f"{'ops/step':>10}{'ops ratio':>11}{'GFLOP/step':>12}{'FLOP ratio':>12}{'TFLOP/s':>9}" if counted else ""))
+    # Each figure once, unrounded: the record rounds it to its digits (None: to an integer), the
+    # table formats the same value.
+    digits = {"s_per_step": 4, "ratio": 3, "ratio_per_repeat": 3, "peak_memory_gb": 2, "diagnostics_ratio": 3,
+              "first_step_s": 2, "sample_share": 3, "gpu_busy": 3, "ops_per_step": None, "ops_ratio": 3,
+              "gflop_per_step": 3, "tflop_per_s": 4, "flop_ratio": 3}
     figures = {}
     for objective in objectives:
-        per_repeat = [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base], strict=True)]
         share = statistics.mean(r["sample_share"] for r in runs[objective]) if runs[objective][0]["sample_share"] is not None else None
-        figures[objective] = {
-            "s_per_step": round(mean(objective, "with"), 4), "ratio": round(mean(objective, "with") / mean(base, "with"), 3),
-            "ratio_per_repeat": [round(r, 3) for r in per_repeat],
-            "peak_memory_gb": round(max(r["peak_memory_gb"] for r in runs[objective]), 2),
-            "diagnostics_ratio": round(mean(objective, "with") / mean(objective, "without"), 3),
-            "first_step_s": round(mean(objective, "first"), 2),
-            **({"sample_share": round(share, 3)} if share is not None else {}),
-            **({"gpu_busy": round(mean(objective, "gpu_busy"), 3)} if busy else {}),
-            **({"ops_per_step": round(mean(objective, "ops")), "ops_ratio": round(mean(objective, "ops") / mean(base, "ops"), 3),
-                "gflop_per_step": round(mean(objective, "flops") / 1e9, 3),
+        v = {
+            "s_per_step": mean(objective, "with"), "ratio": mean(objective, "with") / mean(base, "with"),
+            "ratio_per_repeat": [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base], strict=True)],
+            "peak_memory_gb": max(r["peak_memory_gb"] for r in runs[objective]),
+            "diagnostics_ratio": mean(objective, "with") / mean(objective, "without"),
+            "first_step_s": mean(objective, "first"),
+            **({"sample_share": share} if share is not None else {}),
+            **({"gpu_busy": mean(objective, "gpu_busy")} if busy else {}),
+            **({"ops_per_step": mean(objective, "ops"), "ops_ratio": mean(objective, "ops") / mean(base, "ops"),
+                "gflop_per_step": mean(objective, "flops") / 1e9,
                 # the arithmetic's rate: far below the device's matrix units', the step waits on something else
-                "tflop_per_s": round(mean(objective, "flops") / mean(objective, "with") / 1e12, 4),
-                "flop_ratio": round(mean(objective, "flops") / mean(base, "flops"), 3)} if counted else {}),
+                "tflop_per_s": mean(objective, "flops") / mean(objective, "with") / 1e12,
+                "flop_ratio": mean(objective, "flops") / mean(base, "flops")} if counted else {}),
         }
-        print(f"{objective:<12}{mean(objective, 'with'):>9.3f}{mean(objective, 'with') / mean(base, 'with'):>7.2f}x"
-              f"{' '.join(f'{r:.2f}' for r in per_repeat):>{width}}{max(r['peak_memory_gb'] for r in runs[objective]):>13.2f}"
-              f"{mean(objective, 'with') / mean(objective, 'without'):>12.3f}x{mean(objective, 'first'):>11.1f}s"
+        figures[objective] = {name: [round(x, digits[name]) for x in value] if isinstance(value, list) else round(value, digits[name])
+                              for name, value in v.items()}
+        print(f"{objective:<12}{v['s_per_step']:>9.3f}{v['ratio']:>7.2f}x"
+              f"{' '.join(f'{r:.2f}' for r in v['ratio_per_repeat']):>{width}}{v['peak_memory_gb']:>13.2f}"
+              f"{v['diagnostics_ratio']:>12.3f}x{v['first_step_s']:>11.1f}s"
               + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
-              + (f"{mean(objective, 'gpu_busy'):>9.0%}" if busy else "")
-              + (f"{mean(objective, 'ops'):>10.0f}{mean(objective, 'ops') / mean(base, 'ops'):>10.2f}x"
-                 f"{mean(objective, 'flops') / 1e9:>12.2f}{mean(objective, 'flops') / mean(base, 'flops'):>11.2f}x"
-                 f"{mean(objective, 'flops') / mean(objective, 'with') / 1e12:>9.3f}" if counted else ""))
+              + (f"{v['gpu_busy']:>9.0%}" if busy else "")
+              + (f"{v['ops_per_step']:>10.0f}{v['ops_ratio']:>10.2f}x{v['gflop_per_step']:>12.2f}{v['flop_ratio']:>11.2f}x"
+                 f"{v['tflop_per_s']:>9.3f}" if counted else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them (their own work timed); peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "
