@@ -120,18 +120,22 @@ def pinned(path: Path) -> dict[str, str]:
 
 def installed_dependencies(extras: tuple[str, ...] = ()) -> dict[str, metadata.Distribution]:
     """The installed project and everything it needs (with its `extras`), walked through the
-    packages' own metadata: distribution key -> distribution."""
+    packages' own metadata, a requirement's extras included (`fsspec[http]` needs aiohttp):
+    distribution key -> distribution."""
     from packaging.requirements import Requirement
 
-    found, todo = {}, [("storyrewrite", ("", *extras))]
+    found, walked, todo = {}, set(), [("storyrewrite", ("", *extras))]
     while todo:
         name, wanted = todo.pop()
-        if distribution_key(name) in found:
+        key = distribution_key(name)
+        wanted = [extra for extra in wanted if (key, extra) not in walked]  # "": the package itself
+        if not wanted:
             continue
-        distribution = metadata.distribution(name)
-        found[distribution_key(name)] = distribution
-        for line in distribution.requires or []:
+        walked.update((key, extra) for extra in wanted)
+        if key not in found:
+            found[key] = metadata.distribution(name)
+        for line in found[key].requires or []:
             requirement = Requirement(line)
             if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra}) for extra in wanted):
-                todo.append((requirement.name, ("",)))
+                todo.append((requirement.name, ("", *requirement.extras)))
     return found
