@@ -8,6 +8,12 @@ import sys
 from helpers import ROOT, distribution_key, installed_dependencies, pinned
 
 
+def _setup_commands(venv, *settings: str) -> list[str]:
+    """The commands `make setup` would run (make's dry run), with `settings` on its command line."""
+    return subprocess.run(["make", "-C", str(ROOT), "-n", "setup", f"VENV={venv}", *settings],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+
+
 def test_every_installed_dependency_installs_on_the_oldest_python_the_project_declares(tmp_path):
     """pyproject.toml's requires-python is one on which every pin (and what they need) installs,
     the README says it, and the Makefile refuses an older Python at once, before installing
@@ -32,8 +38,7 @@ def test_every_installed_dependency_installs_on_the_oldest_python_the_project_de
     assert result.returncode != 0 and not venv.exists()
     major, minor = sys.version_info[:2]
     assert f"Python >= 99.0 needed (pyproject.toml, requires-python); PYTHON={sys.executable} is {major}.{minor}" in result.stderr
-    dry_run = subprocess.run(["make", "-C", str(ROOT), "-n", "setup", f"VENV={venv}", f"PYTHON={sys.executable}"],
-                             capture_output=True, text=True, timeout=60).stdout.splitlines()
+    dry_run = _setup_commands(venv, f"PYTHON={sys.executable}")
     guard = dry_run.index(f"{sys.executable} -m venv {venv}") - 1  # the check comes first, then the venv
     assert "needed (pyproject.toml, requires-python)" in dry_run[guard]
     assert subprocess.run(["bash", "-c", dry_run[guard]], timeout=60).returncode == 0  # this Python passes it
@@ -76,9 +81,8 @@ def test_every_install_call_takes_the_constraints_but_torch_from_another_index(t
     not be among: the torch call from it goes unconstrained, and the project's call after it, from
     PyPI, brings those dependencies to the pinned versions."""
     def calls(*settings):
-        dry_run = subprocess.run(["make", "-C", str(ROOT), "-n", "setup", f"VENV={tmp_path / 'venv'}", *settings],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout
-        return [line for line in dry_run.splitlines() if " -m pip install " in line and "--upgrade pip" not in line]
+        return [line for line in _setup_commands(tmp_path / "venv", *settings)
+                if " -m pip install " in line and "--upgrade pip" not in line]
 
     default = calls()
     assert len(default) == 3 and all("--constraint constraints.txt" in line for line in default)
