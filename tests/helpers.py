@@ -118,13 +118,13 @@ def pinned(path: Path) -> dict[str, str]:
     return {distribution_key(name): version for name, version in (line.split("==") for line in listed(path))}
 
 
-def installed_dependencies(extras: tuple[str, ...] = ()) -> dict[str, metadata.Distribution]:
-    """The installed project and everything it needs (with its `extras`), walked through the
-    packages' own metadata, a requirement's extras included (`fsspec[http]` needs aiohttp):
-    distribution key -> distribution."""
+def installed_dependencies(extras: tuple[str, ...] = (), root: str = "storyrewrite") -> dict[str, metadata.Distribution]:
+    """The installed project (or package `root`) and everything it needs (with its `extras`),
+    walked through the packages' own metadata, a requirement's extras included (`fsspec[http]`
+    needs aiohttp): distribution key -> distribution."""
     from packaging.requirements import Requirement
 
-    found, walked, todo = {}, set(), [("storyrewrite", ("", *extras))]
+    found, walked, todo = {}, set(), [(root, ("", *extras))]
     while todo:
         name, wanted = todo.pop()
         key = distribution_key(name)

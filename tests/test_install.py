@@ -26,7 +26,7 @@ def test_every_installed_dependency_installs_on_the_oldest_python_the_project_de
     oldest = re.fullmatch(r">=(\d+\.\d+)", declared).group(1)
     refused = sorted(f"{name} {distribution.version}: Requires-Python {distribution.metadata['Requires-Python']}"
                      for name, distribution in installed_dependencies(("test",)).items()
-                     if not SpecifierSet(distribution.metadata["Requires-Python"] or "").contains(oldest))
+                     if not SpecifierSet(distribution.metadata.get("Requires-Python") or "").contains(oldest))
     assert not refused, f"pyproject.toml declares {declared}, but these need a newer Python: {refused}"
     assert f"Python ≥ {oldest}" in (ROOT / "README.md").read_text()
     makefile = (ROOT / "Makefile").read_text()
@@ -44,11 +44,27 @@ def test_every_installed_dependency_installs_on_the_oldest_python_the_project_de
     assert subprocess.run(["bash", "-c", dry_run[guard]], timeout=60).returncode == 0  # this Python passes it
 
 
+def _accelerator_libraries() -> set[str]:
+    """What the installed torch build adds for its accelerator, and what that needs: its
+    requirements marked for a platform (PyPI's Linux build: `nvidia-*`, `cuda-*` and `triton`,
+    `platform_system == "Linux"`; the CPU wheel has none). Each build names its own, most of them
+    at an exact version."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    marked = [r for r in map(Requirement, metadata.requires("torch") or [])
+              if r.marker is not None and "platform" in str(r.marker) and r.marker.evaluate({"extra": ""})]
+    return {key for r in marked for key in installed_dependencies(tuple(r.extras), root=r.name)}
+
+
 def test_constraints_pin_exactly_what_is_installed_and_agree_with_every_pin():
     """constraints.txt names every package the project and its test tools pull in (and the data
     packages), at the installed version, and nothing else: a dependency added without `make lock`
     is installed unpinned, one dropped leaves a stale line, and a pin changed in pyproject.toml or
-    the Makefile without `make lock` makes pip's install fail; all three are named here."""
+    the Makefile without `make lock` makes pip's install fail; all three are named here. It is
+    resolved with the CPU wheel of torch: a CUDA build's own libraries, which the build pins
+    itself (PyPI's on Linux, or another index's), are not the project's to pin."""
     import tomllib
     from importlib import metadata
 
@@ -57,8 +73,9 @@ def test_constraints_pin_exactly_what_is_installed_and_agree_with_every_pin():
     locked = pinned(ROOT / "constraints.txt")
     makefile = (ROOT / "Makefile").read_text()
     data_packages = re.search(r"^DATA_PACKAGES := (.*)$", makefile, re.M).group(1).split()
+    build = _accelerator_libraries() - set(locked)
     installed = {name: distribution.version.split("+")[0]  # torch's +cpu: constraints.txt holds none
-                 for name, distribution in installed_dependencies(("test",)).items() if name != "storyrewrite"}
+                 for name, distribution in installed_dependencies(("test",)).items() if name != "storyrewrite" and name not in build}
     installed |= {distribution_key(name): metadata.version(name) for name in (p.split("==")[0] for p in data_packages)}
     unpinned = sorted(f"{name}=={version}" for name, version in installed.items() if name not in locked)
     assert not unpinned, f"installed, but not in constraints.txt (make lock): {unpinned}"
@@ -77,15 +94,15 @@ def test_constraints_pin_exactly_what_is_installed_and_agree_with_every_pin():
 
 
 def test_every_install_call_takes_the_constraints_but_torch_from_another_index(tmp_path):
-    """PyTorch's CUDA index mirrors torch's dependencies at versions of its own, which the pins may
-    not be among: the torch call from it goes unconstrained, and the project's call after it, from
-    PyPI, brings those dependencies to the pinned versions."""
+    """PyTorch's indexes (CPU-only, CUDA builds) mirror torch's dependencies at versions of their
+    own, which the pins may not be among: the torch call from one goes unconstrained, and the
+    project's call after it, from PyPI, brings those dependencies to the pinned versions."""
     def calls(*settings):
         return [line for line in _setup_commands(tmp_path / "venv", *settings)
                 if " -m pip install " in line and "--upgrade pip" not in line]
 
     default = calls()
     assert len(default) == 3 and all("--constraint constraints.txt" in line for line in default)
-    cuda = calls("TORCH_PIP_ARGS=--index-url https://download.pytorch.org/whl/cu128")
-    assert "--constraint" not in cuda[0] and cuda[0].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128")
-    assert cuda[1:] == default[1:] and "-e '.[test]'" in cuda[2]
+    cpu = calls("TORCH_PIP_ARGS=--index-url https://download.pytorch.org/whl/cpu")
+    assert "--constraint" not in cpu[0] and cpu[0].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    assert cpu[1:] == default[1:] and "-e '.[test]'" in cpu[2]
