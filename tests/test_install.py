@@ -14,34 +14,69 @@ def _setup_commands(venv, *settings: str) -> list[str]:
                           capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
 
 
-def test_every_installed_dependency_installs_on_the_oldest_python_the_project_declares(tmp_path):
-    """pyproject.toml's requires-python is one on which every pin (and what they need) installs,
-    the README says it, and the Makefile refuses an older Python at once, before installing
-    anything (pip would refuse `transformers==5.23.0` minutes later, with its whole version list)."""
+def _make_variable(name: str) -> str:
+    return re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+
+
+def test_every_installed_dependency_installs_on_each_python_the_project_declares(tmp_path):
+    """pyproject.toml's requires-python is the range of the Makefile's PYTHON_VERSIONS, on each of
+    which every pin (and what they need) installs; the README says it, and the Makefile refuses
+    another Python at once, before installing anything (pip would refuse `transformers==5.23.0`
+    on 3.10 minutes later, with its whole version list, and `torch==2.13.0` on 3.15)."""
     import tomllib
 
     from packaging.specifiers import SpecifierSet
 
+    versions = _make_variable("PYTHON_VERSIONS").split()
+    oldest, newest = versions[0], versions[-1]
+    major, minor = map(int, newest.split("."))
+    assert versions == [f"{major}.{m}" for m in range(int(oldest.split(".")[1]), minor + 1)]  # a range, in order
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
-    oldest = re.fullmatch(r">=(\d+\.\d+)", declared).group(1)
+    assert declared == f">={oldest},<{major}.{minor + 1}"
     refused = sorted(f"{name} {distribution.version}: Requires-Python {distribution.metadata['Requires-Python']}"
                      for name, distribution in installed_dependencies(("test",)).items()
-                     if not SpecifierSet(distribution.metadata.get("Requires-Python") or "").contains(oldest))
-    assert not refused, f"pyproject.toml declares {declared}, but these need a newer Python: {refused}"
-    assert f"Python ≥ {oldest}" in (ROOT / "README.md").read_text()
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^MIN_PYTHON := (.*)$", makefile, re.M).group(1) == oldest
+                     for version in versions if not SpecifierSet(distribution.metadata.get("Requires-Python") or "").contains(version))
+    assert not refused, f"pyproject.toml declares {declared}, but these refuse a Python of it: {refused}"
+    assert f"Python {oldest} to {newest}" in (ROOT / "README.md").read_text()
 
     venv = tmp_path / "venv"
-    result = subprocess.run(["make", "-C", str(ROOT), "setup", f"VENV={venv}", "MIN_PYTHON=99.0", f"PYTHON={sys.executable}"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0 and not venv.exists()
-    major, minor = sys.version_info[:2]
-    assert f"Python >= 99.0 needed (pyproject.toml, requires-python); PYTHON={sys.executable} is {major}.{minor}" in result.stderr
+    this = "{}.{}".format(*sys.version_info[:2])
+    for settings, needed in ((["PYTHON_VERSIONS=99.0"], "99.0 to 99.0"), (["PYTHON_VERSIONS=3.9 3.10"], "3.9 to 3.10")):
+        result = subprocess.run(["make", "-C", str(ROOT), "setup", f"VENV={venv}", *settings, f"PYTHON={sys.executable}"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and not venv.exists(), settings
+        assert f"Python {needed} needed (pyproject.toml, requires-python); PYTHON={sys.executable} is {this}" in result.stderr
     dry_run = _setup_commands(venv, f"PYTHON={sys.executable}")
     guard = dry_run.index(f"{sys.executable} -m venv {venv}") - 1  # the check comes first, then the venv
     assert "needed (pyproject.toml, requires-python)" in dry_run[guard]
     assert subprocess.run(["bash", "-c", dry_run[guard]], timeout=60).returncode == 0  # this Python passes it
+
+
+def test_make_lock_writes_constraints_only_once_each_pin_has_a_wheel_for_each_python_and_platform():
+    """`make lock` and `make check-wheels` ask pip (a dry run, which needs PyPI: not run here) for a
+    wheel of every pin, for each declared Python on each platform, before constraints.txt is
+    replaced; the pins let through as sources are pure Python (no compiled file installed)."""
+    from importlib import metadata
+
+    commands = subprocess.run(["make", "-C", str(ROOT), "-n", "lock"], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.splitlines()
+    check = next(i for i, line in enumerate(commands) if "--dry-run" in line)
+    assert "> constraints.txt.tmp" in commands[check - 1] and commands[check + 1] == "mv constraints.txt.tmp constraints.txt"
+    line = commands[check]
+    assert f"for python in {_make_variable('PYTHON_VERSIONS')}; do" in line and "--python-version $python" in line
+    assert "-r constraints.txt.tmp || exit 1" in line and "--no-deps" in line and "--only-binary=:all:" in line
+    for platform in ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_28_aarch64", "macosx_14_0_arm64"):
+        assert platform in line
+    assert "manylinux_2_29" not in line  # torch 2.13.0's wheels need glibc 2.28: so may every pin's
+
+    sources = _make_variable("PURE_SDISTS").split()
+    assert f"--no-binary={','.join(sources)} " in line
+    locked = pinned(ROOT / "constraints.txt")
+    for name in sources:
+        assert name in locked, f"PURE_SDISTS names {name}, which constraints.txt does not pin"
+        distribution = metadata.distribution(name)
+        compiled = [str(f) for f in distribution.files if f.suffix in (".so", ".pyd", ".dylib")]
+        assert not compiled and "Root-Is-Purelib: true" in distribution.read_text("WHEEL"), name
 
 
 def _accelerator_libraries() -> set[str]:
