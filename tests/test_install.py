@@ -33,7 +33,7 @@ def test_every_installed_dependency_installs_on_each_python_the_project_declares
     assert versions == [f"{major}.{m}" for m in range(int(oldest.split(".")[1]), minor + 1)]  # a range, in order
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert declared == f">={oldest},<{major}.{minor + 1}"
-    refused = sorted(f"{name} {distribution.version}: Requires-Python {distribution.metadata['Requires-Python']}"
+    refused = sorted(f"{name} {distribution.version}: Requires-Python {distribution.metadata.get('Requires-Python')}"
                      for name, distribution in installed_dependencies(("test",)).items()
                      for version in versions if not SpecifierSet(distribution.metadata.get("Requires-Python") or "").contains(version))
     assert not refused, f"pyproject.toml declares {declared}, but these refuse a Python of it: {refused}"
@@ -107,7 +107,7 @@ def test_constraints_pin_exactly_what_is_installed_and_agree_with_every_pin():
 
     locked = pinned(ROOT / "constraints.txt")
     makefile = (ROOT / "Makefile").read_text()
-    data_packages = re.search(r"^DATA_PACKAGES := (.*)$", makefile, re.M).group(1).split()
+    data_packages = _make_variable("DATA_PACKAGES").split()
     build = _accelerator_libraries() - set(locked)
     installed = {name: distribution.version.split("+")[0]  # torch's +cpu: constraints.txt holds none
                  for name, distribution in installed_dependencies(("test",)).items() if name != "storyrewrite" and name not in build}
