@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from storyrewrite.io import InputError
-from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay
+from storyrewrite.params import (DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, main, overlay,
+                                 with_overrides)
 
 from helpers import ROOT
 
@@ -144,3 +145,47 @@ def test_a_profile_may_not_invent_keys(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {profile}: unknown key `trian`; valid keys: {', '.join(base)}"
+
+
+def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_of_a_sweep(capsys):
+    base = load_yaml(ROOT / "params.yaml")
+    # DVC's own parsing: YAML-like values, a list, a sweep expanded as `--queue` expands it.
+    experiments = with_overrides(base, ["train.lr=2e-5", "llm.modes=[rag,zero_shot]", "objective=choice(score,delta)",
+                                        "cpo.beta=range(1,3)"])
+    assert [label for label, _ in experiments] == [
+        f"-S train.lr=2e-05 -S llm.modes=[rag,zero_shot] -S objective={o} -S cpo.beta={b}"
+        for o in ("score", "delta") for b in (1, 2)]
+    assert [(raw["objective"], raw["cpo"]["beta"]) for _, raw in experiments] == [
+        ("score", 1), ("score", 2), ("delta", 1), ("delta", 2)]
+    # DVC writes 2e-05 (YAML 1.2), which PyYAML reads as a string: the section's type reads it as the number.
+    assert all(Params(raw).train.lr == 2e-5 and raw["llm"]["modes"] == ["rag", "zero_shot"] for _, raw in experiments)
+    # Everything else as params.yaml has it.
+    assert {k: v for k, v in experiments[0][1].items() if k not in ("train", "llm", "objective", "cpo")} == {
+        k: v for k, v in base.items() if k not in ("train", "llm", "objective", "cpo")}
+    assert with_overrides(base, []) == [("", base)]
+    # A key params.yaml lacks: the keys valid there, as a profile's is refused.
+    with pytest.raises(InputError, match=r"^-S train\.max_step=5: unknown key `train\.max_step`; valid keys in `train`: "
+                                         + ", ".join(base["train"]) + "$"):
+        with_overrides(base, ["train.max_step=5"])
+    with pytest.raises(InputError, match=r"^-S: only params\.yaml's keys are checked, not other\.yaml's$"):
+        with_overrides(base, ["other.yaml:a=1"])
+
+    # The command: the names the registries hold, in every experiment of a sweep, each error naming it.
+    with pytest.raises(SystemExit) as stop:
+        main(["check", "-S", "objective=choice(score,delta)", "-S", "task=choice(timetravel,art)", "-S", "llm.modes=[rag,zero]"])
+    mode = "error: params: `llm.modes` has 'zero'; valid values: zero_shot, one_shot_random, one_shot_fixed, rag"
+    art = ("error: params: `objective` = 'delta' needs the original ending, which task 'art' does not have; "
+           "objectives for this task: nll, score, rloo")
+    label = "(experiment -S objective={} -S task={} -S llm.modes=[rag,zero])".format
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"{mode} {label('score', 'timetravel')}", f"{mode} {label('score', 'art')}",
+        f"{mode} {label('delta', 'timetravel')}", f"{art} {label('delta', 'art')}", f"{mode} {label('delta', 'art')}"]
+    main(["check", "params/gpu.yaml", "-S", "objective=choice(score,delta,score_delta)"])
+    assert capsys.readouterr().out == ("ok: params.yaml + params/gpu.yaml -S objective=choice(score,delta,score_delta) "
+                                       "(3 experiments)\n")
+    main(["overrides", "params/gpu.yaml", "-S", "objective=delta", "-S", "llm.modes=[rag]"])
+    assert capsys.readouterr().out.rstrip("\n").endswith("-S train.batch_size=16 -S train.max_steps=300 "
+        "-S train.val_check_interval=100 -S train.checkpoint_every_n_steps=100 -S train.precision=bf16-mixed "
+        "-S train.num_workers=4 -S generate.batch_size=512 -S generate.dtype=bfloat16 -S score.batch_size=64 "
+        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S objective=delta -S 'llm.modes=[rag]'")
+

@@ -6,7 +6,7 @@ depends on a section it does not read (an invalid `dto` section cannot break NLL
 key or value stops the stage with one line naming the key (nested ones too), the value and what is
 allowed, and exit status 2.
 
-    python -m storyrewrite.params check [PROFILE ...]      # validate every section (with profiles)
+    python -m storyrewrite.params check [PROFILE ...] [-S KEY=VALUE ...]  # validate every section
     python -m storyrewrite.params overrides PROFILE [...]  # the profiles as `dvc exp run -S` flags
 """
 from __future__ import annotations
@@ -323,11 +323,77 @@ def leaves(tree: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
+def with_overrides(params: dict, overrides: list[str]) -> list[tuple[str, dict]]:
+    """`params` as `dvc exp run -S OVERRIDE ...` would leave them: one (label, params) per
+    experiment, several where an override is a sweep (`objective=choice(score,delta)`, which
+    `--queue` expands). DVC's own functions parse and apply them (Hydra's override grammar), so
+    the check reads the values as the experiment will; a key params.yaml lacks is refused here as
+    DVC refuses it, with the keys valid there."""
+    if not overrides:
+        return [("", params)]
+    import tempfile
+
+    from dvc.exceptions import InvalidArgumentError
+    from dvc.utils.cli_parse import to_path_overrides
+    from dvc.utils.hydra import apply_overrides, get_hydra_sweeps, to_hydra_overrides
+    from hydra.errors import OverrideParseException
+
+    by_file = to_path_overrides(overrides)
+    if other := sorted(set(by_file) - {"params.yaml"}):
+        raise InputError(f"-S: only params.yaml's keys are checked, not {', '.join(other)}'s")
+    try:
+        parsed = to_hydra_overrides(by_file["params.yaml"])
+    except OverrideParseException as error:  # its first line names the override
+        raise InputError(f"-S: {str(error).splitlines()[0]}") from None
+    for override in parsed:
+        if override.is_add() or override.is_delete():
+            continue  # `+key=...` adds a key, `~key` removes one: the sections' check judges the result
+        where, tree = "", params
+        for part in override.key_or_group.split("."):
+            if not isinstance(tree, dict) or part not in tree:
+                valid = f" in `{where}`" if where else ""
+                keys = ", ".join(tree) if isinstance(tree, dict) else f"none (`{where}` is a value)"
+                raise InputError(f"-S {override.input_line}: unknown key `{override.key_or_group}`; valid keys{valid}: {keys}")
+            where, tree = f"{where}.{part}" if where else part, tree[part]
+    sweep = any(override.is_sweep_override() for override in parsed)
+    experiments = []
+    for each in get_hydra_sweeps(by_file) if sweep else [by_file]:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "params.yaml"
+            path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+            try:
+                apply_overrides(path, each["params.yaml"])
+            except InvalidArgumentError as error:
+                raise InputError(f"-S: {str(error.__cause__ or error).splitlines()[0]}") from None
+            experiments.append((" ".join(f"-S {item}" for item in each["params.yaml"]), load_yaml(path)))
+    return experiments
+
+
+def check_registered_names(params: Params) -> list[str]:
+    """The errors in the names a stage looks up in a registry: `objective` (for the task) and
+    `llm.modes`. The registries are imported by name: the code deps of every stage follow this
+    module's import statements (storyrewrite.closure), and no stage runs this check."""
+    import importlib
+
+    objectives = importlib.import_module("storyrewrite.objectives.registry")
+    modes = importlib.import_module("storyrewrite.llm.modes")
+    errors = []
+    for look_up in (lambda: objectives.get_objective(params.objective, params.task),
+                    *(lambda name=name: modes.get_mode(name) for name in params.llm.modes)):
+        try:
+            look_up()
+        except InputError as error:
+            errors.append(str(error))
+    return errors
+
+
 def main(argv: list[str] | None = None) -> None:
     """Profiles are overlays of params.yaml (params/gpu.yaml, params/paper.yaml), applied in the
-    order given: `check` validates every section of the result, `overrides` prints the profiles'
-    keys as `-S key=value` flags for `dvc exp run` (DVC writes them into the experiment's
-    params.yaml, comments kept)."""
+    order given, then the `-S` overrides as `dvc exp run` applies them (a sweep: each of its
+    experiments): `check` validates every section of the result and the names `objective` and
+    `llm.modes` look up, `overrides` checks the same and prints the profiles' keys as `-S
+    key=value` flags for `dvc exp run` (DVC writes them into the experiment's params.yaml,
+    comments kept), the `-S` given after them."""
     import argparse
     import shlex
 
@@ -337,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=("check", "overrides"))
     parser.add_argument("profiles", type=Path, nargs="*")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override as `dvc exp run -S` takes it (repeatable; a sweep checks each experiment)")
     args = parser.parse_args(argv)
 
     def run() -> None:
@@ -344,13 +412,27 @@ def main(argv: list[str] | None = None) -> None:
         for profile in args.profiles:
             layer = load_yaml(profile)
             merged, changes = overlay(merged, layer, source=str(profile)), overlay(changes, layer, strict=False)
-        Params(merged, " + ".join(map(str, [args.params, *args.profiles]))).check_all()
+        source = " + ".join(map(str, [args.params, *args.profiles]))
+        experiments = with_overrides(merged, args.overrides)
+        errors = []
+        for label, raw in experiments:
+            try:
+                params = Params(raw, f"{source} {label}".strip())
+                params.check_all()
+                found = check_registered_names(params)
+            except InputError as error:
+                found = str(error).split("\nerror: ")
+            errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
+        if errors:  # printed as `error: ...` by run_stage: every line reads the same
+            raise InputError("\nerror: ".join(errors))
         if args.action == "overrides":
             # How YAML spells each value (null, 1.0e-05, bf16-mixed, [a, b]), as `dvc exp run -S` parses it.
             spell = lambda value: yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()  # noqa: E731
-            print(" ".join(f"-S {shlex.quote(f'{key}={spell(value)}')}" for key, value in leaves(changes)))
+            flags = [f"-S {shlex.quote(f'{key}={spell(value)}')}" for key, value in leaves(changes)]
+            print(" ".join(flags + [f"-S {shlex.quote(item)}" for item in args.overrides]))
         else:
-            print(f"ok: {' + '.join(map(str, [args.params, *args.profiles]))}")
+            count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
+            print(f"ok: {' '.join([source, *(f'-S {item}' for item in args.overrides)])}{count}")
 
     run_stage(run)
 

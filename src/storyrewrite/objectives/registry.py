@@ -16,14 +16,15 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
-
-import torch
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError
 from storyrewrite.params import CPOConfig, DTOConfig, RLConfig, Section
+
+if TYPE_CHECKING:  # the registry names objectives without loading torch: `params check` reads it
+    import torch
+    from transformers import PreTrainedModel
 
 S = TypeVar("S", bound=Section)
 
@@ -43,7 +44,7 @@ class LossOutput:
 # (generator, batch, noise seed, validation) -> LossOutput. The batch layout is
 # storyrewrite.models.encoding's, plus the texts `targets` and `original_endings`, and `pair`
 # (chosen + rejected) for CPO. `validation` may compute more (e.g. M(Ŷ, X_OE) for DTO-Score).
-LossFn = Callable[[PreTrainedModel, dict, int, bool], LossOutput]
+LossFn = Callable[["PreTrainedModel", dict, int, bool], LossOutput]
 
 
 @dataclass(frozen=True)
