@@ -187,5 +187,25 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
     assert capsys.readouterr().out.rstrip("\n").endswith("-S train.batch_size=16 -S train.max_steps=300 "
         "-S train.val_check_interval=100 -S train.checkpoint_every_n_steps=100 -S train.precision=bf16-mixed "
         "-S train.num_workers=4 -S generate.batch_size=512 -S generate.dtype=bfloat16 -S score.batch_size=64 "
-        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S objective=delta -S 'llm.modes=[rag]'")
+        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S objective=delta -S llm.modes=[rag]")
 
+
+def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, capsys):
+    # `dvc exp run $(python -m storyrewrite.params overrides P)`: the shell splits the output at
+    # spaces and never unquotes it. Those words, applied by DVC's functions, are the profile.
+    base = load_yaml(ROOT / "params.yaml")
+    profile = {"llm": {"modes": ["zero_shot", "rag"], "max_new_tokens": 12}, "train": {"lr": 1.0e-5, "seed": None},
+               "models": {"generator": "tiny:llama"}}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(profile))
+    main(["overrides", str(tmp_path / "mine.yaml")])
+    words = capsys.readouterr().out.split()
+    assert words[::2] == ["-S"] * (len(words) // 2) and "llm.modes=[zero_shot,rag]" in words
+    [(_, applied)] = with_overrides(base, words[1::2])
+    assert Params(applied).llm == Params(overlay(base, profile)).llm
+    assert Params(applied).train == Params(overlay(base, profile)).train and applied["models"]["generator"] == "tiny:llama"
+    # A value with a space would be split: refused, naming it.
+    (tmp_path / "spaced.yaml").write_text(yaml.safe_dump({"llm": {"openai": {"model": "my model"}}}))
+    with pytest.raises(SystemExit) as stop:
+        main(["overrides", str(tmp_path / "spaced.yaml")])
+    assert stop.value.code == 2 and capsys.readouterr().err.startswith(
+        "error: overrides: `llm.openai.model=my model` has a space or a quote")

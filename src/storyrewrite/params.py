@@ -387,6 +387,14 @@ def check_registered_names(params: Params) -> list[str]:
     return errors
 
 
+def spell(value: Any) -> str:
+    """How `dvc exp run -S` takes `value` (YAML's flow style: null, 1.0e-05, bf16-mixed), a list
+    without spaces ([zero_shot,rag]), so that a flag stays one word of the shell's."""
+    if isinstance(value, list):
+        return "[" + ",".join(map(spell, value)) + "]"
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Profiles are overlays of params.yaml (params/gpu.yaml, params/paper.yaml), applied in the
     order given, then the `-S` overrides as `dvc exp run` applies them (a sweep: each of its
@@ -395,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     key=value` flags for `dvc exp run` (DVC writes them into the experiment's params.yaml,
     comments kept), the `-S` given after them."""
     import argparse
-    import shlex
+    import re
 
     from storyrewrite.io import run_stage
 
@@ -426,10 +434,13 @@ def main(argv: list[str] | None = None) -> None:
         if errors:  # printed as `error: ...` by run_stage: every line reads the same
             raise InputError("\nerror: ".join(errors))
         if args.action == "overrides":
-            # How YAML spells each value (null, 1.0e-05, bf16-mixed, [a, b]), as `dvc exp run -S` parses it.
-            spell = lambda value: yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()  # noqa: E731
-            flags = [f"-S {shlex.quote(f'{key}={spell(value)}')}" for key, value in leaves(changes)]
-            print(" ".join(flags + [f"-S {shlex.quote(item)}" for item in args.overrides]))
+            # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
+            # spaces and never unquotes: a value with a space or a quote is refused.
+            flags = [f"{key}={spell(value)}" for key, value in leaves(changes)] + args.overrides
+            if unsplittable := [flag for flag in flags if re.search(r"[\s'\"]", flag)]:
+                raise InputError(f"overrides: `{unsplittable[0]}` has a space or a quote, which `$(...)` would split or "
+                                 "keep: give dvc exp run that one as -S '<key>=<value>' yourself")
+            print(" ".join(f"-S {flag}" for flag in flags))
         else:
             count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
             print(f"ok: {' '.join([source, *(f'-S {item}' for item in args.overrides)])}{count}")
