@@ -270,18 +270,22 @@ class Params:
             return self.section(name)
         raise AttributeError(name)
 
-    def check_all(self) -> None:
-        """Build every section; every error found, not only the first: one InputError, a line
-        each. (The names a stage looks up in a registry, `objective` and `llm.modes`, are checked
-        by the stage that reads them: importing the registries here would make every stage's
-        code deps, which are this module's imports, include them.)"""
+    def errors(self) -> list[str]:
+        """Build every section; every error found, not only the first, a line each. (The names a
+        stage looks up in a registry, `objective` and `llm.modes`, are checked by the stage that
+        reads them and by `check_registered_names`: importing the registries here would make
+        every stage's code deps, which are this module's imports, include them.)"""
         errors = []
         for name in SECTIONS:
             try:
                 self.section(name)
             except InputError as error:
                 errors.append(str(error))
-        if errors:  # printed as `error: ...` by run_stage: every line reads the same
+        return errors
+
+    def check_all(self) -> None:
+        """`errors()` as one InputError, a line each."""
+        if errors := self.errors():  # printed as `error: ...` by run_stage: every line reads the same
             raise InputError("\nerror: ".join(errors))
 
 
@@ -426,10 +430,9 @@ def main(argv: list[str] | None = None) -> None:
         for label, raw in experiments:
             try:
                 params = Params(raw, f"{source} {label}".strip())
-                params.check_all()
-                found = check_registered_names(params)
-            except InputError as error:
-                found = str(error).split("\nerror: ")
+                found = params.errors() or check_registered_names(params)
+            except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
+                found = [str(error)]
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
         if errors:  # printed as `error: ...` by run_stage: every line reads the same
             raise InputError("\nerror: ".join(errors))
