@@ -204,7 +204,7 @@ for experiment in "${UNGATHERED[@]+"${UNGATHERED[@]}"}"; do
 done
 # Everything of this name that ran here (nothing, where every experiment was gathered before).
 if [ $RAN = 1 ] || grep -q "^$NAME-" <<<"$(dvc exp list --name-only 2>/dev/null | tr ' ' '\n')"; then
-  python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*"
+  python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*" || FAILED+=("$NAME-* (gather)")
   [[ " ${FOLDERS[*]+"${FOLDERS[*]}"} " == *" runs/$NAME "* ]] || FOLDERS=("runs/$NAME" "${FOLDERS[@]+"${FOLDERS[@]}"}")
 fi
 if [ ${#FOLDERS[@]} -gt 0 ]; then

@@ -188,6 +188,22 @@ exit 0
         assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
 
 
+def test_a_final_gather_that_fails_is_named_and_what_was_gathered_is_still_collected(tmp_path):
+    """The last gather of every experiment of the name fails: the script still collects what the
+    gathers before it stored, names that gather among the failures and exits 1."""
+    env, log = _stubs(tmp_path, "none", "none")
+    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+if [ "$5 $6" = "--names grid-*" ]; then echo "error: experiment grid-x: reports/stages/a.json is not in the cache" >&2; exit 2; fi
+exit 0
+""")
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert result.returncode == 1, result.stderr
+    assert "error: 1 experiment(s) failed" in result.stderr and "grid-* (gather)" in result.stderr
+    assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
+
+
 def test_a_lock_that_cannot_take_the_first_experiments_entries_is_a_warning_and_the_queue_runs(tmp_path):
     env, log = _stubs(tmp_path, "none", "none")
     (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash

@@ -11,7 +11,7 @@ import yaml
 from helpers import DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, write_bundle
-from storyrewrite.report.gather import experiments, gather_run, select
+from storyrewrite.report.gather import experiments, gather_run, select, unfinished
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -112,6 +112,48 @@ def test_experiments_are_read_from_dvc_exp_show_and_selected_by_name():
     assert [r["name"] for r in select(runs, "gpu-*")] == ["gpu-dto"]
     with pytest.raises(InputError, match=r"--names 'tpu-\*' matches no experiment; experiments: gpu-dto, cpu-dto"):
         select(runs, "tpu-*")
+
+
+def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered():
+    """`dvc exp show --json` lists the queue's experiments beside those that ran (DVC 3.67's shape:
+    `executor.state` on the experiment, a failed one's `error` on its revision), each with the commit
+    it was queued as, whose outputs were never built: only the finished ones are gathered, and a
+    pattern that matches only the others says what they are."""
+    def entry(name, rev, state=None, error=None):
+        executor = None if state is None else {"state": state, "name": None, "local": {"returncode": 255}}
+        return {"executor": executor, "name": name, "revs": [{"rev": rev, "name": name, "error": error, "data": {}}]}
+    exp_show = [
+        {"rev": "workspace", "name": None, "data": {}, "experiments": None},
+        {"rev": "abcdef1234", "name": "main", "data": {}, "experiments": [
+            entry("gpu-score", "1111", "success"), entry("gpu-nll", "2222"),
+            entry("gpu-delta", "3333", "failed", {"msg": "Experiment run failed", "type": ""}),
+            entry("gpu-cpo", "4444", "running"), entry("cpu-cpo", "5555", "queued"),
+            entry("gpu-odd", "6666", None, {"msg": "unreadable", "type": "SCMError"})]},
+    ]
+    assert [r["name"] for r in experiments(exp_show)] == ["gpu-score", "gpu-nll"]
+    others = unfinished(exp_show)
+    assert [(r["name"], r["state"]) for r in others] == [("gpu-delta", "failed"), ("gpu-cpo", "running"), ("cpu-cpo", "queued"),
+                                                         ("gpu-odd", "failed")]
+    assert [r["name"] for r in select(experiments(exp_show), "gpu-*", others)] == ["gpu-score", "gpu-nll"]
+    with pytest.raises(InputError, match=r"--names 'cpu-\*' matches no experiment that ran to the end, only cpu-cpo \(queued\)"):
+        select(experiments(exp_show), "cpu-*", others)
+
+
+def test_an_output_missing_from_the_dvc_cache_is_named_with_its_experiment(tmp_path):
+    """DVC's file system lists a cached output that this machine's cache lacks (an experiment
+    pulled without its data) and fails only when it is read: the error names the run and the file."""
+    class Uncached(DictFS):
+        def read_bytes(self, path):
+            if path.startswith("reports/stages/"):
+                raise FileNotFoundError(2, "No storage files available", path)
+            return super().read_bytes(path)
+
+    files = {"params.yaml": b"objective: nll\n", "reports/stages/train.json": b"{}"}
+    run = {"name": "gpu-dto", "rev": "9876543210".ljust(40, "0"), "base": "abcdef1234"}
+    with pytest.raises(InputError, match=r"experiment gpu-dto \(9876543\): reports/stages/train.json is not in this "
+                                         r"repository's DVC cache"):
+        gather_run(Uncached(files), run, tmp_path / "runs")
+    assert not (tmp_path / "runs" / "gpu-dto.json").exists()
 
 
 def test_gathering_stores_each_file_once_by_content(gathered):
@@ -243,7 +285,8 @@ def test_no_gathered_runs_is_an_error_naming_the_folder(tmp_path):
 
 def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
     """As on the GPU machine (DVC installed with `pip --target`): gather still lists the
-    experiments, and says there are none to match, naming the pattern."""
+    experiments, and says there are none to match, naming the pattern; with one in DVC's queue,
+    not run, it says so."""
     import os
     import shutil
     import subprocess
@@ -258,6 +301,16 @@ def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "--names 'gpu-*' matches no experiment; experiments: none" in result.stderr
+    # An experiment in DVC's queue, not run: `dvc exp show` lists it, and gather names it.
+    (tmp_path / "params.yaml").write_text("x: 1\n")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  s:\n    cmd: exit 1\n    params: [x]\n")
+    for command in (["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                    [sys.executable, "-m", "dvc", "exp", "run", "--queue", "-n", "gpu-a", "-S", "x=2"]):
+        subprocess.run(command, cwd=tmp_path, env=env, check=True, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.report.gather", "--out", "runs/x", "--names", "gpu-*"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "--names 'gpu-*' matches no experiment that ran to the end, only gpu-a (queued)" in result.stderr
 
 
 def test_exp_show_is_asked_again_after_a_failure_and_a_lasting_one_is_named(tmp_path):

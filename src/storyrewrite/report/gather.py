@@ -5,9 +5,10 @@
     tar czf gpu-runs.tgz runs/gpu             # no models: bring it home, or collect right here
     python -m storyrewrite.report.collect runs/gpu --out reports/gpu
 
-For each experiment (from `dvc exp show --json`) it reads, at the experiment's own revision
-(through DVC's file system: git-tracked files and cached outputs alike), the run's params, its
-dvc.lock and every report a stage wrote: metrics, per-instance scores, significance, training
+For each experiment that ran to the end (from `dvc exp show --json`, which also lists the queue's
+experiments still queued or running and those that failed: those are named, not gathered) it
+reads, at the experiment's own revision (through DVC's file system: git-tracked files and cached
+outputs alike), the run's params, its dvc.lock and every report a stage wrote: metrics, per-instance scores, significance, training
 summaries and curves, LLM usage, stage records (device, wall time). Files are stored once by
 content (`blobs/<sha256>.gz`: the NLL model's scores are the same file in every experiment
 of one commit) and each run gets a manifest `<name>.json` {path: sha256}. Folders gathered in
@@ -34,21 +35,43 @@ GATHERED = ("params.yaml", "dvc.lock", "reports/data_counts.json", "reports/metr
             "reports/train", "reports/llm", "reports/stages")
 
 
-def experiments(exp_show: list[dict]) -> list[dict]:
-    """[{name, rev, base}] of the experiments in `dvc exp show --json` output (not the commits
-    they derive from, nor the workspace: those did not run as experiments)."""
+def _listed(exp_show: list[dict]) -> list[tuple[dict, str | None]]:
+    """({name, rev, base}, state) of every experiment in `dvc exp show --json` output (not the
+    commits they derive from, nor the workspace: those did not run as experiments). The state is
+    None for an experiment that ran to the end; DVC lists its queue's others too, each with the
+    commit it was queued as (its params, none of its outputs): `queued`, `running` or `failed`
+    (`executor.state`; a failed one's revision also carries DVC's `error`)."""
     found = []
     for commit in exp_show:
         for experiment in commit.get("experiments") or []:
+            state = (experiment.get("executor") or {}).get("state")
             for rev in experiment.get("revs", []):
                 name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
-                found.append({"name": name, "rev": rev["rev"], "base": commit["rev"]})
+                unfinished = state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None
+                found.append(({"name": name, "rev": rev["rev"], "base": commit["rev"]}, unfinished))
     return found
 
 
-def select(runs: list[dict], pattern: str) -> list[dict]:
+def experiments(exp_show: list[dict]) -> list[dict]:
+    """[{name, rev, base}] of the experiments in `dvc exp show --json` output that ran to the end."""
+    return [run for run, state in _listed(exp_show) if state is None]
+
+
+def unfinished(exp_show: list[dict]) -> list[dict]:
+    """[{name, rev, state}] of the experiments DVC lists that have no finished run to gather:
+    queued, running or failed."""
+    return [{"name": run["name"], "rev": run["rev"], "state": state} for run, state in _listed(exp_show) if state]
+
+
+def select(runs: list[dict], pattern: str, others: list[dict] = ()) -> list[dict]:
+    """The `runs` whose name matches `pattern`; none is an error, which names the `others`
+    (`unfinished`) that match, where those are why."""
     chosen = [run for run in runs if fnmatch.fnmatchcase(run["name"], pattern)]
     if not chosen:
+        waiting = [f"{run['name']} ({run['state']})" for run in others if fnmatch.fnmatchcase(run["name"], pattern)]
+        if waiting:
+            raise InputError(f"--names {pattern!r} matches no experiment that ran to the end, only {', '.join(waiting)}: "
+                             f"nothing to gather (`dvc queue status`; `dvc queue logs NAME` says why one failed)")
         names = ", ".join(run["name"] for run in runs) or "none"
         raise InputError(f"--names {pattern!r} matches no experiment; experiments: {names}")
     return chosen
@@ -75,7 +98,13 @@ def gather_run(fs, run: dict, out: Path) -> dict:
         for path in sorted(paths):
             if Path(path).name == ".gitignore":
                 continue
-            files[path] = store_blob(fs.read_bytes(path), out / "blobs")
+            try:
+                data = fs.read_bytes(path)
+            except FileNotFoundError as error:  # a cached output whose file this machine's DVC cache lacks
+                raise InputError(f"experiment {run['name']} ({run['rev'][:7]}): {path} is not in this repository's DVC "
+                                 f"cache; gather where the experiment ran, or fetch it first (`dvc exp pull "
+                                 f"<git remote> {run['name']}`)") from error
+            files[path] = store_blob(data, out / "blobs")
     if "params.yaml" not in files:
         raise InputError(f"experiment {run['name']} ({run['rev'][:7]}): no params.yaml at its revision")
     manifest = {**run, "gathered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}
@@ -137,9 +166,13 @@ def main(argv: list[str] | None = None) -> None:
         # DVC as a module of this interpreter: also where it has no `dvc` command on PATH (the GPU machine).
         command = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
         exp_show = json.loads(exp_show_output(command))
-    for run in select(experiments(exp_show), args.names):
+    others = unfinished(exp_show)
+    for run in select(experiments(exp_show), args.names, others):
         manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
         print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
+    for run in others:
+        if fnmatch.fnmatchcase(run["name"], args.names):
+            print(f"{run['name']} ({run['rev'][:7]}): {run['state']} in DVC's queue, not gathered", file=sys.stderr)
 
 
 if __name__ == "__main__":
