@@ -8,11 +8,12 @@
 For each experiment that ran to the end (from `dvc exp show --json`, which also lists the queue's
 experiments still queued or running and those that failed: those are named, not gathered) it
 reads, at the experiment's own revision (through DVC's file system: git-tracked files and cached
-outputs alike), the run's params, its dvc.lock and every report a stage wrote: metrics, per-instance scores, significance, training
-summaries and curves, LLM usage, stage records (device, wall time). Files are stored once by
-content (`blobs/<sha256>.gz`: the NLL model's scores are the same file in every experiment
-of one commit) and each run gets a manifest `<name>.json` {path: sha256}. Folders gathered in
-different sessions (a run split over several GPU loans) are collected together.
+outputs alike), the run's params, its dvc.lock and every report a stage wrote: metrics,
+per-instance scores, significance, training summaries and curves, LLM usage, stage records
+(device, wall time). Files are stored once by content (`blobs/<sha256>.gz`: the NLL model's
+scores are the same file in every experiment of one commit) and each run gets a manifest
+`<name>.json` {path: sha256}. Folders gathered apart (a run split over several GPU loans) are
+collected together.
 """
 from __future__ import annotations
 
