@@ -205,15 +205,19 @@ done
 # Everything of this name that ran here (nothing, where every experiment was gathered before).
 if [ $RAN = 1 ] || grep -q "^$NAME-" <<<"$(dvc exp list --name-only 2>/dev/null | tr ' ' '\n')"; then
   python -m storyrewrite.report.gather --out "runs/$NAME" --names "$NAME-*" || FAILED+=("$NAME-* (gather)")
-  [[ " ${FOLDERS[*]+"${FOLDERS[*]}"} " == *" runs/$NAME "* ]] || FOLDERS=("runs/$NAME" "${FOLDERS[@]+"${FOLDERS[@]}"}")
+  # Collected where a gather stored something (none may have: every gather failing).
+  if [ -d "runs/$NAME" ] && [[ " ${FOLDERS[*]+"${FOLDERS[*]}"} " != *" runs/$NAME "* ]]; then
+    FOLDERS=("runs/$NAME" "${FOLDERS[@]+"${FOLDERS[@]}"}")
+  fi
 fi
-if [ ${#FOLDERS[@]} -gt 0 ]; then
-  python -m storyrewrite.report.collect "${FOLDERS[@]}" --out "reports/$NAME" --title "$NAME (${*:-params.yaml})"
-else
+COLLECTED=0
+if [ ${#FOLDERS[@]} -eq 0 ]; then
   echo "error: nothing of $NAME ran here or was gathered before (runs/$NAME, runs/$NAME.*): no tables to collect" >&2
-fi
+elif python -m storyrewrite.report.collect "${FOLDERS[@]}" --out "reports/$NAME" --title "$NAME (${*:-params.yaml})"; then
+  COLLECTED=1
+fi  # a collect that fails has said why; the failed experiments are still named below
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "error: ${#FAILED[@]} experiment(s) failed (see their output above, or \`dvc queue logs NAME\`): ${FAILED[*]}" >&2
   exit 1
 fi
-[ ${#FOLDERS[@]} -gt 0 ]
+[ $COLLECTED = 1 ]

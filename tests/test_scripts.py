@@ -36,6 +36,10 @@ def _write_stubs(tmp_path, stubs: dict[str, str]):
     return bin_dir
 
 
+# What a gather that succeeds leaves (`python -m storyrewrite.report.gather --out DIR ...`): DIR.
+GATHERED = 'if [ "$2" = storyrewrite.report.gather ]; then mkdir -p "$4"; fi'
+
+
 def _stubs(tmp_path, existing: str, failing: str):
     """A `dvc` that logs its calls, lists `existing` (and, once the queue has started, the
     experiments queued, but `failing`, which fails), and a `python` that logs its calls."""
@@ -50,6 +54,7 @@ if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
 exit 0""",
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
+{GATHERED}
 exit 0""",
     })
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}, log
@@ -99,7 +104,7 @@ def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_a
 def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
     env, log = _stubs(tmp_path, "none", "none")
     env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
-    (tmp_path / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "python $* STORYREWRITE_WORKERS=$STORYREWRITE_WORKERS" >> {log}\n')
+    (tmp_path / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "python $* STORYREWRITE_WORKERS=$STORYREWRITE_WORKERS" >> {log}\n{GATHERED}\n')
     result = subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -177,6 +182,7 @@ def test_an_experiment_not_gathered_as_it_finished_is_gathered_once_more_at_the_
         (here / "bin" / "python").write_text(f"""#!/usr/bin/env bash
 echo "python $*" >> {log}
 if [ "$5 $6" = "--names grid-dto-delta" ]; then echo x >> {tries}; [ "$(wc -l < {tries})" -gt {fails} ] || exit 1; fi
+{GATHERED}
 exit 0
 """)
         result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=here, env=env, capture_output=True, text=True, timeout=60)
@@ -195,6 +201,7 @@ def test_a_final_gather_that_fails_is_named_and_what_was_gathered_is_still_colle
     (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
 echo "python $*" >> {log}
 if [ "$5 $6" = "--names grid-*" ]; then echo "error: experiment grid-x: reports/stages/a.json is not in the cache" >&2; exit 2; fi
+{GATHERED}
 exit 0
 """)
     result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
@@ -204,11 +211,49 @@ exit 0
     assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
 
 
+def test_when_no_gather_stores_anything_the_failures_are_named_and_nothing_is_collected(tmp_path):
+    """Every experiment runs but every gather fails (runs/grid never made): no collect of a folder
+    that is not there, the failed gathers named, exit 1. And a collect that fails does not keep
+    the failures from being named."""
+    env, log = _stubs(tmp_path, "none", "none")
+    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+if [ "$2" = storyrewrite.report.gather ]; then echo "error: DVC is busy" >&2; exit 2; fi
+exit 0
+""")
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert result.returncode == 1, result.stderr
+    assert not any("report.collect" in c for c in calls)
+    assert "error: nothing of grid ran here or was gathered before (runs/grid, runs/grid.*): no tables to collect" in result.stderr
+    assert "error: 8 experiment(s) failed" in result.stderr and "grid-dto-delta (gather)" in result.stderr
+
+    # A collect that fails, with one experiment failed and with none.
+    for name, failing, failures in (("one", "grid-dto-score", "error: 1 experiment(s) failed (see their output above, "
+                                     "or `dvc queue logs NAME`): grid-dto-score"), ("none", "none", None)):
+        here = tmp_path / name
+        here.mkdir()
+        env, log = _stubs(here, "none", failing)
+        (here / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+{GATHERED}
+if [ "$2" = storyrewrite.report.collect ]; then echo "error: runs/grid/x.json: not a gathered run" >&2; exit 2; fi
+exit 0
+""")
+        result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=here, env=env, capture_output=True, text=True, timeout=60)
+        calls = log.read_text().splitlines()
+        assert result.returncode == 1, result.stderr
+        assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
+        assert "not a gathered run" in result.stderr
+        assert (failures in result.stderr) if failures else "experiment(s) failed" not in result.stderr
+
+
 def test_a_lock_that_cannot_take_the_first_experiments_entries_is_a_warning_and_the_queue_runs(tmp_path):
     env, log = _stubs(tmp_path, "none", "none")
     (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
 echo "python $*" >> {log}
 if [ "$2" = storyrewrite.report.lockfile ]; then echo "error: runs/grid/grid-nll-continued.json: no such gathered run" >&2; exit 2; fi
+{GATHERED}
 exit 0
 """)
     result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
@@ -279,6 +324,7 @@ def test_without_a_dvc_command_dvc_runs_as_a_python_module(tmp_path):
     bin_dir = _write_stubs(tmp_path, {"python": f"""echo "python $*" >> {log}
 if [ "$*" = "-m dvc exp list --name-only" ]; then echo gpu-dto-score; cat {tmp_path}/queued 2>/dev/null; fi
 if [ "$5" = --queue ]; then echo "$7" >> {tmp_path}/queued; fi
+{GATHERED}
 exit 0"""})
     path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
     assert shutil.which("dvc", path=path) is None
@@ -393,7 +439,7 @@ if [ "$1 $2" = "queue status" ]; then
 fi
 if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
 exit 0""",
-        "python": f'echo "python $*" >> {log}',
+        "python": f'echo "python $*" >> {log}\n{GATHERED}',
     }
     env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
     result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
