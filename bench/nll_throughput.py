@@ -7,6 +7,8 @@ through the `generate` stage's own function) and peak memory, measured in one ru
 
 Defaults are the params' (with the profiles overlaid); --batch-size/--dtype/--cache override the
 `generate` section. Target on an H100 with SmolLM2-135M, 48 new tokens: >= 200 predictions/s.
+The instances generated for have distinct inputs, one per story, so every prediction is a
+decoding: the stage decodes a TimeTravel test story once for its three rewrites.
 --compare-batch-sizes generates for the same instances again at other batch sizes, each after its
 own warm-up, and reports each rate against the run's: the data for choosing `generate.batch_size`
 (a decoding step of a small model costs about the same at any batch size while the GPU waits for
@@ -29,6 +31,7 @@ from common import clock, describe, inputs, peak_memory_gb, write_result
 from torch.utils.data import DataLoader
 
 from storyrewrite.data.prepare import load_instances
+from storyrewrite.data.schema import TASK_INPUT_FIELDS
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl
 from storyrewrite.models.device import resolve_device
@@ -53,7 +56,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default=None, help="Lightning precision (default: the params' train_nll.precision)")
     parser.add_argument("--steps", type=int, default=6, help="timed NLL training steps (after one warm-up step)")
-    parser.add_argument("--generate", type=int, default=16, help="test instances to generate for")
+    parser.add_argument("--generate", type=int, default=16, help="test instances of distinct inputs to generate for")
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.add_argument("--batch-size", type=int, help="generation batch size (default: generate.batch_size)")
     parser.add_argument("--dtype", help="generation weights (default: generate.dtype)")
@@ -96,7 +99,13 @@ def main() -> None:
 
     generate = params.generate.model_copy(update={k: v for k, v in (("batch_size", args.batch_size), ("dtype", args.dtype),
                                                                     ("cache", args.cache)) if v is not None})
-    rows = load_instances(prepared, params.task, "test")[: args.generate]
+    # Test instances of distinct inputs: instances that share one (a TimeTravel test story's three
+    # rewrites) are decoded once (storyrewrite.generation.generate), and the rate is of decoding.
+    fields = TASK_INPUT_FIELDS[params.task]
+    distinct: dict[tuple, dict] = {}
+    for row in load_instances(prepared, params.task, "test"):
+        distinct.setdefault(tuple(row[f] for f in fields), row)
+    rows = list(distinct.values())[: args.generate]
     scratch = Path(tempfile.mkdtemp())
 
     def measure(batch_size: int) -> dict:
@@ -143,7 +152,7 @@ def main() -> None:
     print(f"{describe(device)}; model {params.models.generator}")
     print(f"NLL training:  {step_seconds:.3f} s/step = {config.batch_size / step_seconds:.1f} instances/s "
           f"(batch {config.batch_size}, {precision}; mean of {len(timer.seconds) - 1} steps after a warm-up step)")
-    print(f"generation:    {run['predictions_per_s']:.1f} predictions/s ({len(rows)} test instances, batch "
+    print(f"generation:    {run['predictions_per_s']:.1f} predictions/s ({len(rows)} test instances of distinct inputs, batch "
           f"{generate.batch_size}, {generate.dtype}, {generate.cache} cache, <= {generate.max_new_tokens} new tokens, "
           f"{'greedy' if generate.num_beams == 1 else str(generate.num_beams) + ' beams'}; {run['words_per_prediction']:.1f} words each)")
     print(f"warm-up:       {run['warmup_s']:.1f} s for the {run['warmup_instances']} instances generated first (kernels loaded"

@@ -20,7 +20,7 @@ def _generate(model_dir, instances, out, batch_size=4, num_beams=1, kind="llama"
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_predictions_keyed_by_id_in_table_order_and_batch_invariant(tmp_path, tiny_model_dirs, small_prepared, kind):
     instances = load_instances(small_prepared, "timetravel", "test")
-    assert _generate(tiny_model_dirs[kind], instances, tmp_path / "a.jsonl", batch_size=4, kind=kind) == len(instances)
+    assert _generate(tiny_model_dirs[kind], instances, tmp_path / "a.jsonl", batch_size=4, kind=kind).predictions == len(instances)
     _generate(tiny_model_dirs[kind], instances, tmp_path / "b.jsonl", batch_size=1, kind=kind)
     a, b = read_jsonl(tmp_path / "a.jsonl"), read_jsonl(tmp_path / "b.jsonl")
     assert [row["id"] for row in a] == [row["id"] for row in instances]
@@ -29,6 +29,19 @@ def test_predictions_keyed_by_id_in_table_order_and_batch_invariant(tmp_path, ti
     assert all(isinstance(row["prediction"], str) for row in a)
     # The partial file of the finished run (a-<fingerprint>.jsonl) is gone.
     assert (tmp_path / ".partial").is_dir() and not list((tmp_path / ".partial").glob("a*.jsonl"))
+
+
+def test_the_instances_of_one_input_are_decoded_once_and_share_its_prediction(tmp_path, tiny_model_dirs, small_prepared):
+    instances = load_instances(small_prepared, "timetravel", "test")[:9]
+    inputs = [(row["premise"], row["initial"], row["original_ending"], row["counterfactual"]) for row in instances]
+    assert len(set(inputs)) < len(instances)  # stories with several human rewrites
+    assert _generate(tiny_model_dirs["llama"], instances, tmp_path / "shared.jsonl") == (len(instances), len(set(inputs)))
+    shared = read_jsonl(tmp_path / "shared.jsonl")
+    assert [row["id"] for row in shared] == [row["id"] for row in instances]
+    # Each instance generated on its own gets what the shared decoding gave it.
+    for row, prediction in zip(instances, shared, strict=True):
+        assert _generate(tiny_model_dirs["llama"], [row], tmp_path / "alone.jsonl") == (1, 1)
+        assert read_jsonl(tmp_path / "alone.jsonl") == [prediction]
 
 
 def test_beam_search_runs(tmp_path, tiny_model_dirs, small_prepared):
@@ -52,7 +65,7 @@ def test_an_interrupted_run_resumes_without_regenerating(tmp_path, tiny_model_di
     done = [dict(full[0], prediction="reused"), full[1]]
     fingerprinted = partial_dir / f"resumed-{_fingerprint_of(tiny_model_dirs['llama'], instances)}.jsonl"
     fingerprinted.write_text("".join(json.dumps(row) + "\n" for row in done))
-    assert _generate(tiny_model_dirs["llama"], instances, out) == len(instances) - 2
+    assert _generate(tiny_model_dirs["llama"], instances, out).predictions == len(instances) - 2
     resumed = read_jsonl(out)
     assert resumed[0]["prediction"] == "reused" and resumed[1:] == full[1:]
 
@@ -71,7 +84,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path, tiny_model_d
     lines = [json.dumps(row, ensure_ascii=False) + "\n" for row in full[:3]]
     # A kill in the middle of the third line's write: half of it, no newline.
     _partial(tmp_path, "resumed", tiny_model_dirs["llama"], instances, lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])
-    assert _generate(tiny_model_dirs["llama"], instances, tmp_path / "resumed.jsonl") == len(instances) - 2
+    assert _generate(tiny_model_dirs["llama"], instances, tmp_path / "resumed.jsonl").predictions == len(instances) - 2
     assert read_jsonl(tmp_path / "resumed.jsonl") == full
     assert (f"its last line was cut short (an interrupted write) and is dropped; 2 prediction(s) kept, "
             f"{len(instances) - 2} to generate") in capsys.readouterr().err

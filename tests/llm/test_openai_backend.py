@@ -101,18 +101,24 @@ def test_missing_key_fails_at_once_naming_the_variable(monkeypatch):
 def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(key, tmp_path, small_prepared):
     instances = load_instances(small_prepared, "timetravel", "test")  # 6 instances, 2 stories
     train = load_instances(small_prepared, "timetravel", "train")
+    stories = {row["story_id"] for row in instances}  # one input each, asked once for its three rewrites
+    assert len(stories) > 1
     cache = ResponseCache(tmp_path / "cache")
-    with ChatServer(fail_after=3) as server:  # the 4th request fails (not retryable): the run stops
+    with ChatServer(fail_after=1) as server:  # the 2nd request fails (not retryable): the run stops
         config = _config(server.url)
         with pytest.raises(openai.BadRequestError):  # the server's 400, which the client does not retry
             run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0), _backend(config), cache)
-        assert server.successes == 3
+        assert server.successes == 1
         server.fail_after = None
         predictions, usage = run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0),
                                       _backend(config), cache)
-    assert usage.cache_hits == 3 and usage.requests == len(instances) - 3
-    assert server.successes == len(instances)  # every prompt answered exactly once over both runs
+    assert usage.cache_hits == 1 and usage.requests == len(stories) - 1
+    assert server.successes == len(stories)  # every prompt answered exactly once over both runs
     assert [p["id"] for p in predictions] == [r["id"] for r in instances]
+    by_story = {}
+    for row, prediction in zip(instances, predictions, strict=True):
+        by_story.setdefault(row["story_id"], set()).add(prediction["prediction"])
+    assert all(len(answers) == 1 for answers in by_story.values())
 
 
 @pytest.mark.slow

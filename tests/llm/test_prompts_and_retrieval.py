@@ -69,6 +69,12 @@ def test_example_choice_per_mode(small_prepared):
         examples("one_shot_fixed", test, _config(fixed_example_id={"timetravel": "nope"}))
     random_a = examples("one_shot_random", test)
     assert random_a == examples("one_shot_random", test[::-1])[::-1]  # per query
+    # The instances of one input (a story's three rewrites) share the example; other inputs draw their own.
+    by_input = {}
+    for row, example in zip(test, random_a, strict=True):
+        by_input.setdefault((row["premise"], row["initial"], row["original_ending"], row["counterfactual"]), set()).add(example["id"])
+    assert len(by_input) < len(test) and all(len(ids) == 1 for ids in by_input.values())
+    assert len({ids.pop() for ids in by_input.values()}) > 1
     assert all(e in train for e in random_a)
 
 

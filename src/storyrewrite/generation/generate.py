@@ -1,7 +1,9 @@
 """Generate predictions for one system: batched, length-sorted, resumable, deterministic on CPU.
 
 Predictions are JSON Lines `{"id": ..., "prediction": ...}` in the order of the prepared
-table. While a run is under way each finished batch is appended to a partial file named by a
+table. Instances that give the model the same input (a TimeTravel test story has three, one per
+human rewrite) are decoded once and share the prediction: decoding is greedy or beam search,
+so it would give each of them the same ending anyway. While a run is under way each finished batch is appended to a partial file named by a
 fingerprint of the model weights, the data and the generation settings; an interrupted run
 started again with the same inputs skips what is done, anything else starts afresh.
 """
@@ -11,6 +13,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -32,6 +35,13 @@ def _fingerprint(model_dir: Path, instances: list[dict], config: GenerateConfig,
     return digest.hexdigest()[:16]
 
 
+class Generated(NamedTuple):
+    """What one call of `generate_predictions` did."""
+
+    predictions: int  # written now (the rest were resumed from the partial file)
+    decoded: int  # distinct model inputs decoded for them
+
+
 def _clean(text: str, seq2seq: bool) -> str:
     text = text.strip()
     # A causal LM continues the plain-text prompt; the ending is one line (targets never hold a
@@ -48,8 +58,9 @@ def generate_predictions(
     out_path: str | Path,
     seed: int,
     device: torch.device | str = "cpu",
-) -> int:
-    """Write predictions for `instances` to `out_path`; return how many were generated now.
+) -> Generated:
+    """Write predictions for `instances` to `out_path`; return how many were generated now, and
+    from how many distinct inputs.
 
     The model runs on `device` with its weights in `config.dtype` (bf16 on a GPU), batches of
     `config.batch_size` prompts of similar length, SDPA attention (transformers' default) and,
@@ -83,22 +94,27 @@ def generate_predictions(
             write_jsonl_atomic(partial, rows)
 
     sources = {row["id"]: model_source(row, task, tokenizer, seq2seq) for row in instances if row["id"] not in done}
-    lengths = dict(zip(sources, (len(r) for r in encoder.source_ids(list(sources.values()))), strict=True)) if sources else {}
+    sharing: dict[str, list[str]] = {}  # a distinct model input -> the ids of the instances that give it
+    for instance_id, source in sources.items():
+        sharing.setdefault(source, []).append(instance_id)
+    distinct = list(sharing)
+    lengths = dict(zip(distinct, (len(r) for r in encoder.source_ids(distinct)), strict=True)) if distinct else {}
     # Longest first: similar lengths share a batch (little padding), and memory peaks at once.
-    todo = sorted(sources, key=lambda i: -lengths[i])
+    todo = sorted(distinct, key=lambda source: -lengths[source])
     if torn:
         print(f"warning: {partial}: its last line was cut short (an interrupted write) and is dropped; "
-              f"{len(done)} prediction(s) kept, {len(todo)} to generate", file=sys.stderr)
+              f"{len(done)} prediction(s) kept, {len(sources)} to generate", file=sys.stderr)
     with open(partial, "a", encoding="utf-8") as sink, torch.inference_mode():
         for start in tqdm(range(0, len(todo), config.batch_size), desc=f"generate {out_path.stem}", unit="batch"):
-            batch_ids = todo[start : start + config.batch_size]
-            inputs = {k: v.to(device) for k, v in encoder.prompts([sources[i] for i in batch_ids]).items()}
+            batch = todo[start : start + config.batch_size]
+            inputs = {k: v.to(device) for k, v in encoder.prompts(batch).items()}
             output = model.generate(**inputs, generation_config=generation)
             new_tokens = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
-            for instance_id, text in zip(batch_ids, tokenizer.batch_decode(new_tokens, skip_special_tokens=True), strict=True):
-                done[instance_id] = _clean(text, seq2seq)
-                sink.write(json.dumps({"id": instance_id, "prediction": done[instance_id]}, ensure_ascii=False) + "\n")
+            for source, text in zip(batch, tokenizer.batch_decode(new_tokens, skip_special_tokens=True), strict=True):
+                for instance_id in sharing[source]:
+                    done[instance_id] = _clean(text, seq2seq)
+                    sink.write(json.dumps({"id": instance_id, "prediction": done[instance_id]}, ensure_ascii=False) + "\n")
             sink.flush()
     write_jsonl_atomic(out_path, ({"id": i, "prediction": done[i]} for i in ids))
     partial.unlink()
-    return len(todo)
+    return Generated(len(sources), len(distinct))

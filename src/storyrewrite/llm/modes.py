@@ -4,10 +4,12 @@ and whether it needs the retrieval index. Nothing else branches on a mode's name
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from storyrewrite.data.schema import TASK_INPUT_FIELDS
 from storyrewrite.io import InputError
 from storyrewrite.params import LLMConfig
 
@@ -27,14 +29,18 @@ def _zero_shot(instances: list[dict], source: ExampleSource) -> list[dict | None
     return [None] * len(instances)
 
 
-def _seeded_choice(rows: list[dict], seed: int, instance_id: str) -> dict:
+def _seeded_choice(rows: list[dict], seed: int, query: str) -> dict:
     # Seeded per query (not per run order), so a resumed or reordered run draws the same example.
-    digest = hashlib.sha256(f"{seed}:{instance_id}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{seed}:{query}".encode()).hexdigest()
     return random.Random(int(digest[:16], 16)).choice(rows)
 
 
 def _one_shot_random(instances: list[dict], source: ExampleSource) -> list[dict | None]:
-    return [_seeded_choice(source.train, source.seed, row["id"]) for row in instances]
+    # The query is the model's input, not the instance: the instances of one input (a TimeTravel
+    # test story's three human rewrites) get the same example, so one prompt and one answer, as
+    # every other system gives one ending per input.
+    fields = TASK_INPUT_FIELDS[source.task]
+    return [_seeded_choice(source.train, source.seed, json.dumps([row[f] for f in fields])) for row in instances]
 
 
 def _one_shot_fixed(instances: list[dict], source: ExampleSource) -> list[dict | None]:
