@@ -28,6 +28,29 @@ def test_materialise_round_trip_is_exact(tmp_path):
     torch.testing.assert_close(model(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=0, rtol=0)
 
 
+def test_a_spec_another_models_stage_holds_is_copied_from_there_and_the_rest_fetched(tmp_path, monkeypatch):
+    """eval_models with --reuse models/pretrained: the judge of the generator's spec is copied (the
+    same files, no fetch), the embedder, of a spec the other stage lacks, fetched as before."""
+    from storyrewrite.models import materialise as module
+
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", judge="tiny:llama", embedder="tiny:roberta",
+                          max_input_tokens=32, max_output_tokens=16)
+    materialise(config, tmp_path / "pretrained", seed=0)
+    fetched = []
+    original = module.fetch
+    monkeypatch.setattr(module, "fetch", lambda spec, kind, dest, seed: (fetched.append((spec, kind)), original(spec, kind, dest, seed)))
+    index = materialise(config, tmp_path / "evaluators", seed=0, roles=("judge", "embedder"), reuse=tmp_path / "pretrained")
+    assert fetched == [("tiny:roberta", "encoder")]
+    assert index["judge"] == "tiny--llama"
+    copied, source = tmp_path / "evaluators" / "tiny--llama", tmp_path / "pretrained" / "tiny--llama"
+    assert sorted(p.name for p in copied.iterdir()) == sorted(p.name for p in source.iterdir())
+    assert all((copied / p.name).read_bytes() == p.read_bytes() for p in source.iterdir() if p.is_file())
+    # Without it (or with a folder that is no models stage's output) every spec is fetched.
+    fetched.clear()
+    materialise(config, tmp_path / "alone", seed=0, roles=("judge",), reuse=tmp_path / "nothing-here")
+    assert fetched == [("tiny:llama", "lm")]
+
+
 def test_generator_and_scorer_must_share_a_vocabulary(tmp_path):
     with pytest.raises(InputError, match=r"`models.generator` \(tiny:bart, 50262 tokens\) and `models.scorer` \(tiny:llama, 50257 tokens\) do not share a vocabulary"):
         materialise(ModelsConfig(generator="tiny:bart", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16), tmp_path, seed=0)

@@ -4,18 +4,21 @@ The `models` stage materialises the generator and the scorer into `models/pretra
 `eval_models` stage the evaluation models (judge, embedder, NLI classifier, BERTScore's
 encoder) into `models/evaluators/`: two stages, so that changing an evaluation model rescores
 the systems without retraining them. Each directory has an `index.json` (role -> model
-directory, and the spec each came from); a spec two roles share is materialised once. Later stages load the saved
-directories (storyrewrite.models.store), which takes a fraction of a second instead of the GGUF
-de-quantisation's half a minute.
+directory, and the spec each came from); a spec two roles share is materialised once, and
+`eval_models` copies a model `models` materialised already (`reuse`: the bundled SmolLM2 is both
+the generator and the judge of the default profile) instead of de-quantising the GGUF file again.
+Later stages load the saved directories (storyrewrite.models.store), which takes a fraction of a
+second instead of the GGUF de-quantisation's twenty.
 """
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from storyrewrite.io import InputError, atomic_dir, write_json_atomic
+from storyrewrite.io import InputError, atomic_dir, read_json, write_json_atomic
 from storyrewrite.models.roles import ROLES, check_role
 from storyrewrite.models.specs import BUNDLED, fetch
 from storyrewrite.models.tiny import TINY
@@ -38,9 +41,21 @@ def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrained
         )
 
 
-def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ...] = ("generator", "scorer")) -> dict:
+def _materialised(models_dir: Path | None, spec: str, kind: str) -> Path | None:
+    """The directory another models stage's output (`models_dir`) holds for `spec` as `kind`, if
+    it materialised that spec (its index says so) as that kind."""
+    if models_dir is None or not (models_dir / "index.json").is_file():
+        return None
+    found = spec_dir(models_dir, spec, kind)
+    return found if spec in read_json(models_dir / "index.json")["specs"].values() and found.is_dir() else None
+
+
+def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ...] = ("generator", "scorer"),
+                reuse: Path | None = None) -> dict:
     """Save the model of each of `roles` (a role whose spec is null is left out) under `out`,
-    each checked for its role; return the index (also written to `out/index.json`)."""
+    each checked for its role; return the index (also written to `out/index.json`). A spec that
+    `reuse` (another models stage's output, made with the same `seed`) holds as the same kind is
+    copied from there."""
     specs = {role: getattr(config, role) for role in roles}
     # Built in a staging directory and swapped in whole: a failure (a role's check, a download)
     # leaves the previous directory as it was.
@@ -49,6 +64,8 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
             if spec is None:
                 continue
             directory = spec_dir(staging, spec, ROLES[role].kind)
+            if not directory.exists() and (source := _materialised(reuse, spec, ROLES[role].kind)) is not None:
+                shutil.copytree(source, directory)
             if not directory.exists():
                 directory.mkdir()
                 try:
