@@ -37,5 +37,6 @@ def main() -> None:
                       predictions=n, decoded_per_s=round(generated.decoded / seconds, 3) if seconds > 0 else None,
                       resumed=resumed)
 
+
 if __name__ == "__main__":
     run_stage(main)

@@ -3,9 +3,10 @@
 Predictions are JSON Lines `{"id": ..., "prediction": ...}` in the order of the prepared
 table. Instances that give the model the same input (a TimeTravel test story has three, one per
 human rewrite) are decoded once and share the prediction: decoding is greedy or beam search,
-so it would give each of them the same ending anyway. While a run is under way each finished batch is appended to a partial file named by a
-fingerprint of the model weights, the data and the generation settings; an interrupted run
-started again with the same inputs skips what is done, anything else starts afresh.
+so it would give each of them the same ending anyway. While a run is under way each finished
+batch is appended to a partial file named by a fingerprint of the model weights, the data and
+the generation settings; an interrupted run started again with the same inputs skips what is
+done, anything else starts afresh.
 """
 from __future__ import annotations
 
