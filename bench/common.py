@@ -43,10 +43,29 @@ def evaluators_dir(params: Params) -> Path:
     return evaluators
 
 
+def record_key(where: dict, facts: dict) -> str:
+    """A run's key in reports/bench/<script>.json, one record per key: the GPU's name, or for a
+    CPU its name and features ("cpu: AMD EPYC (2 cores), AVX2, no bf16 instructions"), so that
+    machines of one CPU name but other vector units (a cloud's "AMD EPYC" is several
+    generations) each keep their figures. `where`: records.describe_device; `facts`: cpu_facts()
+    for a CPU."""
+    if where["device"] != "cpu":
+        return where["device_name"]
+    return f"cpu: {where['device_name']}, {cpu_features(facts['cpu_capability'], facts['cpu_bf16'])}"
+
+
+def rekeyed(runs: dict) -> dict:
+    """A results file's records under record_key: a CPU record keyed by its name alone but holding
+    its features takes the key with them (records written before the key named them)."""
+    return {record_key(run, run) if run["device"] == "cpu" and "cpu_capability" in run else key: run
+            for key, run in runs.items()}
+
+
 def write_result(script: str, device: torch.device, figures: dict, settings: dict,
                  targets: dict[str, dict[str, float]] | None = None) -> Path:
     """reports/bench/<script>.json: this run's figures with where they were measured (machine,
-    device, versions, commit), kept per device: a run replaces the previous one of its device.
+    device, versions, commit), kept per device (record_key): a run replaces the previous one of
+    its device.
     `script`: the script's name, with a variant (e.g. "-bf16-mixed") where its options measure
     something else; the record names the script that ran and its command line as given.
     `targets`: a figure's dotted path in `figures` -> {"max": x} or {"min": x} (docs/benchmarks.md
@@ -58,16 +77,20 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
     from storyrewrite.records import cpu_name, describe_device
 
     path = ROOT / "reports" / "bench" / f"{script}.json"
-    runs = read_json(path) if path.exists() else {}
+    runs = rekeyed(read_json(path)) if path.exists() else {}
     where = describe_device(device)
+    # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
+    # use, and whether bf16 runs in hardware or in emulation (bf16-mixed on a CPU).
+    facts = cpu_facts() if where["device"] == "cpu" else {}
+    key = record_key(where, facts)
+    if where["device"] == "cpu":  # a record of this CPU's name whose features were never recorded: superseded
+        runs.pop(f"cpu: {where['device_name']}", None)
     ran = f"bench/{Path(sys.argv[0]).name}"  # the script that ran, not the result's name: a variant's command runs as shown
-    runs[where["device_name"] if where["device"] != "cpu" else f"cpu: {where['device_name']}"] = {
+    runs[key] = {
         "script": ran, "command": " ".join(["python", ran, *sys.argv[1:]]),
         **where, "machine": cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": platform.python_version(), "commit": COMMIT,
-        # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
-        # use, and whether bf16 runs in hardware or in emulation (bf16-mixed on a CPU).
-        **(cpu_facts() if where["device"] == "cpu" else {}),
+        **facts,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "settings": settings, "figures": figures,
         "targets": targets or {},
     }

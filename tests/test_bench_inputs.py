@@ -34,6 +34,37 @@ def test_a_cached_input_is_built_once_per_setting_and_never_taken_half_built(tmp
     assert common.cached("data", {"max_train": 1}, code, build).joinpath("table.txt").exists() and len(built) == 3
 
 
+def test_a_cpu_record_is_kept_per_cpu_features_and_replaces_one_whose_features_are_unknown(tmp_path, monkeypatch):
+    """Two machines of one CPU name with other vector units keep a record each; a run replaces
+    its own features' record and the record of its CPU name written before features were
+    recorded; a record keyed by name but holding its features is filed under them."""
+    from storyrewrite.io import read_json, write_json_atomic
+
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    (tmp_path / "reports" / "bench").mkdir(parents=True)
+    from storyrewrite.records import describe_device
+
+    name = describe_device("cpu")["device_name"]
+    cpu = {"device": "cpu", "device_name": name}
+    write_json_atomic(tmp_path / "reports" / "bench" / "x.json", {
+        f"cpu: {name}": {**cpu, "figures": {"s": 1}},  # features unknown
+        "cpu: Other CPU (2 cores)": {"device": "cpu", "device_name": "Other CPU (2 cores)", "cpu_capability": "AVX2",
+                                     "cpu_bf16": False, "figures": {"s": 2}},
+        "NVIDIA X100": {"device": "cuda:0", "device_name": "NVIDIA X100", "figures": {"s": 3}}})
+    monkeypatch.setattr(common, "cpu_facts", lambda: {"cpu_capability": "AVX512", "cpu_bf16": True})
+    common.write_result("x", common.torch.device("cpu"), {"s": 4}, {})
+    runs = read_json(tmp_path / "reports" / "bench" / "x.json")
+    assert {key: run["figures"]["s"] for key, run in runs.items()} == {
+        "cpu: Other CPU (2 cores), AVX2, no bf16 instructions": 2, "NVIDIA X100": 3,
+        f"cpu: {name}, AVX512, bf16 instructions": 4}
+    monkeypatch.setattr(common, "cpu_facts", lambda: {"cpu_capability": "AVX2", "cpu_bf16": False})
+    common.write_result("x", common.torch.device("cpu"), {"s": 5}, {})
+    common.write_result("x", common.torch.device("cpu"), {"s": 6}, {})
+    runs = read_json(tmp_path / "reports" / "bench" / "x.json")
+    assert runs[f"cpu: {name}, AVX2, no bf16 instructions"]["figures"] == {"s": 6}
+    assert runs[f"cpu: {name}, AVX512, bf16 instructions"]["figures"] == {"s": 4} and len(runs) == 4
+
+
 def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
     """A figure names the commit that measured it: git's (this checkout), or STORYREWRITE_COMMIT
     where the tree was copied without its .git."""
