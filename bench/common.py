@@ -23,7 +23,7 @@ from storyrewrite.models import materialise as materialise_module
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.roles import EVAL_ROLES
 from storyrewrite.params import Params, load_yaml, overlay
-from storyrewrite.records import cpu_features, cpu_has_bf16, peak_rss_gb
+from storyrewrite.records import cpu_facts, cpu_features, peak_rss_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
@@ -169,12 +169,6 @@ def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1024**3
     return peak_rss_gb()
-
-
-def cpu_facts() -> dict:
-    """{"cpu_capability", "cpu_bf16"}: the vector instructions torch's CPU kernels use and whether
-    the CPU has bf16 instructions (records.cpu_has_bf16): what a CPU figure depends on beyond its model."""
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_has_bf16()}
 
 
 def describe(device: torch.device) -> str:

@@ -25,6 +25,19 @@ def test_a_record_names_the_device_the_wall_time_and_the_rate(tmp_path, monkeypa
     assert on_disk["experiment"] == "gpu-dto-score" and on_disk["generate_s"] == 0.1
 
 
+def test_a_cpu_record_names_the_cpus_features_where_torch_ran_and_the_table_shows_them(tmp_path):
+    """Two machines of one CPU name with other vector units sum in another order and run at
+    other speeds: a CPU stage's record names torch's CPU capability and the CPU's bf16
+    instructions (what /proc/cpuinfo lists), and the stages table shows them."""
+    torch = pytest.importorskip("torch")
+    written = StageRecord.start(tmp_path / "score-nll.json").finish("cpu", "float32", 3, "predictions")
+    assert written["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert written["cpu_bf16"] is cpu_has_bf16()
+    row = stages_table(read_records(tmp_path)).splitlines()[2]
+    assert row.startswith(f"| score-nll | cpu ({written['device_name']}, "
+                          f"{cpu_features(written['cpu_capability'], written['cpu_bf16'])}) | float32 |")
+
+
 def test_no_record_is_asked_for_none_is_written(tmp_path):
     assert StageRecord.start(None) is None
 

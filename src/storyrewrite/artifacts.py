@@ -111,6 +111,8 @@ class Record(Open):
     stage: str
     device: str
     device_name: str
+    cpu_capability: str | None = None  # on a CPU: records.cpu_facts
+    cpu_bf16: bool | None = None
     dtype: str | None
     wall_s: float
     items: int | None

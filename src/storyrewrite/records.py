@@ -62,6 +62,25 @@ def cpu_features(capability: str, has_bf16: bool | None) -> str:
     return capability + {True: ", bf16 instructions", False: ", no bf16 instructions"}.get(has_bf16, "")
 
 
+def cpu_facts() -> dict:
+    """{"cpu_capability", "cpu_bf16"}: the vector instructions torch's CPU kernels use
+    (torch.backends.cpu.get_cpu_capability) and whether the CPU has bf16 instructions
+    (cpu_has_bf16): what a CPU's timings, and the last digits of its sums, depend on beyond the
+    CPU's name (a cloud's "AMD EPYC" is AVX2 on one machine and AVX512 on another)."""
+    import torch
+
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_has_bf16()}
+
+
+def where_ran(record: dict) -> str:
+    """"cpu (AMD EPYC (2 cores), AVX2, no bf16 instructions)", "cuda:0 (NVIDIA H100 80GB HBM3)":
+    a record's device and its name, with a CPU's features where the record holds them."""
+    name = record["device_name"]
+    if "cpu_capability" in record:
+        name += ", " + cpu_features(record["cpu_capability"], record.get("cpu_bf16"))
+    return record["device"] if name == record["device"] else f"{record['device']} ({name})"
+
+
 def describe_device(device) -> dict:
     """{"device": "cuda:0" | "cpu", "device_name": ...} for a torch.device or its string."""
     text = str(device)
@@ -125,6 +144,8 @@ class StageRecord:
         processed (for a rate); `extra` any further facts (numbers or short strings)."""
         wall = time.perf_counter() - self.started
         where = describe_device(device)
+        if where["device"] == "cpu" and "torch" in sys.modules:  # a stage that runs no torch has no kernels to name
+            where |= cpu_facts()
         record = {"stage": self.path.stem, **where, "dtype": dtype, "wall_s": round(wall, 2),
                   "items": items, "unit": unit,
                   "items_per_s": round(items / wall, 3) if items is not None and wall > 0 else None,
@@ -156,7 +177,7 @@ def stages_table(records: list[dict]) -> str:
     peak memory; an LLM stage's replies from its response cache beside its requests)."""
     lines = ["| Stage | device | dtype | wall time | work | rate | peak memory |", "|---|---|---|---|---|---|---|"]
     for r in records:
-        where = r["device"] if r["device_name"] == r["device"] else f"{r['device']} ({r['device_name']})"
+        where = where_ran(r)
         work = "-" if r["items"] is None else f"{r['items']} {r['unit']}"
         if r.get("cache_hits"):  # an LLM stage: the replies its response cache held cost no request
             work += f" (+{r['cache_hits']} from the response cache)"

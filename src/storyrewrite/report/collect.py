@@ -31,7 +31,7 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
-from storyrewrite.records import stages_table
+from storyrewrite.records import stages_table, where_ran
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, read_blob
@@ -400,7 +400,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     base_metrics = reference.metrics(BASELINE)
     usages = {e.label: usage for e in entries if e.kind == "llm" and (usage := llm_usage(e.run, e.system)) is not None}
     bases = sorted({run.base[:7] for run in runs if run.base})
-    devices = sorted({f"{r['device']} ({r['device_name']})" for run in runs for r in _records(run)})
+    devices = sorted({where_ran(r) for run in runs for r in _records(run)})
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
     summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
     seconds = {e.label: wall for e in entries if (wall := train_seconds(_records(e.run)).get(e.system)) is not None}
