@@ -79,12 +79,13 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
     path = ROOT / "reports" / "bench" / f"{script}.json"
     runs = rekeyed(read_json(path)) if path.exists() else {}
     where = describe_device(device)
-    # What a CPU figure depends on beyond the model name: the vector instructions torch's kernels
-    # use, and whether bf16 runs in hardware or in emulation (bf16-mixed on a CPU).
-    facts = cpu_facts() if where["device"] == "cpu" else {}
+    facts = {}
+    if where["device"] == "cpu":
+        # What a CPU figure depends on beyond the model name: the vector instructions torch's
+        # kernels use, and whether bf16 runs in hardware or in emulation (bf16-mixed on a CPU).
+        facts = cpu_facts()
+        runs.pop(f"cpu: {where['device_name']}", None)  # this CPU name's record from before features were recorded
     key = record_key(where, facts)
-    if where["device"] == "cpu":  # a record of this CPU's name whose features were never recorded: superseded
-        runs.pop(f"cpu: {where['device_name']}", None)
     ran = f"bench/{Path(sys.argv[0]).name}"  # the script that ran, not the result's name: a variant's command runs as shown
     runs[key] = {
         "script": ran, "command": " ".join(["python", ran, *sys.argv[1:]]),

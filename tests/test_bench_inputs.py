@@ -39,11 +39,10 @@ def test_a_cpu_record_is_kept_per_cpu_features_and_replaces_one_whose_features_a
     its own features' record and the record of its CPU name written before features were
     recorded; a record keyed by name but holding its features is filed under them."""
     from storyrewrite.io import read_json, write_json_atomic
+    from storyrewrite.records import describe_device
 
     monkeypatch.setattr(common, "ROOT", tmp_path)
     (tmp_path / "reports" / "bench").mkdir(parents=True)
-    from storyrewrite.records import describe_device
-
     name = describe_device("cpu")["device_name"]
     cpu = {"device": "cpu", "device_name": name}
     write_json_atomic(tmp_path / "reports" / "bench" / "x.json", {
