@@ -41,7 +41,7 @@ def _metrics(bart: float, rouge: float = 60.0) -> dict:
 def _record(stage: str, experiment: str, wall: float) -> dict:
     return {"stage": stage, "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16", "wall_s": wall,
             "items": 100, "unit": "steps", "items_per_s": 100 / wall, "peak_rss_gb": 3.0, "peak_cuda_gb": 10.0,
-            "started_at": f"2026-11-23T10:00:{int(wall):02d}+00:00", "experiment": experiment}
+            "started_at": f"2026-11-23T10:00:{int(wall):02d}+00:00", "experiment": experiment, "torch": "2.13.0"}
 
 
 def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll_record_from="exp-nll",
@@ -80,6 +80,10 @@ def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll
         "reports/train/finetuned.png": PNG,
         "reports/stages/train_nll.json": dump(_record("train_nll", nll_record_from, 90.0) | {"train_s": 88.0}),
         "reports/stages/train.json": dump(_record("train", name, 60.0 + val_nll) | {"train_s": 58.0}),
+        # A stage that runs no torch: its machine, without a CPU's features.
+        "reports/stages/significance.json": dump({"stage": "significance", "device": "cpu", "device_name": "AMD EPYC (2 cores)",
+                                                  "dtype": None, "wall_s": 0.1, "items": 200, "unit": "resamples", "items_per_s": 2000.0,
+                                                  "started_at": "2026-11-23T10:02:00+00:00", "experiment": name}),
     }
 
 
@@ -179,6 +183,8 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert (out / "train" / "dto" / "finetuned.png").read_bytes() == PNG and (out / "results.png").exists()
     # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
     assert "CPO (beta=2): cpo-b" in results
+    # The devices the models ran on: not the machine that ran the bootstrap without torch.
+    assert "4 runs (experiments of commit abcdef1), devices: cuda:0 (NVIDIA H100 80GB HBM3). Collected" in results
     assert "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) rewards" in results
     # DTO-Score is above NLL on every instance: p = 0 resampling instances and stories (*†);
     # CPO (cpo-b) is below on every instance: p = 1, no mark.

@@ -400,7 +400,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     base_metrics = reference.metrics(BASELINE)
     usages = {e.label: usage for e in entries if e.kind == "llm" and (usage := llm_usage(e.run, e.system)) is not None}
     bases = sorted({run.base[:7] for run in runs if run.base})
-    devices = sorted({where_ran(r) for run in runs for r in _records(run)})
+    devices = where_models_ran(runs)
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
     summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
     seconds = {e.label: wall for e in entries if (wall := train_seconds(_records(e.run)).get(e.system)) is not None}
@@ -489,6 +489,14 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
 
 def _records(run: Run) -> list[dict]:
     return [run.artifact(path, artifacts.Record) for path in run.under("reports/stages/")]
+
+
+def where_models_ran(runs: list[Run]) -> list[str]:
+    """The devices the runs' stages ran torch on (records.where_ran). A stage that runs none
+    (significance) names its machine without the CPU's features, which would list one machine
+    twice; records written before they named torch's version count as they are."""
+    records = [r for run in runs for r in _records(run)]
+    return sorted({where_ran(r) for r in records if "torch" in r} or {where_ran(r) for r in records})
 
 
 def stages_markdown(runs: list[Run]) -> str:
