@@ -361,7 +361,7 @@ def test_rloo_variants_are_systems_of_their_own_tested_against_dto_of_the_same_r
     assert significance["RLOO-Score"]["head_to_head"]["story"]["better"] == direct
     assert "head_to_head" not in significance["RLOO-Delta"]
     assert "## Against the DTO objective of the same reward" in (out / "objectives.md").read_text()
-    assert "The same reward; the same NLL model to start from, the same steps and batch size." in results
+    assert "The same reward; the same NLL model to start from, the same steps, batch size and training seeds." in results
 
 
 def test_a_head_to_head_names_what_its_two_runs_do_not_share(tmp_path):
@@ -380,9 +380,42 @@ def test_a_head_to_head_names_what_its_two_runs_do_not_share(tmp_path):
     write_bundle(load_runs([root, other]), tmp_path / "out", "two machines")
     results = (tmp_path / "out" / "results.md").read_text()
     assert "| RLOO-Score | DTO-Score (not the same NLL model, steps) | " in results
-    assert "the same NLL model to start from, steps and batch size except where the row says otherwise." in results
+    assert "the same NLL model to start from, steps, batch size and training seeds except where the row says otherwise." in results
     significance = json.loads((tmp_path / "out" / "significance.json").read_text())
     assert significance["RLOO-Score"]["head_to_head"]["differs"] == ["NLL model", "steps"]
+
+
+def test_a_head_to_head_sets_the_system_against_the_counterparts_run_of_its_own_seeds(tmp_path):
+    """DTO-Score ran with fine-tuning seeds 0 and 1, RLOO-Score with seed 0 only: the tables show
+    DTO-Score's seed 1 (the lower validation NLL), and RLOO-Score is set against DTO-Score's seed 0
+    run, which it names, as compare() says of those two score files; without that run it is set
+    against seed 1 and the row says the seeds differ."""
+    root = tmp_path / "runs"
+    runs = [("exp-nll", "nll", None, 1.5, 0.0, -1.9, None, "NLL", None),
+            ("dto", "score", None, 1.45, 0.3, -1.7, {"tau": 1.0}, "DTO-Score", None),
+            ("dto-seed1", "score", 1, 1.40, -0.4, -2.1, {"tau": 1.0}, "DTO-Score", None),
+            ("rloo-s", "rloo", None, 1.47, 0.1, -1.8, {"reward": "score"}, "RLOO-Score", "DTO-Score")]
+    for name, objective, seed, val_nll, shift, bart, settings, label, counterpart in runs:
+        files = _files(name, objective, val_nll, shift, bart, settings, label, counterpart=counterpart)
+        params = yaml.safe_load(files["params.yaml"])
+        params["train"]["seed"] = seed
+        files["params.yaml"] = yaml.safe_dump(params).encode()
+        gather_run(DictFS(files), {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    write_bundle(load_runs([root]), tmp_path / "out", "seeds")
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "DTO-Score: dto-seed1" in results  # the main table's DTO-Score
+    # RLOO (shift 0.1) below DTO-Score's seed 0 (0.3) on every instance: p(worse) 0.
+    assert "| RLOO-Score | DTO-Score (dto) | 1.0000 / 0.0000 (worse) |" in results
+    assert "Where the row names a run, it is not the one the tables above show" in results
+    duel = json.loads((tmp_path / "out" / "significance.json").read_text())["RLOO-Score"]["head_to_head"]
+    direct = compare({"RLOO-Score": _scores(0.1), "DTO-Score": _scores(0.3)}, "RLOO-Score", 200, 0, by_story=False)["DTO-Score"]
+    assert duel["run"] == "dto" and duel["differs"] == [] and duel["instance"]["worse"] == direct
+
+    write_bundle([r for r in load_runs([root]) if r.name != "dto"], tmp_path / "out2", "seed 1 only")
+    results = (tmp_path / "out2" / "results.md").read_text()
+    # Against seed 1 (shift -0.4): better on every instance, and the row says the seeds differ.
+    assert "| RLOO-Score | DTO-Score (not the same training seeds) | 0.0000 / 1.0000 (better) |" in results
+    assert "Where the row names a run" not in results
 
 
 def test_a_system_run_with_several_training_seeds_gets_its_spread(tmp_path):

@@ -223,12 +223,28 @@ def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]
     return found
 
 
-def head_to_head(entries: list[Entry], reference: Run) -> dict[str, dict]:
-    """{label: {"against": counterpart label, "differs": [...], unit: {"better": {column: p},
-    "worse": {column: p}}}} for each trained system whose summary names a counterpart (RLOO: the
-    DTO objective of the same reward) that is among the entries: one-tailed paired bootstraps both
-    ways, H1 the system scores higher than its counterpart (`better`), and H1 it scores lower
-    (`worse`); `differs`: what of the two runs' starting point and budget is not the same
+def counterpart_run(entry: Entry, other: Entry, runs: list[Run]) -> Run:
+    """The run of `other`'s system to set `entry`'s run against: of the runs of that system with
+    the chosen run's settings (several where it ran with several training seeds), one that
+    starts where `entry`'s run starts (start_differences: the same NLL model, steps, batch size
+    and training seeds), the chosen one first; the chosen one where none does."""
+    def settings(run: Run) -> str:
+        return json.dumps(run.summary(FINETUNED).get("settings"), sort_keys=True)
+
+    same = [r for r in runs if r.metrics(FINETUNED) is not None and r.summary(FINETUNED) is not None
+            and r.summary(FINETUNED)["label"] == other.run.summary(FINETUNED)["label"]
+            and settings(r) == settings(other.run) and not start_differences(entry.run, r)]
+    return other.run if other.run in same or not same else min(same, key=lambda r: (r.val_nll, r.name))
+
+
+def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[str, dict]:
+    """{label: {"against": counterpart label, "run": its run, "differs": [...], unit: {"better":
+    {column: p}, "worse": {column: p}}}} for each trained system whose summary names a
+    counterpart (RLOO: the DTO objective of the same reward) that is among the entries: one-tailed
+    paired bootstraps both ways, H1 the system scores higher than its counterpart (`better`), and
+    H1 it scores lower (`worse`), against the counterpart's run that starts where the system's
+    does (counterpart_run: with several training seeds, not always the run the tables show);
+    `differs`: what of the two runs' starting point and budget is not the same
     (start_differences)."""
     n_resamples, seed = resampling(reference)
     by_label = {e.label: e for e in entries if e.kind == "trained"}
@@ -238,8 +254,10 @@ def head_to_head(entries: list[Entry], reference: Run) -> dict[str, dict]:
         if against not in by_label:
             continue
         other = by_label[against]
-        scores = {entry.label: entry.run.scores(entry.system), against: other.run.scores(other.system)}
-        found[entry.label] = {"against": against, "differs": start_differences(entry.run, other.run), **{unit: {
+        run = counterpart_run(entry, other, runs)
+        scores = {entry.label: entry.run.scores(entry.system), against: run.scores(other.system)}
+        found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run,
+                              "differs": start_differences(entry.run, run), **{unit: {
             "better": compare(scores, against, n_resamples, seed, by_story=unit == "story")[entry.label],
             "worse": compare(scores, entry.label, n_resamples, seed, by_story=unit == "story")[against]}
             for unit in UNITS}}
@@ -258,14 +276,18 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
         for column in tested:
             better, worse = duel["instance"]["better"].get(column), duel["instance"]["worse"].get(column)
             cells.append("n/a" if better is None else f"{better:.4f} / {worse:.4f}" + (" (better)" if better < alpha else " (worse)" if worse < alpha else ""))
-        against = duel["against"] + (f" (not the same {', '.join(differs)})" if (differs := duel.get("differs")) else "")
+        against = duel["against"] + ("" if duel.get("shown", True) else f" ({duel['run']})")
+        against += f" (not the same {', '.join(differs)})" if (differs := duel.get("differs")) else ""
         lines.append("| " + " | ".join([label, against, *cells]) + " |")
-    shared = ("the same NLL model to start from, the same steps and batch size" if not any(d.get("differs") for d in duels.values())
-              else "the same NLL model to start from, steps and batch size except where the row says otherwise")
+    shared = ("the same NLL model to start from, the same steps, batch size and training seeds"
+              if not any(d.get("differs") for d in duels.values())
+              else "the same NLL model to start from, steps, batch size and training seeds except where the row says otherwise")
+    named = (" Where the row names a run, it is not the one the tables above show for that system (another training "
+             "seed of it): the one that shares the system's seeds." if not all(d.get("shown", True) for d in duels.values()) else "")
     return ["## Against the DTO objective of the same reward", "\n".join(lines),
             f"Each cell: p (H1: the system scores higher than the one it is set against) / p (H1: it scores lower), "
             f"one-tailed paired bootstraps over instances (over stories: significance.json); (better) or (worse) where "
-            f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}."]
+            f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}.{named}"]
 
 
 def copy_against_trained(entries: list[Entry]) -> str:
@@ -298,11 +320,13 @@ def nll_model(run: Run) -> str:
 
 def start_differences(run: Run, other: Run) -> list[str]:
     """What two fine-tuning runs set against each other do not share: their NLL model, the
-    number of steps, the batch size (empty: a like-for-like comparison)."""
+    number of steps, the batch size, the training seeds (empty: a like-for-like comparison)."""
     found = [] if nll_model(run) == nll_model(other) else ["NLL model"]
     for key, name in (("max_steps", "steps"), ("batch_size", "batch size")):
         if run.params.get("train", {}).get(key) != other.params.get("train", {}).get(key):
             found.append(name)
+    if training_seeds(run) != training_seeds(other):
+        found.append("training seeds")
     return found
 
 
@@ -532,7 +556,7 @@ def stages_markdown(runs: list[Run]) -> str:
 def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) -> None:
     entries = comparison(runs)
     tests = p_values(entries, entries[0].run)
-    duels = head_to_head(entries, entries[0].run)
+    duels = head_to_head(entries, entries[0].run, runs)
     with atomic_dir(out) as staging:
         write_text_atomic(staging / "results.md", results_markdown(entries, tests, runs, title, alpha, duels))
         write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha, duels))
