@@ -51,7 +51,7 @@ def record_key(where: dict, facts: dict) -> str:
     for a CPU."""
     if where["device"] != "cpu":
         return where["device_name"]
-    return f"cpu: {where['device_name']}, {cpu_features(facts['cpu_capability'], facts['cpu_bf16'])}"
+    return f"cpu: {where['device_name']}, {cpu_features(facts)}"
 
 
 def rekeyed(runs: dict) -> dict:
@@ -175,6 +175,5 @@ def peak_memory_gb(device: torch.device) -> float:
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    facts = cpu_facts()
-    features = cpu_features(facts["cpu_capability"], facts["cpu_bf16"])
+    features = cpu_features(cpu_facts())
     return f"CPU {platform.machine()} ({features}), {torch.get_num_threads()} torch threads, torch {torch.__version__}"

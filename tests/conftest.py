@@ -111,12 +111,11 @@ def pytest_sessionfinish(session, exitstatus):
     from storyrewrite.records import cpu_facts, cpu_features, cpu_name
 
     slowest = sorted(_DURATIONS.items(), key=lambda item: -item[1])[:15]
-    facts = cpu_facts()
     write_json_atomic(target, {
         "tests": len(_DURATIONS), "seconds": round(time.monotonic() - _STARTED, 1),
         "workers": getattr(session.config.option, "numprocesses", None) or 1,
         # The CPU's features beside its name: one cloud CPU name runs the suite at twice the speed of another.
-        "machine": f"{cpu_name()}, {cpu_features(facts['cpu_capability'], facts['cpu_bf16'])}, Python {platform.python_version()}",
+        "machine": f"{cpu_name()}, {cpu_features(cpu_facts())}, Python {platform.python_version()}",
         "when": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "slowest": [{"test": name, "seconds": round(seconds, 1)} for name, seconds in slowest],
     })

@@ -35,7 +35,7 @@ def test_a_cpu_record_names_the_cpus_features_where_torch_ran_and_the_table_show
     assert written["cpu_bf16"] is cpu_has_bf16()
     row = stages_table(read_records(tmp_path)).splitlines()[2]
     assert row.startswith(f"| score-nll | cpu ({written['device_name']}, "
-                          f"{cpu_features(written['cpu_capability'], written['cpu_bf16'])}) | float32 |")
+                          f"{cpu_features(written)}) | float32 |")
 
 
 def test_no_record_is_asked_for_none_is_written(tmp_path):
@@ -119,9 +119,10 @@ def test_bf16_instructions_are_read_from_the_cpus_flags(cpuinfo, expected):
 
 
 def test_the_cpu_features_are_named_with_and_without_a_bf16_answer():
-    assert cpu_features("AVX2", False) == "AVX2, no bf16 instructions"
-    assert cpu_features("AVX512", True) == "AVX512, bf16 instructions"
-    assert cpu_features("DEFAULT", None) == "DEFAULT"
+    assert cpu_features({"cpu_capability": "AVX2", "cpu_bf16": False}) == "AVX2, no bf16 instructions"
+    assert cpu_features({"cpu_capability": "AVX512", "cpu_bf16": True}) == "AVX512, bf16 instructions"
+    assert cpu_features({"cpu_capability": "DEFAULT", "cpu_bf16": None}) == "DEFAULT"
+    assert cpu_features({"cpu_capability": "AVX2"}) == "AVX2"  # a record without the bf16 answer
 
 
 def test_the_cpu_is_named_from_cpuinfo_and_without_it_from_the_platform(monkeypatch):

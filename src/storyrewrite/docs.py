@@ -244,7 +244,7 @@ def benchmarks() -> str:
             parts.append("\n".join([
                 f"### `{run['script']}`{f' ({variant})' if variant else ''} on {where}",
                 f"`{run['command']}`; {run['device_name'] if run['device'] != 'cpu' else run.get('machine', where)}"
-                + (f" ({cpu_features(run['cpu_capability'], run.get('cpu_bf16'))})" if "cpu_capability" in run else "") + ", "
+                + (f" ({cpu_features(run)})" if "cpu_capability" in run else "") + ", "
                 f"{run['torch_threads']} torch threads, torch {run['torch']}"
                 + (f", CUDA {run['cuda']}" if run.get("cuda") else "") + f"; commit {run['commit']}, {run['measured_at']}.",
                 "", _table(["figure", "value", "target"], rows),

@@ -20,6 +20,7 @@ import platform
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,10 +57,12 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
     return all(cpu & {"avx512_bf16", "amx_bf16", "bf16"} for cpu in flags)
 
 
-def cpu_features(capability: str, has_bf16: bool | None) -> str:
-    """"AVX2, no bf16 instructions": torch's CPU capability (torch.backends.cpu.get_cpu_capability)
-    and `cpu_has_bf16`'s answer, what a CPU timing depends on beyond the model name."""
-    return capability + {True: ", bf16 instructions", False: ", no bf16 instructions"}.get(has_bf16, "")
+def cpu_features(facts: Mapping) -> str:
+    """"AVX2, no bf16 instructions": of `facts` (cpu_facts(), or a record holding them), torch's
+    CPU capability and the bf16 answer where there is one: what a CPU timing depends on beyond
+    the model name."""
+    bf16 = {True: ", bf16 instructions", False: ", no bf16 instructions"}.get(facts.get("cpu_bf16"), "")
+    return facts["cpu_capability"] + bf16
 
 
 def cpu_facts() -> dict:
@@ -77,7 +80,7 @@ def where_ran(record: dict) -> str:
     a record's device and its name, with a CPU's features where the record holds them."""
     name = record["device_name"]
     if "cpu_capability" in record:
-        name += ", " + cpu_features(record["cpu_capability"], record.get("cpu_bf16"))
+        name += ", " + cpu_features(record)
     return record["device"] if name == record["device"] else f"{record['device']} ({name})"
 
 
