@@ -516,11 +516,12 @@ def _records(run: Run) -> list[dict]:
 
 
 def where_models_ran(runs: list[Run]) -> list[str]:
-    """The devices the runs' stages ran torch on (records.where_ran). A stage that runs none
+    """The devices the runs' models ran on (records.where_ran of the records with a dtype, as in
+    stages_markdown; every record's where none has one). A stage that runs no model
     (significance) names its machine without the CPU's features, which would list one machine
-    twice; records written before they named torch's version count as they are."""
+    twice."""
     records = [r for run in runs for r in _records(run)]
-    return sorted({where_ran(r) for r in records if "torch" in r} or {where_ran(r) for r in records})
+    return sorted({where_ran(r) for r in records if r.get("dtype")} or {where_ran(r) for r in records})
 
 
 def stages_markdown(runs: list[Run]) -> str:
