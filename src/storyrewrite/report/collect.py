@@ -223,18 +223,12 @@ def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]
     return found
 
 
-def counterpart_run(entry: Entry, other: Entry, runs: list[Run]) -> Run:
-    """The run of `other`'s system to set `entry`'s run against: of the runs of that system with
-    the chosen run's settings (several where it ran with several training seeds), one that
-    starts where `entry`'s run starts (start_differences: the same NLL model, steps, batch size
-    and training seeds), the chosen one first; the chosen one where none does."""
-    def settings(run: Run) -> str:
-        return json.dumps(run.summary(FINETUNED).get("settings"), sort_keys=True)
-
-    same = [r for r in runs if r.metrics(FINETUNED) is not None and r.summary(FINETUNED) is not None
-            and r.summary(FINETUNED)["label"] == other.run.summary(FINETUNED)["label"]
-            and settings(r) == settings(other.run) and not start_differences(entry.run, r)]
-    return other.run if other.run in same or not same else min(same, key=lambda r: (r.val_nll, r.name))
+def counterpart_run(run: Run, chosen: Run, groups: list[list[Run]]) -> Run:
+    """The run to set `run` against for the system whose tables show `chosen`: of the runs that
+    differ from `chosen` only in their training seeds (`groups`: seed_groups), the one with
+    `run`'s seeds; `chosen` where there is none."""
+    group = next((g for g in groups if chosen in g), [chosen])
+    return next((r for r in group if training_seeds(r) == training_seeds(run)), chosen)
 
 
 def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[str, dict]:
@@ -242,19 +236,19 @@ def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[
     {column: p}, "worse": {column: p}}}} for each trained system whose summary names a
     counterpart (RLOO: the DTO objective of the same reward) that is among the entries: one-tailed
     paired bootstraps both ways, H1 the system scores higher than its counterpart (`better`), and
-    H1 it scores lower (`worse`), against the counterpart's run that starts where the system's
-    does (counterpart_run: with several training seeds, not always the run the tables show);
+    H1 it scores lower (`worse`), against the counterpart's run of the system's training seeds
+    (counterpart_run: with several seeds, not always the run the tables show);
     `differs`: what of the two runs' starting point and budget is not the same
     (start_differences)."""
     n_resamples, seed = resampling(reference)
     by_label = {e.label: e for e in entries if e.kind == "trained"}
-    found = {}
+    groups, found = seed_groups(runs), {}
     for entry in by_label.values():
         against = (entry.run.summary(entry.system) or {}).get("counterpart")
         if against not in by_label:
             continue
         other = by_label[against]
-        run = counterpart_run(entry, other, runs)
+        run = counterpart_run(entry.run, other.run, groups)
         scores = {entry.label: entry.run.scores(entry.system), against: run.scores(other.system)}
         found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run,
                               "differs": start_differences(entry.run, run), **{unit: {
