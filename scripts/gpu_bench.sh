@@ -18,6 +18,10 @@
 #   scorer             scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, its bf16 rate
 #   llm                llm_batching: the local LLM backend's prompts/s sent longest first (as the llm
 #                      stages do) against instance order, and the share of padding each way
+#   steps-batch64      objective_step_time as `steps` at batch 64: whether four times the work per
+#                      kernel launch keeps the GPU busy and brings the step ratios to the arithmetic's
+#                      (the FLOP ratios): what params/gpu.yaml's batch size waits on; into
+#                      objective_step_time-bf16-mixed-batch64.json, tables in OUT/traces-batch64/
 #   steps-others       objective_step_time of the objectives without a target (DTO-Delta, CPO, RLOO:
 #                      sampling included) against an NLL step of their own run, into
 #                      objective_step_time-bf16-mixed-others.json (the targets' run stays); tables in
@@ -30,7 +34,7 @@
 set -uo pipefail
 OUT=${1:-bench-out}
 shift || true
-NAMES=(training generation generation-cudnn steps generation-static scorer llm steps-others compile)
+NAMES=(training generation generation-cudnn steps generation-static scorer llm steps-batch64 steps-others compile)
 declare -A WANTED=()
 for name in "${@:-all}"; do
   if [ "$name" = all ]; then
@@ -59,17 +63,19 @@ bench training training_paths.txt bench/training_paths.py --device cuda --profil
 GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --generate 1024)
 bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20 --compare-batch-sizes 128 1024
 bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention
-STEPS=(bench/objective_step_time.py --device cuda --precision bf16-mixed --batch-size 16 --profile params/gpu.yaml)
-bench steps objective_step_time.txt "${STEPS[@]}" --objectives nll score score_delta --trace "$OUT/traces"
+STEPS=(bench/objective_step_time.py --device cuda --precision bf16-mixed --profile params/gpu.yaml)
+bench steps objective_step_time.txt "${STEPS[@]}" --batch-size 16 --objectives nll score score_delta --trace "$OUT/traces"
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static
 bench scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
 bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024 --repeats 2
-bench steps-others objective_step_time_others.txt "${STEPS[@]}" --objectives nll delta cpo rloo \
+bench steps-batch64 objective_step_time_batch64.txt "${STEPS[@]}" --batch-size 64 --objectives nll score score_delta \
+  --name objective_step_time-bf16-mixed-batch64 --trace "$OUT/traces-batch64"
+bench steps-others objective_step_time_others.txt "${STEPS[@]}" --batch-size 16 --objectives nll delta cpo rloo \
   --name objective_step_time-bf16-mixed-others --trace "$OUT/traces-others"
 if [ -n "${WANTED[compile]:-}" ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.
-  python "${STEPS[@]}" --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 \
+  python "${STEPS[@]}" --batch-size 16 --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 \
     | tee "$OUT/objective_step_time_compiled.txt" || echo "warning: the compiled step bench failed (see above); the eager results stand" >&2
 fi
 if [ ${#FAILED[@]} -gt 0 ]; then
