@@ -10,11 +10,16 @@ baselines) and run only `train` and what follows it.
 Every round trains learning rates that no experiment has run before (the given ones, each scaled
 by its own random factor between 1.0001 and 1.001): otherwise the second round would restore the
 first round's experiments from the run cache. A change that small leaves the step's cost alone
-but changes the trained weights (a few parts per million would not: fp32 weights come out the same,
-and the round after would restore generation too). Prints, per round, the wall time from
-`dvc queue start` to the last experiment's end, and which stages each experiment ran. Target: two
-workers no slower than one. Figures go to reports/bench/queue_workers.json. Needs `dvc repro`
-first (the run cache) and runs HEAD (commit your changes first).
+but changes the trained weights (a few parts per million would not: fp32 weights come out the
+same). It need not change the greedy predictions, though, and a stage after `train` whose inputs
+are an earlier run's is restored from the run cache: so the second round once ran `score` and
+`significance` for neither experiment, where the first ran both, and seemed faster for it. The
+experiments are therefore queued with DVC's `--force-downstream` (every stage after a changed one
+runs), and the rounds are compared only if they ran the same stages: else the script names them
+and exits 1, writing nothing. Prints, per round, the wall time from `dvc queue start` to the last
+experiment's end, and which stages each experiment ran. Target: two workers no slower than one.
+Figures go to reports/bench/queue_workers.json. Needs `dvc repro` first (the run cache) and runs
+HEAD (commit your changes first).
 """
 from __future__ import annotations
 
@@ -58,7 +63,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     dvc(repo, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
     names = [f"lr-{number}-j{jobs}" for number in range(len(lrs))]
     for name, lr in zip(names, lrs, strict=True):
-        dvc(repo, "exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}")
+        dvc(repo, "exp", "run", "--queue", "--force-downstream", "-n", name, "-S", f"train.lr={lr}")
     started = time.perf_counter()
     dvc(repo, "queue", "start", "-j", str(jobs), output=False)
     while True:
@@ -82,6 +87,12 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     return {"jobs": jobs, "wall_s": round(wall, 1), "ran": ran, "failed": failed}
 
 
+def work(round_: dict) -> tuple:
+    """What a round ran: its experiments' lists of stages, sorted (the experiments' names differ
+    from round to round; their work should not)."""
+    return tuple(sorted(tuple(stages) for stages in round_["ran"].values()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lrs", nargs=2, default=["2e-5", "3e-5"], help="the two train.lr values queued")
@@ -102,6 +113,10 @@ def main() -> None:
                 print(f"  {name} ran: {', '.join(stages) or 'nothing'}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if len({work(r) for r in rounds}) > 1:
+        raise SystemExit("error: the rounds ran different stages, so their times do not compare ("
+                         + "; ".join(f"-j {r['jobs']}: {' | '.join(', '.join(s) for s in work(r))}" for r in rounds)
+                         + "); nothing written")
     by_jobs = {r["jobs"]: r["wall_s"] for r in rounds}
     if 1 in by_jobs and 2 in by_jobs:
         print(f"-j 2 / -j 1 wall time: {by_jobs[2] / by_jobs[1]:.2f} (target <= 1)")

@@ -244,3 +244,51 @@ def test_the_step_bench_names_its_figures_file_by_precision_and_compilation_or_a
     assert name("--precision", "bf16-mixed", "--compile") == "objective_step_time-bf16-mixed-compiled"
     assert name("--precision", "bf16-mixed", "--name", "objective_step_time-bf16-mixed-others") == \
         "objective_step_time-bf16-mixed-others"
+
+
+def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_of_the_same_work(tmp_path, monkeypatch):
+    """bench/queue_workers.py queues its experiments with DVC's --force-downstream, so that no
+    stage after `train` is restored from the run cache (predictions an earlier run made once
+    spared the second round its score and significance stages); rounds that ran other stages all
+    the same are not compared, and nothing is written."""
+    import time
+
+    import queue_workers
+
+    (tmp_path / ".dvc" / "cache" / "runs").mkdir(parents=True)
+    monkeypatch.setattr(queue_workers, "ROOT", tmp_path)
+    monkeypatch.setattr(queue_workers.subprocess, "run", lambda *args, **kwargs: None)  # the clone
+    full = ["generate@finetuned", "report", "score@finetuned", "significance", "train"]
+    stages = {"lr-0-j1": full, "lr-1-j1": full, "lr-0-j2": full, "lr-1-j2": full}
+    queued, written = [], []
+
+    def dvc(repo, *args, output=True):
+        if args[:3] == ("exp", "run", "--queue"):
+            queued.append(args)
+        if args[:2] == ("queue", "start"):
+            time.sleep(0.05)  # the round's wall time
+        if args[:2] == ("exp", "list"):
+            return " ".join(name for *_, name, _, _ in queued)
+        if args[:2] == ("queue", "logs"):
+            return "".join(f"Running stage '{stage}':\n> python ...\n" for stage in stages[args[2]])
+        return ""
+
+    monkeypatch.setattr(queue_workers, "dvc", dvc)
+    monkeypatch.setattr(queue_workers, "write_result", lambda *args: written.append(args))
+    monkeypatch.setattr(sys, "argv", ["queue_workers.py"])
+    queue_workers.main()
+    assert len(queued) == 4 and all("--force-downstream" in args for args in queued)
+    lrs = [float(args[-1].split("=")[1]) for args in queued]
+    assert len(set(lrs)) == 4  # every experiment's learning rate its own: none restored whole
+    figures = written[0][2]
+    assert [r["ran"] for r in figures["rounds"]] == [{"lr-0-j1": full, "lr-1-j1": full}, {"lr-0-j2": full, "lr-1-j2": full}]
+    assert "two_workers_over_one" in figures
+
+    # The second round's score and significance restored: its time is not that of the same work.
+    queued.clear(), written.clear()
+    restored = ["generate@finetuned", "report", "train"]
+    stages.update({"lr-0-j2": restored, "lr-1-j2": restored})
+    with pytest.raises(SystemExit, match="the rounds ran different stages") as stopped:
+        queue_workers.main()
+    assert "-j 2: generate@finetuned, report, train | generate@finetuned, report, train" in str(stopped.value)
+    assert written == []
