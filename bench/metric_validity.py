@@ -64,13 +64,14 @@ def render() -> None:
                 "Does each metric score the reference rewrite Y_EE above the original ending copied unchanged (X_OE)? "
                 "Rendered from `reports/bench/metric_validity.json` (`python bench/metric_validity.py` measures, "
                 "`--render` renders)."]
-    for run in runs.values():
+    for key, run in runs.items():
         settings, figures = run["settings"], run["figures"]
+        machine = key.removeprefix("cpu: ")  # (a CPU's record key names its vector features too)
         timing = ", ".join(f"{name} {value:.0f} s" for name, value in figures["seconds"].items())
-        sections += [f"## {run['device_name']}",
+        sections += [f"## {machine}",
                      f"Task `{settings['task']}`, all {settings['instances']} test instances; judge `{settings['judge']}`, "
                      f"embedder `{settings['embedder']}`, NLI classifier `{settings['nli'] or 'none'}`, BARTScore scorer "
-                     f"`{settings['scorer']}`; {run['device_name']}, torch {run['torch']}, commit {run['commit']}, "
+                     f"`{settings['scorer']}`; {machine}, torch {run['torch']}, commit {run['commit']}, "
                      f"{run['measured_at'][:10]}: {figures['total_seconds'] / 60:.1f} min in all ({timing}; loading the "
                      f"models {figures['loading_seconds']:.0f} s).",
                      markdown(figures["validity"])]
