@@ -23,6 +23,7 @@ from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.validity import gold_and_copy
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.records import where_ran
 from storyrewrite.significance.validity import markdown, validity
 
 
@@ -64,9 +65,9 @@ def render() -> None:
                 "Does each metric score the reference rewrite Y_EE above the original ending copied unchanged (X_OE)? "
                 "Rendered from `reports/bench/metric_validity.json` (`python bench/metric_validity.py` measures, "
                 "`--render` renders)."]
-    for key, run in runs.items():
+    for run in runs.values():
         settings, figures = run["settings"], run["figures"]
-        machine = key.removeprefix("cpu: ")  # (a CPU's record key names its vector features too)
+        machine = where_ran(run)  # with a CPU's vector features, where the record holds them
         timing = ", ".join(f"{name} {value:.0f} s" for name, value in figures["seconds"].items())
         sections += [f"## {machine}",
                      f"Task `{settings['task']}`, all {settings['instances']} test instances; judge `{settings['judge']}`, "
