@@ -32,11 +32,11 @@ writes the first repeat's operator table and Chrome trace. A line as each proces
 step time and where its time went (building the models, the steps, counting the operators, the
 profiler; the rest is the process's start), so that a run cut short keeps what it measured.
 Every eager run counts the aten operators of one step but the optimiser's (`ops/step`, views left
-out): about one GPU kernel launch each, the same count on any device, so that a CPU shows the
-ratio a launch-bound GPU step follows; and the floating-point operations of the same step's
-matrix products and attention (`GFLOP/step`, torch's FlopCounterMode): the ratio a step whose GPU
-is never idle tends to, where the arithmetic, not the launches, sets the time. `--compile`
-runs the steps as `compile: true` trains (torch.compile of the transformer bodies); the first
+out): about one GPU kernel launch each (the count varies with the device, the objectives' ratios
+of it much less), so that a CPU shows the ratio a launch-bound GPU step follows; and the
+floating-point operations of the same step's matrix products and attention (`GFLOP/step`, torch's
+FlopCounterMode): the ratio a step whose GPU is never idle tends to, where the arithmetic, not
+the launches, sets the time. `--compile` runs the steps as `compile: true` trains (torch.compile of the transformer bodies); the first
 step, which the timings leave out, then includes the compilation, and its time is printed.
 """
 from __future__ import annotations

@@ -41,12 +41,13 @@ def test_the_readme_gpu_line_holds_the_gpu_figures_only(tmp_path, monkeypatch):
     entry = lambda device, ratio: {"device": device, "commit": "abc1234", "measured_at": "2026-01-02T03:04:05+00:00",  # noqa: E731
                                    "settings": {"batch_size": 8, "precision": "bf16-mixed"},
                                    "figures": {"score": {"ratio": ratio}, "score_delta": {"ratio": 1.7}, "nll": {"gpu_busy": 0.5}},
-                                   "targets": {"score.ratio": {"max": 1.5}, "score_delta.ratio": {"max": 1.8}}}
+                                   "targets": {"score.ratio": {"max": 1.5}, "score_delta.ratio": {"max": 1.8},
+                                               "nll.gpu_busy": {"min": 0.8}}}
     (tmp_path / "reports" / "bench" / "objective_step_time-bf16-mixed.json").write_text(json.dumps(
         {"cpu: Some CPU": entry("cpu", 9.0), "NVIDIA X100": entry("cuda:0", 1.4)}))
     line = docs.gpu_speed()
     assert line.startswith("On one NVIDIA X100 (commit abc1234, 2026-01-02): a DTO-Score training step (batch 8, bf16-mixed)")
-    assert "1.4× an NLL step (target ≤ 1.5 ✓); DTO-Score+Delta 1.7× (target ≤ 1.8 ✓); GPU busy during NLL steps 50%." in line
+    assert "1.4× an NLL step (target ≤ 1.5 ✓); DTO-Score+Delta 1.7× (target ≤ 1.8 ✓); GPU busy during NLL steps 50% (target ≥ 80% ✗)." in line
     assert "Some CPU" not in line and "9×" not in line  # nothing of the CPU entry
 
 

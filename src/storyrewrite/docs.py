@@ -216,12 +216,14 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, value)]
 
 
-def _mark(value: Any, target: dict | None) -> str:
+def _mark(value: Any, target: dict | None, spec: str = "") -> str:
+    """The target beside a figure: its bound, in the figure's own format (`spec`: a share shown as
+    a percent has its bound shown as one), and whether the figure meets it."""
     if target is None or not isinstance(value, (int, float)):
         return ""
     if "max" in target:
-        return f"≤ {target['max']} " + ("✓" if value <= target["max"] else "✗")
-    return f"≥ {target['min']} " + ("✓" if value >= target["min"] else "✗")
+        return f"≤ {format(target['max'], spec)} " + ("✓" if value <= target["max"] else "✗")
+    return f"≥ {format(target['min'], spec)} " + ("✓" if value >= target["min"] else "✗")
 
 
 def _shown(value: Any) -> str:
@@ -277,7 +279,7 @@ def gpu_speed() -> str:
             figures = dict(_flatten(run["figures"]))
             if run["device"] == "cpu" or name not in figures:
                 continue
-            mark = _mark(figures[name], run.get("targets", {}).get(name))
+            mark = _mark(figures[name], run.get("targets", {}).get(name), spec if spec.endswith("%") else "")
             by_device.setdefault(f"{where} (commit {run['commit']}, {run['measured_at'][:10]})", []).append(
                 words.format(**run.get("settings", {}), value=format(figures[name], spec)) + (f" (target {mark})" if mark else ""))
     if not by_device:
