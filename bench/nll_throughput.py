@@ -14,10 +14,10 @@ own warm-up, and reports each rate against the run's: the data for choosing `gen
 (a decoding step of a small model costs about the same at any batch size while the GPU waits for
 kernel launches, so the rate then grows with the batch until memory or arithmetic limits it).
 Training runs as the train stage's Trainer does (torch's deterministic algorithms, which on CUDA
-never choose cuDNN's attention), generation as the generate stage does (without them). On CUDA
-the project keeps attention off cuDNN's kernels (storyrewrite.models.device.attention_off_cudnn:
-cuDNN builds an execution plan for each new shape, and decoding steps change shape at every
-step); --cudnn-attention lets torch choose them again for generation, to measure the difference.
+never choose cuDNN's attention, without NaN in every new tensor: training.run.without_nan_fill),
+generation as the generate stage does (without them). On CUDA the project keeps attention off
+cuDNN's kernels (storyrewrite.models.device.attention_off_cudnn: cuDNN builds an execution plan
+for each new shape, and decoding steps change shape at every step); --cudnn-attention lets torch choose them again for generation, to measure the difference.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
-from storyrewrite.training.run import Run, assemble, trainer_kwargs
+from storyrewrite.training.run import Run, assemble, trainer_kwargs, without_nan_fill
 
 
 class Timer(L.Callback):
@@ -87,6 +87,8 @@ def main() -> None:
     precision = args.precision or config.precision
     # The stage's `deterministic` (training.run.trainer_kwargs): torch's deterministic algorithms, as the stage trains.
     deterministic = trainer_kwargs(config)["deterministic"]
+    without_nan_fill()  # as the stage's fit
+    nan_fill = deterministic and torch.utils.deterministic.fill_uninitialized_memory
     trainer = L.Trainer(max_steps=len(batches), accelerator="gpu" if device.type == "cuda" else "cpu",
                         devices=[device.index or 0] if device.type == "cuda" else 1, precision=precision, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -174,6 +176,7 @@ def main() -> None:
         **({"generate_peak_memory_gb": run["peak_memory_gb"]} if run["peak_memory_gb"] is not None else {}),
         **({"other_batch_sizes": compared} if compared else {}),  # measured in this process
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision, "deterministic": deterministic,
+        "nan_fill": nan_fill,
         "generate_instances": len(rows), "warmup_instances": run["warmup_instances"], "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
         "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,

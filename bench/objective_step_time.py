@@ -36,8 +36,9 @@ out): about one GPU kernel launch each (the count varies with the device, the ob
 of it much less), so that a CPU shows the ratio a launch-bound GPU step follows; and the
 floating-point operations of the same step's matrix products and attention (`GFLOP/step`, torch's
 FlopCounterMode): the ratio a step whose GPU is never idle tends to, where the arithmetic, not
-the launches, sets the time. `--compile` runs the steps as `compile: true` trains (torch.compile of the transformer bodies); the first
-step, which the timings leave out, then includes the compilation, and its time is printed.
+the launches, sets the time. `--compile` runs the steps as `compile: true` trains (torch.compile
+of the transformer bodies); the first step, which the timings leave out, then includes the
+compilation, and its time is printed.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ from storyrewrite.models.device import resolve_device
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.training.monitor import read_logs
 from storyrewrite.params import TrainConfig
-from storyrewrite.training.run import assemble, trainer_kwargs
+from storyrewrite.training.run import assemble, trainer_kwargs, without_nan_fill
 
 
 def stage_flags(config: TrainConfig) -> bool:
@@ -74,6 +75,7 @@ def stage_flags(config: TrainConfig) -> bool:
     backward kernels) and cuBLAS a fixed workspace, which a step's time depends on."""
     deterministic = trainer_kwargs(config)["deterministic"]
     _set_torch_flags(deterministic=deterministic)
+    without_nan_fill()  # as the stage's fit: deterministic algorithms, new tensors left unfilled
     return deterministic
 
 
@@ -212,7 +214,9 @@ def measure(objective: str, args) -> dict:
               "sample_share": statistics.median(sample_shares) if sample_shares else None,
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"],
-              "deterministic": torch.are_deterministic_algorithms_enabled()}
+              "deterministic": torch.are_deterministic_algorithms_enabled(),
+              # Whether every new tensor was filled with NaN (training.run.without_nan_fill).
+              "nan_fill": torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory}
     if not args.compile:  # (a compiled body's kernels are its own, and a dispatch mode would change how it runs)
         # The operators of one step but the optimiser's (the same for every objective, and fused
         # into a few kernels on CUDA, where a CPU's AdamW runs a dozen per parameter tensor).
@@ -365,7 +369,7 @@ def main() -> None:
         targets |= {f"{o}.gpu_busy": {"min": 0.8} for o in figures}
     write_result(result_name(args), resolve_device(args.device), figures,
                  {"precision": args.precision, "compile": args.compile, "deterministic": first["deterministic"],
-                  "batch_size": first["batch_size"],
+                  "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   "profiles": [str(p) for p in args.profile], **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:

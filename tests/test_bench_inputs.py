@@ -81,7 +81,8 @@ def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
 def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatch):
     """bench/objective_step_time.py times a step as the train stage trains it: the flags that the
     stage's Trainer sets (deterministic algorithms, which on CUDA rule out cuDNN's attention;
-    cuBLAS's workspace; cuDNN's benchmark mode) are the ones the bench sets."""
+    cuBLAS's workspace; cuDNN's benchmark mode), and its fit beside them (new tensors left without
+    NaN: tests/training/test_training.py runs fit for that), are the ones the bench sets."""
     import os
 
     import lightning as L
@@ -89,15 +90,17 @@ def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatc
     import torch
 
     from storyrewrite.params import Params
-    from storyrewrite.training.run import trainer_kwargs
+    from storyrewrite.training.run import trainer_kwargs, without_nan_fill
 
     def flags() -> tuple:
         return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+                torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+                torch.utils.deterministic.fill_uninitialized_memory)
 
     def unset() -> None:  # the opposite of what the stage sets
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.benchmark = True
+        torch.utils.deterministic.fill_uninitialized_memory = True
         monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
 
     before = flags()
@@ -105,13 +108,15 @@ def test_the_step_bench_runs_under_the_torch_flags_of_the_train_stage(monkeypatc
     try:
         unset()
         L.Trainer(**trainer_kwargs(config))
+        without_nan_fill()
         stage = flags()
         unset()
         assert objective_step_time.stage_flags(config) is True
-        assert flags() == stage and stage[0] is True and stage[3] is not None
+        assert flags() == stage and stage[0] is True and stage[3] is not None and stage[4] is False
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.benchmark = before[2]
+        torch.utils.deterministic.fill_uninitialized_memory = before[4]
 
 
 def test_the_step_benchs_operator_count_agrees_with_the_profiler_and_leaves_views_out(tiny_model_dirs):

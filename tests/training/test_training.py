@@ -479,3 +479,36 @@ def test_a_bf16_run_on_such_a_cpu_prints_the_warning_once(tmp_path, tiny_model_d
                                       validate_at_start=True), diagnostics=False)
     assert capsys.readouterr().out.count("on a CPU without bf16 instructions") == 1
     assert math.isfinite(summary["start_val_loss"]) and math.isfinite(summary["best_val_loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective, settings", [("score_delta", DTO), ("rloo", RL)])
+def test_training_without_nan_filled_allocations_is_the_same_run(tmp_path, tiny_model_dirs, small_prepared, monkeypatch,
+                                                                 objective, settings):
+    """fit keeps torch's deterministic algorithms but not their NaN in every new tensor
+    (training.run.without_nan_fill): a step that read memory it never wrote would read NaN with the
+    fill and something else without it, so the two runs' losses and weights would part. The
+    objectives whose steps allocate most (the scorer through soft embeddings; RLOO's sampling)."""
+    import storyrewrite.training.run as training_run
+
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    weights, losses = [], []
+    try:
+        for nan_fill in (True, False):
+            if nan_fill:  # fit as before it kept new tensors unfilled
+                monkeypatch.setattr(training_run, "without_nan_fill", lambda: None)
+                torch.utils.deterministic.fill_uninitialized_memory = True
+            else:
+                monkeypatch.undo()
+            directory = tmp_path / str(nan_fill)
+            run = tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"],
+                           section="train", max_steps=3, val_check_interval=3)
+            _fit(directory, run)
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.utils.deterministic.fill_uninitialized_memory is nan_fill
+            weights.append(load_file(directory / "out" / "model.safetensors"))
+            losses.append(_curve(directory / "logs", "train_loss"))
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -165,7 +165,7 @@ def progress_bar() -> Callback:
 
 def trainer_kwargs(config: TrainConfig) -> dict:
     """The Lightning Trainer's settings for a training section, as the train stages build it (the
-    step benches take their torch flags from its `deterministic`)."""
+    step benches take their torch flags from its `deterministic`, and `without_nan_fill` from fit)."""
     accelerator, devices = placement(config)
     return dict(
         max_steps=config.max_steps, max_epochs=config.max_epochs if config.max_steps == -1 else None,
@@ -178,6 +178,18 @@ def trainer_kwargs(config: TrainConfig) -> dict:
         num_sanity_val_steps=0, logger=False, enable_progress_bar=True, log_every_n_steps=1,
         deterministic=True,
     )
+
+
+def without_nan_fill() -> None:
+    """Keep torch from filling the memory of every tensor it allocates (torch.empty and kin) with
+    NaN, which it does under deterministic algorithms (the Trainer's `deterministic`, above) unless
+    `torch.utils.deterministic.fill_uninitialized_memory` is off. The fill guards a program that
+    reads memory it never wrote; torch's documentation names turning it off as the way to keep
+    deterministic algorithms without its cost, for a program that reads no such memory (the same
+    run either way: tests/training/test_training.py). The cost: one more kernel launch for every
+    allocation, 2,289 in an NLL step of the GPU profile on an H200, whose steps wait on their
+    launches (docs/gpu.md). Process-wide, as the Trainer's own flags are."""
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def bf16_emulation_warning(section: str, precision: str, device: torch.device, has_bf16: bool | None) -> str | None:
@@ -230,6 +242,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
                            save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
+    without_nan_fill()
     trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **trainer_kwargs(run.config))
     warning = bf16_emulation_warning(run.section, run.config.precision, trainer.strategy.root_device, cpu_has_bf16())
