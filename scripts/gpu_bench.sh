@@ -14,6 +14,8 @@
 #   steps              objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step
 #                      (bf16-mixed, batch 16), GPU busy share from torch.profiler, operator tables in
 #                      OUT/traces/
+#   nan-fill           nan_fill: the same training steps (NLL, DTO-Score) with torch's NaN fill of new
+#                      tensors and without it (the train stage runs without), alternating in one process
 #   generation-static  nll_throughput with a static KV cache (compiled in a timed-apart warm-up)
 #   scorer             scorer_and_bootstrap: LMScorer >= 3x a one-pair loop, fp32 within 1e-4, its bf16 rate
 #   llm                llm_batching: the local LLM backend's prompts/s sent longest first (as the llm
@@ -34,7 +36,7 @@
 set -uo pipefail
 OUT=${1:-bench-out}
 shift || true
-NAMES=(training generation generation-cudnn steps generation-static scorer llm steps-batch64 steps-others compile)
+NAMES=(training generation generation-cudnn steps nan-fill generation-static scorer llm steps-batch64 steps-others compile)
 declare -A WANTED=()
 for name in "${@:-all}"; do
   if [ "$name" = all ]; then
@@ -65,6 +67,7 @@ bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20 --compare-batc
 bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention
 STEPS=(bench/objective_step_time.py --device cuda --precision bf16-mixed --profile params/gpu.yaml)
 bench steps objective_step_time.txt "${STEPS[@]}" --batch-size 16 --objectives nll score score_delta --trace "$OUT/traces"
+bench nan-fill nan_fill.txt bench/nan_fill.py --device cuda --precision bf16-mixed --profile params/gpu.yaml --batch-size 16
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static
 bench scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
 bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024 --repeats 2

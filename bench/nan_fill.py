@@ -1,0 +1,89 @@
+"""What torch's NaN fill costs a training step, measured in one process per objective.
+
+Under deterministic algorithms (the train stage's Trainer runs them) torch fills the memory of
+every tensor it allocates with NaN unless `torch.utils.deterministic.fill_uninitialized_memory` is
+off; the stage turns it off (storyrewrite.training.run.without_nan_fill). This bench builds each
+objective's module as bench/objective_step_time.py does, under the stage's flags, and times the
+same training step with the fill on and off, alternating step by step in the same process, so that
+the host's drift, which moves a launch-bound GPU step by more than the fill costs (docs/gpu.md),
+falls on both alike. `ratio`: the median over the pairs of adjacent steps of the one without the
+fill over the one with it, `ratio_quartiles` their spread; and each way's median step.
+
+    python bench/nan_fill.py --device cuda --precision bf16-mixed --profile params/gpu.yaml --batch-size 16
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+from common import clock, describe, write_result
+from objective_step_time import build, step
+
+from storyrewrite.models.device import resolve_device
+from storyrewrite.objectives.registry import OBJECTIVES
+
+
+def measure(objective: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """Medians of `args.steps` steps each way, after a warm-up step each way (optimiser state)."""
+    torch.manual_seed(0)
+    module, optimizer, batch = build(objective, args, device)
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for index in range(args.steps + 1):
+            for fill in ((True, False) if index % 2 else (False, True)):  # each way first in turn
+                torch.utils.deterministic.fill_uninitialized_memory = fill
+                started = clock(device)
+                step(module, optimizer, batch, device, args.precision, diagnostics=False)
+                if index:  # the first pair warms up
+                    seconds[fill].append(clock(device) - started)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = False  # as the stage runs
+    with_fill, without = statistics.median(seconds[True]), statistics.median(seconds[False])
+    pairs = [off / on for on, off in zip(seconds[True], seconds[False], strict=True)]  # paired: adjacent steps
+    ratio = statistics.median(pairs)
+    quartiles = statistics.quantiles(pairs, n=4)[::2] if len(pairs) > 1 else [ratio, ratio]
+    print(f"{objective}: {with_fill:.4f} s/step with the fill, {without:.4f} without; paired ratio {ratio:.3f}x "
+          f"(quartiles {quartiles[0]:.3f}-{quartiles[1]:.3f})", flush=True)
+    return {"fill_s_per_step": round(with_fill, 4), "no_fill_s_per_step": round(without, 4), "ratio": round(ratio, 3),
+            "ratio_quartiles": [round(q, 3) for q in quartiles],
+            "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"]}
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"))
+    parser.add_argument("--batch-size", type=int, help="default: the params' train.batch_size")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps each way, per objective")
+    parser.add_argument("--objectives", nargs="+", default=["nll", "score"], choices=sorted(OBJECTIVES),
+                        help="default: nll score (the first is the one the printed batch describes)")
+    parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
+    parser.set_defaults(compile=False)  # what objective_step_time.build reads
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    if args.steps < 1:
+        raise SystemExit(f"error: --steps must be at least 1, not {args.steps}")
+    device = resolve_device(args.device)
+    figures, shapes = {}, {}
+    for objective in args.objectives:
+        result = measure(objective, args, device)
+        shapes[objective] = (result.pop("batch_size"), result.pop("tokens"))
+        figures[objective] = result
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    batch_size, tokens = shapes[args.objectives[0]]
+    print(f"{describe(device)}; precision {args.precision}; deterministic algorithms; batch of {batch_size} "
+          f"({tokens} tokens for {args.objectives[0]}); medians of {args.steps} steps each way, alternating")
+    write_result("nan_fill", device, figures,
+                        {"precision": args.precision, "batch_size": batch_size, "tokens": tokens, "steps": args.steps,
+                         "deterministic": torch.are_deterministic_algorithms_enabled(),
+                         "profiles": [str(p) for p in args.profile]})
+
+
+if __name__ == "__main__":
+    main()
