@@ -245,7 +245,9 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     without_nan_fill()
     trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **trainer_kwargs(run.config))
-    warning = bf16_emulation_warning(run.section, run.config.precision, trainer.strategy.root_device, cpu_has_bf16())
+    device = trainer.strategy.root_device
+    warning = bf16_emulation_warning(run.section, run.config.precision, device,
+                                     cpu_has_bf16() if device.type == "cpu" else None)  # (/proc/cpuinfo read on a CPU only)
     if warning and trainer.is_global_zero:
         print(warning, flush=True)
 
