@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
 import torch
 from common import clock, describe, write_result
-from objective_step_time import build, step
+from objective_step_time import add_build_arguments, build, step
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.objectives.registry import OBJECTIVES
@@ -53,13 +52,10 @@ def measure(objective: str, args: argparse.Namespace, device: torch.device) -> d
 
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"))
-    parser.add_argument("--batch-size", type=int, help="default: the params' train.batch_size")
+    add_build_arguments(parser)
     parser.add_argument("--steps", type=int, default=12, help="timed steps each way, per objective")
     parser.add_argument("--objectives", nargs="+", default=["nll", "score"], choices=sorted(OBJECTIVES),
                         help="default: nll score (the first is the one the printed batch describes)")
-    parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.set_defaults(compile=False)  # what objective_step_time.build reads
     return parser
 

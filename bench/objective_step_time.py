@@ -253,17 +253,22 @@ def result_name(args: argparse.Namespace) -> str:
                          + ("-compiled" if args.compile else ""))
 
 
-def arguments() -> argparse.ArgumentParser:
-    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `build` reads (--compile apart), for this bench and those that build as it does."""
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"))
     parser.add_argument("--batch-size", type=int, help="default: the params' train.batch_size")
+    parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_build_arguments(parser)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per process (and as many with the diagnostics' parts timed)")
     parser.add_argument("--repeats", type=int, default=2, help="times the whole sequence of objectives is measured")
     parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"], choices=sorted(OBJECTIVES),
                         metavar="OBJECTIVE", help=f"the first is the base of every ratio; valid: {', '.join(OBJECTIVES)}")
-    parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
     parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
