@@ -76,9 +76,9 @@ def main() -> None:
     print(f"{describe(device)}; precision {args.precision}; deterministic algorithms; batch of {batch_size} "
           f"({tokens} tokens for {args.objectives[0]}); medians of {args.steps} steps each way, alternating")
     write_result("nan_fill", device, figures,
-                        {"precision": args.precision, "batch_size": batch_size, "tokens": tokens, "steps": args.steps,
-                         "deterministic": torch.are_deterministic_algorithms_enabled(),
-                         "profiles": [str(p) for p in args.profile]})
+                 {"precision": args.precision, "batch_size": batch_size, "tokens": tokens, "steps": args.steps,
+                  "deterministic": torch.are_deterministic_algorithms_enabled(),
+                  "profiles": [str(p) for p in args.profile]})
 
 
 if __name__ == "__main__":

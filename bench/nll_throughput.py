@@ -17,7 +17,8 @@ Training runs as the train stage's Trainer does (torch's deterministic algorithm
 never choose cuDNN's attention, without NaN in every new tensor: training.run.without_nan_fill),
 generation as the generate stage does (without them). On CUDA the project keeps attention off
 cuDNN's kernels (storyrewrite.models.device.attention_off_cudnn: cuDNN builds an execution plan
-for each new shape, and decoding steps change shape at every step); --cudnn-attention lets torch choose them again for generation, to measure the difference.
+for each new shape, and decoding steps change shape at every step); --cudnn-attention lets torch
+choose them again for generation, to measure the difference.
 """
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
 #       while the parts are still being carried). BENCH as scripts/gpu_bench.sh takes them, run
 #       one at a time in the order given (default: training steps nan-fill steps-batch64
 #       steps-others generation generation-cudnn generation-static scorer llm, the questions still
-#       open first),
-#       each into bench-out/BENCH.
+#       open first), each into bench-out/BENCH.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s copies its log and a tar of bench-out/ and reports/bench/ to $OUT: a
 #       call cut short at the end of a loan still brings back what the job had measured.
