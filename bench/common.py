@@ -172,6 +172,13 @@ def peak_memory_gb(device: torch.device) -> float:
     return peak_rss_gb()
 
 
+def nan_fill() -> bool:
+    """Whether torch fills every new tensor with NaN now (deterministic algorithms with
+    `fill_uninitialized_memory` on; the train stage runs without: training.run.without_nan_fill),
+    for the records of benches that train."""
+    return torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
+
+
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"

@@ -65,14 +65,15 @@ def main() -> None:
     if args.steps < 1:
         raise SystemExit(f"error: --steps must be at least 1, not {args.steps}")
     device = resolve_device(args.device)
-    figures, shapes = {}, {}
+    figures = {}
     for objective in args.objectives:
         result = measure(objective, args, device)
-        shapes[objective] = (result.pop("batch_size"), result.pop("tokens"))
+        shape = result.pop("batch_size"), result.pop("tokens")
         figures[objective] = result
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    batch_size, tokens = shapes[args.objectives[0]]
+        if objective == args.objectives[0]:
+            batch_size, tokens = shape
     print(f"{describe(device)}; precision {args.precision}; deterministic algorithms; batch of {batch_size} "
           f"({tokens} tokens for {args.objectives[0]}); medians of {args.steps} steps each way, alternating")
     write_result("nan_fill", device, figures,

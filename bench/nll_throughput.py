@@ -28,7 +28,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from common import clock, describe, inputs, peak_memory_gb, write_result
+from common import clock, describe, inputs, nan_fill, peak_memory_gb, write_result
 from torch.utils.data import DataLoader
 
 from storyrewrite.data.prepare import load_instances
@@ -89,12 +89,12 @@ def main() -> None:
     # The stage's `deterministic` (training.run.trainer_kwargs): torch's deterministic algorithms, as the stage trains.
     deterministic = trainer_kwargs(config)["deterministic"]
     without_nan_fill()  # as the stage's fit
-    nan_fill = deterministic and torch.utils.deterministic.fill_uninitialized_memory
     trainer = L.Trainer(max_steps=len(batches), accelerator="gpu" if device.type == "cuda" else "cpu",
                         devices=[device.index or 0] if device.type == "cuda" else 1, precision=precision, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], deterministic=deterministic)
     trainer.fit(module, datamodule=datamodule)
+    trained_with_nan_fill = nan_fill()  # (read before the flags are reset for generation)
     step_seconds = sum(timer.seconds[1:]) / len(timer.seconds[1:])  # the first step allocates optimiser state
     train_memory = peak_memory_gb(device)
     del module, trainer
@@ -177,7 +177,7 @@ def main() -> None:
         **({"generate_peak_memory_gb": run["peak_memory_gb"]} if run["peak_memory_gb"] is not None else {}),
         **({"other_batch_sizes": compared} if compared else {}),  # measured in this process
     }, {"model": params.models.generator, "train_batch_size": config.batch_size, "precision": precision, "deterministic": deterministic,
-        "nan_fill": nan_fill,
+        "nan_fill": trained_with_nan_fill,
         "generate_instances": len(rows), "warmup_instances": run["warmup_instances"], "generate_batch_size": generate.batch_size, "generate_dtype": generate.dtype,
         "cache": generate.cache, "max_new_tokens": generate.max_new_tokens, "num_beams": generate.num_beams,
         "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import clock, describe, peak_memory_gb, train_run, write_result
+from common import clock, describe, nan_fill, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 from torch.autograd import DeviceType
@@ -215,8 +215,7 @@ def measure(objective: str, args) -> dict:
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"],
               "deterministic": torch.are_deterministic_algorithms_enabled(),
-              # Whether every new tensor was filled with NaN (training.run.without_nan_fill).
-              "nan_fill": torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory}
+              "nan_fill": nan_fill()}
     if not args.compile:  # (a compiled body's kernels are its own, and a dispatch mode would change how it runs)
         # The operators of one step but the optimiser's (the same for every objective, and fused
         # into a few kernels on CUDA, where a CPU's AdamW runs a dozen per parameter tensor).
