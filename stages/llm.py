@@ -41,7 +41,7 @@ def main() -> None:
     backend = make_backend(config, args.local_model, params.models.generator, params.device)
     # A remote backend runs elsewhere: this machine runs no model (the record says so).
     local = config.backend == "local"
-    device, dtype = (backend.model.device, config.local_dtype) if local else ("cpu", None)
+    device, dtype = (backend.device, config.local_dtype) if local else ("cpu", None)
     print(f"llm {mode.name}: backend {config.backend}, model {backend.label}" + (f" on {device} ({dtype})" if local else ""))
     retrieve = None
     if mode.needs_index:
@@ -61,6 +61,8 @@ def main() -> None:
     facts = usage.run_facts()
     print(json.dumps({**summary, "this_run": facts}, indent=2))
     if record:  # replies from the response cache cost nothing: the rate counts the requests made
+        if local and not backend.loaded:  # every reply was cached: no weights loaded, no model ran
+            device, dtype = "cpu", None
         record.finish(device, dtype, facts.pop("requests"), "requests", **facts,
                       predictions=len(predictions), backend=config.backend, model=backend.label)
 

@@ -181,6 +181,15 @@ def test_default_profile_end_to_end(tmp_path):
     record = json.loads((tmp_path / "reports" / "stages" / "train_nll.json").read_text())
     assert record["items"] == TINY["train_nll"]["max_steps"] and record["experiment"] is None
 
+    # An LLM stage run again finds every reply in its response cache: the same predictions, and
+    # no model loaded (its record names none).
+    mode = MODES[0]
+    before = (tmp_path / "predictions" / f"llm_{mode}.jsonl").read_bytes()
+    assert _ran(_dvc(tmp_path, "repro", "--force", "--single-item", f"llm@{mode}")) == {f"llm@{mode}"}
+    assert (tmp_path / "predictions" / f"llm_{mode}.jsonl").read_bytes() == before
+    record = json.loads((tmp_path / "reports" / "stages" / f"llm-{mode}.json").read_text())
+    assert record["items"] == 0 and record["cache_hits"] > 0 and record["dtype"] is None and record["device"] == "cpu"
+
 
 @pytest.mark.slow
 def test_paper_profile_code_path_with_tiny_bart(tmp_path):

@@ -26,8 +26,11 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     # Batched generation gives what one prompt at a time gives.
     single = [backend.complete(m, 5, 0.0).text for m in [backend_messages(config, r) for r in test[::3]]]
     assert [p["prediction"] for p in predictions[::3]] == [" ".join(s.split("\n\n")[0].split()) for s in single]
-    again, cached = run_mode("zero_shot", test, source, backend, cache)
+    # A rerun finds every reply cached: the same predictions, and no weights loaded.
+    rerun = LocalBackend(tiny_model_dirs[kind], "tiny")
+    again, cached = run_mode("zero_shot", test, source, rerun, cache)
     assert again == predictions and cached.requests == 0 and cached.cache_hits == 2
+    assert not rerun.loaded and backend.loaded
     # In instance order instead of longest first: the same predictions.
     unsorted, _ = run_mode("zero_shot", test, source, backend, ResponseCache(tmp_path / "unsorted"), length_sorted=False)
     assert unsorted == predictions

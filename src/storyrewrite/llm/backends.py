@@ -9,6 +9,7 @@ yields each reply as it is ready, so that the caller caches every answer at once
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -93,26 +94,39 @@ class OpenAIBackend:
 
 
 class LocalBackend:
-    """A transformers chat model with its chat template; temperature 0 is greedy decoding."""
+    """A transformers chat model with its chat template; temperature 0 is greedy decoding. Its
+    weights are loaded on the first prompt the response cache could not answer (`model`): a
+    rerun that finds every reply cached loads none."""
 
     name = "local"
     retries = 0
 
     def __init__(self, model_dir: str | Path, label: str, batch_size: int = 8, device: str = "cpu", dtype: str = "float32"):
         from storyrewrite.models.device import resolve_device
-        from storyrewrite.models.store import load_model, load_tokenizer, weights_digest
+        from storyrewrite.models.store import is_seq2seq, load_tokenizer, weights_digest
 
         self.tokenizer = load_tokenizer(model_dir)
         if self.tokenizer.chat_template is None:
             raise InputError(f"{model_dir}: the local LLM backend needs a chat model (its tokenizer has no chat template)")
-        self.model = load_model(model_dir, dtype=dtype, device=resolve_device(device)).eval()
-        self.seq2seq = bool(self.model.config.is_encoder_decoder)
+        self.model_dir, self.device, self.dtype = Path(model_dir), resolve_device(device), dtype
+        self.seq2seq = is_seq2seq(model_dir)
         # A causal LM continues the prompt: pad on the left so that every prompt ends where
         # generation starts. An encoder reads absolute positions: pad on the right.
         self.tokenizer.padding_side = "right" if self.seq2seq else "left"
         # The dtype changes the answers (bf16 rounding), so it is part of the model's identity.
         precision = "" if dtype == "float32" else f" {dtype}"
         self.model_id, self.label, self.batch_size = f"local {weights_digest(model_dir)}{precision}", label, batch_size
+
+    @functools.cached_property
+    def model(self):
+        from storyrewrite.models.store import load_model
+
+        return load_model(self.model_dir, dtype=self.dtype, device=self.device).eval()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights have been loaded (a prompt went to the model)."""
+        return "model" in vars(self)
 
     def complete(self, messages: list[dict], max_new_tokens: int, temperature: float) -> Reply:
         return next(self.complete_many([messages], max_new_tokens, temperature))[1]

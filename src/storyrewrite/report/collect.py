@@ -509,13 +509,19 @@ def _records(run: Run) -> list[dict]:
     return [run.artifact(path, artifacts.Record) for path in run.under("reports/stages/")]
 
 
+def ran_a_model(record: dict) -> bool:
+    """Whether the stage of a record ran a model: it names the model's dtype (a stage that runs
+    none, significance or a remote LLM backend's, records none)."""
+    return bool(record.get("dtype"))
+
+
 def where_models_ran(runs: list[Run]) -> list[str]:
-    """The devices the runs' models ran on (records.where_ran of the records with a dtype, as in
-    stages_markdown; every record's where none has one). A stage that runs no model
+    """The devices the runs' models ran on (records.where_ran of the records of stages that ran
+    a model, as in stages_markdown; every record's where none did). A stage that runs no model
     (significance) names its machine without the CPU's features, which would list one machine
     twice."""
     records = [r for run in runs for r in _records(run)]
-    return sorted({where_ran(r) for r in records if r.get("dtype")} or {where_ran(r) for r in records})
+    return sorted({where_ran(r) for r in records if ran_a_model(r)} or {where_ran(r) for r in records})
 
 
 def stages_markdown(runs: list[Run]) -> str:
@@ -530,8 +536,8 @@ def stages_markdown(runs: list[Run]) -> str:
             unique.setdefault(key, {**record, "ran_in": ran_in, "used_by": []})["used_by"].append(run.name)
     records = sorted(unique.values(), key=lambda r: (r["started_at"] if "started_at" in r else "", r["stage"]))
     total = sum(r["wall_s"] for r in records)
-    # A stage that ran a model (it has a dtype) on the CPU of a run that had a GPU elsewhere.
-    on_cpu = sorted({f"{r['stage']} ({r['ran_in']})" for r in records if r["device"] == "cpu" and r["dtype"]})
+    # A stage that ran a model on the CPU of a run that had a GPU elsewhere.
+    on_cpu = sorted({f"{r['stage']} ({r['ran_in']})" for r in records if r["device"] == "cpu" and ran_a_model(r)})
     gpu = any(r["device"].startswith("cuda") for r in records)
     lines = stages_table(records).splitlines()
     lines[0] += " ran in | used by |"

@@ -12,7 +12,7 @@ VALIDATION_NOISE_OFFSET = 10**9  # validation draws its own Gumbel noise, the sa
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-def cast_linear_weights(model: torch.nn.Module, dtype: torch.dtype) -> int:
+def cast_linear_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Store the weights and biases of a frozen model's linear layers in `dtype`, as autocast to
     `dtype` casts them at every call: it keeps the casts of trainable weights for the rest of the
     step, never those of frozen ones, so a frozen scorer's ~200 float32 matrices were cast
@@ -21,16 +21,13 @@ def cast_linear_weights(model: torch.nn.Module, dtype: torch.dtype) -> int:
     input to a cast layer is an error, not a silent change). Everything else stays as it is:
     the input embedding (a lookup, which autocast does not cast: its float32 rows enter the
     residual stream) and the norms (which autocast runs in float32); an output layer tied to the
-    input embedding gets a cast copy of its own. Returns the number of tensors cast."""
-    cast = 0
+    input embedding gets a cast copy of its own."""
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear):
             continue
         for name, parameter in list(module.named_parameters(recurse=False)):
             if parameter.dtype == torch.float32:
                 setattr(module, name, torch.nn.Parameter(parameter.detach().to(dtype), requires_grad=False))
-                cast += 1
-    return cast
 
 
 class RewriteModule(L.LightningModule):

@@ -267,7 +267,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         counterpart=objective.counterpart_label(run.settings),
         settings=run.settings.model_dump(by_alias=True) if run.settings else None,
         task=run.task, global_step=trainer.global_step, world_size=trainer.world_size,
-        device=str(trainer.strategy.root_device), precision=str(run.config.precision), resumed_from_step=resumed_step,
+        device=str(device), precision=str(run.config.precision), resumed_from_step=resumed_step,
         best_val_loss=round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
         **_best_step(best_checkpoint, curves), main_diagnostics=list(objective.main_diagnostics),
         curves={name: _first_last(rows) for name, rows in curves.items() if rows and not wall_time(name)},
