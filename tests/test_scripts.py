@@ -359,23 +359,24 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     result, calls = run("out")
     assert result.returncode == 0, result.stderr
     assert [c.split()[0] for c in calls] == ["bench/training_paths.py", "bench/nll_throughput.py", "bench/nll_throughput.py",
-                                             "bench/objective_step_time.py", "bench/nan_fill.py", "bench/nll_throughput.py",
-                                             "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
+                                             "bench/objective_pairs.py", "bench/objective_step_time.py", "bench/nan_fill.py",
+                                             "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
                                              "bench/objective_step_time.py", "bench/objective_step_time.py"]
     assert calls[0] == "bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny"  # every objective
-    assert calls[2].endswith("--cudnn-attention") and calls[5].endswith("--cache static")
-    assert calls[4].endswith("--precision bf16-mixed --profile params/gpu.yaml --batch-size 16")  # as `steps`
+    assert calls[2].endswith("--cudnn-attention") and calls[6].endswith("--cache static")
+    for paired in (calls[3], calls[5]):  # the targets' batch and precision, as `steps`
+        assert paired.endswith("--precision bf16-mixed --profile params/gpu.yaml --batch-size 16")
     # The targets' objectives first, at the profile's batch, into the default figures file; the
     # same at batch 64 and the others, later, each into a file of its own.
-    assert "--batch-size 16 --objectives nll score score_delta --trace out/traces" in calls[3] and "--name" not in calls[3]
-    assert calls[8].endswith("--batch-size 64 --objectives nll score score_delta --name objective_step_time-bf16-mixed-batch64 "
+    assert "--batch-size 16 --objectives nll score score_delta --trace out/traces" in calls[4] and "--name" not in calls[4]
+    assert calls[9].endswith("--batch-size 64 --objectives nll score score_delta --name objective_step_time-bf16-mixed-batch64 "
                              "--trace out/traces-batch64")
-    assert calls[9].endswith("--batch-size 16 --objectives nll delta cpo rloo --name objective_step_time-bf16-mixed-others "
-                             "--trace out/traces-others")
+    assert calls[10].endswith("--batch-size 16 --objectives nll delta cpo rloo --name objective_step_time-bf16-mixed-others "
+                              "--trace out/traces-others")
     assert not any("--compile" in c for c in calls)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "llm_batching.txt", "nan_fill.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
-        "nvidia-smi.csv", "objective_step_time.txt", "objective_step_time_batch64.txt", "objective_step_time_others.txt",
+        "nvidia-smi.csv", "objective_pairs.txt", "objective_step_time.txt", "objective_step_time_batch64.txt", "objective_step_time_others.txt",
         "scorer_and_bootstrap.txt", "training_paths.txt"]
 
     # Named benches run in the script's order, whatever the order given; the compiled one's failure is a warning.
@@ -386,11 +387,11 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert calls[0].endswith("--cudnn-attention") and "--compile" in calls[2] and "--compile" not in calls[1]
     assert "warning: the compiled step bench failed" in result.stderr
     result, calls = run("out3", "all", "compile")
-    assert result.returncode == 0 and len(calls) == 11 and "--compile" in calls[-1]
+    assert result.returncode == 0 and len(calls) == 12 and "--compile" in calls[-1]
 
     result, calls = run("out4", "generation", "compiled")
     assert result.returncode == 2 and calls == []
-    assert ("error: no bench 'compiled'; valid: training generation generation-cudnn steps nan-fill generation-static scorer llm "
+    assert ("error: no bench 'compiled'; valid: training generation generation-cudnn pairs steps nan-fill generation-static scorer llm "
             "steps-batch64 steps-others compile all"
             in result.stderr)
 
@@ -398,7 +399,7 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                                     'case "$*" in *nll_throughput*--steps\\ 20*|*--cudnn-attention*) exit 1;; esac\nexit 0\n')
     result, calls = run("out5")
-    assert result.returncode == 1 and len(calls) == 10
+    assert result.returncode == 1 and len(calls) == 11
     assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
 
 
@@ -413,7 +414,7 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = [line.split() for line in log.read_text().splitlines()]
-    assert len(calls) == 11
+    assert len(calls) == 12
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     for script, *argv in calls:
         assert script.startswith("bench/") and script.endswith(".py"), script

@@ -262,6 +262,8 @@ GPU_FIGURES = [
      "a DTO-Score training step (batch {batch_size}, {precision}) {value}× an NLL step", "g"),
     ("objective_step_time-bf16-mixed", "score_delta.ratio", "DTO-Score+Delta {value}×", "g"),
     ("objective_step_time-bf16-mixed", "nll.gpu_busy", "GPU busy during NLL steps {value}", ".0%"),
+    ("objective_pairs-bf16-mixed", "score.ratio", "interleaved in one process, DTO-Score {value}×", "g"),
+    ("objective_pairs-bf16-mixed", "score_delta.ratio", "DTO-Score+Delta {value}×", "g"),
     ("nll_throughput", "generate_predictions_per_s",
      "generation (batches of {generate_batch_size}, {generate_dtype}) {value} test predictions/s", ".1f"),
     ("scorer_and_bootstrap", "batched_speedup", "the batched LMScorer {value}× a one-pair loop", ".1f"),
