@@ -18,10 +18,9 @@ import statistics
 
 import torch
 from common import alternating, describe, paired_ratio, write_result
-from objective_step_time import add_build_arguments, build, step
+from objective_step_time import build, interleaved_arguments, interleaved_steps, step
 
 from storyrewrite.models.device import resolve_device
-from storyrewrite.objectives.registry import OBJECTIVES
 
 
 def measure(objective: str, args: argparse.Namespace, device: torch.device) -> dict:
@@ -48,19 +47,13 @@ def measure(objective: str, args: argparse.Namespace, device: torch.device) -> d
 
 
 def arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_build_arguments(parser)
-    parser.add_argument("--steps", type=int, default=12, help="timed steps each way, per objective")
-    parser.add_argument("--objectives", nargs="+", default=["nll", "score"], choices=sorted(OBJECTIVES),
-                        help="default: nll score (the first is the one the printed batch describes)")
-    parser.set_defaults(compile=False)  # what objective_step_time.build reads
-    return parser
+    return interleaved_arguments(__doc__, "timed steps each way, per objective", ["nll", "score"],
+                                 "default: nll score (the first is the one the printed batch describes)")
 
 
 def main() -> None:
     args = arguments().parse_args()
-    if args.steps < 1:
-        raise SystemExit(f"error: --steps must be at least 1, not {args.steps}")
+    interleaved_steps(args)
     device = resolve_device(args.device)
     figures = {}
     for objective in args.objectives:

@@ -25,10 +25,9 @@ import statistics
 
 import torch
 from common import alternating, describe, paired_ratio, peak_memory_gb, write_result
-from objective_step_time import add_build_arguments, build, step
+from objective_step_time import build, interleaved_arguments, interleaved_steps, step
 
 from storyrewrite.models.device import resolve_device
-from storyrewrite.objectives.registry import OBJECTIVES
 
 TARGETS = {"score": 1.5, "score_delta": 1.8}  # the step time ratio against NLL's (issue 10)
 
@@ -54,19 +53,13 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict]
 
 
 def arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_build_arguments(parser)
-    parser.add_argument("--steps", type=int, default=12, help="timed rounds (one step of each objective a round)")
-    parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"], choices=sorted(OBJECTIVES),
-                        metavar="OBJECTIVE", help=f"the first is the base of every ratio; valid: {', '.join(OBJECTIVES)}")
-    parser.set_defaults(compile=False)  # what objective_step_time.build reads
-    return parser
+    return interleaved_arguments(__doc__, "timed rounds (one step of each objective a round)", ["nll", "score", "score_delta"],
+                                 "the first is the base of every ratio")
 
 
 def main() -> None:
     args = arguments().parse_args()
-    if args.steps < 1:
-        raise SystemExit(f"error: --steps must be at least 1, not {args.steps}")
+    interleaved_steps(args)
     if len(set(args.objectives)) != len(args.objectives):
         raise SystemExit(f"error: --objectives names one twice: {' '.join(args.objectives)}")
     device = resolve_device(args.device)

@@ -260,6 +260,25 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
 
 
+def interleaved_arguments(doc: str, steps_help: str, objectives: list[str], objectives_help: str) -> argparse.ArgumentParser:
+    """The command line of a bench that builds eager steps as `build` does and times them
+    interleaved in one process (bench/nan_fill.py, bench/objective_pairs.py); `interleaved_steps`
+    reads its --steps."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_build_arguments(parser)
+    parser.add_argument("--steps", type=int, default=12, help=steps_help)
+    parser.add_argument("--objectives", nargs="+", default=objectives, choices=sorted(OBJECTIVES), metavar="OBJECTIVE",
+                        help=f"{objectives_help}; valid: {', '.join(OBJECTIVES)}")
+    parser.set_defaults(compile=False)  # what `build` reads
+    return parser
+
+
+def interleaved_steps(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise SystemExit(f"error: --steps must be at least 1, not {args.steps}")
+    return args.steps
+
+
 def arguments() -> argparse.ArgumentParser:
     """The command line (scripts/gpu_bench.sh's calls are parsed by it in the tests)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
