@@ -66,7 +66,7 @@ def main() -> None:
     figures, shape = measure(args, device)
     base = args.objectives[0]
     print(f"{describe(device)}; precision {args.precision}; deterministic algorithms; the same batch of "
-          f"{shape['batch_size']} ({shape['tokens']} tokens for {base}) every step; {args.steps} rounds, one step of "
+          f"{shape['batch_size']} ({shape['tokens']} tokens for {base}) every step; {args.steps} round{'s' if args.steps > 1 else ''}, one step of "
           f"each objective a round, each first in turn")
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'quartiles':>14}{'target':>9}")
     for objective, v in figures.items():
