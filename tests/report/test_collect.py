@@ -233,19 +233,23 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert [p.name for p in out.parent.iterdir()] == ["gpu"]
 
 
-def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gathered, tmp_path):
+def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gathered, tmp_path, monkeypatch):
     second = tmp_path / "runs-2"
-    # Gathered on another machine: its own NLL model (BARTScore -1.95), its own scores.
+    # Gathered on another machine: its own NLL model (BARTScore -1.95), its own scores; in a git
+    # repository made there of a copy of commit 1234abc (scripts/gpu_job.sh compare), whose own
+    # commit (fedcba9) names nothing of the project.
     files = _files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")
     files["reports/metrics/nll.json"] = json.dumps(_metrics(-1.95)).encode()
     files["reports/stages/generate-finetuned.json"] = json.dumps({**_record("generate-finetuned", "dto-delta", 30.0),
                                                                   "device": "cpu", "device_name": "cpu", "dtype": "float32"}).encode()
-    gather_run(DictFS(files), {"name": "dto-delta", "rev": "f" * 40, "base": "abcdef1234"}, second)
+    monkeypatch.setenv("STORYREWRITE_COMMIT", "1234abc")
+    gather_run(DictFS(files), {"name": "dto-delta", "rev": "f" * 40, "base": "fedcba9876"}, second)
+    monkeypatch.delenv("STORYREWRITE_COMMIT")
     runs = load_runs([gathered, second])
     assert len(runs) == 5
     write_bundle(runs, tmp_path / "out", "two parts")
     results = (tmp_path / "out" / "results.md").read_text()
-    assert "| DTO-Delta |" in results
+    assert "| DTO-Delta |" in results and "5 runs (experiments of commit 1234abc, abcdef1), devices:" in results
     assert ("The chosen runs hold 2 different NLL models (trained apart, e.g. on different machines): "
             "cpo-b, dto, exp-nll: BARTScore (M) -1.900; dto-delta: BARTScore (M) -1.950.") in results
     assert ("**Model stages that ran on the CPU although a GPU was used:** generate-finetuned (dto-delta)."

@@ -48,7 +48,10 @@ class Run:
     """One gathered experiment: its name, revision and the files its stages wrote."""
 
     def __init__(self, manifest: dict, root: Path):
-        self.name, self.rev, self.base = manifest["name"], manifest["rev"], manifest.get("base")
+        self.name, self.rev = manifest["name"], manifest["rev"]
+        # The project's commit the experiment derives from: where it ran in a git repository made
+        # of a copy of the tree (scripts/gpu_job.sh compare), the commit that copy was of.
+        self.base = manifest.get("source_commit") or manifest.get("base")
         self.files, self.root = manifest["files"], Path(root)
         self._texts: dict[str, str] = {}  # each file decompressed and checked once
 
