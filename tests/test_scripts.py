@@ -682,6 +682,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s)" > comparison.log\n'
         'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\nexit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
+    (tree / ".device" / "part_01").write_text("a part this call carried")
     (home / "parts" / "part_00").write_text("a part still to be joined")
     (home / "env.sh").write_text("export GIT_AUTHOR_NAME=device GIT_AUTHOR_EMAIL=device@localhost "
                                  "GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
@@ -708,6 +709,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
             os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
     assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
+    committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
+    assert committed == ["params/gpu.yaml", "scripts/comparison.sh", "scripts/gpu_job.sh"]  # not what the calls carried
     with tarfile.open(out / "results.tar.gz") as archive:
         assert "runs/gpu/gpu-nll-continued.json" in archive.getnames()
     assert "== comparison gpu all params/gpu.yaml" in (out / "log.txt").read_text()
