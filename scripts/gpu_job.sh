@@ -13,7 +13,9 @@
 #       `scripts/comparison.sh NAME PART PROFILE...` (e.g. `compare gpu all params/gpu.yaml`), in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
-#       every experiment is gathered into runs/NAME as it finishes.
+#       every experiment is gathered into runs/NAME as it finishes. DVC's queue workers run in
+#       sessions of their own: to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
+#       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/ and runs/ to
 #       $OUT: a call cut short at the end of a loan still brings back what the job had measured,
@@ -92,5 +94,5 @@ poll)
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40 ;;
-*) sed -n 2,23p "$0"; exit 2 ;;
+*) sed -n 2,25p "$0"; exit 2 ;;
 esac
