@@ -17,7 +17,7 @@
 #       sessions of their own: to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
-#       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/ and runs/ to
+#       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/ and runs/NAME to
 #       $OUT: a call cut short at the end of a loan still brings back what the job had measured,
 #       and every experiment gathered by then.
 # The figures name the commit in .device/commit (written by scripts/gpu_pack.sh; the copy the
@@ -30,7 +30,7 @@ start)
   shift
   [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
   GPU_BENCH_CHECK_NAMES=1 bash scripts/gpu_bench.sh bench-out "$@" || exit 2  # a typo fails now, not after the training check
-  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
+  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"; rm -f "$JOB/name"
   echo running > "$JOB/state"
   setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
   echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
@@ -43,6 +43,7 @@ compare)
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
   done
   mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
+  echo "$1" > "$JOB/name"  # poll brings back runs/NAME, what this machine gathers (not the runs/NAME.<n> it was sent)
   echo running > "$JOB/state"
   setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run-comparison "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
   echo $! > "$JOB/pid"
@@ -86,7 +87,8 @@ poll)
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
     # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most.
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench runs; do if [ -e "$path" ]; then found+=("$path"); fi; done \
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name" 2>/dev/null)"; do
+        if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && tar czf "$JOB/results.tmp" --exclude='traces*/*.json' "${found[@]}" 2>/dev/null) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"

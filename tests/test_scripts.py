@@ -670,7 +670,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     """`scripts/gpu_job.sh compare NAME PART PROFILE...` as on the GPU machine, with a stub
     scripts/comparison.sh: it starts once the model packages are unpacked, in a git repository
     made of the copy (whose commit names .device/commit), with STORYREWRITE_COMMIT set for
-    gather; `poll` brings runs/ back in its tar, and the state says how the comparison ended."""
+    gather; `poll` brings runs/NAME back in its tar, and the state says how the comparison ended."""
     import tarfile
 
     home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
@@ -683,6 +683,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\nexit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
+    (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier loan: at home already
+    (tree / "runs" / "gpu.1" / "gpu-dto-score.json").write_text("{}")
     (home / "parts" / "part_00").write_text("a part still to be joined")
     (home / "env.sh").write_text("export GIT_AUTHOR_NAME=device GIT_AUTHOR_EMAIL=device@localhost "
                                  "GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
@@ -710,9 +712,11 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["params/gpu.yaml", "scripts/comparison.sh", "scripts/gpu_job.sh"]  # not what the calls carried
-    with tarfile.open(out / "results.tar.gz") as archive:
+    assert committed == ["params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "scripts/comparison.sh",
+                         "scripts/gpu_job.sh"]  # not what the calls carried for the install
+    with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert "runs/gpu/gpu-nll-continued.json" in archive.getnames()
+        assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison gpu all params/gpu.yaml" in (out / "log.txt").read_text()
 
 
