@@ -18,7 +18,7 @@ import statistics
 
 import torch
 from common import alternating, describe, paired_ratio, write_result
-from objective_step_time import build, interleaved_arguments, interleaved_steps, step
+from objective_step_time import build, check_steps, interleaved_arguments, step
 
 from storyrewrite.models.device import resolve_device
 
@@ -53,7 +53,7 @@ def arguments() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = arguments().parse_args()
-    interleaved_steps(args)
+    check_steps(args)
     device = resolve_device(args.device)
     figures = {}
     for objective in args.objectives:

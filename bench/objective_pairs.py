@@ -25,7 +25,7 @@ import statistics
 
 import torch
 from common import alternating, describe, paired_ratio, peak_memory_gb, write_result
-from objective_step_time import build, interleaved_arguments, interleaved_steps, step
+from objective_step_time import build, check_steps, interleaved_arguments, step
 
 from storyrewrite.models.device import resolve_device
 
@@ -59,7 +59,7 @@ def arguments() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = arguments().parse_args()
-    interleaved_steps(args)
+    check_steps(args)
     if len(set(args.objectives)) != len(args.objectives):
         raise SystemExit(f"error: --objectives names one twice: {' '.join(args.objectives)}")
     device = resolve_device(args.device)

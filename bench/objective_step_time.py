@@ -260,23 +260,26 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
 
 
+def add_objectives_argument(parser: argparse.ArgumentParser, default: list[str], meaning: str) -> None:
+    parser.add_argument("--objectives", nargs="+", default=default, choices=sorted(OBJECTIVES), metavar="OBJECTIVE",
+                        help=f"{meaning}; valid: {', '.join(OBJECTIVES)}")
+
+
 def interleaved_arguments(doc: str, steps_help: str, objectives: list[str], objectives_help: str) -> argparse.ArgumentParser:
     """The command line of a bench that builds eager steps as `build` does and times them
-    interleaved in one process (bench/nan_fill.py, bench/objective_pairs.py); `interleaved_steps`
-    reads its --steps."""
+    interleaved in one process (bench/nan_fill.py, bench/objective_pairs.py); `check_steps`
+    refuses a --steps below 1."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_build_arguments(parser)
     parser.add_argument("--steps", type=int, default=12, help=steps_help)
-    parser.add_argument("--objectives", nargs="+", default=objectives, choices=sorted(OBJECTIVES), metavar="OBJECTIVE",
-                        help=f"{objectives_help}; valid: {', '.join(OBJECTIVES)}")
+    add_objectives_argument(parser, objectives, objectives_help)
     parser.set_defaults(compile=False)  # what `build` reads
     return parser
 
 
-def interleaved_steps(args: argparse.Namespace) -> int:
+def check_steps(args: argparse.Namespace) -> None:
     if args.steps < 1:
         raise SystemExit(f"error: --steps must be at least 1, not {args.steps}")
-    return args.steps
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -285,8 +288,7 @@ def arguments() -> argparse.ArgumentParser:
     add_build_arguments(parser)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per process (and as many with the diagnostics' parts timed)")
     parser.add_argument("--repeats", type=int, default=2, help="times the whole sequence of objectives is measured")
-    parser.add_argument("--objectives", nargs="+", default=["nll", "score", "score_delta"], choices=sorted(OBJECTIVES),
-                        metavar="OBJECTIVE", help=f"the first is the base of every ratio; valid: {', '.join(OBJECTIVES)}")
+    add_objectives_argument(parser, ["nll", "score", "score_delta"], "the first is the base of every ratio")
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
     parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
