@@ -68,10 +68,11 @@ bench training training_paths.txt bench/training_paths.py --device cuda --profil
 GENERATION=(bench/nll_throughput.py --device cuda --profile params/gpu.yaml --generate 1024)
 bench generation nll_throughput.txt "${GENERATION[@]}" --steps 20 --compare-batch-sizes 128 1024
 bench generation-cudnn nll_throughput_cudnn.txt "${GENERATION[@]}" --steps 1 --cudnn-attention
-STEPS=(bench/objective_step_time.py --device cuda --precision bf16-mixed --profile params/gpu.yaml)
-bench pairs objective_pairs.txt bench/objective_pairs.py --device cuda --precision bf16-mixed --profile params/gpu.yaml --batch-size 16
+TRAINING=(--device cuda --precision bf16-mixed --profile params/gpu.yaml)  # the training step benches' settings
+STEPS=(bench/objective_step_time.py "${TRAINING[@]}")
+bench pairs objective_pairs.txt bench/objective_pairs.py "${TRAINING[@]}" --batch-size 16
 bench steps objective_step_time.txt "${STEPS[@]}" --batch-size 16 --objectives nll score score_delta --trace "$OUT/traces"
-bench nan-fill nan_fill.txt bench/nan_fill.py --device cuda --precision bf16-mixed --profile params/gpu.yaml --batch-size 16
+bench nan-fill nan_fill.txt bench/nan_fill.py "${TRAINING[@]}" --batch-size 16
 bench generation-static nll_throughput_static.txt "${GENERATION[@]}" --steps 1 --cache static
 bench scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
 bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024 --repeats 2

