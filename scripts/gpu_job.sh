@@ -13,8 +13,8 @@
 #       `scripts/comparison.sh NAME PART PROFILE...` (e.g. `compare gpu all params/gpu.yaml`), in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
-#       every experiment is gathered into runs/NAME as it finishes. DVC's queue workers run in
-#       sessions of their own: to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
+#       every experiment is gathered into runs/NAME as it finishes. DVC's queue workers leave
+#       the job's process group (daemons): to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/ and runs/NAME to
