@@ -13,7 +13,7 @@ from storyrewrite.llm.retrieval import Index, query_text
 from storyrewrite.llm.modes import ExampleSource, get_mode
 from storyrewrite.llm.run import run_mode
 from storyrewrite.params import Params
-from storyrewrite.records import StageRecord
+from storyrewrite.records import StageRecord, describe_device
 
 
 def main() -> None:
@@ -43,13 +43,16 @@ def main() -> None:
     local = config.backend == "local"
     device, dtype = (backend.device, config.local_dtype) if local else ("cpu", None)
     print(f"llm {mode.name}: backend {config.backend}, model {backend.label}" + (f" on {device} ({dtype})" if local else ""))
-    retrieve = None
+    retrieve, retrieval = None, {}
     if mode.needs_index:
         from storyrewrite.models.device import resolve_device
         from storyrewrite.models.sentence import SentenceEncoder
 
         index, embedder = Index(args.index), SentenceEncoder(args.index / "embedder", resolve_device(params.device))
         retrieve = lambda rows: index.nearest(embedder.embed([query_text(r, task) for r in rows]))  # noqa: E731
+        # The retrieval's embedder runs whatever the response cache holds (its examples are part
+        # of each prompt): the record names its device beside the LLM's.
+        retrieval = {"embedder_device": describe_device(embedder.device)["device"]}
     source = ExampleSource(train, task, config, params.seed, retrieve)
     predictions, usage = run_mode(mode.name, instances, source, backend, ResponseCache(args.cache))
     write_jsonl_atomic(args.out, predictions)
@@ -64,7 +67,7 @@ def main() -> None:
         if local and not backend.loaded:  # every reply was cached: no weights loaded, no model ran
             device, dtype = "cpu", None
         record.finish(device, dtype, facts.pop("requests"), "requests", **facts,
-                      predictions=len(predictions), backend=config.backend, model=backend.label)
+                      predictions=len(predictions), backend=config.backend, model=backend.label, **retrieval)
 
 
 if __name__ == "__main__":

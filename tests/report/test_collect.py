@@ -242,6 +242,9 @@ def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gat
     files["reports/metrics/nll.json"] = json.dumps(_metrics(-1.95)).encode()
     files["reports/stages/generate-finetuned.json"] = json.dumps({**_record("generate-finetuned", "dto-delta", 30.0),
                                                                   "device": "cpu", "device_name": "cpu", "dtype": "float32"}).encode()
+    # A RAG mode whose replies were all cached (no LLM ran: no dtype) but whose embedder ran on the CPU.
+    files["reports/stages/llm-rag.json"] = json.dumps({**_record("llm-rag", "dto-delta", 2.0), "dtype": None,
+                                                       "embedder_device": "cpu"}).encode()
     monkeypatch.setenv("STORYREWRITE_COMMIT", "1234abc")
     gather_run(DictFS(files), {"name": "dto-delta", "rev": "f" * 40, "base": "fedcba9876"}, second)
     monkeypatch.delenv("STORYREWRITE_COMMIT")
@@ -252,8 +255,8 @@ def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gat
     assert "| DTO-Delta |" in results and "5 runs (experiments of commit 1234abc, abcdef1), devices:" in results
     assert ("The chosen runs hold 2 different NLL models (trained apart, e.g. on different machines): "
             "cpo-b, dto, exp-nll: BARTScore (M) -1.900; dto-delta: BARTScore (M) -1.950.") in results
-    assert ("**Model stages that ran on the CPU although a GPU was used:** generate-finetuned (dto-delta)."
-            in (tmp_path / "out" / "stages.md").read_text())
+    assert ("**Model stages that ran on the CPU although a GPU was used:** generate-finetuned (dto-delta), "
+            "llm-rag's embedder (dto-delta)." in (tmp_path / "out" / "stages.md").read_text())
     write_bundle(load_runs([gathered]), tmp_path / "one", "one part")
     assert "different NLL models" not in (tmp_path / "one" / "results.md").read_text()
     gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0}, "DTO-Score")),
