@@ -17,9 +17,11 @@
 #       the job's process group (daemons): to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
-#       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/ and runs/NAME to
-#       $OUT: a call cut short at the end of a loan still brings back what the job had measured,
-#       and every experiment gathered by then.
+#       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/, runs/NAME
+#       and the stage records of the experiments still running (in .dvc/tmp/exps/) to $OUT:
+#       a call cut short at the end of a loan still brings back what the job had
+#       measured, every experiment gathered by then, and where the time of one that had not
+#       finished went; it ends by listing those records' stages, devices and wall times.
 # The figures name the commit in .device/commit (written by scripts/gpu_pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -89,15 +91,35 @@ poll)
   end=$(( $(date +%s) + ${2:-540} ))
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
-    # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most.
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")"; do
+    # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most. The
+    # stage records of the experiments still running (in DVC's temporary workspaces: a queued
+    # one's, `dvc exp run --temp`'s under standalone/) come too:
+    # where and how long each finished stage ran, even if the loan ends before the experiment.
+    # A workspace DVC removes while tar reads it is skipped (tar's exit 1: a file changed).
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" \
+        .dvc/tmp/exps/*/reports/stages .dvc/tmp/exps/standalone/*/reports/stages; do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
-      && tar czf "$JOB/results.tmp" --exclude='traces*/*.json' "${found[@]}" 2>/dev/null) \
+      && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
-  cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40 ;;
-*) sed -n 2,25p "$0"; exit 2 ;;
+  cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
+  # The stages an unfinished experiment has run so far, each with its device and wall time.
+  shopt -s nullglob; records=("$HOME"/proj/.dvc/tmp/exps/{,standalone/}*/reports/stages/*.json); shopt -u nullglob
+  if [ ${#records[@]} -gt 0 ]; then
+    echo "== stages done in experiments still running"
+    python3 -c 'import json, sys
+done = []
+for path in sys.argv[1:]:
+    try:
+        r = json.load(open(path))
+        done.append((path.split("/")[-4], r.get("started_at") or "", r["stage"], r["device"], r["wall_s"]))
+    except (OSError, ValueError, KeyError):
+        pass  # removed, or not yet whole, while read
+for workspace, _, stage, device, wall in sorted(done):
+    print("{}: {} on {} in {} s".format(workspace, stage, device, wall))' "${records[@]}"
+  fi ;;
+*) sed -n 2,27p "$0"; exit 2 ;;
 esac

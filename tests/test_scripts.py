@@ -680,7 +680,14 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
     (tree / "scripts" / "comparison.sh").write_text(
         'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s)" > comparison.log\n'
-        'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\nexit 3\n')
+        'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\n'
+        # Experiments still running in DVC's temporary workspaces (`dvc exp run --temp`'s under
+        # standalone/, a queued one's beside it): stages done, and one record being written.
+        'mkdir -p .dvc/tmp/exps/standalone/tmpab12/reports/stages .dvc/tmp/exps/tmpcd34/reports/stages\n'
+        """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
+        """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
+        """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
+        'exit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
     (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier loan: at home already
@@ -710,12 +717,16 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
     assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
+    # The stages of the unfinished experiment, a record not yet whole left out.
+    assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
+                                "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
     assert committed == ["params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "scripts/comparison.sh",
                          "scripts/gpu_job.sh"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
-        assert "runs/gpu/gpu-nll-continued.json" in archive.getnames()
+        assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
+                ".dvc/tmp/exps/tmpcd34/reports/stages/train.json"} <= set(archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison gpu all params/gpu.yaml" in (out / "log.txt").read_text()
 
