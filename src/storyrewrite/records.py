@@ -85,7 +85,8 @@ def where_ran(record: dict) -> str:
 
 
 def describe_device(device) -> dict:
-    """{"device": "cuda:0" | "cpu", "device_name": ...} for a torch.device or its string."""
+    """{"device": "cuda:0" | "cpu", "device_name": ...} for a torch.device or its string;
+    "remote HOST" (a remote LLM backend's server) gives {"device": "remote", "device_name": HOST}."""
     text = str(device)
     if text.startswith("cuda"):
         import torch
@@ -95,6 +96,8 @@ def describe_device(device) -> dict:
         return {"device": f"cuda:{index}", "device_name": torch.cuda.get_device_name(index)}
     if text.startswith("cpu"):
         return {"device": "cpu", "device_name": cpu_name()}
+    if text.startswith("remote "):
+        return {"device": "remote", "device_name": text.removeprefix("remote ")}
     return {"device": text, "device_name": text}
 
 

@@ -149,6 +149,8 @@ def test_the_stage_never_writes_the_key_and_its_metrics_do_not_depend_on_the_cac
         assert {k: usage[k] for k in ("instances", "prompts", "prompt_tokens", "completion_tokens")} == {
             "instances": 6, "prompts": 2, "prompt_tokens": 20, "completion_tokens": 10}
         assert record["items"] == 2 and record["unit"] == "requests" and record["cache_hits"] == 0
+        # The model ran on the server: the record names its host, and no dtype.
+        assert (record["device"], record["device_name"], record["dtype"]) == ("remote", "127.0.0.1", None)
         # Again, every answer from the cache: the same metrics (DVC sees no change); the record
         # says what this run did.
         again, record = stage()
