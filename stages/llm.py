@@ -3,7 +3,6 @@ backend, every response cached; prints the cost/latency summary."""
 import argparse
 import json
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite import artifacts
@@ -40,10 +39,9 @@ def main() -> None:
     instances = load_instances(args.data, task, params.generate.split)
     train = load_instances(args.data, task, "train")
     backend = make_backend(config, args.local_model, params.models.generator, params.device)
-    # A remote backend's model runs on its server: the record names the server's host as the
-    # device, and no dtype (this machine ran no model).
+    # A remote backend's model runs on its server (its device names the host): no dtype here.
     local = config.backend == "local"
-    device, dtype = (backend.device, config.local_dtype) if local else (f"remote {urlsplit(config.openai.base_url).hostname or config.openai.base_url}", None)
+    device, dtype = backend.device, config.local_dtype if local else None
     print(f"llm {mode.name}: backend {config.backend}, model {backend.label}" + (f" on {device} ({dtype})" if local else ""))
     retrieve, retrieval = None, {}
     if mode.needs_index:

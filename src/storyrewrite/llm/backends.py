@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from storyrewrite.io import InputError
 from storyrewrite.params import LLMConfig, OpenAISettings
@@ -36,6 +37,7 @@ class Backend(Protocol):
     model_id: str  # what identifies the model in the cache key (a URL and name, or a weights digest)
     label: str  # the model as the report names it
     batch_size: int  # prompts handed to complete_many at once
+    device: object  # where the model runs: a torch.device, or "remote HOST" (records.describe_device)
 
     def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
         """(position in `prompts`, reply) for every prompt, in the order they finish."""
@@ -65,6 +67,8 @@ class OpenAIBackend:
         self.settings = settings
         self.model_id, self.label = f"{settings.base_url} {settings.model}", settings.model
         self.batch_size = 16 * settings.concurrency
+        # The model runs on the server: the stage record names its host (no credentials, no port).
+        self.device = f"remote {urlsplit(settings.base_url).hostname or settings.base_url}"
         self._retries, self._lock = 0, threading.Lock()  # counted from the worker threads
 
     @property
