@@ -52,7 +52,8 @@ def main() -> None:
         retrieve = lambda rows: index.nearest(embedder.embed([query_text(r, task) for r in rows]))  # noqa: E731
         # The retrieval's embedder runs whatever the response cache holds (its examples are part
         # of each prompt): the record names its device beside the LLM's.
-        retrieval = {"embedder_device": describe_device(embedder.device)["device"]}
+        where = describe_device(embedder.device)
+        retrieval = {"embedder_device": where["device"], "embedder_device_name": where["device_name"]}
     source = ExampleSource(train, task, config, params.seed, retrieve)
     predictions, usage = run_mode(mode.name, instances, source, backend, ResponseCache(args.cache))
     write_jsonl_atomic(args.out, predictions)

@@ -213,6 +213,7 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     # The RAG stage's record names where its retrieval's embedder ran, beside the LLM's device.
     rag = json.loads((tmp_path / "reports" / "stages" / "llm-rag.json").read_text())
     assert rag["embedder_device"] == rag["device"] == "cpu" and rag["dtype"] is not None
+    assert rag["embedder_device_name"] == rag["device_name"]
     # A judge other than the scorer, and the NLI classifier: EntScore and HMean in the table.
     results = (tmp_path / "reports" / "results.md").read_text()
     assert "| EntScore | HMean |" in results and "The judge is the training scorer" not in results

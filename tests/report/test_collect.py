@@ -244,7 +244,7 @@ def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gat
                                                                   "device": "cpu", "device_name": "cpu", "dtype": "float32"}).encode()
     # A RAG mode whose replies were all cached (no LLM ran: no dtype) but whose embedder ran on the CPU.
     files["reports/stages/llm-rag.json"] = json.dumps({**_record("llm-rag", "dto-delta", 2.0), "dtype": None,
-                                                       "embedder_device": "cpu"}).encode()
+                                                       "embedder_device": "cpu", "embedder_device_name": "AMD EPYC (16 cores)"}).encode()
     monkeypatch.setenv("STORYREWRITE_COMMIT", "1234abc")
     gather_run(DictFS(files), {"name": "dto-delta", "rev": "f" * 40, "base": "fedcba9876"}, second)
     monkeypatch.delenv("STORYREWRITE_COMMIT")
@@ -252,7 +252,10 @@ def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gat
     assert len(runs) == 5
     write_bundle(runs, tmp_path / "out", "two parts")
     results = (tmp_path / "out" / "results.md").read_text()
-    assert "| DTO-Delta |" in results and "5 runs (experiments of commit 1234abc, abcdef1), devices:" in results
+    assert "| DTO-Delta |" in results
+    # The CPU the embedder ran on is listed among the devices, apart from the generation's record.
+    assert ("5 runs (experiments of commit 1234abc, abcdef1), devices: cpu, cpu (AMD EPYC (16 cores)), "
+            "cuda:0 (NVIDIA H100 80GB HBM3). Collected") in results
     assert ("The chosen runs hold 2 different NLL models (trained apart, e.g. on different machines): "
             "cpo-b, dto, exp-nll: BARTScore (M) -1.900; dto-delta: BARTScore (M) -1.950.") in results
     assert ("**Model stages that ran on the CPU although a GPU was used:** generate-finetuned (dto-delta), "

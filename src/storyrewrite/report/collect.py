@@ -518,13 +518,28 @@ def ran_a_model(record: dict) -> bool:
     return bool(record.get("dtype"))
 
 
+def embedder_record(record: dict) -> dict | None:
+    """A RAG mode's retrieval embedder as a record of its own (its device and name; the CPU's
+    features where the stage's record holds them, from the same machine), None for a stage
+    without one. Its record names the LLM's device; the embedder may have run elsewhere."""
+    if "embedder_device" not in record:
+        return None
+    device = record["embedder_device"]
+    # Records before the embedder's name was kept give its device only.
+    embedder = {"device": device, "device_name": record.get("embedder_device_name", device)}
+    if device == "cpu":
+        embedder |= {k: record[k] for k in ("cpu_capability", "cpu_bf16") if k in record}
+    return embedder
+
+
 def where_models_ran(runs: list[Run]) -> list[str]:
     """The devices the runs' models ran on (records.where_ran of the records of stages that ran
-    a model, as in stages_markdown; every record's where none did). A stage that runs no model
-    (significance) names its machine without the CPU's features, which would list one machine
-    twice."""
+    a model, as in stages_markdown, and of a RAG mode's embedder; every record's where none did).
+    A stage that runs no model (significance) names its machine without the CPU's features, which
+    would list one machine twice."""
     records = [r for run in runs for r in _records(run)]
-    return sorted({where_ran(r) for r in records if ran_a_model(r)} or {where_ran(r) for r in records})
+    models = [r for r in records if ran_a_model(r)] + [e for r in records if (e := embedder_record(r))]
+    return sorted({where_ran(r) for r in models} or {where_ran(r) for r in records})
 
 
 def stages_markdown(runs: list[Run]) -> str:
