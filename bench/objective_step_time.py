@@ -4,6 +4,7 @@ one run of this script.
 
     python bench/objective_step_time.py [--device auto] [--precision 32-true] [--batch-size N]
         [--steps 4] [--repeats 2] [--objectives nll score score_delta] [--profile params/gpu.yaml] [--trace DIR]
+        [--profile-steps 4]
         [--compile] [--name NAME]
 
 Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in bf16-mixed);
@@ -27,7 +28,7 @@ to be resolved): inside a process every other step is instrumented, the device s
 around the objective's diagnostics, the gradient norm and the logged values' copy to the host,
 and the time they take is set against the plain steps' median (`diagnostics`: a step with them
 over the same step without them). On CUDA the torch profiler then runs a few more
-steps and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
+steps (`--profile-steps`) and gives the share of their wall time during which GPU kernels ran ("GPU busy"); --trace
 writes the first repeat's operator table and Chrome trace. A line as each process ends gives its
 step time and where its time went (building the models, the steps, counting the operators, the
 profiler; the rest is the process's start), so that a run cut short keeps what it measured.
@@ -232,7 +233,7 @@ def measure(objective: str, args) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profiler:
             started = clock(device)
-            for _ in range(4):
+            for _ in range(args.profile_steps):
                 step(module, optimizer, batch, device, args.precision, True)
             wall = clock(device) - started
         result["gpu_busy"] = device_seconds(profiler.profiler.kineto_results.events(), DeviceType.CUDA) / wall
@@ -290,6 +291,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=2, help="times the whole sequence of objectives is measured")
     add_objectives_argument(parser, ["nll", "score", "score_delta"], "the first is the base of every ratio")
     parser.add_argument("--trace", help="write the profiler's operator table and trace per objective here (CUDA)")
+    # The profiler's cost grows with a step's operators, not its time: a RLOO step (decoded a token
+    # at a time) dispatches ~20x an NLL step's, and four of them under the profiler gave 1.5 million
+    # events whose operator table took 87 s to build on the 2-core CPU (NLL's: 8 s).
+    parser.add_argument("--profile-steps", type=int, default=4,
+                        help="steps run under the profiler for the GPU busy share and the --trace tables (CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
     parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
                         "and -compiled where not 32-true and eager): a run of its own there, each device's last")
@@ -299,6 +305,8 @@ def arguments() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = arguments().parse_args()
+    if args.profile_steps < 1:
+        raise SystemExit(f"error: --profile-steps must be at least 1, not {args.profile_steps}")
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return
@@ -308,7 +316,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for objective in [o for o in args.objectives if o not in failed]:
             command = [sys.executable, __file__, "--one", objective, "--device", args.device, "--precision", args.precision,
-                       "--steps", str(args.steps), *sum((["--profile", str(p)] for p in args.profile), [])]
+                       "--steps", str(args.steps), "--profile-steps", str(args.profile_steps), *sum((["--profile", str(p)] for p in args.profile), [])]
             command += ["--batch-size", str(args.batch_size)] if args.batch_size else []
             # The first repeat's profile is the one written: a Chrome trace of a GPU step is tens of
             # MB, and writing it again costs each later process seconds for the same table.
@@ -396,6 +404,7 @@ def main() -> None:
                  {"precision": args.precision, "compile": args.compile, "deterministic": first["deterministic"],
                   "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
+                  **({"profile_steps": args.profile_steps} if busy else {}),
                   "profiles": [str(p) for p in args.profile], **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:
         raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")

@@ -30,7 +30,8 @@
 #   steps-others       objective_step_time of the objectives without a target (DTO-Delta, CPO, RLOO:
 #                      sampling included) against an NLL step of their own run, into
 #                      objective_step_time-bf16-mixed-others.json (the targets' run stays); tables in
-#                      OUT/traces-others/
+#                      OUT/traces-others/ of one profiled step (RLOO's four steps are 1.5 million
+#                      profiler events on a CPU, minutes of a loan to tabulate)
 #   compile            objective_step_time once more with the models' bodies compiled (`compile: true`;
 #                      each process first compiles, a minute or more); its failure is a warning only
 #   all                every one above but compile (the default)
@@ -79,7 +80,7 @@ bench llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/
 bench steps-batch64 objective_step_time_batch64.txt "${STEPS[@]}" --batch-size 64 --objectives nll score score_delta \
   --name objective_step_time-bf16-mixed-batch64 --trace "$OUT/traces-batch64"
 bench steps-others objective_step_time_others.txt "${STEPS[@]}" --batch-size 16 --objectives nll delta cpo rloo \
-  --name objective_step_time-bf16-mixed-others --trace "$OUT/traces-others"
+  --name objective_step_time-bf16-mixed-others --trace "$OUT/traces-others" --profile-steps 1
 if [ -n "${WANTED[compile]:-}" ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.

@@ -339,3 +339,35 @@ def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_
         queue_workers.main()
     assert "-j 2: generate@finetuned, report, train | generate@finetuned, report, train" in str(stopped.value)
     assert written == []
+
+
+def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_them(monkeypatch):
+    """`--profile-steps` (scripts/gpu_bench.sh's steps-others profiles one RLOO step, not four)
+    reaches every objective's process and the figures' settings; below 1 it is refused. The
+    processes are stubs that answer as a CUDA process would, with a GPU busy share."""
+    import json
+    import subprocess
+    import types
+
+    import objective_step_time
+
+    commands, written = [], {}
+
+    def process(command, **kwargs):
+        commands.append(command)
+        row = {"with": 0.2, "without": 0.19, "first": 1.0, "sample_share": None, "peak_memory_gb": 1.0,
+               "device": "cuda:0 (stub)", "batch_size": 16, "tokens": 1898, "deterministic": True, "nan_fill": False,
+               "gpu_busy": 0.1, "phases": {"build_s": 1.0}}
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", process)
+    monkeypatch.setattr(objective_step_time, "write_result", lambda name, device, figures, settings, targets: written.update(settings))
+    monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--device", "cpu", "--objectives", "nll", "rloo",
+                                      "--repeats", "1", "--profile-steps", "1"])
+    objective_step_time.main()
+    assert len(commands) == 2
+    assert all(command[command.index("--profile-steps") + 1] == "1" for command in commands)
+    assert written["profile_steps"] == 1
+    monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--profile-steps", "0"])
+    with pytest.raises(SystemExit, match="--profile-steps must be at least 1, not 0"):
+        objective_step_time.main()
