@@ -78,11 +78,13 @@ if [ $# -gt 0 ]; then
   OVERRIDES=($(python -m storyrewrite.params overrides "$@"))
 fi
 EXISTING=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
-# Experiments gathered before, here (runs/NAME) or on another machine (runs/NAME.<anything>).
+# Experiments gathered before, here (runs/NAME) or on another machine (runs/NAME.<anything>): a
+# folder with a run's manifest (a loan that finished none may have brought home its run cache alone).
 shopt -s nullglob
 FOLDERS=()
 for folder in "runs/$NAME" "runs/$NAME".*; do
-  [ -d "$folder" ] && FOLDERS+=("$folder")
+  manifests=("$folder"/*.json)
+  [ -d "$folder" ] && [ ${#manifests[@]} -gt 0 ] && FOLDERS+=("$folder")
 done
 GATHERED_BEFORE=" "
 for manifest in "runs/$NAME"/*.json "runs/$NAME".*/*.json; do

@@ -13,7 +13,8 @@
 #       `scripts/comparison.sh NAME PART PROFILE...` (e.g. `compare gpu all params/gpu.yaml`), in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
-#       every experiment is gathered into runs/NAME as it finishes. DVC's queue workers leave
+#       every experiment is gathered into runs/NAME as it finishes; the run cache of an earlier
+#       loan (runs/NAME.<n>/run-cache.tar.gz) is imported first. DVC's queue workers leave
 #       the job's process group (daemons): to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
@@ -21,7 +22,9 @@
 #       and the stage records of the experiments still running (in .dvc/tmp/exps/) to $OUT:
 #       a call cut short at the end of a loan still brings back what the job had
 #       measured, every experiment gathered by then, and where the time of one that had not
-#       finished went; it ends by listing those records' stages, devices and wall times.
+#       finished went; it ends by listing those records' stages, devices and wall times. A
+#       comparison's also writes $OUT/run-cache.tar.gz: the stages finished that use no model
+#       trained there (storyrewrite.runcache), to keep as runs/NAME.<n>/run-cache.tar.gz.
 # The figures name the commit in .device/commit (written by scripts/gpu_pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -73,6 +76,11 @@ run | run-comparison)  # (internal: the detached job)
       git init -q && echo /.device/ >> .git/info/exclude && git add -A \
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
+    # The run cache an earlier loan brought home with its runs (runs/NAME.<n>/run-cache.tar.gz):
+    # the stages it finished that use no model trained there are restored, not run again.
+    for archive in runs/"$1".*/run-cache.tar.gz; do
+      [ -f "$archive" ] && python -m storyrewrite.runcache import "$archive"
+    done
     wait_for_packages
     echo "== comparison $* $(date +%T)"
     bash scripts/comparison.sh "$@"
@@ -105,10 +113,22 @@ poll)
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
+    # A comparison's run cache of the stages another loan can reuse (storyrewrite.runcache), written
+    # anew when DVC's run cache has grown: what finished comes home even inside an experiment.
+    if [ -s "$JOB/name" ] && [ -d "$HOME/proj/.dvc/cache/runs" ]; then
+      entries=$(find "$HOME/proj/.dvc/cache/runs" -type f | wc -l)
+      if [ "$entries" != "$(cat "$JOB/run-cache.entries" 2>/dev/null)" ] && (cd "$HOME/proj" && source "$HOME/env.sh" \
+          && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} python -m storyrewrite.runcache export "$JOB/run-cache.tar.gz" \
+          --trained models/nll models/finetuned > "$JOB/run-cache.txt" 2>&1); then
+        echo "$entries" > "$JOB/run-cache.entries"
+        cp "$JOB/run-cache.tar.gz" "$OUT/run-cache.tmp" && mv "$OUT/run-cache.tmp" "$OUT/run-cache.tar.gz"
+      fi
+    fi
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
+  [ -f "$JOB/run-cache.txt" ] && cat "$JOB/run-cache.txt"
   # The stages an unfinished experiment has run so far, each with its device and wall time.
   cd "$HOME/proj" && python3 -c 'import glob, json, sys
 done = []
@@ -122,5 +142,5 @@ if done:
     print("== stages done in experiments still running")
 for workspace, _, stage, device, wall in sorted(done):
     print("{}: {} on {} in {} s".format(workspace, stage, device, wall))' $(running_stages) ;;
-*) sed -n 2,27p "$0"; exit 2 ;;
+*) sed -n 2,30p "$0"; exit 2 ;;
 esac

@@ -20,6 +20,7 @@ import sys
 import pytest
 import yaml
 from helpers import ROOT, distribution_key, installed_dependencies, listed, pinned
+from storyrewrite import runcache
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
 GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]
@@ -265,6 +266,10 @@ exit 0
 
 def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     (tmp_path / "runs" / "grid.2").mkdir(parents=True)
+    (tmp_path / "runs" / "grid.2" / "grid-dto-score.json").write_text("{}")
+    # A loan that gathered no experiment brought home its run cache alone: nothing to collect there.
+    (tmp_path / "runs" / "grid.3").mkdir(parents=True)
+    (tmp_path / "runs" / "grid.3" / "run-cache.tar.gz").write_bytes(b"")
     result, calls = _run(tmp_path, "grid", "cpo")
     assert result.returncode == 0, result.stderr
     assert _names(calls) == [f"grid-{n}" for n in GRID]
@@ -687,11 +692,26 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
         """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
+        # What the run cache held when the comparison began (an earlier loan's, imported), and
+        # the entries of two stages it finished: an LLM baseline's, and one that read the NLL model.
+        'find .dvc/cache -type f | sort > run-cache-at-start.log\n'
+        + "".join(f"mkdir -p .dvc/cache/runs/{key[:2]}/{key} && printf '{entry}' > .dvc/cache/runs/{key[:2]}/{key}/v\n"
+                  for key, entry in (("ab" * 32, "deps:\\n- path: prompts\\nouts:\\n- path: predictions/llm_rag.jsonl\\n  md5: " + "1" * 32 + "\\n"),
+                                     ("cd" * 32, "deps:\\n- path: models/nll\\nouts:\\n- path: predictions/nll.jsonl\\n  md5: " + "2" * 32 + "\\n")))
+        + f"mkdir -p .dvc/cache/files/md5/11 .dvc/cache/files/md5/22 && echo rag > .dvc/cache/files/md5/11/{'1' * 30} "
+        f"&& echo nll > .dvc/cache/files/md5/22/{'2' * 30}\n"
         'exit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
     (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier loan: at home already
     (tree / "runs" / "gpu.1" / "gpu-dto-score.json").write_text("{}")
+    # ... with the run cache of the stages that loan finished (storyrewrite.runcache export).
+    earlier = tmp_path / "earlier-cache"
+    (earlier / "runs" / "ef" / ("ef" * 32)).mkdir(parents=True)
+    (earlier / "runs" / "ef" / ("ef" * 32) / "v").write_text(f"deps:\n- path: prompts\nouts:\n- path: p.jsonl\n  md5: {'3' * 32}\n")
+    (earlier / "files" / "md5" / "33").mkdir(parents=True)
+    (earlier / "files" / "md5" / "33" / ("3" * 30)).write_text("zero-shot")
+    runcache.export(earlier, tree / "runs" / "gpu.1" / "run-cache.tar.gz", ["models/nll"], 1)
     (home / "parts" / "part_00").write_text("a part still to be joined")
     (home / "env.sh").write_text("export GIT_AUTHOR_NAME=device GIT_AUTHOR_EMAIL=device@localhost "
                                  "GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
@@ -721,9 +741,14 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
                                 "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
+    assert (home / "proj" / "run-cache-at-start.log").read_text() == f".dvc/cache/files/md5/33/{'3' * 30}\n.dvc/cache/runs/ef/{'ef' * 32}/v\n"
+    # Brought back: the LLM baseline's entry and its file; not the imported one, nor what read the NLL model.
+    with tarfile.open(out / "run-cache.tar.gz") as archive:
+        assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/v"]
+    assert "run cache: 1 entries to" in done.stdout and "predictions/llm_rag.jsonl" in done.stdout
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "scripts/comparison.sh",
-                         "scripts/gpu_job.sh"]  # not what the calls carried for the install
+    assert committed == ["params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "runs/gpu.1/run-cache.tar.gz",
+                         "scripts/comparison.sh", "scripts/gpu_job.sh"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/train.json"} <= set(archive.getnames())
