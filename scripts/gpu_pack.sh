@@ -165,4 +165,4 @@ echo "  then, in the call of the last part: bash .device/on-device.sh part && ba
 commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")
 [ -z "$commit" ] || echo "$commit" > .device/commit
 echo "or, for the benchmarks (scripts/gpu_job.sh): to the install call add \" && bash scripts/gpu_job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash scripts/gpu_job.sh poll 500; then bash scripts/gpu_job.sh poll 540 until it says done"
-echo "or, for the comparison, the same with \"bash scripts/gpu_job.sh compare gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu, to keep as runs/gpu.<n>"
+echo "or, for the comparison, the same with \"bash scripts/gpu_job.sh compare gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz) and run-cache.tar.gz, to keep as runs/gpu.<n>/ and runs/gpu.<n>/run-cache.tar.gz"
