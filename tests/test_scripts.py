@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -713,8 +714,9 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     (earlier / "files" / "md5" / "33" / ("3" * 30)).write_text("zero-shot")
     runcache.export(earlier, tree / "runs" / "gpu.1" / "run-cache.tar.gz", ["models/nll"], 1)
     (home / "parts" / "part_00").write_text("a part still to be joined")
-    (home / "env.sh").write_text("export GIT_AUTHOR_NAME=device GIT_AUTHOR_EMAIL=device@localhost "
-                                 "GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
+    # As the kit's install writes it: its `python` (here this one, whatever PATH the tests run with) first.
+    (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH GIT_AUTHOR_NAME=device "
+                                 "GIT_AUTHOR_EMAIL=device@localhost GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
 
     def job(*args: str) -> subprocess.CompletedProcess:
