@@ -82,10 +82,10 @@ def test_the_closure_command_rewrites_stale_deps_and_names_a_missing_file(tmp_pa
 
     original = (ROOT / "dvc.yaml").read_text()
     copy = tmp_path / "dvc.yaml"
-    copy.write_text(original.replace("      - src/storyrewrite/models/encoding.py\n", "", 1))
+    copy.write_text(original.replace("\n      - src/storyrewrite/models/encoding.py\n", "\n", 1))  # a whole line
     result = run("--update", str(copy))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["train_nll: code deps updated"]
+    assert result.stdout.splitlines() == ["score_sanity: code deps updated"]  # the first stage that lists it at that indent
     assert copy.read_text() == original
 
     bad = original.replace("- stages/score.py\n", "- stages/scores.py\n", 1)
