@@ -106,3 +106,11 @@ def test_a_bad_archive_or_cache_is_named(machine, tmp_path):
         runcache.import_(machine / ".dvc" / "cache", bad)
     with pytest.raises(runcache.InputError, match="no DVC run cache here"):
         runcache.export(tmp_path, tmp_path / "out.tar.gz", ["model.bin"], 1)
+
+
+def test_the_command_line_names_what_is_wrong(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        runcache.main(["export", str(tmp_path / "out.tar.gz"), "--trained", "models/nll", "--max-entry-mb", "0"])
+    assert "--max-entry-mb must be a positive number of MiB, not 0.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"error: .*nothing\.tar\.gz: no such file"):
+        runcache.main(["import", str(tmp_path / "nothing.tar.gz")])

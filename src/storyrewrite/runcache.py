@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     into = verbs.add_parser("import", help="add exported entries to this machine's cache")
     into.add_argument("archives", type=Path, nargs="+")
     args = parser.parse_args(argv)
+    if args.verb == "export" and not args.max_entry_mb > 0:
+        parser.error(f"--max-entry-mb must be a positive number of MiB, not {args.max_entry_mb}")
     try:
         if args.verb == "export":
             kept = export(args.cache, args.out, args.trained, args.max_entry_mb)
