@@ -77,6 +77,9 @@ def test_what_a_machine_exports_another_restores_and_the_rest_it_runs(machine, t
                        ("predictions.txt",): "needs or makes what was trained here",
                        ("scores/trained.txt",): "needs or makes what was trained here",  # through generate's output
                        ("sanity.bin",): "outputs of 2.9 MiB"}
+    # An entry DVC is still writing (its temporary name) is no entry yet.
+    next((cache / "runs").glob("*/*")).joinpath("1f2e.tmp").write_text("cmd: half")
+    assert len(runcache.entries(cache)) == 6
     with tarfile.open(out) as archive:
         names = archive.getnames()
     # Each entry with its objects: the folder's listing and both of its files.

@@ -696,7 +696,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         # What the run cache held when the comparison began (an earlier loan's, imported), and
         # the entries of two stages it finished: an LLM baseline's, and one that read the NLL model.
         'find .dvc/cache -type f | sort > run-cache-at-start.log\n'
-        + "".join(f"mkdir -p .dvc/cache/runs/{key[:2]}/{key} && printf '{entry}' > .dvc/cache/runs/{key[:2]}/{key}/v\n"
+        + "".join(f"mkdir -p .dvc/cache/runs/{key[:2]}/{key} && printf '{entry}' > .dvc/cache/runs/{key[:2]}/{key}/{key}\n"
                   for key, entry in (("ab" * 32, "deps:\\n- path: prompts\\nouts:\\n- path: predictions/llm_rag.jsonl\\n  md5: " + "1" * 32 + "\\n"),
                                      ("cd" * 32, "deps:\\n- path: models/nll\\nouts:\\n- path: predictions/nll.jsonl\\n  md5: " + "2" * 32 + "\\n")))
         + f"mkdir -p .dvc/cache/files/md5/11 .dvc/cache/files/md5/22 && echo rag > .dvc/cache/files/md5/11/{'1' * 30} "
@@ -709,7 +709,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     # ... with the run cache of the stages that loan finished (storyrewrite.runcache export).
     earlier = tmp_path / "earlier-cache"
     (earlier / "runs" / "ef" / ("ef" * 32)).mkdir(parents=True)
-    (earlier / "runs" / "ef" / ("ef" * 32) / "v").write_text(f"deps:\n- path: prompts\nouts:\n- path: p.jsonl\n  md5: {'3' * 32}\n")
+    (earlier / "runs" / "ef" / ("ef" * 32) / ("ef" * 32)).write_text(f"deps:\n- path: prompts\nouts:\n- path: p.jsonl\n  md5: {'3' * 32}\n")
     (earlier / "files" / "md5" / "33").mkdir(parents=True)
     (earlier / "files" / "md5" / "33" / ("3" * 30)).write_text("zero-shot")
     runcache.export(earlier, tree / "runs" / "gpu.1" / "run-cache.tar.gz", ["models/nll"], 1)
@@ -743,10 +743,10 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
                                 "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
-    assert (home / "proj" / "run-cache-at-start.log").read_text() == f".dvc/cache/files/md5/33/{'3' * 30}\n.dvc/cache/runs/ef/{'ef' * 32}/v\n"
+    assert (home / "proj" / "run-cache-at-start.log").read_text() == f".dvc/cache/files/md5/33/{'3' * 30}\n.dvc/cache/runs/ef/{'ef' * 32}/{'ef' * 32}\n"
     # Brought back: the LLM baseline's entry and its file; not the imported one, nor what read the NLL model.
     with tarfile.open(out / "run-cache.tar.gz") as archive:
-        assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/v"]
+        assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/{'ab' * 32}"]
     assert "run cache: 1 entries to" in done.stdout and "predictions/llm_rag.jsonl" in done.stdout
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
     assert committed == ["params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "runs/gpu.1/run-cache.tar.gz",

@@ -70,9 +70,15 @@ def read_entry(cache: Path, name: str) -> Entry:
                  objects, size, missing)
 
 
+def _is_entry(path: Path) -> bool:
+    """runs/<key[:2]>/<key>/<value>, the value a SHA-256: not the temporary file DVC writes an
+    entry to before it renames it (an export may run while a stage finishes)."""
+    return path.is_file() and len(path.name) == 64 and all(c in "0123456789abcdef" for c in path.name)
+
+
 def entries(cache: Path) -> list[Entry]:
     return [read_entry(cache, path.relative_to(cache).as_posix()) for path in sorted((cache / "runs").glob("*/*/*"))
-            if path.is_file()]
+            if _is_entry(path)]
 
 
 def _related(a: str, b: str) -> bool:
