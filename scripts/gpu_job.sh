@@ -119,7 +119,7 @@ poll)
       entries=$(find "$HOME/proj/.dvc/cache/runs" -type f | wc -l)
       if [ "$entries" != "$(cat "$JOB/run-cache.entries" 2>/dev/null)" ] && (cd "$HOME/proj" && source "$HOME/env.sh" \
           && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} python -m storyrewrite.runcache export "$JOB/run-cache.tar.gz" \
-          --trained models/nll models/finetuned > "$JOB/run-cache.txt" 2>&1); then
+          --trained models/nll models/finetuned --rebuilt data > "$JOB/run-cache.txt" 2>&1); then
         echo "$entries" > "$JOB/run-cache.entries"
         cp "$JOB/run-cache.tar.gz" "$OUT/run-cache.tmp" && mv "$OUT/run-cache.tmp" "$OUT/run-cache.tar.gz"
       fi

@@ -69,8 +69,8 @@ def machine(tmp_path):
 def test_what_a_machine_exports_another_restores_and_the_rest_it_runs(machine, tmp_path):
     cache = machine / ".dvc" / "cache"
     out = tmp_path / "home" / "run-cache.tar.gz"
-    kept = runcache.export(cache, out, ["model.bin"], max_entry_mb=1)
-    assert sorted(o for e in kept for o in e.outs) == ["llm", "prepared.txt"]
+    kept, dropped = runcache.export(cache, out, ["model.bin"], max_entry_mb=1)
+    assert sorted(o for e in kept for o in e.outs) == ["llm", "prepared.txt"] and dropped == []
     _, left_out = runcache.select(runcache.entries(cache), ["model.bin"], 2**20, set())
     reasons = {tuple(e.outs): left_out[e.name] for e in runcache.entries(cache) if e.name in left_out}
     assert reasons == {("model.bin",): "needs or makes what was trained here",
@@ -95,7 +95,18 @@ def test_what_a_machine_exports_another_restores_and_the_rest_it_runs(machine, t
     assert not (other / "llm.log").exists()  # the LLM baseline's command never ran here
     assert (other / "llm" / "a.txt").read_text() == (machine / "llm" / "a.txt").read_text()
     # This machine's export leaves out what it imported: at home already.
-    assert runcache.export(other / ".dvc" / "cache", tmp_path / "again.tar.gz", ["model.bin"], max_entry_mb=1) == []
+    assert runcache.export(other / ".dvc" / "cache", tmp_path / "again.tar.gz", ["model.bin"], max_entry_mb=1) == ([], [])
+
+
+def test_what_is_rebuilt_in_seconds_stays_and_the_largest_entries_give_way_to_the_archives_size(machine, tmp_path):
+    cache = machine / ".dvc" / "cache"
+    kept, _ = runcache.export(cache, tmp_path / "a.tar.gz", ["model.bin"], 1, rebuilt=["prepared.txt"])
+    assert [e.outs for e in kept] == [["llm"]]
+    # No room at all: the LLM's folder (its listing and two files) leaves first, then the prepared data.
+    kept, dropped = runcache.export(cache, tmp_path / "b.tar.gz", ["model.bin"], 1, max_mb=1e-9)
+    assert kept == [] and [e.outs for e in dropped] == [["llm"], ["prepared.txt"]]
+    with tarfile.open(tmp_path / "b.tar.gz") as archive:
+        assert archive.getnames() == []
 
 
 def test_a_bad_archive_or_cache_is_named(machine, tmp_path):
@@ -115,5 +126,8 @@ def test_the_command_line_names_what_is_wrong(tmp_path, capsys):
     with pytest.raises(SystemExit):
         runcache.main(["export", str(tmp_path / "out.tar.gz"), "--trained", "models/nll", "--max-entry-mb", "0"])
     assert "--max-entry-mb must be a positive number of MiB, not 0.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        runcache.main(["export", str(tmp_path / "out.tar.gz"), "--trained", "models/nll", "--max-mb", "-1"])
+    assert "--max-mb must be a positive number of MiB, not -1.0" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"error: .*nothing\.tar\.gz: no such file"):
         runcache.main(["import", str(tmp_path / "nothing.tar.gz")])

@@ -14,7 +14,8 @@ stages there ("Stage ... is cached - skipping run, checking out outputs") instea
 `export` takes the entries whose outputs are small (`--max-entry-mb`) and that neither produce
 nor depend on what `--trained` names, directly or through another stage's outputs (a run cache
 entry is found by the hashes of its dependencies, which a model trained elsewhere never
-matches), nor were imported (they are at home already). Our own code, because DVC's
+matches), nor make what `--rebuilt` names (the data, rebuilt in seconds), nor were imported (they
+are at home already); then the largest are left out until the archive fits `--max-mb`. Our own code, because DVC's
 `dvc push --run-cache` sends every entry with every output it names, the trained models among
 them (gigabytes), to a configured remote, where a loan brings back 64 MiB at most.
 """
@@ -87,7 +88,8 @@ def _related(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
-def select(found: list[Entry], trained: list[str], max_entry_bytes: int, imported: set[str]) -> tuple[list[Entry], dict[str, str]]:
+def select(found: list[Entry], trained: list[str], max_entry_bytes: int, imported: set[str],
+           rebuilt: list[str] = ()) -> tuple[list[Entry], dict[str, str]]:
     """The entries worth carrying, and why each other one is left out."""
     left_out: dict[str, str] = {}
     bound = list(trained)  # paths whose contents exist only on this machine
@@ -104,6 +106,8 @@ def select(found: list[Entry], trained: list[str], max_entry_bytes: int, importe
             continue
         if entry.name in imported:
             left_out[entry.name] = "imported"
+        elif any(_related(o, r) for o in entry.outs for r in rebuilt):
+            left_out[entry.name] = "rebuilt there in seconds"
         elif entry.missing:
             left_out[entry.name] = "an output not in the cache"
         elif entry.size > max_entry_bytes:
@@ -116,17 +120,26 @@ def imported_entries(cache: Path) -> set[str]:
     return set(path.read_text().split()) if path.exists() else set()
 
 
-def export(cache: Path, out: Path, trained: list[str], max_entry_mb: float) -> list[Entry]:
+def export(cache: Path, out: Path, trained: list[str], max_entry_mb: float, rebuilt: list[str] = (),
+           max_mb: float = 15.0) -> tuple[list[Entry], list[Entry]]:
     """Write `out` (tar.gz, atomically): the selected entries and their objects, paths relative
-    to the cache. Returns the entries written."""
+    to the cache, the largest entries left out until the archive is at most `max_mb` MiB (a
+    device call brings back files of 16 MiB at most). Returns the entries written and those left
+    out for the archive's size."""
     if not (cache / "runs").is_dir():
         raise InputError(f"{cache}: no DVC run cache here (no runs/ folder); give the cache with --cache")
-    kept, _ = select(entries(cache), trained, int(max_entry_mb * 2**20), imported_entries(cache))
-    names = sorted({name for e in kept for name in [e.name, *e.objects]})
-    with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz") as archive:
-        for name in names:
-            archive.add(cache / name, arcname=name)
-    return kept
+    kept, _ = select(entries(cache), trained, int(max_entry_mb * 2**20), imported_entries(cache), rebuilt)
+    dropped: list[Entry] = []
+    while True:
+        names = sorted({name for e in kept for name in [e.name, *e.objects]})
+        with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz") as archive:
+            for name in names:
+                archive.add(cache / name, arcname=name)
+        if out.stat().st_size <= max_mb * 2**20 or not kept:
+            return kept, dropped
+        largest = max(kept, key=lambda e: (e.size, e.name))
+        kept.remove(largest)
+        dropped.append(largest)
 
 
 def import_(cache: Path, archive_path: Path) -> list[str]:
@@ -164,16 +177,22 @@ def main(argv: list[str] | None = None) -> None:
     out.add_argument("--trained", nargs="+", required=True, metavar="PATH",
                      help="outputs trained on this machine (e.g. models/nll models/finetuned)")
     out.add_argument("--max-entry-mb", type=float, default=32.0, help="leave out an entry whose outputs are larger")
+    out.add_argument("--max-mb", type=float, default=15.0,
+                     help="the archive's size at most: the largest entries are left out until it fits")
+    out.add_argument("--rebuilt", nargs="*", default=[], metavar="PATH",
+                     help="outputs the next machine rebuilds in seconds (e.g. data): not carried")
     into = verbs.add_parser("import", help="add exported entries to this machine's cache")
     into.add_argument("archives", type=Path, nargs="+")
     args = parser.parse_args(argv)
-    if args.verb == "export" and not args.max_entry_mb > 0:
-        parser.error(f"--max-entry-mb must be a positive number of MiB, not {args.max_entry_mb}")
+    for option in ("max_entry_mb", "max_mb"):
+        if args.verb == "export" and not getattr(args, option) > 0:
+            parser.error(f"--{option.replace('_', '-')} must be a positive number of MiB, not {getattr(args, option)}")
     try:
         if args.verb == "export":
-            kept = export(args.cache, args.out, args.trained, args.max_entry_mb)
+            kept, dropped = export(args.cache, args.out, args.trained, args.max_entry_mb, args.rebuilt, args.max_mb)
             print(f"run cache: {len(kept)} entries to {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB): "
-                  + (", ".join(sorted({o for e in kept for o in e.outs})) or "none"))
+                  + (", ".join(sorted({o for e in kept for o in e.outs})) or "none")
+                  + (f"; left out for the archive's size: {', '.join(sorted({o for e in dropped for o in e.outs}))}" if dropped else ""))
         else:
             for archive in args.archives:
                 print(f"run cache: {len(import_(args.cache, archive))} entries added from {archive}")
