@@ -55,20 +55,16 @@ def _object(md5: str) -> str:
 def read_entry(cache: Path, name: str) -> Entry:
     # Every scalar a string: a hash of digits alone is no number.
     data = yaml.load((cache / name).read_text(), Loader=yaml.BaseLoader)
-    objects, missing = [], False
-    for out in data.get("outs") or []:
-        md5 = out["md5"]
-        objects.append(_object(md5))
-        if md5.endswith(".dir"):  # a folder: its listing, then each file in it
-            listing = cache / _object(md5)
-            if not listing.exists():
-                missing = True
-                continue
+    outs = data.get("outs") or []
+    objects = []
+    for out in outs:
+        objects.append(_object(out["md5"]))
+        listing = cache / objects[-1]
+        if out["md5"].endswith(".dir") and listing.exists():  # a folder: its listing, then each file in it
             objects += [_object(member["md5"]) for member in json.loads(listing.read_text())]
-    missing = missing or not all((cache / o).exists() for o in objects)
-    size = sum((cache / o).stat().st_size for o in objects if (cache / o).exists())
-    return Entry(name, [d["path"] for d in data.get("deps") or []], [o["path"] for o in data.get("outs") or []],
-                 objects, size, missing)
+    present = [cache / o for o in objects if (cache / o).exists()]
+    return Entry(name, [d["path"] for d in data.get("deps") or []], [o["path"] for o in outs], objects,
+                 sum(path.stat().st_size for path in present), len(present) < len(objects))
 
 
 def _is_entry(path: Path) -> bool:
@@ -155,15 +151,12 @@ def import_(cache: Path, archive_path: Path) -> list[str]:
             target = cache / member.name
             if target.exists():
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(target) as tmp:
+            with atomic_path(target) as tmp:  # (its folder made)
                 tmp.write_bytes(archive.extractfile(member).read())
             os.chmod(target, 0o444)  # as DVC keeps its cached files
             if member.name.startswith("runs/"):
                 added.append(member.name)
-    listing = cache / IMPORTED
-    listing.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(listing) as tmp:
+    with atomic_path(cache / IMPORTED) as tmp:
         tmp.write_text("".join(f"{name}\n" for name in sorted(imported_entries(cache) | set(added))))
     return added
 

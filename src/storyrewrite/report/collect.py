@@ -557,7 +557,8 @@ def stages_markdown(runs: list[Run]) -> str:
     # A stage that ran a model on the CPU of a run that had a GPU elsewhere (a RAG mode's LLM
     # stage runs two: the LLM, and the retrieval's embedder, which its record names apart).
     on_cpu = sorted({f"{r['stage']} ({r['ran_in']})" for r in records if r["device"] == "cpu" and ran_a_model(r)}
-                    | {f"{r['stage']}'s embedder ({r['ran_in']})" for r in records if r.get("embedder_device") == "cpu"})
+                    | {f"{r['stage']}'s embedder ({r['ran_in']})" for r in records
+                       if (embedder := embedder_record(r)) and embedder["device"] == "cpu"})
     gpu = any(r["device"].startswith("cuda") for r in records)
     lines = stages_table(records).splitlines()
     lines[0] += " ran in | used by |"
