@@ -137,7 +137,8 @@ for entry in "${PLAN[@]}"; do
   if [ $first = 1 ]; then  # alone: it builds what the others restore from the run cache
     first=0
     echo "== $experiment: ${settings[*]} ($(date -u +%H:%M:%S))"
-    if dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then
+    # Alone on the machine: each of its stages takes every core, whatever the queue's -j.
+    if STORYREWRITE_WORKERS=1 dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then
       RAN=1
       gather "$experiment"
       # Where dvc.lock names outputs built elsewhere (a fresh clone), the queued experiments would

@@ -9,8 +9,9 @@
 #       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
 #       steps-others generation generation-cudnn generation-static scorer llm, the questions still
 #       open first), each into bench-out/BENCH.
-#   bash scripts/gpu_job.sh compare NAME PART [PROFILE ...]   the same for
-#       `scripts/comparison.sh NAME PART PROFILE...` (e.g. `compare gpu all params/gpu.yaml`), in a
+#   bash scripts/gpu_job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
+#       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j 8 gpu all
+#       params/gpu.yaml`: N queue workers share the GPU), in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
 #       every experiment is gathered into runs/NAME as it finishes; the run cache of an earlier
@@ -58,11 +59,17 @@ start)
   launch "" run "$@" ;;
 compare)
   shift
-  [ $# -ge 2 ] || { echo "usage: bash scripts/gpu_job.sh compare NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
+  jobs=1
+  if [ "${1:-}" = -j ]; then
+    jobs=${2:-}
+    shift 2 || true
+  fi
+  [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "error: -j must be a whole number >= 1, got '$jobs'" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "usage: bash scripts/gpu_job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
   done
-  launch "$1" run-comparison "$@" ;;
+  launch "$1" run-comparison "$jobs" "$@" ;;
 run | run-comparison)  # (internal: the detached job)
   verb=$1
   shift
@@ -71,6 +78,8 @@ run | run-comparison)  # (internal: the detached job)
   export PYTHONPATH=$HOME/site:$HOME/proj/src
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
   if [ "$verb" = run-comparison ]; then
+    jobs=$1
+    shift
     if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy,
       # without what the calls carried for the install (wheels, model parts), as the checkout ignores it
       git init -q && echo /.device/ >> .git/info/exclude && git add -A \
@@ -82,9 +91,15 @@ run | run-comparison)  # (internal: the detached job)
       [ -f "$archive" ] && python -m storyrewrite.runcache import "$archive"
     done
     wait_for_packages
-    echo "== comparison $* $(date +%T)"
-    bash scripts/comparison.sh "$@"
+    # The GPU's load and memory through the whole run, every second (brought back in bench-out/).
+    mkdir -p bench-out
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -l 1 \
+      > bench-out/comparison-nvidia-smi.csv 2>/dev/null &
+    sampler=$!
+    echo "== comparison -j $jobs $* $(date +%T)"
+    bash scripts/comparison.sh -j "$jobs" "$@"
     rc=$?
+    kill $sampler 2>/dev/null
     echo "== end $(date +%T)"
     echo "done$([ $rc = 0 ] || echo " (failed: comparison, exit $rc)")" > "$JOB/state"
     exit 0

@@ -686,6 +686,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
     (tree / "scripts" / "comparison.sh").write_text(
         'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s)" > comparison.log\n'
+        '[ "$1" = -j ] && shift 2\n'
         'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\n'
         # Experiments still running in DVC's temporary workspaces (`dvc exp run --temp`'s under
         # standalone/, a queued one's beside it): stages done, and one record being written.
@@ -723,12 +724,14 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         return subprocess.run(["bash", "scripts/gpu_job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
 
     usage = job("compare", "gpu")
-    assert usage.returncode == 2 and "usage: bash scripts/gpu_job.sh compare NAME" in usage.stderr
+    assert usage.returncode == 2 and "usage: bash scripts/gpu_job.sh compare [-j N] NAME" in usage.stderr
     missing = job("compare", "gpu", "all", "params/gpux.yaml")
     assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
+    workers = job("compare", "-j", "0", "gpu", "all", "params/gpu.yaml")
+    assert workers.returncode == 2 and "error: -j must be a whole number >= 1, got '0'" in workers.stderr
     assert not (home / "job").exists()
 
-    assert job("compare", "gpu", "all", "params/gpu.yaml").returncode == 0
+    assert job("compare", "-j", "3", "gpu", "all", "params/gpu.yaml").returncode == 0
     try:
         waiting = job("poll", "3")
         assert waiting.stdout.startswith("running") and not (home / "proj" / "comparison.log").exists()
@@ -742,7 +745,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     # The stages of the unfinished experiment, a record not yet whole left out.
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
                                 "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
-    assert (home / "proj" / "comparison.log").read_text() == "gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
+    assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     assert (home / "proj" / "run-cache-at-start.log").read_text() == f".dvc/cache/files/md5/33/{'3' * 30}\n.dvc/cache/runs/ef/{'ef' * 32}/{'ef' * 32}\n"
     # Brought back: the LLM baseline's entry and its file; not the imported one, nor what read the NLL model.
     with tarfile.open(out / "run-cache.tar.gz") as archive:
@@ -755,7 +758,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/train.json"} <= set(archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
-    assert "== comparison gpu all params/gpu.yaml" in (out / "log.txt").read_text()
+    assert "== comparison -j 3 gpu all params/gpu.yaml" in (out / "log.txt").read_text()
 
 
 def _follow_the_gpu_job(job, results, home, out, log) -> None:
