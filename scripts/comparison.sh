@@ -3,37 +3,37 @@
 # reports/<name>/ (results, objectives with p-values, every run, stage devices and wall times,
 # per-run metrics, curves and params):
 #
-#   bash scripts/comparison.sh gpu all params/gpu.yaml         # on a GPU machine: reports/gpu/
+#   bash scripts/comparison.sh -j auto gpu all params/gpu.yaml # on a GPU machine: reports/gpu/
 #   bash scripts/comparison.sh -j 2 grid all                   # the default profile, 2 queue workers
 #
-# Arguments: [-j N] (DVC queue workers, default 1), NAME (experiment prefix, runs/NAME/ and
-# reports/NAME/), PART, then the params profiles to overlay (none: params.yaml as it is). PART
-# splits the work for machines lent for a short time: `core` = NLL, NLL continued, DTO-Score,
-# -Delta, -Score+Delta, RLOO on each of the three rewards, the LLM modes and the copy baselines; `cpo` = the CPO grid (4 betas x 3
-# lambdas); `all` = both; `seeds` = NLL continued and the three DTO objectives again with each of
-# the fine-tuning seeds COMPARISON_SEEDS (default "1 2"; `train.seed`, the same NLL model), which the
-# collected results add to the `core` runs' as the spread over seeds.
+# Arguments: [-j N|auto] (DVC queue workers, default 1; auto: as many as the cores and the GPU's
+# free memory hold, `python -m storyrewrite.parallel workers`), NAME (experiment prefix, runs/NAME/
+# and reports/NAME/), PART, then the params profiles to overlay (none: params.yaml as it is). PART:
+# `core` = NLL, NLL continued, DTO-Score, -Delta, -Score+Delta, RLOO on each of the three rewards,
+# the LLM modes and the copy baselines; `cpo` = the CPO grid (4 betas x 3 lambdas); `all` = both;
+# `seeds` = NLL continued and the three DTO objectives again with each of the fine-tuning seeds
+# COMPARISON_SEEDS (default "1 2"; `train.seed`, the same NLL model), which the collected results
+# add to the `core` runs' as the spread over seeds.
 #
-# What DVC does, DVC does: the first experiment runs alone (`dvc exp run --temp`) and so builds,
-# once, every stage the others share (the models, the NLL model, the LLM and copy baselines), which
-# go to DVC's run cache; the others are queued (`dvc exp run --queue`) and run by
-# `dvc queue start -j N`, each restoring the shared stages from the run cache (or, where dvc.lock
-# named outputs built on another machine, from the first experiment's outputs:
-# storyrewrite.report.lockfile). Each stage takes its share of the machine (STORYREWRITE_WORKERS=N:
-# cores / N threads, a GPU of its own where there are several; see src/storyrewrite/parallel.py).
+# What DVC does, DVC does. Every experiment is queued (`dvc exp run --queue`) and run by
+# `dvc queue start -j N`. With several workers, the stages every experiment shares (the NLL model,
+# each LLM mode, the copy baselines, the metric check) first run side by side, each group an
+# experiment of its own targets; the experiments then restore them from DVC's run cache and run
+# only `train` and what follows. dvc.lock forgets, while the experiments are queued, the stages
+# whose outputs this machine's cache lacks (storyrewrite.report.lockfile), so that DVC looks them
+# up in the run cache. Each stage takes its share of the machine (STORYREWRITE_WORKERS=N: cores / N
+# threads, a GPU of its own where there are several; src/storyrewrite/parallel.py).
 # What DVC cannot do stays here: naming the experiments, gathering each one as soon as it has
 # finished (runs/NAME holds what ran even if the machine goes away), skipping those that exist
 # (after an interruption the same command goes on where it stopped), and collecting. An experiment
 # that fails (a diverging CPO setting, say) does not stop the others: the script gathers and
 # collects what ran, names the failures and exits 1. A folder gathered on another machine, put
 # beside this one as runs/NAME.<anything>, is collected with it, and its experiments are not run
-# again: on a machine lent for a short while, run `all`, keep what was gathered as runs/NAME.<n>
-# (git tracks such folders), and the same command on the next machine runs only what is still
-# missing (docs/gpu.md). Without names, DVC's own sweep runs the CPO grid too:
+# again (docs/gpu.md). Without names, DVC's own sweep runs the CPO grid too:
 #   dvc exp run --queue -S objective=cpo -S 'cpo.beta=0.1,0.5,1,2' -S 'cpo.lambda=0.5,1,2'
 set -euo pipefail
 
-usage() { echo "usage: bash scripts/comparison.sh [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
+usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
 JOBS=1
 while getopts "j:" option; do
   case $option in
@@ -46,8 +46,8 @@ if [ $# -lt 2 ]; then
   usage
   exit 2
 fi
-if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
-  echo "error: -j must be a whole number >= 1, got '$JOBS'" >&2
+if ! [[ $JOBS =~ ^([1-9][0-9]*|auto)$ ]]; then
+  echo "error: -j must be a whole number >= 1 or auto, got '$JOBS'" >&2
   exit 2
 fi
 NAME=$1 PART=$2
@@ -71,7 +71,6 @@ if ! command -v dvc >/dev/null 2>&1; then
   chmod +x "$SHIM/dvc"
   PATH="$SHIM:$PATH"
 fi
-export STORYREWRITE_WORKERS=$JOBS
 OVERRIDES=()
 if [ $# -gt 0 ]; then
   # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces
@@ -119,47 +118,17 @@ if [ "$PART" = seeds ]; then
   done
 fi
 
-FAILED=() QUEUED=() UNGATHERED=() RAN=0
+FAILED=() UNGATHERED=() RAN=0
 gather() { python -m storyrewrite.report.gather --out "runs/$NAME" --names "$1" || UNGATHERED+=("$1"); }
-first=1
-for entry in "${PLAN[@]}"; do
-  experiment="$NAME-${entry%%|*}"
-  # shellcheck disable=SC2206  # the overrides are words without spaces
-  settings=(${entry#*|})
-  if [[ $EXISTING == *" $experiment "* ]]; then
-    echo "== $experiment: exists, skipped"
-    continue
-  fi
-  if [[ $GATHERED_BEFORE == *" $experiment "* ]]; then
-    echo "== $experiment: gathered before (runs/$NAME*), skipped"
-    continue
-  fi
-  if [ $first = 1 ]; then  # alone: it builds what the others restore from the run cache
-    first=0
-    echo "== $experiment: ${settings[*]} ($(date -u +%H:%M:%S))"
-    # Alone on the machine: each of its stages takes every core, whatever the queue's -j.
-    if STORYREWRITE_WORKERS=1 dvc exp run --temp -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}"; then
-      RAN=1
-      gather "$experiment"
-      # Where dvc.lock names outputs built elsewhere (a fresh clone), the queued experiments would
-      # run the stages they share again: dvc.lock takes this experiment's entries for those.
-      python -m storyrewrite.report.lockfile adopt "runs/$NAME/$experiment.json" ||
-        echo "warning: dvc.lock left as it was: the queued experiments may run the stages they share again" >&2
-    else
-      FAILED+=("$experiment")
-    fi
-  else
-    echo "== $experiment: queued, ${settings[*]}"
-    dvc exp run --queue -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}" >/dev/null
-    QUEUED+=("$experiment")
-  fi
-done
 
-if [ ${#QUEUED[@]} -gt 0 ]; then
-  echo "== ${#QUEUED[@]} queued experiment(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
+# drain GATHER NAME...: runs the queued experiments NAME... with $JOBS workers and waits until each
+# has finished (GATHER=1: gathers it at once) or failed (into DRAIN_FAILED).
+drain() {
+  local gather_each=$1 status busy done_now experiment idle_polls=0 restarts=0 still
+  shift
+  local remaining=("$@")
+  DRAIN_FAILED=()
   dvc queue start -j "$JOBS"
-  remaining=("${QUEUED[@]}")
-  idle_polls=0 restarts=0
   while [ ${#remaining[@]} -gt 0 ]; do
     status=$(dvc queue status 2>/dev/null || true)
     busy=$(grep -cwE 'Queued|Running' <<<"$status" || true)
@@ -187,17 +156,85 @@ if [ ${#QUEUED[@]} -gt 0 ]; then
     for experiment in "${remaining[@]}"; do
       if [[ $done_now == *" $experiment "* ]]; then
         echo "== $experiment: finished ($(date -u +%H:%M:%S))"
-        RAN=1
-        gather "$experiment"
+        if [ "$gather_each" = 1 ]; then
+          RAN=1
+          gather "$experiment"
+        fi
       elif [ "$busy" -gt 0 ]; then
         still+=("$experiment")
       else
-        FAILED+=("$experiment")  # the queue is empty and it never finished: `dvc queue logs $experiment`
+        DRAIN_FAILED+=("$experiment")  # the queue is empty and it never finished: `dvc queue logs $experiment`
       fi
     done
     remaining=("${still[@]+"${still[@]}"}")
     if [ ${#remaining[@]} -gt 0 ]; then sleep "${COMPARISON_POLL_SECONDS:-15}"; fi
   done
+}
+
+TODO=()  # "experiment|-S overrides" of those still to run
+for entry in "${PLAN[@]}"; do
+  experiment="$NAME-${entry%%|*}"
+  if [[ $EXISTING == *" $experiment "* ]]; then
+    echo "== $experiment: exists, skipped"
+  elif [[ $GATHERED_BEFORE == *" $experiment "* ]]; then
+    echo "== $experiment: gathered before (runs/$NAME*), skipped"
+  else
+    TODO+=("$experiment|${entry#*|}")
+  fi
+done
+
+if [ ${#TODO[@]} -gt 0 ]; then
+  if [ "$JOBS" = auto ]; then
+    shopt -s nullglob
+    JOBS=$(python -m storyrewrite.parallel workers --experiments ${#TODO[@]} --records reports/stages/*.json "runs/$NAME".*/stages/*.json)
+    shopt -u nullglob
+  fi
+  export STORYREWRITE_WORKERS=$JOBS
+  # Every experiment restores from DVC's run cache what another built here: dvc.lock forgets the
+  # stages whose outputs this machine's cache lacks (storyrewrite.report.lockfile), for as long as
+  # the experiments are queued (each takes the workspace as it is then); then it is put back.
+  LOCK_KEPT=
+  if [ -f dvc.lock ]; then
+    LOCK_KEPT=$(mktemp)
+    cp dvc.lock "$LOCK_KEPT"
+    python -m storyrewrite.report.lockfile forget
+  fi
+  if [ "$JOBS" -gt 1 ]; then
+    # The stages every experiment shares, side by side: the NLL model (with its predictions and
+    # scores), each LLM mode, the copy baselines and the metric check, each group an experiment
+    # of its own targets. The experiments then restore them from the run cache; a group that
+    # failed is run again by each experiment that needs it.
+    # shellcheck disable=SC2207  # the modes are words without spaces
+    MODES=($(python -m storyrewrite.params get "$@" --key llm.modes))
+    GROUPS_=("nll|score@nll" "sanity|score_sanity" "validity|validity")
+    for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
+    SHARED=()
+    for group in "${GROUPS_[@]}"; do
+      shared="$NAME.shared-${group%%|*}"
+      SHARED+=("$shared")
+      dvc exp run --queue -n "$shared" "${OVERRIDES[@]}" "${group#*|}" >/dev/null
+    done
+    echo "== the shared stages: ${#SHARED[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
+    drain 0 "${SHARED[@]}"
+    if [ ${#DRAIN_FAILED[@]} -gt 0 ]; then
+      echo "warning: shared stages failed (${DRAIN_FAILED[*]}): each experiment runs them itself (\`dvc queue logs NAME\`)" >&2
+    fi
+    # Their stages stay in the run cache; the partial experiments themselves go.
+    dvc exp remove "${SHARED[@]}" >/dev/null 2>&1 || true
+  fi
+  QUEUED=()
+  for entry in "${TODO[@]}"; do
+    experiment=${entry%%|*}
+    # shellcheck disable=SC2206  # the overrides are words without spaces
+    settings=(${entry#*|})
+    echo "== $experiment: queued, ${settings[*]}"
+    dvc exp run --queue -n "$experiment" "${OVERRIDES[@]}" "${settings[@]}" >/dev/null
+    QUEUED+=("$experiment")
+  done
+  if [ -n "$LOCK_KEPT" ]; then mv "$LOCK_KEPT" dvc.lock; fi
+  echo "== ${#QUEUED[@]} queued experiment(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
+  drain 1 "${QUEUED[@]}"
+  FAILED+=("${DRAIN_FAILED[@]+"${DRAIN_FAILED[@]}"}")
 fi
 
 # What could not be gathered as it finished (DVC's `exp show` failing while a queue worker set up

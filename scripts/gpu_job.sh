@@ -10,7 +10,7 @@
 #       steps-others generation generation-cudnn generation-static scorer llm, the questions still
 #       open first), each into bench-out/BENCH.
 #   bash scripts/gpu_job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
-#       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j 8 gpu all
+#       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
 #       params/gpu.yaml`: N queue workers share the GPU), in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
@@ -64,7 +64,7 @@ compare)
     jobs=${2:-}
     shift 2 || true
   fi
-  [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "error: -j must be a whole number >= 1, got '$jobs'" >&2; exit 2; }
+  [[ $jobs =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$jobs'" >&2; exit 2; }
   [ $# -ge 2 ] || { echo "usage: bash scripts/gpu_job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }

@@ -110,3 +110,41 @@ def test_the_lock_files_live_in_the_outermost_repository(tmp_path):
     experiment = tmp_path / ".dvc" / "tmp" / "exps" / "tmp123"
     (experiment / ".dvc").mkdir(parents=True)
     assert parallel.repo_temp_dir(experiment / "stages") == tmp_path / ".dvc" / "tmp" / "storyrewrite"
+
+
+def test_the_worker_count_is_the_least_of_the_cores_the_gpu_memory_and_the_experiments():
+    # One H200 (139 GB free), 16 cores, a worker's peak 5.35 GB: the cores bound it, 16 // 2.
+    chosen, lines = parallel.choose_workers(16, 2, [139.0], 5.35, 20)
+    assert chosen == 8 and lines == ["16 cores at 2 threads a worker: 8", "GPU 0: 139.0 GB free x 0.9 / 5.35 GB a worker: 23",
+                                     "20 experiment(s) to run: 20"]
+    assert parallel.choose_workers(16, 1, [20.0], 5.35, 20)[0] == 3  # 18 GB / 5.35 GB
+    assert parallel.choose_workers(16, 2, [139.0], 5.35, 3)[0] == 3  # no more workers than experiments
+    assert parallel.choose_workers(64, 2, [80.0] * 4, 5.0, 20)[0] == 4  # several GPUs: one a worker
+    assert parallel.choose_workers(2, 2, [], 8.0, 20)[0] == 1  # the 2-core CPU
+    assert parallel.choose_workers(16, 2, [1.0], 5.35, 20)[0] == 1  # at least one, whatever fits
+
+
+def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(tmp_path, monkeypatch, capsys):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 143000\n")  # MiB free, as --format=csv,noheader,nounits prints it
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(parallel, "cores", lambda: 64)
+    records = []
+    for name, peak in (("train", 5.35), ("score", 2.1), ("report", None)):
+        records.append(tmp_path / f"{name}.json")
+        records[-1].write_text(f'{{"stage": "{name}", "peak_cuda_gb": {"null" if peak is None else peak}}}')
+    (tmp_path / "torn.json").write_text('{"st')
+    assert parallel.peak_gb([*records, tmp_path / "torn.json"]) == (5.35, 2)
+    parallel.main(["workers", "--experiments", "40", "--records", *map(str, records), str(tmp_path / "torn.json")])
+    out, err = capsys.readouterr()
+    free = 143000 * 2**20 / 1e9  # 149.9 GB
+    assert out == f"{int(free * 0.9 // 5.35)}\n" == "25\n"
+    assert "GPU 0: 149.9 GB free x 0.9 / 5.35 GB a worker: 25" in err and "the largest peak of 2 GPU stage record(s)" in err
+    parallel.main(["workers", "--experiments", "40", "--peak-gb", "30"])
+    assert capsys.readouterr()[0] == "4\n"
+    with pytest.raises(InputError, match=r"--peak-gb must be a number of GB > 0, got 0.0"):
+        parallel.main(["workers", "--experiments", "4", "--peak-gb", "0"])

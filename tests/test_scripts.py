@@ -56,6 +56,7 @@ if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
 exit 0""",
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
+if [ "$3" = get ]; then echo "zero_shot rag"; fi
 {GATHERED}
 exit 0""",
     })
@@ -73,7 +74,8 @@ def _names(calls):
     return [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
 
 
-def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_after_a_failure(tmp_path):
+def test_the_whole_comparison_queues_every_experiment_and_goes_on_after_a_failure(tmp_path):
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
     result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml", existing="gpu-dto-score", failing="gpu-cpo-b2-l2")
     assert result.returncode == 1
     assert "error: 1 experiment(s) failed (see their output above, or `dvc queue logs NAME`): gpu-cpo-b2-l2" in result.stderr
@@ -82,22 +84,22 @@ def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_a
     names = _names(calls)
     assert names == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta", "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta",
                      *(f"gpu-{n}" for n in GRID)]
-    # The first builds the shared stages (the NLL model once); the others are queued.
-    assert runs[0].startswith("dvc exp run --temp -n gpu-nll-continued -S device=auto -S train.max_steps=300 -S objective=nll")
-    assert all(c.startswith("dvc exp run --queue -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs[1:])
+    # One worker: every experiment queued in order, the first building the shared stages (the
+    # NLL model once) that the others restore; no groups of shared stages first.
+    assert runs[0].startswith("dvc exp run --queue -n gpu-nll-continued -S device=auto -S train.max_steps=300 -S objective=nll")
+    assert all(c.startswith("dvc exp run --queue -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs)
     assert runs[2].endswith("-S objective=score_delta")
     assert runs[3].endswith("-S objective=rloo -S rl.reward=score") and runs[5].endswith("-S rl.reward=score_delta")
     assert runs[6].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
     assert calls.index("dvc queue start -j 1") > calls.index(runs[-1])
     assert "python -m storyrewrite.params overrides params/gpu.yaml" in calls
+    # dvc.lock forgets what this machine's cache lacks before the first is queued, and is put back.
+    assert calls.index("python -m storyrewrite.report.lockfile forget") < calls.index(runs[0])
+    assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
     # Each finished experiment is gathered as it ends (the failed one is not); at the end
     # everything is gathered again and collected although one experiment failed.
     gathered = [c.split(" --names ")[1] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
     assert gathered == [n for n in names if n != "gpu-cpo-b2-l2"] + ["gpu-*"]
-    assert calls[calls.index(runs[0]) + 1] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-nll-continued"
-    # Then dvc.lock takes its entries for what was built elsewhere, before any experiment is queued
-    # (storyrewrite.report.lockfile; tests/report/test_lockfile.py), once.
-    assert calls[calls.index(runs[0]) + 2] == "python -m storyrewrite.report.lockfile adopt runs/gpu/gpu-nll-continued.json"
     assert len([c for c in calls if "lockfile" in c]) == 1
     assert calls[-2] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-*"
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"
@@ -106,16 +108,41 @@ def test_the_whole_comparison_runs_the_first_alone_queues_the_rest_and_goes_on_a
 def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
     env, log = _stubs(tmp_path, "none", "none")
     env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
-    (tmp_path / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "python $* STORYREWRITE_WORKERS=$STORYREWRITE_WORKERS" >> {log}\n{GATHERED}\n')
+    (tmp_path / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "python $* STORYREWRITE_WORKERS=$STORYREWRITE_WORKERS" >> {log}\n'
+                                             f'if [ "$3" = get ]; then echo "zero_shot rag"; fi\n{GATHERED}\n')
     result = subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
-    assert "dvc queue start -j 2" in calls
-    assert all(c.endswith("STORYREWRITE_WORKERS=2") for c in calls if c.startswith("python"))
-    assert [c for c in calls if c.startswith("dvc exp run --temp")] == ["dvc exp run --temp -n grid-nll-continued -S objective=nll"]
+    assert calls.count("dvc queue start -j 2") == 2
+    assert all(c.endswith("STORYREWRITE_WORKERS=2") for c in calls if c.startswith("python -m storyrewrite.report"))
+    # Two workers: the shared stages first, side by side, each group its own targets (an LLM
+    # mode each, from the profile's llm.modes), then removed; then the experiments.
+    shared = ["nll score@nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
+    runs = [c for c in calls if c.startswith("dvc exp run")]
+    assert runs[:5] == [f"dvc exp run --queue -n grid.shared-{group}" for group in shared]
+    assert calls.index("dvc queue start -j 2") < calls.index(runs[5]) and runs[5].startswith("dvc exp run --queue -n grid-nll-continued")
+    assert "dvc exp remove " + " ".join(f"grid.shared-{group.split()[0]}" for group in shared) in calls
+    assert "python -m storyrewrite.params get --key llm.modes STORYREWRITE_WORKERS=2" in calls
+    gathered = [c.split(" --names ")[1].split()[0] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
+    assert not any(".shared-" in name for name in gathered)
     bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert bad.returncode == 2 and "error: -j must be a whole number >= 1, got '0'" in bad.stderr
+    assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
+
+
+def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):
+    env, log = _stubs(tmp_path, "none", "none")
+    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+echo "python $*" >> {log}
+if [ "$2" = storyrewrite.parallel ]; then echo 3; fi
+{GATHERED}
+exit 0
+""")
+    result = subprocess.run(["bash", str(SCRIPT), "-j", "auto", "grid", "cpo"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert "python -m storyrewrite.parallel workers --experiments 12 --records" in calls and "dvc queue start -j 3" in calls
 
 
 def test_a_part_runs_only_its_experiments_and_no_profile_means_params_yaml(tmp_path):
@@ -250,21 +277,6 @@ exit 0
         assert (failures in result.stderr) if failures else "experiment(s) failed" not in result.stderr
 
 
-def test_a_lock_that_cannot_take_the_first_experiments_entries_is_a_warning_and_the_queue_runs(tmp_path):
-    env, log = _stubs(tmp_path, "none", "none")
-    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
-if [ "$2" = storyrewrite.report.lockfile ]; then echo "error: runs/grid/grid-nll-continued.json: no such gathered run" >&2; exit 2; fi
-{GATHERED}
-exit 0
-""")
-    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    calls = log.read_text().splitlines()
-    assert result.returncode == 0, result.stderr
-    assert "warning: dvc.lock left as it was: the queued experiments may run the stages they share again" in result.stderr
-    assert "dvc queue start -j 1" in calls and calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
-
-
 def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     (tmp_path / "runs" / "grid.2").mkdir(parents=True)
     (tmp_path / "runs" / "grid.2" / "grid-dto-score.json").write_text("{}")
@@ -279,7 +291,7 @@ def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
 
 def test_experiments_gathered_on_an_earlier_machine_are_not_run_again(tmp_path):
     """A run split over short loans: what an earlier machine gathered (runs/NAME.<n>, kept in git)
-    is skipped, the first still missing runs alone, and everything is collected together."""
+    is skipped, only what is still missing is queued, and everything is collected together."""
     for folder, names in (("gpu.1", ["nll-continued", "dto-score"]), ("gpu.2", ["dto-delta"])):
         (tmp_path / "runs" / folder).mkdir(parents=True)
         for name in names:
@@ -288,7 +300,6 @@ def test_experiments_gathered_on_an_earlier_machine_are_not_run_again(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "== gpu-dto-score: gathered before (runs/gpu*), skipped" in result.stdout
     assert _names(calls) == ["gpu-dto-score-delta", "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta"]
-    assert [c for c in calls if c.startswith("dvc exp run --temp")][0].startswith("dvc exp run --temp -n gpu-dto-score-delta ")
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu runs/gpu.1 runs/gpu.2 --out reports/gpu --title gpu (params/gpu.yaml)"
     # git keeps such folders (the machine's own runs/gpu is not kept).
     tracked = subprocess.run(["git", "check-ignore", "-q", "runs/gpu.1/gpu-dto-score.json"], cwd=ROOT)
@@ -465,7 +476,7 @@ exit 0""",
     (tmp_path / "calls.log").unlink()
     result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "DVC's queue workers stopped 2 times with experiments queued" in result.stderr
-    assert "python -m storyrewrite.report.collect runs/again --out reports/again --title again (params.yaml)" in log.read_text()
+    assert "error: nothing of again ran here or was gathered before" in result.stderr  # every experiment was queued
 
 
 def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
@@ -728,7 +739,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     missing = job("compare", "gpu", "all", "params/gpux.yaml")
     assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
     workers = job("compare", "-j", "0", "gpu", "all", "params/gpu.yaml")
-    assert workers.returncode == 2 and "error: -j must be a whole number >= 1, got '0'" in workers.stderr
+    assert workers.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in workers.stderr
     assert not (home / "job").exists()
 
     assert job("compare", "-j", "3", "gpu", "all", "params/gpu.yaml").returncode == 0

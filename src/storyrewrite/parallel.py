@@ -15,12 +15,22 @@ own.
   copy of the repository, under `<repo>/.dvc/tmp/exps/`: the lock files live in the outermost
   repository, which every worker shares.
 
+- How many workers: `python -m storyrewrite.parallel workers --experiments N` prints the most
+  that fit (`comparison.sh -j auto`): the cores over the threads each worker should keep, each
+  GPU's free memory over a worker's peak (the largest `peak_cuda_gb` of the stage records given),
+  one worker a GPU where there are several, and never more than the experiments to run.
+
 No torch import at module level: `run_stage` applies the share in every stage, torch or not.
 """
 from __future__ import annotations
 
+import argparse
 import fcntl
+import json
+import math
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,3 +128,95 @@ def share_machine(concurrent: int | None = None) -> int | None:
     else:
         os.environ["OMP_NUM_THREADS"] = str(threads)
     return threads
+
+
+DEFAULT_PEAK_GB = 8.0  # a worker's GPU memory where no stage record says (a 135M model's training: 5.4 GB)
+GPU_HEADROOM = 0.9  # of each GPU's free memory: the rest for the CUDA contexts' own and fragmentation
+
+
+def gpu_free_gb() -> list[float]:
+    """Each visible GPU's free memory in GB, from nvidia-smi (NVML's own tool: no CUDA context
+    is made, so this process takes none of it); [] without NVIDIA GPUs."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        result = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    free = [int(line) * 2**20 / 1e9 for line in result.stdout.split() if line.strip().isdigit()]
+    if visible is not None and visible.strip() != "":
+        indices = [int(part) for part in visible.split(",") if part.strip().isdigit()]
+        free = [free[i] for i in indices if i < len(free)]
+    return free
+
+
+def peak_gb(records: list[Path]) -> tuple[float | None, int]:
+    """The largest GPU memory peak (`peak_cuda_gb`) of the stage records (storyrewrite.records)
+    given, and how many records had one; (None, 0) where none ran on a GPU."""
+    peaks = []
+    for path in records:
+        try:
+            peak = json.loads(Path(path).read_text(encoding="utf-8")).get("peak_cuda_gb")
+        except (OSError, ValueError, AttributeError):
+            continue  # not a stage record, or one being written
+        if isinstance(peak, (int, float)) and peak > 0:
+            peaks.append(float(peak))
+    return (max(peaks), len(peaks)) if peaks else (None, 0)
+
+
+def choose_workers(cores: int, threads_per_worker: int, free_gb: list[float], worker_peak_gb: float,
+                   experiments: int) -> tuple[int, list[str]]:
+    """How many queue workers to start, and a line for each bound: the cores, the GPUs' memory
+    (one GPU: as many workers as fit in its free memory; several: one worker each, as
+    `assigned_gpu` gives each its own) and the experiments to run."""
+    bounds = [(max(1, cores // threads_per_worker), f"{cores} cores at {threads_per_worker} threads a worker")]
+    if len(free_gb) == 1:
+        fit = max(1, math.floor(free_gb[0] * GPU_HEADROOM / worker_peak_gb))
+        bounds.append((fit, f"GPU 0: {free_gb[0]:.1f} GB free x {GPU_HEADROOM} / {worker_peak_gb:.2f} GB a worker"))
+    elif free_gb:
+        bounds.append((len(free_gb), f"{len(free_gb)} GPUs, one a worker"))
+    bounds.append((max(1, experiments), f"{experiments} experiment(s) to run"))
+    chosen = min(bound for bound, _ in bounds)
+    return chosen, [f"{why}: {bound}" for bound, why in bounds]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.parallel",
+                                     description="How many DVC queue workers this machine runs at once.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    choose = commands.add_parser("workers", help="print the worker count (stdout) and why (stderr)")
+    choose.add_argument("--experiments", type=int, required=True, help="experiments to run")
+    choose.add_argument("--threads-per-worker", type=int, default=2, help="CPU threads each worker keeps (default 2)")
+    choose.add_argument("--records", type=Path, nargs="*", default=[],
+                        help="stage records (reports/stages/*.json) whose largest peak_cuda_gb is a worker's GPU memory")
+    choose.add_argument("--peak-gb", type=float, help=f"a worker's GPU memory, in place of the records' (default: theirs, "
+                        f"else {DEFAULT_PEAK_GB})")
+    args = parser.parse_args(argv)
+    for name in ("experiments", "threads_per_worker"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
+    if args.peak_gb is not None and args.peak_gb <= 0:
+        raise InputError(f"--peak-gb must be a number of GB > 0, got {args.peak_gb}")
+    peak, counted = peak_gb(args.records)
+    if args.peak_gb is not None:
+        peak, source = args.peak_gb, "--peak-gb"
+    elif peak is not None:
+        source = f"the largest peak of {counted} GPU stage record(s)"
+    else:
+        peak, source = DEFAULT_PEAK_GB, "no GPU stage record: assumed"
+    free = gpu_free_gb()
+    chosen, lines = choose_workers(cores(), args.threads_per_worker, free, peak, args.experiments)
+    print(f"{chosen} queue worker(s), the least of:", file=sys.stderr)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr)
+    if free:
+        print(f"  (a worker's GPU memory, {peak:.2f} GB: {source})", file=sys.stderr)
+    print(chosen)
+
+
+if __name__ == "__main__":
+    from storyrewrite.io import run_stage
+
+    run_stage(main)

@@ -405,16 +405,18 @@ def main(argv: list[str] | None = None) -> None:
     experiments): `check` validates every section of the result and the names `objective` and
     `llm.modes` look up, `overrides` checks the same and prints the profiles' keys as `-S
     key=value` flags for `dvc exp run` (DVC writes them into the experiment's params.yaml,
-    comments kept), the `-S` given after them."""
+    comments kept), the `-S` given after them; `get --key KEY` prints one merged value (a list's
+    items separated by spaces)."""
     import argparse
     import re
 
     from storyrewrite.io import run_stage
 
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.params", description=main.__doc__)
-    parser.add_argument("action", choices=("check", "overrides"))
+    parser.add_argument("action", choices=("check", "overrides", "get"))
     parser.add_argument("profiles", type=Path, nargs="*")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--key", help="get: the dotted key to print (llm.modes, say)")
     parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override as `dvc exp run -S` takes it (repeatable; a sweep checks each experiment)")
     args = parser.parse_args(argv)
@@ -444,6 +446,17 @@ def main(argv: list[str] | None = None) -> None:
                 raise InputError(f"overrides: `{unsplittable[0]}` has a space or a quote, which `$(...)` would split or "
                                  "keep: give dvc exp run that one as -S '<key>=<value>' yourself")
             print(" ".join(f"-S {flag}" for flag in flags))
+        elif args.action == "get":
+            if not args.key:
+                raise InputError("get: --key KEY is needed (a dotted key of params.yaml: llm.modes, say)")
+            if len(experiments) > 1:
+                raise InputError("get: a sweep has one value an experiment; give -S without a sweep")
+            value: Any = experiments[0][1]
+            for part in (args.key or "").split("."):
+                if not isinstance(value, dict) or part not in value:
+                    raise InputError(f"get: --key {args.key!r} is not a key of {source}")
+                value = value[part]
+            print(" ".join(map(spell, value)) if isinstance(value, list) else spell(value))
         else:
             count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
             print(f"ok: {' '.join([source, *(f'-S {item}' for item in args.overrides)])}{count}")
