@@ -36,6 +36,27 @@ def test_bundled_checksum_mismatch_is_an_error(tmp_path):
         f.write("\n")
     with pytest.raises(InputError, match=r"art/dev\.jsonl: sha256 mismatch: expected e8a7f2e5"):
         download(_config(), tmp_path / "raw", bundled, tmp_path / "sums.json")
+    # Checked before anything is written: no file of the files before it in params, no staging folder.
+    assert list(tmp_path.iterdir()) == [bundled]
+
+
+def test_a_failed_checksum_leaves_the_previous_download_whole(tmp_path):
+    download(_config(), tmp_path / "raw", BUNDLED, tmp_path / "sums.json")
+    before = {p.relative_to(tmp_path / "raw"): p.read_bytes() for p in (tmp_path / "raw").rglob("*") if p.is_file()}
+    bundled = tmp_path / "bundled"
+    for source in BUNDLED.rglob("*"):
+        if source.is_file():
+            (bundled / source.relative_to(BUNDLED)).parent.mkdir(parents=True, exist_ok=True)
+            (bundled / source.relative_to(BUNDLED)).write_bytes(source.read_bytes())
+    (bundled / "timetravel" / "test_data.json").write_bytes(b"[]")  # corrupted, as is the last ART file
+    (bundled / "art" / "subsets" / "isi-nlp-ai2-increment7" / "train-labels.lst").write_bytes(b"1\n")
+    with pytest.raises(InputError) as failure:
+        download(_config(), tmp_path / "raw", bundled, tmp_path / "sums.json")
+    lines = str(failure.value).split("\nerror: ")
+    assert len(lines) == 2 and "timetravel/test_data.json: sha256 mismatch" in lines[0] and "art/train-labels.lst" in lines[1]
+    assert lines[0].endswith("(params `download.bundled.files.timetravel/test.json.sha256`)")
+    after = {p.relative_to(tmp_path / "raw"): p.read_bytes() for p in (tmp_path / "raw").rglob("*") if p.is_file()}
+    assert after == before and sorted(p.name for p in tmp_path.iterdir()) == ["bundled", "raw"]
 
 
 def test_bundled_missing_file_is_an_error(tmp_path):
@@ -64,7 +85,9 @@ def test_url_source_records_sums_then_checks_them(tmp_path):
     _zip(tmp_path / "tt.zip", {"release/train_supervised_small.json": train + b"changed\n"})
     with pytest.raises(InputError, match="sha256 mismatch"):
         download(config, tmp_path / "raw", BUNDLED, sums)
-    assert not (tmp_path / "raw" / "timetravel" / "train.json").exists()
+    # The previous download stays whole, and no staging folder is left beside it.
+    assert (tmp_path / "raw" / "timetravel" / "train.json").read_bytes() == train
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw", "sums.json", "tt.zip"]
 
 
 def test_url_source_published_sum_and_missing_member(tmp_path):

@@ -1,5 +1,7 @@
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 
@@ -9,7 +11,7 @@ import yaml
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import InputError
-from storyrewrite.llm.backends import OpenAIBackend
+from storyrewrite.llm.backends import OpenAIBackend, describe_failure
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.modes import ExampleSource
 from storyrewrite.llm.run import run_mode
@@ -106,7 +108,7 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
     cache = ResponseCache(tmp_path / "cache")
     with ChatServer(fail_after=1) as server:  # the 2nd request fails (not retryable): the run stops
         config = _config(server.url)
-        with pytest.raises(openai.BadRequestError):  # the server's 400, which the client does not retry
+        with pytest.raises(InputError, match=r"HTTP 400: scripted 400"):  # the server's 400, which the client does not retry
             run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0), _backend(config), cache)
         assert server.successes == 1
         server.fail_after = None
@@ -160,3 +162,79 @@ def test_the_stage_never_writes_the_key_and_its_metrics_do_not_depend_on_the_cac
     assert any(p.parent.parent.name == "cache" for p in written)
     for path in written:
         assert KEY not in path.read_text(errors="replace"), path
+
+
+def _refusing_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then closed: connections are refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_refused_connection_is_one_line_naming_the_address_and_the_param(key, sleeps):
+    url = f"http://127.0.0.1:{_refusing_port()}/v1"
+    backend = _backend(_config(url, max_retries=1))
+    with pytest.raises(InputError) as failure:
+        backend.complete([{"role": "user", "content": "a\nb"}], 5, 0.0)
+    assert str(failure.value) == (f"llm.openai: {url} (model test-model): connection refused (no server listening at that "
+                                  "address and port), after 1 retries (llm.openai.max_retries); check llm.openai.base_url")
+    assert len(sleeps) == 1  # the client retried first
+    assert failure.value.__cause__ is None and failure.value.__suppress_context__
+
+
+@pytest.mark.parametrize(("status", "says"), [
+    (401, "the server refused the API key (401 Unauthorized); check the key in the variable OPENAI_API_KEY (llm.openai.api_key_env)"),
+    (404, "404 Not Found: the server has no model 'test-model' or no chat completions at this address; check llm.openai.model"),
+    (500, "the server failed (HTTP 500) after 1 retries (llm.openai.max_retries)"),
+    (429, "still rate-limited (429 Too Many Requests) after 1 retries (llm.openai.max_retries); lower llm.openai.concurrency"),
+])
+def test_a_server_that_refuses_is_one_line_naming_what_to_check(key, sleeps, status, says):
+    with ChatServer(failures=[(status, {})] * 2) as server:
+        with pytest.raises(InputError) as failure:
+            _backend(_config(server.url, max_retries=1)).complete([{"role": "user", "content": "a\nb"}], 5, 0.0)
+    assert str(failure.value).startswith(f"llm.openai: {server.url} (model test-model): ") and says in str(failure.value)
+    assert len(server.requests) == (2 if status >= 429 else 1)  # 401 and 404 are not retried
+
+
+def test_dns_tls_and_timeout_failures_are_told_apart():
+    import httpx2 as httpx  # the openai client's HTTP library
+
+    settings = OpenAISettings(base_url="https://llm.example.invalid/v1", model="m", api_key_env="K", timeout=3.0, max_retries=2,
+                              concurrency=1)
+    request = httpx.Request("POST", settings.base_url)
+
+    def connection_error(cause: BaseException) -> openai.APIConnectionError:
+        error = openai.APIConnectionError(request=request)
+        error.__cause__ = httpx.ConnectError(str(cause))
+        error.__cause__.__cause__ = cause
+        return error
+
+    dns = describe_failure(connection_error(socket.gaierror(-2, "Name or service not known")), settings)
+    assert dns.endswith("the host name 'llm.example.invalid' does not resolve (DNS), after 2 retries "
+                        "(llm.openai.max_retries); check llm.openai.base_url")
+    tls = describe_failure(connection_error(ssl.SSLCertVerificationError(1, "certificate verify failed")), settings)
+    assert "the TLS handshake failed" in tls and tls.endswith("check llm.openai.base_url")
+    timeout = describe_failure(openai.APITimeoutError(request=request), settings)
+    assert timeout == ("llm.openai: https://llm.example.invalid/v1 (model m): no answer within 3.0 s, after 2 retries "
+                       "(llm.openai.max_retries); check that the server is up, or raise llm.openai.timeout")
+
+
+@pytest.mark.slow
+def test_the_stage_ends_an_unreachable_server_with_one_line_and_keeps_cached_replies(tmp_path, small_prepared):
+    params = load_yaml(ROOT / "params.yaml")
+    url = f"http://127.0.0.1:{_refusing_port()}/v1"
+    params["llm"] = {**params["llm"], "backend": "openai", "templates": {k: str(ROOT / v) for k, v in params["llm"]["templates"].items()},
+                     "openai": {**params["llm"]["openai"], "base_url": url, "max_retries": 0}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kept.json").write_text("{}")  # a reply cached by an earlier run
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "llm.py"), "--mode", "zero_shot", "--data", str(small_prepared), "--index", "unused",
+         "--local-model", "unused", "--cache", "cache", "--out", "predictions/llm_zero_shot.jsonl", "--usage",
+         "reports/llm/zero_shot.json", "--record", "reports/stages/llm-zero_shot.json"],
+        cwd=tmp_path, env={**os.environ, "OPENAI_API_KEY": KEY}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: llm.openai: {url} (model {params['llm']['openai']['model']}): connection refused (no server listening at that "
+        "address and port), after 0 retries (llm.openai.max_retries); check llm.openai.base_url")
+    assert (tmp_path / "cache" / "kept.json").read_text() == "{}" and not (tmp_path / "predictions" / "llm_zero_shot.jsonl").exists()

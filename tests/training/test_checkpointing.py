@@ -76,35 +76,64 @@ def test_a_save_killed_midway_keeps_the_previous_checkpoint_and_the_rerun_ends_w
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
-def test_a_truncated_checkpoint_stops_the_stage_with_one_line_and_exit_2(tmp_path, tiny_model_dirs, small_prepared, capsys):
-    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=4, checkpoint_every_n_steps=1, val_check_interval=4)
+class Crash(Exception):
+    pass
 
-    class Crash(Exception):
-        pass
 
+def _crash_at(step: int):
     from lightning.pytorch.callbacks import Callback
 
-    class CrashAtStep2(Callback):
+    class CrashAt(Callback):
         def on_train_batch_end(self, trainer, *args):
-            if trainer.global_step == 2:
+            if trainer.global_step == step:
                 raise Crash()
 
+    return CrashAt()
+
+
+def test_a_truncated_last_checkpoint_is_set_aside_and_stops_the_stage_with_one_line(tmp_path, tiny_model_dirs, small_prepared,
+                                                                                    capsys):
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=4, checkpoint_every_n_steps=1, val_check_interval=4)
     with pytest.raises(Crash):
-        fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(CrashAtStep2(),))
+        fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(_crash_at(2),))
     last = tmp_path / "ckpt" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # what an old, non-atomic save could leave
     with pytest.raises(SystemExit) as stopped:
         run_stage(lambda: fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs"))
     assert stopped.value.code == 2
-    message = capsys.readouterr().err.strip().splitlines()[-1]
-    assert message.startswith(f"error: {last}: cannot be read (") and "failed finding central directory" in message
-    assert "`make clean-checkpoints`, or set `train_nll.resume: false` (`dvc exp run -S train_nll.resume=false`)" in message
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-2].startswith(f"warning: {last}: cannot be read (") and "failed finding central directory" in lines[-2]
+    assert lines[-2].endswith("moved aside as last.ckpt.corrupt")
+    assert lines[-1] == (f"error: {tmp_path / 'ckpt'}: no checkpoint to resume train_nll from loads (set aside: "
+                         f"last.ckpt.corrupt). To train from step 0 (the interrupted run's steps are lost): "
+                         f"`rm -rf {tmp_path / 'ckpt'}` (this stage's checkpoints alone), or set `train_nll.resume: false` "
+                         f"(`dvc exp run -S train_nll.resume=false`)")
+    assert (tmp_path / "ckpt" / "last.ckpt.corrupt").exists() and not last.exists()
     # resume: false starts afresh (the unreadable file is not even opened).
     from dataclasses import replace
 
     summary = fit(replace(run, config=run.config.model_copy(update={"resume": False})), tmp_path / "out", tmp_path / "ckpt",
                   tmp_path / "logs")
     assert summary["resumed_from_step"] is None and summary["global_step"] == 4
+
+
+def test_a_truncated_best_checkpoint_beside_a_whole_last_one_costs_no_step(tmp_path, tiny_model_dirs, small_prepared, capsys):
+    """best.ckpt torn, last.ckpt whole: the run resumes from last.ckpt's step, best.ckpt is set
+    aside with a warning, and the best is tracked afresh, so the export still happens."""
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, checkpoint_every_n_steps=1, val_check_interval=2)
+    with pytest.raises(Crash):  # in step 4's end, before its checkpoint and validation
+        fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(_crash_at(4),))
+    best, last = tmp_path / "ckpt" / "best.ckpt", tmp_path / "ckpt" / "last.ckpt"
+    assert torch.load(best, weights_only=False)["global_step"] == 2 and torch.load(last, weights_only=False)["global_step"] == 3
+    last_bytes = last.read_bytes()
+    best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
+    summary = fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs")
+    assert summary["resumed_from_step"] == 3 and summary["global_step"] == 6
+    assert f"warning: {best}: cannot be read (" in capsys.readouterr().err
+    assert (tmp_path / "ckpt" / "best.ckpt.corrupt").exists() and last.read_bytes() != last_bytes  # kept, then saved on
+    # The best of the validations after the resume (steps 4 and 6) is exported.
+    assert summary["best_step"] in (4, 6) and torch.load(best, weights_only=False)["global_step"] == summary["best_step"]
+    assert (tmp_path / "out" / "model.safetensors").exists()
 
 
 def test_the_free_space_check_names_the_directory_and_the_bytes(tmp_path, monkeypatch):
@@ -122,8 +151,11 @@ def test_the_free_space_check_names_the_directory_and_the_bytes(tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unreadable_checkpoints_of_other_kinds_are_named_too(tmp_path):
-    for name, content in (("empty.ckpt", b""), ("text.ckpt", b"not a checkpoint\n")):
-        (tmp_path / name).write_bytes(content)
-        with pytest.raises(UnreadableCheckpoint, match=rf"{name}: cannot be read \(.+\), so the interrupted run"):
-            checkpointing.check_readable(tmp_path / name, "train")
+def test_unreadable_checkpoints_of_other_kinds_are_set_aside_too(tmp_path):
+    for content in (b"", b"not a checkpoint\n"):
+        folder = tmp_path / str(len(content))
+        folder.mkdir()
+        (folder / "last.ckpt").write_bytes(content)
+        with pytest.raises(UnreadableCheckpoint, match=r"no checkpoint to resume train from loads \(set aside: last.ckpt.corrupt\)"):
+            checkpointing.resume_point(folder, "train")
+        assert [p.name for p in folder.iterdir()] == ["last.ckpt.corrupt"]

@@ -16,7 +16,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from storyrewrite.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
+from storyrewrite.io import InputError, atomic_dir, read_json, sha256_file, write_json_atomic
 from storyrewrite.params import BundledSource, DownloadConfig, UrlSource
 
 
@@ -27,22 +27,29 @@ def _check_sum(path: Path, expected: str, what: str) -> None:
 
 
 def download_bundled(config: BundledSource, root: Path, out_dir: Path) -> list[Path]:
-    written = []
+    """Every bundled file checked against its sum first; only then are they copied, into a
+    folder that replaces `out_dir` whole (a mismatch leaves `out_dir` as it was)."""
+    problems = []
     for raw_name, entry in config.files.items():
         src = root / entry.path
         if not src.exists():
-            raise InputError(f"{src}: bundled file missing (params `download.bundled.files.{raw_name}`)")
-        _check_sum(src, entry.sha256, str(src))
-        dest = out_dir / raw_name
-        with atomic_path(dest) as tmp:
-            shutil.copyfile(src, tmp)
-        written.append(dest)
-    # Provenance travels with the data it describes.
-    for provenance in sorted(root.glob("*/PROVENANCE.md")):
-        dest = out_dir / provenance.parent.name / "PROVENANCE.md"
-        with atomic_path(dest) as tmp:
-            shutil.copyfile(provenance, tmp)
-    return written
+            problems.append(f"{src}: bundled file missing (params `download.bundled.files.{raw_name}`)")
+            continue
+        try:
+            _check_sum(src, entry.sha256, str(src))
+        except InputError as error:
+            problems.append(f"{error} (params `download.bundled.files.{raw_name}.sha256`)")
+    if problems:
+        raise InputError("\nerror: ".join(problems))
+    with atomic_dir(out_dir) as staging:
+        for raw_name, entry in config.files.items():
+            (staging / raw_name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / entry.path, staging / raw_name)
+        # Provenance travels with the data it describes.
+        for provenance in sorted(root.glob("*/PROVENANCE.md")):
+            (staging / provenance.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(provenance, staging / provenance.parent.name / "PROVENANCE.md")
+    return [out_dir / raw_name for raw_name in config.files]
 
 
 def _fetch(url: str, dest: Path) -> None:
@@ -60,7 +67,8 @@ def download_urls(config: UrlSource, out_dir: Path, recorded_path: Path) -> list
     """`recorded_path`: a JSON file (tracked by git) of the sums recorded on first download."""
     recorded = read_json(recorded_path) if recorded_path.exists() else {}
     written = []
-    with tempfile.TemporaryDirectory() as tmp_dir:
+    # Every member into a folder that replaces `out_dir` whole once all of them passed their sums.
+    with tempfile.TemporaryDirectory() as tmp_dir, atomic_dir(out_dir) as staging:
         for name, archive in config.archives.items():
             zip_path = Path(tmp_dir) / f"{name}.zip"
             _fetch(archive.url, zip_path)
@@ -69,23 +77,21 @@ def download_urls(config: UrlSource, out_dir: Path, recorded_path: Path) -> list
                 for raw_name, member in archive.members.items():
                     if member not in by_basename:
                         raise InputError(f"{archive.url}: no `{member}` in the archive (params `download.url.archives.{name}`)")
-                    dest = out_dir / raw_name
-                    with atomic_path(dest) as tmp:
-                        with zf.open(by_basename[member]) as src, open(tmp, "wb") as f:
-                            shutil.copyfileobj(src, f)
-                        expected = archive.sha256.get(raw_name) or recorded.get(raw_name)
-                        if expected:
-                            _check_sum(tmp, expected, f"{archive.url}:{member}")
-                        else:
-                            recorded[raw_name] = sha256_file(tmp)
-                    written.append(dest)
+                    dest = staging / raw_name
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(by_basename[member]) as src, open(dest, "wb") as f:
+                        shutil.copyfileobj(src, f)
+                    expected = archive.sha256.get(raw_name) or recorded.get(raw_name)
+                    if expected:
+                        _check_sum(dest, expected, f"{archive.url}:{member}")
+                    else:
+                        recorded[raw_name] = sha256_file(dest)
+                    written.append(out_dir / raw_name)
     write_json_atomic(recorded_path, dict(sorted(recorded.items())))
     return written
 
 
 def download(config: DownloadConfig, out_dir: Path, bundled_dir: Path, recorded_sums: Path) -> list[Path]:
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
     if config.source == "bundled":
         return download_bundled(config.bundled, bundled_dir, out_dir)
     return download_urls(config.url, out_dir, recorded_sums)

@@ -76,9 +76,14 @@ class OpenAIBackend:
         return self._retries
 
     def complete(self, messages: list[dict], max_new_tokens: int, temperature: float) -> Reply:
+        import openai
+
         started = time.perf_counter()
-        raw = self.client.chat.completions.with_raw_response.create(
-            model=self.settings.model, messages=messages, temperature=temperature, max_tokens=max_new_tokens)
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(
+                model=self.settings.model, messages=messages, temperature=temperature, max_tokens=max_new_tokens)
+        except openai.APIError as error:  # the client has retried what it retries
+            raise InputError(describe_failure(error, self.settings)) from None
         with self._lock:
             self._retries += raw.retries_taken
         response = raw.parse()
@@ -95,6 +100,61 @@ class OpenAIBackend:
         finally:
             # After a failure (or an interruption) the queued requests are not sent: nothing is paid twice.
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def describe_failure(error: Exception, settings: OpenAISettings) -> str:
+    """One line for a failed chat request: the server, the model, what failed, and the param or
+    variable to check (the `llm` stage prints it and exits 2)."""
+    import ssl
+    import socket
+
+    import openai
+
+    where = f"llm.openai: {settings.base_url} (model {settings.model})"
+    retried = f"after {settings.max_retries} retries (llm.openai.max_retries)"
+    if isinstance(error, openai.APITimeoutError):
+        return (f"{where}: no answer within {settings.timeout} s, {retried}; check that the server is up, or raise "
+                f"llm.openai.timeout")
+    if isinstance(error, openai.APIConnectionError):
+        causes = list(_causes(error))
+        text = " ".join(str(cause) for cause in causes).lower()
+        if any(isinstance(cause, ssl.SSLError) for cause in causes) or "certificate" in text or "ssl" in text:
+            what = "the TLS handshake failed (a certificate the client does not trust, or http:// served as https://)"
+        elif any(isinstance(cause, socket.gaierror) for cause in causes) or "name or service not known" in text \
+                or "nodename nor servname" in text or "name resolution" in text:
+            what = f"the host name {urlsplit(settings.base_url).hostname!r} does not resolve (DNS)"
+        elif any(isinstance(cause, ConnectionRefusedError) for cause in causes) or "refused" in text:
+            what = "connection refused (no server listening at that address and port)"
+        else:
+            what = f"cannot connect ({causes[-1].__class__.__name__}: {causes[-1]})"
+        return f"{where}: {what}, {retried}; check llm.openai.base_url"
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        if status == 401:
+            return (f"{where}: the server refused the API key (401 Unauthorized); check the key in the variable "
+                    f"{settings.api_key_env} (llm.openai.api_key_env)")
+        if status == 403:
+            return (f"{where}: the API key may not use this model (403 Forbidden); check {settings.api_key_env} "
+                    f"(llm.openai.api_key_env) and llm.openai.model")
+        if status == 404:
+            return (f"{where}: 404 Not Found: the server has no model {settings.model!r} or no chat completions at this "
+                    f"address; check llm.openai.model and llm.openai.base_url (often ending in /v1)")
+        if status == 429:
+            return (f"{where}: still rate-limited (429 Too Many Requests) {retried}; lower llm.openai.concurrency or "
+                    f"raise llm.openai.max_retries")
+        if status >= 500:
+            return f"{where}: the server failed (HTTP {status}) {retried}; the server's own error, try again later"
+        body = error.body if isinstance(error.body, dict) else {}
+        nested = body.get("error") if isinstance(body.get("error"), dict) else {}
+        message = body.get("message") or nested.get("message") or error.message
+        return f"{where}: the server refused the request (HTTP {status}: {message}); check llm.openai and llm.templates"
+    return f"{where}: {error.__class__.__name__}: {error}"
 
 
 class LocalBackend:

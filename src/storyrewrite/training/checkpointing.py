@@ -1,4 +1,4 @@
-"""Checkpoints that survive a crash at any moment, and a clear stop where one cannot be read.
+"""Checkpoints that survive a crash at any moment, and a resume that sets aside those that cannot be read.
 
 `AtomicCheckpointIO` is Lightning's `CheckpointIO` plugin for every checkpoint the Trainer
 writes (`last.ckpt`, `best.ckpt`): the checkpoint is serialised straight into a temporary file
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -86,15 +87,38 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
 
-def check_readable(path: Path, section: str) -> int:
-    """The global step of the checkpoint `path` (memory-mapped: its tensors are not read), or
-    one error naming the file, what is wrong, and the two ways to start afresh."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return int(checkpoint["global_step"])
-    except Exception as error:  # a torn zip, another format, a pickle of something else: all unreadable
-        reason = " ".join(str(error).split()) or type(error).__name__
+def _reason(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step of the checkpoint `path` (memory-mapped: its tensors are not read)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    return int(checkpoint["global_step"])
+
+
+def resume_point(checkpoint_dir: Path, section: str, resume_from: str = "last.ckpt") -> tuple[int, list[str]]:
+    """The step an interrupted run resumes from (`resume_from`, the full checkpoint: weights,
+    optimiser, loop state), after every checkpoint of `checkpoint_dir` that does not load has been
+    moved aside as `NAME.corrupt`, each named in a warning; returns the step and the names set
+    aside. A checkpoint that loads is never touched: a torn `best.ckpt` costs none of the steps
+    `last.ckpt` holds. Only where `resume_from` itself does not load does the stage stop, giving
+    the command that discards this stage's checkpoints alone."""
+    steps: dict[str, int] = {}
+    set_aside: list[str] = []
+    for path in sorted(checkpoint_dir.glob("*.ckpt")):
+        try:
+            steps[path.name] = checkpoint_step(path)
+        except Exception as error:  # a torn zip, another format, a pickle of something else: all unreadable
+            corrupt = path.with_name(path.name + ".corrupt")
+            os.replace(path, corrupt)
+            set_aside.append(path.name)
+            print(f"warning: {path}: cannot be read ({_reason(error)}); moved aside as {corrupt.name}", file=sys.stderr,
+                  flush=True)
+    if resume_from not in steps:
+        aside = f" (set aside: {', '.join(name + '.corrupt' for name in set_aside)})" if set_aside else ""
         raise UnreadableCheckpoint(
-            f"{path}: cannot be read ({reason}), so the interrupted run cannot resume from it. To train from step 0 "
-            f"(the interrupted run's steps are lost): `make clean-checkpoints`, or set `{section}.resume: false` "
-            f"(`dvc exp run -S {section}.resume=false`)") from None
+            f"{checkpoint_dir}: no checkpoint to resume {section} from loads{aside}. To train from step 0 (the interrupted "
+            f"run's steps are lost): `rm -rf {checkpoint_dir}` (this stage's checkpoints alone), or set `{section}.resume: "
+            f"false` (`dvc exp run -S {section}.resume=false`)")
+    return steps[resume_from], set_aside

@@ -25,7 +25,7 @@ from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_ob
 from storyrewrite.parallel import assigned_gpu
 from storyrewrite.params import ModelsConfig, Params, Section, TrainConfig
 from storyrewrite.records import cpu_has_bf16
-from storyrewrite.training.checkpointing import AtomicCheckpointIO, check_readable
+from storyrewrite.training.checkpointing import AtomicCheckpointIO, resume_point
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import AUTOCAST_DTYPES, RewriteModule
@@ -203,6 +203,15 @@ def bf16_emulation_warning(section: str, precision: str, device: torch.device, h
             f"(docs/benchmarks.md, bench/objective_step_time.py --precision bf16-mixed)")
 
 
+class FreshBest(ModelCheckpoint):
+    """The best-on-validation checkpoint of a resumed run whose best.ckpt did not load (set
+    aside): last.ckpt's record of the best points at that file, so the best is tracked afresh from
+    the resumed step, and the next validation writes best.ckpt again."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass  # (Lightning also finds no state under this class's key: nothing to restore either way)
+
+
 def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks: tuple[Callback, ...] = (),
         diagnostics: bool = True) -> dict:
     """Train; export the best-on-val weights to `out_dir`. `checkpoint_dir` keeps the best and
@@ -221,25 +230,25 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     interrupted = (fingerprint_file.exists() and fingerprint_file.read_text().strip() == fingerprint
                    and not finished.exists() and last.exists())
     resume_from = last if run.config.resume and interrupted else None
-    resumed_step = None
+    resumed_step, fresh_best = None, False
     if resume_from is None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     else:
         # What a save killed midway left behind (never a checkpoint: see AtomicCheckpointIO).
         for stale in checkpoint_dir.glob(".*.ckpt.*.tmp"):
             stale.unlink()
-        # An unreadable checkpoint stops the stage with one line, before anything is loaded:
-        # starting afresh silently would throw the interrupted run's steps away unannounced.
-        resumed_step = check_readable(last, run.section)
-        if (checkpoint_dir / "best.ckpt").exists():
-            check_readable(checkpoint_dir / "best.ckpt", run.section)
+        # A checkpoint that does not load is set aside with a warning; an unreadable last.ckpt
+        # stops the stage with one line, before anything is loaded: starting afresh silently
+        # would throw the interrupted run's steps away unannounced.
+        resumed_step, set_aside = resume_point(checkpoint_dir, run.section)
+        fresh_best = "best.ckpt" in set_aside
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(fingerprint_file, fingerprint + "\n")
 
     module, datamodule = assemble(run, diagnostics)
     monitor = TrainingMonitor(log_dir, checkpoint_dir / "curves", run.section, run.objective, resumed_step)
-    best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
-                           save_top_k=1, save_weights_only=True, enable_version_counter=False)
+    best = (FreshBest if fresh_best else ModelCheckpoint)(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
+                                                          save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     without_nan_fill()
