@@ -326,7 +326,7 @@ def main() -> None:
             output = subprocess.run(command, capture_output=True, text=True)
             seconds = time.perf_counter() - started
             if output.returncode != 0:
-                # The others are still measured (a GPU lent for minutes is not spent for nothing);
+                # The others are still measured (a GPU's time is not spent for nothing);
                 # without the base objective there is no ratio to give.
                 failed[objective] = output.stderr[-3000:]
                 print(f"{objective}: its process failed (exit {output.returncode}):\n{failed[objective]}", file=sys.stderr)
@@ -334,7 +334,7 @@ def main() -> None:
                     raise SystemExit(f"error: {objective}, the base of every ratio, failed")
                 continue
             runs[objective].append(json.loads(output.stdout.strip().splitlines()[-1]))
-            # A line as each process ends: a run cut short (a GPU lent for minutes) keeps what it
+            # A line as each process ends: a run cut short keeps what it
             # measured, and the phases show where a process's time goes (the rest is its start:
             # imports, the device's initialisation).
             row = runs[objective][-1]

@@ -3,7 +3,7 @@ Trainer with the stage's flags: deterministic algorithms, the section's precisio
 the validation of the starting weights, training steps, a validation, checkpoints and the export
 of the best weights. Not a benchmark: a quick check of the code paths that only the device shows
 (a frozen model placed on the GPU by a validation hook, which Lightning runs in inference mode;
-an operator without a deterministic CUDA kernel), before a long run commits a loan of the
+an operator without a deterministic CUDA kernel), before a long run commits the
 machine to them.
 
     python bench/training_paths.py [--device auto] [--profile params/gpu.yaml] [--tiny]

@@ -221,6 +221,13 @@ if [ ${#TODO[@]} -gt 0 ]; then
     fi
     # Their stages stay in the run cache; the partial experiments themselves go.
     dvc exp remove "${SHARED[@]}" >/dev/null 2>&1 || true
+    # Their workers go too, before more experiments are queued: a worker busy with a task does not
+    # answer `dvc queue start`, which would start a second worker of the same name beside it.
+    dvc queue stop >/dev/null 2>&1 || true
+    for _ in $(seq "${COMPARISON_WORKER_WAIT:-120}"); do
+      grep -qsa 'queue-worke[r]' /proc/[0-9]*/cmdline || break
+      sleep 1
+    done
   fi
   QUEUED=()
   for entry in "${TODO[@]}"; do

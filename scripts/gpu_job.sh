@@ -11,7 +11,7 @@
 #       open first), each into bench-out/BENCH.
 #   bash scripts/gpu_job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
 #       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
-#       params/gpu.yaml`: N queue workers share the GPU), in a
+#       params/gpu.yaml`: N queue workers share the GPU), timed by bench/comparison.py, in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
 #       every experiment is gathered into runs/NAME as it finishes; the run cache of an earlier
@@ -97,7 +97,10 @@ run | run-comparison)  # (internal: the detached job)
       > bench-out/comparison-nvidia-smi.csv 2>/dev/null &
     sampler=$!
     echo "== comparison -j $jobs $* $(date +%T)"
-    bash scripts/comparison.sh -j "$jobs" "$@"
+    # Timed as the whole-comparison bench (bench/comparison.py --here): runs/NAME and reports/NAME
+    # as comparison.sh makes them, and reports/bench/comparison.json beside them.
+    case $2 in all) parts=(core cpo) ;; *) parts=("$2") ;; esac
+    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "${parts[@]}" --profile "${@:3}"
     rc=$?
     kill $sampler 2>/dev/null
     echo "== end $(date +%T)"

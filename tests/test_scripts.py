@@ -60,7 +60,8 @@ if [ "$3" = get ]; then echo "zero_shot rag"; fi
 {GATHERED}
 exit 0""",
     })
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}, log
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0",
+            "COMPARISON_WORKER_WAIT": "0"}, log
 
 
 def _run(tmp_path, *args, existing="none", failing="none"):
@@ -122,7 +123,9 @@ def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
     runs = [c for c in calls if c.startswith("dvc exp run")]
     assert runs[:5] == [f"dvc exp run --queue -n grid.shared-{group}" for group in shared]
     assert calls.index("dvc queue start -j 2") < calls.index(runs[5]) and runs[5].startswith("dvc exp run --queue -n grid-nll-continued")
-    assert "dvc exp remove " + " ".join(f"grid.shared-{group.split()[0]}" for group in shared) in calls
+    removed = "dvc exp remove " + " ".join(f"grid.shared-{group.split()[0]}" for group in shared)
+    # Their workers stop before the experiments are queued (a busy worker would be started twice).
+    assert calls.index(removed) < calls.index("dvc queue stop") < calls.index(runs[5])
     assert "python -m storyrewrite.params get --key llm.modes STORYREWRITE_WORKERS=2" in calls
     gathered = [c.split(" --names ")[1].split()[0] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
     assert not any(".shared-" in name for name in gathered)
@@ -695,6 +698,15 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         folder.mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "gpu_job.sh", tree / "scripts" / "gpu_job.sh")
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
+    # The whole-comparison bench, which times comparison.sh: a stub that logs its arguments.
+    (tree / "bench").mkdir()
+    (tree / "bench" / "comparison.py").write_text(
+        "import subprocess, sys\n"
+        "args = sys.argv[1:]\n"
+        "open('bench.log', 'w').write(' '.join(args) + '\\n')\n"
+        "value = lambda flag: args[args.index(flag) + 1]\n"
+        "sys.exit(subprocess.run(['bash', 'scripts/comparison.sh', '-j', value('--jobs'), value('--name'), 'all',\n"
+        "                         *args[args.index('--profile') + 1:]]).returncode)\n")
     (tree / "scripts" / "comparison.sh").write_text(
         'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s)" > comparison.log\n'
         '[ "$1" = -j ] && shift 2\n'
@@ -757,13 +769,14 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
                                 "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
+    assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts core cpo --profile params/gpu.yaml\n"
     assert (home / "proj" / "run-cache-at-start.log").read_text() == f".dvc/cache/files/md5/33/{'3' * 30}\n.dvc/cache/runs/ef/{'ef' * 32}/{'ef' * 32}\n"
     # Brought back: the LLM baseline's entry and its file; not the imported one, nor what read the NLL model.
     with tarfile.open(out / "run-cache.tar.gz") as archive:
         assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/{'ab' * 32}"]
     assert "run cache: 1 entries to" in done.stdout and "predictions/llm_rag.jsonl" in done.stdout
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "runs/gpu.1/run-cache.tar.gz",
+    assert committed == ["bench/comparison.py", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "runs/gpu.1/run-cache.tar.gz",
                          "scripts/comparison.sh", "scripts/gpu_job.sh"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",

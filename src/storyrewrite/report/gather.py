@@ -12,7 +12,7 @@ outputs alike), the run's params, its dvc.lock and every report a stage wrote: m
 per-instance scores, significance, training summaries and curves, LLM usage, stage records
 (device, wall time). Files are stored once by content (`blobs/<sha256>.gz`: the NLL model's
 scores are the same file in every experiment of one commit) and each run gets a manifest
-`<name>.json` {path: sha256}. Folders gathered apart (a run split over several GPU loans) are
+`<name>.json` {path: sha256}. Folders gathered apart (a run split over several machines) are
 collected together.
 """
 from __future__ import annotations

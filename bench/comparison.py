@@ -1,0 +1,190 @@
+"""The whole comparison as a benchmark: `core`, then `cpo`, from a fresh workspace of this tree
+(its own DVC cache: nothing restored from an earlier run), on the profiles given.
+
+    python bench/comparison.py --profile params/gpu.yaml [--jobs auto] [--parts core cpo]
+    python bench/comparison.py --here --name gpu --profile params/gpu.yaml   # reports/gpu/ too
+
+Each part is `scripts/comparison.sh -j JOBS NAME PART PROFILE...` in that workspace (`--here`:
+in this repository, which keeps runs/NAME and reports/NAME); `cpo` follows `core` there, as a
+researcher would run them, and collects both. The GPU's load and
+memory are sampled through the whole run (nvidia-smi, every 0.5 s), or the CPU's busy share
+(/proc/stat) where no NVIDIA GPU is visible. Afterwards every gathered experiment's stage
+records (device, wall time; the shared stages' too, restored with their first run's record) are
+read back.
+
+Figures: each part's wall time and the whole run's, the GPU's mean busy share and peak memory
+over the run, the stages' wall times summed by stage, and each experiment's. Targets on one
+H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
+reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from common import ROOT, write_result
+
+TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
+
+
+class Sampler:
+    """The GPU's utilisation and memory from nvidia-smi, or the CPU's busy share from /proc/stat,
+    sampled every `interval` seconds until `stop()`."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval, self.samples, self.kind = interval, [], "gpu" if shutil.which("nvidia-smi") else "cpu"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        previous = _cpu_times() if self.kind == "cpu" else None
+        while not self._stop.wait(self.interval):
+            if self.kind == "gpu":
+                result = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                                        capture_output=True, text=True)
+                fields = result.stdout.splitlines()[0].split(",") if result.returncode == 0 and result.stdout.strip() else []
+                if len(fields) == 2:
+                    self.samples.append((float(fields[0]), float(fields[1]) * 2**20 / 1e9))
+            else:
+                now = _cpu_times()
+                busy, total = now[0] - previous[0], now[1] - previous[1]
+                previous = now
+                if total > 0:
+                    self.samples.append((100.0 * busy / total, None))
+
+    def figures(self) -> dict:
+        if not self.samples:
+            return {"samples": 0}
+        busy = [b for b, _ in self.samples]
+        memory = [m for _, m in self.samples if m is not None]
+        return {"samples": len(self.samples), f"{self.kind}_busy_pct_mean": round(sum(busy) / len(busy), 1),
+                **({"gpu_memory_gb_peak": round(max(memory), 2)} if memory else {})}
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def workspace(into: Path) -> Path:
+    """A fresh repository of this tree: a clone of HEAD, or, where this tree is no git checkout
+    (a copy sent to a GPU machine), its files committed into a new one."""
+    repo = into / "repo"
+    if (ROOT / ".git").exists():
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+        return repo
+    skip = {".git", ".venv", ".device", ".cache", "bench-out", "runs"}
+    shutil.copytree(ROOT, repo, ignore=lambda folder, names: [n for n in names if Path(folder) == ROOT and n in skip])
+    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
+           "GIT_COMMITTER_EMAIL": "bench@localhost"}
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "bench copy"]):
+        subprocess.run(command, cwd=repo, check=True, env=env)
+    return repo
+
+
+def stage_walls(repo: Path, name: str) -> tuple[dict, dict]:
+    """The gathered experiments' stage records: seconds summed by stage (each stage run once,
+    however many experiments restored it), and each experiment's own (restored ones included)."""
+    sys.path.insert(0, str(repo / "src"))
+    from storyrewrite.report.collect import _records, load_runs
+
+    by_stage: dict[str, float] = defaultdict(float)
+    by_experiment: dict[str, float] = {}
+    seen = set()  # a stage restored from the run cache brings its first run's record: counted once
+    for run in load_runs([repo / "runs" / name]):
+        records = _records(run)
+        by_experiment[run.name] = round(sum(r["wall_s"] for r in records), 1)
+        for record in records:
+            key = (record["stage"], record.get("started_at"), record["wall_s"])
+            if key not in seen:
+                seen.add(key)
+                by_stage[record["stage"]] += record["wall_s"]
+    return {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())}, by_experiment
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", type=Path, nargs="*", default=[], help="params overlays, in order (params/gpu.yaml)")
+    parser.add_argument("--jobs", default="auto", help="queue workers: a number or auto (default)")
+    parser.add_argument("--parts", nargs="+", default=["core", "cpo"], choices=["core", "cpo", "all", "seeds"],
+                        help="the comparison's parts, run one after the other (default: core cpo)")
+    parser.add_argument("--name", default="timed", help="the comparison's name: runs/NAME, reports/NAME (default timed)")
+    parser.add_argument("--here", action="store_true", help="run in this repository, not in a fresh workspace")
+    parser.add_argument("--variant", default="", help="a suffix for the figures file (comparison-VARIANT.json)")
+    parser.add_argument("--keep", type=Path, help="the fresh workspace's folder, kept (default: a temporary one, removed)")
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    for profile in args.profile:
+        if not (ROOT / profile).is_file():
+            raise SystemExit(f"error: --profile {profile}: no such file")
+    if args.name in {"bench", "stages", "train", "metrics", "scores", "llm", "sanity", "tests"}:
+        raise SystemExit(f"error: --name {args.name}: reports/{args.name} is the pipeline's own folder; choose another name")
+    if args.here and not (ROOT / ".git").exists():
+        raise SystemExit("error: --here needs this tree to be a git repository (DVC's experiments are commits)")
+    with tempfile.TemporaryDirectory(prefix="comparison-bench-") as temporary:
+        into = args.keep or Path(temporary)
+        into.mkdir(parents=True, exist_ok=True)
+        repo = ROOT if args.here else workspace(into)
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               "PYTHONPATH": str(repo / "src")}  # the workspace's own code runs
+        parts, failed = {}, []
+        started = time.perf_counter()
+        with Sampler() as sampler:
+            for part in args.parts:
+                begun = time.perf_counter()
+                print(f"== {part}: scripts/comparison.sh -j {args.jobs} {args.name} {part} {' '.join(map(str, args.profile))}",
+                      flush=True)
+                result = subprocess.run(["bash", "scripts/comparison.sh", "-j", str(args.jobs), args.name, part,
+                                         *map(str, args.profile)], cwd=repo, env=env)
+                parts[part] = round(time.perf_counter() - begun, 1)
+                if result.returncode != 0:
+                    failed.append(part)
+        total = round(time.perf_counter() - started, 1)
+        by_stage, by_experiment = stage_walls(repo, args.name)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    figures = {"wall_s": {**parts, "total": total}, "load": sampler.figures(), "experiments": len(by_experiment),
+               "stage_wall_s": by_stage, "experiment_wall_s": by_experiment, "failed_parts": failed}
+    targets = {}
+    if device.type == "cuda":
+        if "core" in parts:
+            targets["wall_s.core"] = {"max": TARGETS_S["core"]}
+        if {"core", "cpo"} <= set(parts) or "all" in parts:
+            targets["wall_s.total"] = {"max": TARGETS_S["all"]}
+    settings = {"profiles": [str(p) for p in args.profile], "jobs": args.jobs, "parts": args.parts}
+    write_result(f"comparison{'-' + args.variant if args.variant else ''}", device, figures, settings, targets)
+    print(f"{'part':<8} {'wall s':>8}")
+    for part, seconds in [*parts.items(), ("total", total)]:
+        target = TARGETS_S.get("all" if part == "total" else part)
+        ratio = f"  {seconds / target:.2f}x of the target {target} s" if device.type == "cuda" and target else ""
+        print(f"{part:<8} {seconds:>8.1f}{ratio}")
+    print(f"load: {figures['load']}; {len(by_experiment)} experiments gathered")
+    for stage, seconds in sorted(by_stage.items(), key=lambda item: -item[1])[:8]:
+        print(f"  {stage:<28} {seconds:>8.1f} s (each run once)")
+    if failed:
+        raise SystemExit(f"error: part(s) failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
