@@ -209,10 +209,11 @@ if [ ${#TODO[@]} -gt 0 ]; then
     GROUPS_=("nll|score@nll" "sanity|score_sanity" "validity|validity")
     for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
     SHARED=()
+    for group in "${GROUPS_[@]}"; do SHARED+=("$NAME.shared-${group%%|*}"); done
+    # What an interrupted comparison left of them would pass for finished, or clash by name.
+    dvc exp remove "${SHARED[@]}" >/dev/null 2>&1 || true
     for group in "${GROUPS_[@]}"; do
-      shared="$NAME.shared-${group%%|*}"
-      SHARED+=("$shared")
-      dvc exp run --queue -n "$shared" "${OVERRIDES[@]}" "${group#*|}" >/dev/null
+      dvc exp run --queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}" >/dev/null
     done
     echo "== the shared stages: ${#SHARED[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
     drain 0 "${SHARED[@]}"

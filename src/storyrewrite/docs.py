@@ -268,6 +268,9 @@ GPU_FIGURES = [
      "generation (batches of {generate_batch_size}, {generate_dtype}) {value} test predictions/s", ".1f"),
     ("scorer_and_bootstrap", "batched_speedup", "the batched LMScorer {value}× a one-pair loop", ".1f"),
     ("scorer_and_bootstrap", "largest_fp32_difference", "with fp32 scores within {value} of it", ".1e"),
+    ("comparison", "wall_s.core", "the whole comparison's `core` in {value} s", ".0f"),
+    ("comparison", "wall_s.total", "`core` then `cpo` in {value} s", ".0f"),
+    ("comparison", "load.gpu_busy_pct_mean", "the GPU busy {value} % of that run", ".0f"),
 ]
 
 
