@@ -222,9 +222,10 @@ if [ ${#TODO[@]} -gt 0 ]; then
     fi
     # Their stages stay in the run cache; the partial experiments themselves go.
     dvc exp remove "${SHARED[@]}" >/dev/null 2>&1 || true
-    # Their workers go too, before more experiments are queued: a worker busy with a task does not
-    # answer `dvc queue start`, which would start a second worker of the same name beside it.
-    dvc queue stop >/dev/null 2>&1 || true
+    # Their workers end by themselves once the queue is empty (DVC's TemporaryWorker, within about
+    # 10 s). Wait for that before more experiments are queued: `dvc queue start` does not always see
+    # a live worker, and then starts a second one of the same name beside it. (Not `dvc queue stop`:
+    # its shutdown message stays in the file broker, and the next workers take it and stop.)
     for _ in $(seq "${COMPARISON_WORKER_WAIT:-120}"); do
       grep -qsa 'queue-worke[r]' /proc/[0-9]*/cmdline || break
       sleep 1
