@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from storyrewrite.io import run_stage
-
-    run_stage(main)
+    try:  # (not storyrewrite.io.run_stage: io imports this module)
+        main()
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
