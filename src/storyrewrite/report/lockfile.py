@@ -46,7 +46,8 @@ def forget(root: Path) -> list[str]:
         return []
     lock = parse_yaml_for_update(lock_path.read_text(encoding="utf-8"), str(lock_path)) or {}
     stages = lock.get("stages") or {}
-    gone = [name for name in list(stages) if name in uncached_stages(Path(root))]
+    uncached = uncached_stages(Path(root))  # (DVC's index of every stage: built once)
+    gone = [name for name in list(stages) if name in uncached]
     for name in gone:
         del stages[name]
     if gone:
