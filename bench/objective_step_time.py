@@ -149,11 +149,28 @@ def device_seconds(events, device_type) -> float:
     return sum(event.duration_ns() for event in events if event.device_type() == device_type) / 1e9
 
 
+def count_syncs(work) -> int:
+    """The times `work()` makes the host wait for a CUDA device (a tensor read back, a blocking
+    copy, an operator whose output size depends on values), by torch's own sync debug mode,
+    which warns at each."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(warning.message) for warning in caught)
+
+
 def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, timed: list | None = None,
-         optimise: bool = True) -> None:
+         optimise: bool = True, read: bool = True) -> None:
     """One training step; with `timed`, the seconds of the diagnostics' own work are appended to it
     (the device synchronised around each part, so only an instrumented step pays for that);
-    `optimise: False` leaves the parameters as they were (the gradients are dropped)."""
+    `optimise: False` leaves the parameters as they were (the gradients are dropped); `read:
+    False` leaves the logged values on the device (the monitor reads them a step later)."""
     module.diagnostics = diagnostics
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed"
                 else contextlib.nullcontext())
@@ -184,7 +201,7 @@ def step(module, optimizer, batch, device: torch.device, precision: str, diagnos
     if optimise:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if diagnostics:  # the monitor's one device-to-host copy per step
+    if diagnostics and read:  # the monitor's one device-to-host copy per step
         part(lambda: read_logs(module.step_logs))
     if timed is not None:
         timed.append(spent[0])
@@ -237,6 +254,8 @@ def measure(objective: str, args) -> dict:
                 step(module, optimizer, batch, device, args.precision, True)
             wall = clock(device) - started
         result["gpu_busy"] = device_seconds(profiler.profiler.kineto_results.events(), DeviceType.CUDA) / wall
+        # Inside a step: the monitor's read of its values comes after the next step's launches.
+        result["syncs"] = count_syncs(lambda: step(module, optimizer, batch, device, args.precision, True, read=False))
         if args.trace:
             averages = profiler.key_averages()
             Path(args.trace).mkdir(parents=True, exist_ok=True)
@@ -250,7 +269,7 @@ def result_name(args: argparse.Namespace) -> str:
     """The figures' file in reports/bench/ (without .json): `--name`, else one per precision and
     compilation, each a run of its own."""
     return args.name or ("objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}")
-                         + ("-compiled" if args.compile else ""))
+                         + ("-compiled" if args.compile else "") + ("-reduce-overhead" if args.compile == "reduce-overhead" else ""))
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -296,7 +315,9 @@ def arguments() -> argparse.ArgumentParser:
     # events whose operator table took 87 s to build on the 2-core CPU (NLL's: 8 s).
     parser.add_argument("--profile-steps", type=int, default=4,
                         help="steps run under the profiler for the GPU busy share and the --trace tables (CUDA)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the transformer bodies, as `compile: true` trains")
+    parser.add_argument("--compile", nargs="?", const=True, default=False, choices=(True, "reduce-overhead"),
+                        help="torch.compile the transformer bodies, as `compile: true` trains (`--compile reduce-overhead`: "
+                             "as `compile: reduce-overhead`, CUDA graphs)")
     parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
                         "and -compiled where not 32-true and eager): a run of its own there, each device's last")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
@@ -321,7 +342,7 @@ def main() -> None:
             # The first repeat's profile is the one written: a Chrome trace of a GPU step is tens of
             # MB, and writing it again costs each later process seconds for the same table.
             command += ["--trace", args.trace] if args.trace and repeat == 0 else []
-            command += ["--compile"] if args.compile else []
+            command += ["--compile"] + ([args.compile] if isinstance(args.compile, str) else []) if args.compile else []
             started = time.perf_counter()
             output = subprocess.run(command, capture_output=True, text=True)
             seconds = time.perf_counter() - started
@@ -360,7 +381,7 @@ def main() -> None:
     # Each figure once, unrounded: the record rounds it to its digits (None: to an integer), the
     # table formats the same value.
     digits = {"s_per_step": 4, "ratio": 3, "ratio_per_repeat": 3, "peak_memory_gb": 2, "diagnostics_ratio": 3,
-              "first_step_s": 2, "sample_share": 3, "gpu_busy": 3, "ops_per_step": None, "ops_ratio": 3,
+              "first_step_s": 2, "sample_share": 3, "gpu_busy": 3, "syncs_per_step": None, "ops_per_step": None, "ops_ratio": 3,
               "gflop_per_step": 3, "tflop_per_s": 4, "flop_ratio": 3}
     figures = {}
     for objective in objectives:
@@ -372,7 +393,7 @@ def main() -> None:
             "diagnostics_ratio": mean(objective, "with") / mean(objective, "without"),
             "first_step_s": mean(objective, "first"),
             **({"sample_share": share} if share is not None else {}),
-            **({"gpu_busy": mean(objective, "gpu_busy")} if busy else {}),
+            **({"gpu_busy": mean(objective, "gpu_busy"), "syncs_per_step": max(r["syncs"] for r in runs[objective])} if busy else {}),
             **({"ops_per_step": mean(objective, "ops"), "ops_ratio": mean(objective, "ops") / mean(base, "ops"),
                 "gflop_per_step": mean(objective, "flops") / 1e9,
                 # the arithmetic's rate: far below the device's matrix units', the step waits on something else
@@ -400,6 +421,7 @@ def main() -> None:
     targets |= {f"{o}.diagnostics_ratio": {"max": 1.05} for o in figures}
     if busy:  # the GPU's share of a training step's wall time
         targets |= {f"{o}.gpu_busy": {"min": 0.8} for o in figures}
+        targets |= {f"{o}.syncs_per_step": {"max": 0} for o in figures if o != "rloo"}  # (RLOO's rewards are the host's)
     write_result(result_name(args), resolve_device(args.device), figures,
                  {"precision": args.precision, "compile": args.compile, "deterministic": first["deterministic"],
                   "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],

@@ -32,8 +32,9 @@
 #                      objective_step_time-bf16-mixed-others.json (the targets' run stays); tables in
 #                      OUT/traces-others/ of one profiled step (RLOO's four steps are 1.5 million
 #                      profiler events on a CPU, minutes of a loan to tabulate)
-#   compile            objective_step_time once more with the models' bodies compiled (`compile: true`;
-#                      each process first compiles, a minute or more); its failure is a warning only
+#   compile            compiled_steps: NLL, DTO-Score and Score+Delta steps compiled as `compile:
+#                      reduce-overhead` trains (CUDA graphs) at batch 16, 32 and 64 against the eager
+#                      step (each process first compiles, a minute or more); its failure is a warning only
 #   all                every one above but compile (the default)
 # A bench that fails does not stop the others (a loan of the machine is short): the script goes on
 # and exits 1 at the end naming those that failed.
@@ -84,8 +85,8 @@ bench steps-others objective_step_time_others.txt "${STEPS[@]}" --batch-size 16 
 if [ -n "${WANTED[compile]:-}" ]; then
   # Not fatal: torch.compile has never run on this project's GPU (Triton also needs a C compiler
   # there), and whatever follows this script (a comparison run) should not depend on it.
-  python "${STEPS[@]}" --batch-size 16 --objectives nll score score_delta --repeats 1 --compile --trace "$OUT/traces-compiled" 2>&1 \
-    | tee "$OUT/objective_step_time_compiled.txt" || echo "warning: the compiled step bench failed (see above); the eager results stand" >&2
+  python bench/compiled_steps.py "${TRAINING[@]}" --batch-sizes 16 32 64 2>&1 \
+    | tee "$OUT/compiled_steps.txt" || echo "warning: the compiled step bench failed (see above); the eager results stand" >&2
 fi
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "error: these benches failed (their output in $OUT): ${FAILED[*]}" >&2

@@ -289,6 +289,7 @@ def test_the_step_bench_names_its_figures_file_by_precision_and_compilation_or_a
     assert name() == "objective_step_time"
     assert name("--precision", "bf16-mixed") == "objective_step_time-bf16-mixed"
     assert name("--precision", "bf16-mixed", "--compile") == "objective_step_time-bf16-mixed-compiled"
+    assert name("--precision", "bf16-mixed", "--compile", "reduce-overhead") == "objective_step_time-bf16-mixed-compiled-reduce-overhead"
     assert name("--precision", "bf16-mixed", "--name", "objective_step_time-bf16-mixed-others") == \
         "objective_step_time-bf16-mixed-others"
 
@@ -357,17 +358,45 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
         commands.append(command)
         row = {"with": 0.2, "without": 0.19, "first": 1.0, "sample_share": None, "peak_memory_gb": 1.0,
                "device": "cuda:0 (stub)", "batch_size": 16, "tokens": 1898, "deterministic": True, "nan_fill": False,
-               "gpu_busy": 0.1, "phases": {"build_s": 1.0}}
+               "gpu_busy": 0.1, "syncs": 3 if command[command.index("--one") + 1] == "rloo" else 0, "phases": {"build_s": 1.0}}
         return types.SimpleNamespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
 
     monkeypatch.setattr(subprocess, "run", process)
-    monkeypatch.setattr(objective_step_time, "write_result", lambda name, device, figures, settings, targets: written.update(settings))
+    monkeypatch.setattr(objective_step_time, "write_result",
+                        lambda name, device, figures, settings, targets: written.update(settings, figures=figures, targets=targets))
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--device", "cpu", "--objectives", "nll", "rloo",
                                       "--repeats", "1", "--profile-steps", "1"])
     objective_step_time.main()
     assert len(commands) == 2
     assert all(command[command.index("--profile-steps") + 1] == "1" for command in commands)
     assert written["profile_steps"] == 1
+    # The syncs a step makes: a target of none for every objective but RLOO, whose rewards are the host's.
+    assert written["figures"]["rloo"]["syncs_per_step"] == 3 and written["figures"]["nll"]["syncs_per_step"] == 0
+    assert written["targets"]["nll.syncs_per_step"] == {"max": 0} and "rloo.syncs_per_step" not in written["targets"]
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--profile-steps", "0"])
     with pytest.raises(SystemExit, match="--profile-steps must be at least 1, not 0"):
         objective_step_time.main()
+
+
+def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_against_its_flops():
+    """Speed-ups over the same objective's eager tokens/s, a DTO step over NLL's at the same
+    batch size against their FLOP ratio, and the GPU targets only where a GPU was measured."""
+    import compiled_steps
+
+    def run(eager_s, rows):
+        return {"eager": {"batch_size": 16, "s_per_step": eager_s, "tokens_per_s": 1600 / eager_s, "first_step_s": 1.0},
+                **{f"b{size}": {"tokens": 100 * size, "flops": flops, "s_per_step": s, "tokens_per_s": 100 * size / s,
+                                "first_step_s": 30.0, "gpu_busy": 0.7, "syncs_per_step": 0} for size, (s, flops) in rows.items()}}
+    runs = {"nll": run(0.2, {16: (0.04, 2e12), 32: (0.05, 4e12)}), "score": run(0.4, {16: (0.1, 3e12), 32: (0.08, 6e12)})}
+    figures, targets = compiled_steps.figures_of(runs, [16, 32])
+    assert figures["nll"]["b16"]["speedup"] == pytest.approx(5.0) and figures["nll"]["b32"]["speedup"] == pytest.approx(8.0)
+    assert figures["nll"]["best_speedup"] == pytest.approx(8.0) and "ratio" not in figures["nll"]["b16"]
+    # score at 16: 0.1 / 0.04 = 2.5 against a FLOP ratio of 1.5
+    assert figures["score"]["b16"]["ratio"] == pytest.approx(2.5) and figures["score"]["b16"]["flop_ratio"] == pytest.approx(1.5)
+    assert figures["score"]["b16"]["ratio_over_flop_ratio"] == pytest.approx(2.5 / 1.5, abs=1e-3)
+    assert targets["nll.best_speedup"] == {"min": 5.0} and targets["score.b32.ratio_over_flop_ratio"] == {"max": 1.15}
+    assert targets["score.b16.gpu_busy"] == {"min": 0.6} and targets["nll.b32.syncs_per_step"] == {"max": 0}
+    for rows in runs.values():  # a CPU run: no GPU figures, no GPU targets
+        for size in (16, 32):
+            del rows[f"b{size}"]["gpu_busy"], rows[f"b{size}"]["syncs_per_step"]
+    assert not any("gpu_busy" in name or "syncs" in name for name in compiled_steps.figures_of(runs, [16, 32])[1])

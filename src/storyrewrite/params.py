@@ -97,8 +97,12 @@ class TrainConfig(Section):
     num_workers: int = Field(0, ge=0)
     validate_at_start: bool = True  # validate the starting weights (the curves' step 0) before training
     # torch.compile the generator's (and a DTO scorer's) transformer body: for a GPU, where an
-    # eager step of a small model waits on kernel launches; no faster on the CPU
-    compile: bool = False
+    # eager step of a small model waits on kernel launches; no faster on the CPU. true: inductor's
+    # default mode; reduce-overhead: its kernels replayed as CUDA graphs, one per batch shape
+    compile: bool | Literal["reduce-overhead"] = False
+    # Length buckets: pad sources and targets to a multiple of this many tokens, so that a
+    # compiled step sees a few shapes (CUDA graphs: one each); None pads to the batch's longest
+    pad_to_multiple_of: Positive | None = None
     # Unlike the top-level `seed`, a section's own leaves the data, the splits, the models' starting
     # points and the bootstrap as they are: runs that differ in it alone measure the spread that
     # training randomness gives (`-S 'train.seed=1,2'`).

@@ -34,3 +34,17 @@ def test_a_compiled_body_gives_the_eager_values_and_compiles_once_for_every_batc
             if number == 0:
                 graphs = counter.frame_count
     assert graphs > 0 and counter.frame_count == graphs
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+@pytest.mark.parametrize("backend, mode, passed", [("inductor", "reduce-overhead", {"mode": "reduce-overhead"}),
+                                                   ("inductor", None, {}), ("aot_eager", "reduce-overhead", {})])
+def test_compile_modes_reach_inductor_alone(tiny_model_dirs, kind, monkeypatch, backend, mode, passed):
+    """`compile: reduce-overhead` compiles every body `compile: true` does, with inductor's mode
+    (CUDA graphs); another backend takes no mode (the tests' aot_eager would warn and drop it)."""
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: calls.append((type(self).__name__, kwargs)))
+    model = load_model(tiny_model_dirs[kind])
+    compile_body(model, backend, mode)
+    assert len(calls) == (2 if kind == "bart" else 1)
+    assert all(kwargs == {"dynamic": True, "backend": backend, **passed} for _, kwargs in calls)

@@ -23,18 +23,20 @@ class LMScorer:
     distributions (`score_soft`, differentiable, for DTO)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 max_input_tokens: int = 1024, max_output_tokens: int = 250):
+                 max_input_tokens: int = 1024, max_output_tokens: int = 250, pad_to_multiple_of: int | None = None):
         self.model = model.eval()
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
         self.seq2seq = bool(model.config.is_encoder_decoder)
-        self.encoder = Encoder(tokenizer, self.seq2seq, max_input_tokens, max_output_tokens)
+        self.encoder = Encoder(tokenizer, self.seq2seq, max_input_tokens, max_output_tokens, pad_to_multiple_of)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, max_input_tokens: int = 1024, max_output_tokens: int = 250,
-                 dtype: str = "float32", device: torch.device | str = "cpu") -> "LMScorer":
-        """The scorer in `model_dir`, its weights in `dtype` (float32 | bfloat16 | float16), on `device`."""
-        return cls(load_model(model_dir, dtype, device), load_tokenizer(model_dir), max_input_tokens, max_output_tokens)
+                 dtype: str = "float32", device: torch.device | str = "cpu", pad_to_multiple_of: int | None = None) -> "LMScorer":
+        """The scorer in `model_dir`, its weights in `dtype` (float32 | bfloat16 | float16), on
+        `device`; `pad_to_multiple_of`: its encoder's length buckets (Encoder)."""
+        return cls(load_model(model_dir, dtype, device), load_tokenizer(model_dir), max_input_tokens, max_output_tokens,
+                   pad_to_multiple_of)
 
     @property
     def device(self) -> torch.device:
@@ -102,8 +104,11 @@ class LMScorer:
         return self._score_soft_causal(embeds, source_mask, target_sets)
 
     def _padded_targets(self, targets: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = pad_rows(self.encoder.target_ids(self._targets(targets)), self.encoder.tokenizer.pad_token_id, left=False)
-        return ids.to(self.device), mask.to(self.device)
+        ids, mask = pad_rows(self.encoder.target_ids(self._targets(targets)), self.encoder.tokenizer.pad_token_id, left=False,
+                             multiple=self.encoder.pad_to_multiple_of)
+        # Without waiting for the device: a blocking copy to a GPU waits for the work queued before it
+        # (in a DTO step, the generator's forward), so the host could not queue the scorer's meanwhile.
+        return ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
 
     def _score_soft_causal(self, embeds: torch.Tensor, source_mask: torch.Tensor,
                            target_sets: list[list[str]]) -> list[torch.Tensor]:

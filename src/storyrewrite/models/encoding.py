@@ -20,6 +20,9 @@ class Encoder:
     seq2seq: bool
     max_input_tokens: int
     max_output_tokens: int
+    # Length buckets: pad every batch's sources and targets to a multiple of this (None: to the
+    # longest row), so that a compiled model sees a few shapes
+    pad_to_multiple_of: int | None = None
 
     def source_ids(self, sources: list[str]) -> list[list[int]]:
         ids = self.tokenizer(sources, add_special_tokens=True)["input_ids"]
@@ -45,17 +48,17 @@ class Encoder:
         return self.batch_ids(self.source_ids(sources), self.target_ids(targets))
 
     def batch_ids(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> dict:
-        pad = self.tokenizer.pad_token_id
-        target, target_mask = pad_rows(target_ids, pad, left=False)
+        pad, multiple = self.tokenizer.pad_token_id, self.pad_to_multiple_of
+        target, target_mask = pad_rows(target_ids, pad, left=False, multiple=multiple)
         if self.seq2seq:
-            input_ids, attention_mask = pad_rows(source_ids, pad, left=False)
+            input_ids, attention_mask = pad_rows(source_ids, pad, left=False, multiple=multiple)
             return {
                 "input_ids": input_ids,
                 "attention_mask": attention_mask,
                 "target_ids": target,
                 "target_mask": target_mask,
             }
-        prompt, prompt_mask = pad_rows(source_ids, pad, left=True)
+        prompt, prompt_mask = pad_rows(source_ids, pad, left=True, multiple=multiple)
         attention_mask = torch.cat([prompt_mask, target_mask], dim=1)
         return {
             "input_ids": torch.cat([prompt, target], dim=1),
@@ -71,8 +74,12 @@ class Encoder:
         return {"input_ids": ids, "attention_mask": mask}
 
 
-def pad_rows(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(rows: list[list[int]], pad_id: int, left: bool, multiple: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows padded on the left or right to the longest (rounded up to a multiple of `multiple`),
+    with their masks (1 for real tokens)."""
     width = max(len(row) for row in rows)
+    if multiple:
+        width = -(-width // multiple) * multiple
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):

@@ -78,7 +78,7 @@ def _builder(combine: Callable[..., torch.Tensor], with_original: bool) -> Calla
     def build(context: ObjectiveContext[DTOConfig]) -> Loss:
         config = context.settings
         scorer = LMScorer.from_dir(context.scorer_dir, context.max_input_tokens, context.max_output_tokens,
-                                   dtype=config.scorer_dtype)
+                                   dtype=config.scorer_dtype, pad_to_multiple_of=context.pad_to_multiple_of)
         vocab = scorer.model.get_input_embeddings().weight.shape[0]
 
         def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:

@@ -56,6 +56,7 @@ class ObjectiveContext(Generic[S]):
     max_input_tokens: int = 1024
     max_output_tokens: int = 250
     init_dir: Path | None = None  # the starting weights (a reference model for a KL term)
+    pad_to_multiple_of: int | None = None  # the training section's length buckets (models.encoding.Encoder)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,8 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         raise ValueError("rloo needs the context's init_dir")
     scorer = LMScorer.from_dir(context.scorer_dir, context.max_input_tokens, context.max_output_tokens)
     tokenizer = load_tokenizer(context.init_dir)
-    encoder = Encoder(tokenizer, is_seq2seq(context.init_dir), context.max_input_tokens, context.max_output_tokens)
+    encoder = Encoder(tokenizer, is_seq2seq(context.init_dir), context.max_input_tokens, context.max_output_tokens,
+                      context.pad_to_multiple_of)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     reference = None
     if config.kl_beta > 0:

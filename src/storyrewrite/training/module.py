@@ -39,11 +39,19 @@ class RewriteModule(L.LightningModule):
     Each training step leaves what the curves log in `step_logs` (detached tensors, read once
     per step by storyrewrite.training.monitor): the loss, its terms and, with `diagnostics`, the
     gradient norm before clipping and the objective's diagnostics; `step_terms` names the ones
-    that make up the loss. Validation logs the same quantities, averaged, prefixed `val_`.
+    that make up the loss. Validation logs the same quantities, averaged, prefixed `val_`. A
+    training step reads nothing back to the host (no `self.log` of a tensor, which Lightning
+    would turn into a number at once for the progress bar): the monitor reads `step_logs` a step
+    later, while the GPU runs the next one.
+
+    `cuda_graphs` (`compile: reduce-overhead`): each step and validation batch starts a new
+    iteration of the compiled models' CUDA graphs (`torch.compiler.cudagraph_mark_step_begin`),
+    whose outputs of the previous one it no longer reads.
     """
 
     def __init__(self, generator: PreTrainedModel, loss: Loss, lr: float, weight_decay: float,
-                 warmup_steps: int, seed: int = 0, diagnostics: bool = True, autocast_dtype: torch.dtype | None = None):
+                 warmup_steps: int, seed: int = 0, diagnostics: bool = True, autocast_dtype: torch.dtype | None = None,
+                 cuda_graphs: bool = False):
         super().__init__()
         # from_pretrained returns a model in eval mode; Lightning keeps module modes as they
         # are, so switch dropout on for training here.
@@ -53,6 +61,7 @@ class RewriteModule(L.LightningModule):
         self.noise_seed = seed * 1_000_003
         self.diagnostics = diagnostics
         self.autocast_dtype = autocast_dtype
+        self.cuda_graphs = cuda_graphs
         self.step_logs: dict[str, torch.Tensor] = {}
         self.step_terms: tuple[str, ...] = ()
 
@@ -71,6 +80,8 @@ class RewriteModule(L.LightningModule):
 
     def step_loss(self, batch: dict) -> torch.Tensor:
         """The loss of a training step, leaving what the curves log in `step_logs`."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         out = self.loss(self.generator, batch, self.noise_seed + self.global_step)
         self.step_terms = ("train_loss", *out.terms)
         self.step_logs = {"train_loss": out.loss.detach(), **out.terms}
@@ -80,9 +91,7 @@ class RewriteModule(L.LightningModule):
         return out.loss
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.step_loss(batch)
-        self.log("train_loss", self.step_logs["train_loss"], prog_bar=True, batch_size=len(batch["ids"]))
-        return loss
+        return self.step_loss(batch)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning calls this after unscaling fp16 gradients and before clipping them.
@@ -92,6 +101,8 @@ class RewriteModule(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         size = len(batch["ids"])
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         out = self.loss(self.generator, batch, self.noise_seed + VALIDATION_NOISE_OFFSET + batch_idx, validation=True)
         self.log("val_loss", out.loss, prog_bar=True, batch_size=size, sync_dist=True)
         # NLL on validation whatever the objective: comparable across objectives.

@@ -7,7 +7,9 @@ experiment runs; at the end the run's summary, storyrewrite.training.run). The q
 `train_loss`, `lr`, `grad_norm`, `tokens_per_s`, the objective's terms and diagnostics (TRL's
 names for CPO: `rewards/chosen`, …), and the same averaged over validation, prefixed `val_` (at
 step 0 the starting weights', with `validate_at_start`). A step's tensors are read in one
-device-to-host copy. Wall-time quantities (`tokens_per_s`; a diagnostic in seconds, logged as its
+device-to-host copy, one step late: reading them waits for the GPU to finish the step, so at the
+end of the next step's launches, not before them; before a validation, a checkpoint and the end
+of training every step is read. The progress bar shows the loss so read. Wall-time quantities (`tokens_per_s`; a diagnostic in seconds, logged as its
 share of the step, `<name>_time_share`) are curves only, never in the summary:
 `dvc metrics diff` between two runs of the same code lists what the code changed, not the clock.
 
@@ -79,6 +81,9 @@ class TrainingMonitor(Callback):
         self.section, self.objective, self.resumed_step = section, objective, resumed_step
         self.live: Live | None = None
         self._started = 0.0
+        # The last step's logged tensors, not yet read: (step, tensors, terms, lr, tokens, seconds)
+        self._pending: tuple[int, dict[str, torch.Tensor], tuple[str, ...], float, int, float] | None = None
+        self.last_loss: float | None = None  # the latest step's loss read, for the progress bar
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         """The logger, on the first process only (under DDP every process runs the stage: a
@@ -118,13 +123,30 @@ class TrainingMonitor(Callback):
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        values = read_logs(pl_module.step_logs)
         seconds = time.perf_counter() - self._started
+        self._read(trainer)
         lr = trainer.optimizers[0].param_groups[0]["lr"]
-        self._check(trainer, {n: values[n] for n in pl_module.step_terms}, values.get("grad_norm"), lr)
+        self._pending = (trainer.global_step, dict(pl_module.step_logs), pl_module.step_terms, lr,
+                         batch["num_tokens"], seconds)
+
+    def _read(self, trainer) -> None:
+        """Read, check and log the pending step, if any."""
+        if self._pending is None:
+            return
+        step, logs, terms, lr, tokens, seconds = self._pending
+        self._pending = None
+        values = read_logs(logs)
+        self.last_loss = values["train_loss"]
+        self._check(trainer, {n: values[n] for n in terms}, values.get("grad_norm"), lr, step)
         if trainer.is_global_zero:
-            values |= {"lr": lr, "tokens_per_s": batch["num_tokens"] / seconds if seconds > 0 else float("nan")}
-            self._log(trainer.global_step, values, seconds)
+            values |= {"lr": lr, "tokens_per_s": tokens / seconds if seconds > 0 else float("nan")}
+            self._log(step, values, seconds)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._read(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._read(trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -138,11 +160,14 @@ class TrainingMonitor(Callback):
             self.snapshot()
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._read(trainer)  # (a diverged step stops the run before its checkpoint is written)
         if trainer.is_global_zero:
             self.snapshot()
 
-    def _check(self, trainer, terms: dict[str, float], grad_norm: float | None, lr: float | None) -> None:
-        """`lr` None: the validation of the starting weights, before training."""
+    def _check(self, trainer, terms: dict[str, float], grad_norm: float | None, lr: float | None,
+               step: int | None = None) -> None:
+        """`lr` None: the validation of the starting weights, before training; `step`: the
+        training step the values are of (default: the trainer's)."""
         bad_terms = any(not math.isfinite(v) for v in terms.values())
         # With fp16 a GradScaler skips steps whose gradients overflow and lowers its scale: normal.
         scaling = getattr(trainer.precision_plugin, "scaler", None) is not None
@@ -159,7 +184,7 @@ class TrainingMonitor(Callback):
         last = Path(trainer.default_root_dir) / "last.ckpt"
         kept = f"{last} keeps the last finite checkpoint" if last.exists() else "no checkpoint had been written yet"
         raise TrainingDiverged(
-            f"training diverged at step {trainer.global_step} ({self.section}, objective {self.objective}): {shown}; "
+            f"training diverged at step {trainer.global_step if step is None else step} ({self.section}, objective {self.objective}): {shown}; "
             f"lr = {lr:g}. Lower `{self.section}.lr` or change `{self.section}.precision` (now {trainer.precision}); "
             f"no model was exported, and {kept}"
         )

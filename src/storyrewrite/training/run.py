@@ -93,16 +93,19 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     if objective.needs_scorer and run.scorer_dir is None:
         raise InputError(f"objective {run.objective!r} needs a scorer model directory")
     tokenizer = load_tokenizer(run.init_dir)
-    encoder = Encoder(tokenizer, is_seq2seq(run.init_dir), run.models.max_input_tokens, run.models.max_output_tokens)
+    encoder = Encoder(tokenizer, is_seq2seq(run.init_dir), run.models.max_input_tokens, run.models.max_output_tokens,
+                      run.config.pad_to_multiple_of)
     datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
                                    run.config.num_workers, pairs=objective.pairs)
     loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
-                                            run.models.max_output_tokens, run.init_dir))
+                                            run.models.max_output_tokens, run.init_dir, run.config.pad_to_multiple_of))
+    graphs = run.config.compile == "reduce-overhead"
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
-                           run.config.warmup_steps, run.seed, diagnostics, AUTOCAST_DTYPES.get(run.config.precision))
+                           run.config.warmup_steps, run.seed, diagnostics, AUTOCAST_DTYPES.get(run.config.precision),
+                           cuda_graphs=graphs)
     if run.config.compile:
         for model in (module.generator, *([loss.scorer.model] if loss.scorer is not None else [])):
-            compile_body(model, COMPILE_BACKEND)
+            compile_body(model, COMPILE_BACKEND, "reduce-overhead" if graphs else None)
     return module, datamodule
 
 
@@ -143,18 +146,24 @@ def placement(config: TrainConfig) -> tuple[str, int | str | list[int]]:
     return config.accelerator, config.devices
 
 
-def progress_bar() -> Callback:
-    """Lightning's own default progress bar (rich where installed, else tqdm), except that a run
-    bounded by steps (Lightning's max_epochs -1) reads "Epoch 0", not "Epoch 0/-2".
-    Lightning-AI/pytorch-lightning#21924 fixes that upstream after 2.6.6, the pinned release; this
-    goes when the pin moves past it."""
+def progress_bar(monitor: TrainingMonitor) -> Callback:
+    """Lightning's own default progress bar (rich where installed, else tqdm), showing the loss
+    `monitor` read (a step late: a loss logged to the bar would be read back at every step, the
+    GPU waited for), and in which a run bounded by steps (Lightning's max_epochs -1) reads
+    "Epoch 0", not "Epoch 0/-2". Lightning-AI/pytorch-lightning#21924 fixes the latter upstream
+    after 2.6.6, the pinned release; that override goes when the pin moves past it."""
     from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
     from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
-    if not _RICH_AVAILABLE:
-        return TQDMProgressBar()
+    class MonitoredLoss:
+        def get_metrics(self, trainer, pl_module) -> dict:
+            metrics = super().get_metrics(trainer, pl_module)
+            return metrics | ({"train_loss": monitor.last_loss} if monitor.last_loss is not None else {})
 
-    class StepBoundedRichProgressBar(RichProgressBar):
+    if not _RICH_AVAILABLE:
+        return type("MonitoredTQDMProgressBar", (MonitoredLoss, TQDMProgressBar), {})()
+
+    class StepBoundedRichProgressBar(MonitoredLoss, RichProgressBar):
         def _get_train_description(self, current_epoch: int) -> str:
             if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
                 return super()._get_train_description(current_epoch)
@@ -252,7 +261,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                              every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     without_nan_fill()
-    trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(), *callbacks], default_root_dir=str(checkpoint_dir),
+    trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(monitor), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **trainer_kwargs(run.config))
     device = trainer.strategy.root_device
     warning = bf16_emulation_warning(run.section, run.config.precision, device,
