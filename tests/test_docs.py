@@ -95,3 +95,40 @@ def test_the_runnable_readme_commands_run_in_a_fresh_clone(tmp_path):
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=clone, env=env, capture_output=True, text=True,
                                 timeout=300)
         assert result.returncode == 0, block + result.stderr[-2000:]
+
+
+def sentences(markdown: str) -> list[str]:
+    """The prose sentences of a page: paragraphs and list items split after . ! or ? before a
+    capital, a code span or a link; code blocks, tables, headings and generated blocks left out,
+    a code span or a link counted as one word."""
+    text = re.sub(r"```.*?```|<!-- generated: [\w-]+ -->.*?<!-- end generated -->", "\n\n", markdown, flags=re.S)
+    found, block = [], []
+
+    def flush() -> None:
+        paragraph = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", re.sub(r"`[^`]*`", "X", " ".join(block)))
+        found.extend(s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(\[\"*])", paragraph) if s.split())
+        block.clear()
+    for line in text.splitlines():
+        stripped = line.strip()
+        item = re.match(r"([-*]|\d+\.)\s+", stripped)
+        if not stripped or stripped.startswith(("|", "#", "<!--")) or item:
+            flush()
+        if stripped and not stripped.startswith(("|", "#", "<!--")):
+            block.append(stripped[item.end():] if item else stripped)
+    flush()
+    return found
+
+
+def test_sentences_are_split_at_their_ends_and_nowhere_else():
+    page = "# Title\n\nOne two three. Four `a b c` five.\n- an item\n  goes on. Next one\n\n| a | b |\n```bash\nx. Y\n```\n"
+    assert [len(s.split()) for s in sentences(page)] == [3, 3, 4, 2]
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))])
+def test_every_page_is_written_in_short_sentences(page):
+    """A reader takes a page in at a sitting: the median sentence at most 25 words, none over 60."""
+    import statistics
+
+    words = [len(s.split()) for s in sentences((ROOT / page).read_text(encoding="utf-8"))]
+    long = [s for s in sentences((ROOT / page).read_text(encoding="utf-8")) if len(s.split()) > 60]
+    assert statistics.median(words) <= 25 and not long, (statistics.median(words), [s[:80] for s in long])
