@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from storyrewrite.io import InputError
-from storyrewrite.params import (DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, main, overlay,
-                                 with_overrides)
+from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides
+from storyrewrite.profiles import main
 
 from helpers import ROOT
 
@@ -84,7 +84,7 @@ def test_a_missing_key_and_a_budget_that_cannot_train_are_named():
 
 def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
     (tmp_path / "bad.yaml").write_text("cpo:\n  beta: -2\n")
-    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", str(tmp_path / "bad.yaml")],
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "check", str(tmp_path / "bad.yaml")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.strip() == "error: params: `cpo.beta` = -2: Input should be greater than 0"
 
@@ -99,7 +99,7 @@ def test_check_all_reports_every_invalid_section_a_line_each():
         "params: `cpo.beta` = -2: Input should be greater than 0",
         "params: `llm.modes` = 'rag': Input should be a valid list"]
     # The command prints them as it prints one: `error: ` before each.
-    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", "--params", "/dev/stdin"],
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "check", "--params", "/dev/stdin"],
                             input=yaml.safe_dump(params.raw), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.splitlines() == ["error: " + line for line in str(error.value).split("\nerror: ")]
 
@@ -127,7 +127,7 @@ def test_profiles_compose_and_every_section_stays_valid():
     rehearsal = Params(overlay(overlay(base, gpu), smoke))
     assert rehearsal.train.precision == "bf16-mixed" and rehearsal.train.num_workers == gpu["train"]["num_workers"]
     assert rehearsal.data.max_train == 24 and rehearsal.train_nll.max_steps == 4
-    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "overrides", "params/gpu.yaml", "params/paper.yaml"],
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "overrides", "params/gpu.yaml", "params/paper.yaml"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "-S models.generator=facebook/bart-large-cnn" in result.stdout and "-S data.max_train=null" in result.stdout
@@ -141,7 +141,7 @@ def test_a_profile_may_not_invent_keys(tmp_path):
     # The command names the profile's file, and the top-level keys for a section that does not exist.
     profile = tmp_path / "mine.yaml"
     profile.write_text("trian:\n  lr: 0.1\n")
-    result = subprocess.run([sys.executable, "-m", "storyrewrite.params", "check", "params/gpu.yaml", str(profile)],
+    result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "check", "params/gpu.yaml", str(profile)],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {profile}: unknown key `trian`; valid keys: {', '.join(base)}"
@@ -191,7 +191,7 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
 
 
 def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, capsys):
-    # `dvc exp run $(python -m storyrewrite.params overrides P)`: the shell splits the output at
+    # `dvc exp run $(python -m storyrewrite.profiles overrides P)`: the shell splits the output at
     # spaces and never unquotes it. Those words, applied by DVC's functions, are the profile.
     base = load_yaml(ROOT / "params.yaml")
     profile = {"llm": {"modes": ["zero_shot", "rag"], "max_new_tokens": 12}, "train": {"lr": 1.0e-5, "seed": None},

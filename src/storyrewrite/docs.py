@@ -157,7 +157,7 @@ PROFILES = {  # profile -> (what it is for, how to run it)
     "params.yaml": ("the offline default, on a CPU", "`make repro`"),
     "params/gpu.yaml": ("one ~80 GB GPU", "`bash scripts/comparison.sh -j auto gpu all params/gpu.yaml`"),
     "params/paper.yaml": ("the paper's setting (needs the model hub and the original data)",
-                          "`dvc exp run $(python -m storyrewrite.params overrides params/paper.yaml)`"),
+                          "`dvc exp run $(python -m storyrewrite.profiles overrides params/paper.yaml)`"),
     "params/smoke.yaml": ("on top of gpu.yaml: the GPU job rehearsed on a CPU",
                           "`bash scripts/comparison.sh -j 2 smoke core params/gpu.yaml params/smoke.yaml`"),
 }

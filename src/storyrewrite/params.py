@@ -4,10 +4,7 @@
 `params.generate.split`) built and validated the first time a stage reads it, so a stage never
 depends on a section it does not read (an invalid `dto` section cannot break NLL training). A bad
 key or value stops the stage with one line naming the key (nested ones too), the value and what is
-allowed, and exit status 2.
-
-    python -m storyrewrite.params check [PROFILE ...] [-S KEY=VALUE ...]  # validate every section
-    python -m storyrewrite.params overrides PROFILE [...]  # the profiles as `dvc exp run -S` flags
+allowed, and exit status 2. `python -m storyrewrite.profiles` checks profiles and overrides.
 """
 from __future__ import annotations
 
@@ -277,8 +274,7 @@ class Params:
     def errors(self) -> list[str]:
         """Build every section; every error found, not only the first, a line each. (The names a
         stage looks up in a registry, `objective` and `llm.modes`, are checked by the stage that
-        reads them and by `check_registered_names`: importing the registries here would make
-        every stage's code deps, which are this module's imports, include them.)"""
+        reads them and by storyrewrite.profiles, which imports the registries.)"""
         errors = []
         for name in SECTIONS:
             try:
@@ -375,98 +371,3 @@ def with_overrides(params: dict, overrides: list[str]) -> list[tuple[str, dict]]
                 raise InputError(f"-S: {str(error.__cause__ or error).splitlines()[0]}") from None
             experiments.append((" ".join(f"-S {item}" for item in each["params.yaml"]), load_yaml(path)))
     return experiments
-
-
-def check_registered_names(params: Params) -> list[str]:
-    """The errors in the names a stage looks up in a registry: `objective` (for the task) and
-    `llm.modes`. The registries are imported by name: the code deps of every stage follow this
-    module's import statements (storyrewrite.closure), and no stage runs this check."""
-    import importlib
-
-    objectives = importlib.import_module("storyrewrite.objectives.registry")
-    modes = importlib.import_module("storyrewrite.llm.modes")
-    errors = []
-    for look_up in (lambda: objectives.get_objective(params.objective, params.task),
-                    *(lambda name=name: modes.get_mode(name) for name in params.llm.modes)):
-        try:
-            look_up()
-        except InputError as error:
-            errors.append(str(error))
-    return errors
-
-
-def spell(value: Any) -> str:
-    """How `dvc exp run -S` takes `value` (YAML's flow style: null, 1.0e-05, bf16-mixed), a list
-    without spaces ([zero_shot,rag]), so that a flag stays one word of the shell's."""
-    if isinstance(value, list):
-        return "[" + ",".join(map(spell, value)) + "]"
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Profiles are overlays of params.yaml (params/gpu.yaml, params/paper.yaml), applied in the
-    order given, then the `-S` overrides as `dvc exp run` applies them (a sweep: each of its
-    experiments): `check` validates every section of the result and the names `objective` and
-    `llm.modes` look up, `overrides` checks the same and prints the profiles' keys as `-S
-    key=value` flags for `dvc exp run` (DVC writes them into the experiment's params.yaml,
-    comments kept), the `-S` given after them; `get --key KEY` prints one merged value (a list's
-    items separated by spaces)."""
-    import argparse
-    import re
-
-    from storyrewrite.io import run_stage
-
-    parser = argparse.ArgumentParser(prog="python -m storyrewrite.params", description=main.__doc__)
-    parser.add_argument("action", choices=("check", "overrides", "get"))
-    parser.add_argument("profiles", type=Path, nargs="*")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--key", help="get: the dotted key to print (llm.modes, say)")
-    parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override as `dvc exp run -S` takes it (repeatable; a sweep checks each experiment)")
-    args = parser.parse_args(argv)
-
-    def run() -> None:
-        merged, changes = load_yaml(args.params), {}
-        for profile in args.profiles:
-            layer = load_yaml(profile)
-            merged, changes = overlay(merged, layer, source=str(profile)), overlay(changes, layer, strict=False)
-        source = " + ".join(map(str, [args.params, *args.profiles]))
-        experiments = with_overrides(merged, args.overrides)
-        errors = []
-        for label, raw in experiments:
-            try:
-                params = Params(raw, f"{source} {label}".strip())
-                found = params.errors() or check_registered_names(params)
-            except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
-                found = [str(error)]
-            errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
-        if errors:  # printed as `error: ...` by run_stage: every line reads the same
-            raise InputError("\nerror: ".join(errors))
-        if args.action == "overrides":
-            # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
-            # spaces and never unquotes: a value with a space or a quote is refused.
-            flags = [f"{key}={spell(value)}" for key, value in leaves(changes)] + args.overrides
-            if unsplittable := [flag for flag in flags if re.search(r"[\s'\"]", flag)]:
-                raise InputError(f"overrides: `{unsplittable[0]}` has a space or a quote, which `$(...)` would split or "
-                                 "keep: give dvc exp run that one as -S '<key>=<value>' yourself")
-            print(" ".join(f"-S {flag}" for flag in flags))
-        elif args.action == "get":
-            if not args.key:
-                raise InputError("get: --key KEY is needed (a dotted key of params.yaml: llm.modes, say)")
-            if len(experiments) > 1:
-                raise InputError("get: a sweep has one value an experiment; give -S without a sweep")
-            value: Any = experiments[0][1]
-            for part in (args.key or "").split("."):
-                if not isinstance(value, dict) or part not in value:
-                    raise InputError(f"get: --key {args.key!r} is not a key of {source}")
-                value = value[part]
-            print(" ".join(map(spell, value)) if isinstance(value, list) else spell(value))
-        else:
-            count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
-            print(f"ok: {' '.join([source, *(f'-S {item}' for item in args.overrides)])}{count}")
-
-    run_stage(run)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,107 @@
+"""Profiles and overrides from the command line, as `dvc exp run` takes them:
+
+    python -m storyrewrite.profiles check [PROFILE ...] [-S KEY=VALUE ...]
+    python -m storyrewrite.profiles overrides [PROFILE ...] [-S KEY=VALUE ...]
+    python -m storyrewrite.profiles get [PROFILE ...] --key KEY
+
+A module apart from storyrewrite.params, which every stage imports: this one also imports the
+objective and LLM-mode registries, to check the names `objective` and `llm.modes` look up.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from storyrewrite.io import InputError, run_stage
+from storyrewrite.llm.modes import get_mode
+from storyrewrite.objectives.registry import get_objective
+from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
+
+
+def check_registered_names(params: Params) -> list[str]:
+    """The errors in the names a stage looks up in a registry: `objective` (for the task) and
+    `llm.modes`."""
+    errors = []
+    for look_up in (lambda: get_objective(params.objective, params.task),
+                    *(lambda name=name: get_mode(name) for name in params.llm.modes)):
+        try:
+            look_up()
+        except InputError as error:
+            errors.append(str(error))
+    return errors
+
+
+def spell(value: Any) -> str:
+    """How `dvc exp run -S` takes `value` (YAML's flow style: null, 1.0e-05, bf16-mixed), a list
+    without spaces ([zero_shot,rag]), so that a flag stays one word of the shell's."""
+    if isinstance(value, list):
+        return "[" + ",".join(map(spell, value)) + "]"
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Profiles are overlays of params.yaml (params/gpu.yaml, params/paper.yaml), applied in the
+    order given, then the `-S` overrides as `dvc exp run` applies them (a sweep: each of its
+    experiments): `check` validates every section of the result and the names `objective` and
+    `llm.modes` look up, `overrides` checks the same and prints the profiles' keys as `-S
+    key=value` flags for `dvc exp run` (DVC writes them into the experiment's params.yaml,
+    comments kept), the `-S` given after them; `get --key KEY` prints one merged value (a list's
+    items separated by spaces)."""
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.profiles", description=main.__doc__)
+    parser.add_argument("action", choices=("check", "overrides", "get"))
+    parser.add_argument("profiles", type=Path, nargs="*")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--key", help="get: the dotted key to print (llm.modes, say)")
+    parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override as `dvc exp run -S` takes it (repeatable; a sweep checks each experiment)")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        merged, changes = load_yaml(args.params), {}
+        for profile in args.profiles:
+            layer = load_yaml(profile)
+            merged, changes = overlay(merged, layer, source=str(profile)), overlay(changes, layer, strict=False)
+        source = " + ".join(map(str, [args.params, *args.profiles]))
+        experiments = with_overrides(merged, args.overrides)
+        errors = []
+        for label, raw in experiments:
+            try:
+                params = Params(raw, f"{source} {label}".strip())
+                found = params.errors() or check_registered_names(params)
+            except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
+                found = [str(error)]
+            errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
+        if errors:  # printed as `error: ...` by run_stage: every line reads the same
+            raise InputError("\nerror: ".join(errors))
+        if args.action == "overrides":
+            # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
+            # spaces and never unquotes: a value with a space or a quote is refused.
+            flags = [f"{key}={spell(value)}" for key, value in leaves(changes)] + args.overrides
+            if unsplittable := [flag for flag in flags if re.search(r"[\s'\"]", flag)]:
+                raise InputError(f"overrides: `{unsplittable[0]}` has a space or a quote, which `$(...)` would split or "
+                                 "keep: give dvc exp run that one as -S '<key>=<value>' yourself")
+            print(" ".join(f"-S {flag}" for flag in flags))
+        elif args.action == "get":
+            if not args.key:
+                raise InputError("get: --key KEY is needed (a dotted key of params.yaml: llm.modes, say)")
+            if len(experiments) > 1:
+                raise InputError("get: a sweep has one value an experiment; give -S without a sweep")
+            value: Any = experiments[0][1]
+            for part in args.key.split("."):
+                if not isinstance(value, dict) or part not in value:
+                    raise InputError(f"get: --key {args.key!r} is not a key of {source}")
+                value = value[part]
+            print(" ".join(map(spell, value)) if isinstance(value, list) else spell(value))
+        else:
+            count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
+            print(f"ok: {' '.join([source, *(f'-S {item}' for item in args.overrides)])}{count}")
+
+    run_stage(run)
+
+
+if __name__ == "__main__":
+    main()
