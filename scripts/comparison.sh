@@ -74,11 +74,11 @@ fi
 OVERRIDES=()
 if [ $# -gt 0 ]; then
   # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces
-  OVERRIDES=($(python -m storyrewrite.params overrides "$@"))
+  OVERRIDES=($(python -m storyrewrite.profiles overrides "$@"))
 fi
 EXISTING=" $(dvc exp list --name-only 2>/dev/null | tr '\n' ' ') "
 # Experiments gathered before, here (runs/NAME) or on another machine (runs/NAME.<anything>): a
-# folder with a run's manifest (a loan that finished none may have brought home its run cache alone).
+# folder with a run's manifest (a run that finished none may have brought home its run cache alone).
 shopt -s nullglob
 FOLDERS=()
 for folder in "runs/$NAME" "runs/$NAME".*; do
@@ -205,7 +205,7 @@ if [ ${#TODO[@]} -gt 0 ]; then
     # of its own targets. The experiments then restore them from the run cache; a group that
     # failed is run again by each experiment that needs it.
     # shellcheck disable=SC2207  # the modes are words without spaces
-    MODES=($(python -m storyrewrite.params get "$@" --key llm.modes))
+    MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
     GROUPS_=("nll|score@nll" "sanity|score_sanity" "validity|validity")
     for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
     SHARED=()

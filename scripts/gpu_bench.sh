@@ -3,7 +3,7 @@
 # utilisation sampled every second beside them. Everything lands in OUT (default bench-out/):
 #   bash scripts/gpu_bench.sh [OUT] [BENCH ...]
 # BENCH, run in this order whatever the order given (the first ones answer the questions still open,
-# so that a loan of the machine cut short has measured what matters most):
+# so that a run cut short has measured what matters most):
 #   training           training_paths: every objective trains 2 steps through the train stage's own
 #                      fit on the GPU (tiny models; validation at the start, checkpoints, export): the
 #                      code paths only the GPU shows, checked before anything long
@@ -31,12 +31,12 @@
 #                      sampling included) against an NLL step of their own run, into
 #                      objective_step_time-bf16-mixed-others.json (the targets' run stays); tables in
 #                      OUT/traces-others/ of one profiled step (RLOO's four steps are 1.5 million
-#                      profiler events on a CPU, minutes of a loan to tabulate)
+#                      profiler events on a CPU, minutes to tabulate)
 #   compile            compiled_steps: NLL, DTO-Score and Score+Delta steps compiled as `compile:
 #                      reduce-overhead` trains (CUDA graphs) at batch 16, 32 and 64 against the eager
 #                      step (each process first compiles, a minute or more); its failure is a warning only
 #   all                every one above but compile (the default)
-# A bench that fails does not stop the others (a loan of the machine is short): the script goes on
+# A bench that fails does not stop the others (a GPU's time is short): the script goes on
 # and exits 1 at the end naming those that failed.
 set -uo pipefail
 OUT=${1:-bench-out}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU benchmarks, or the comparison, as a job that outlives each device call, for a machine
-# lent for minutes (docs/gpu.md). Runs ON the GPU machine, from the root of the working-tree copy a
+# The GPU benchmarks, or the comparison, as a job that outlives each remote command, for a machine
+# reached by copying files (docs/gpu.md). Runs ON the GPU machine, from the root of the working-tree copy a
 # call sends, after the kit's `on-device.sh install` (scripts/gpu_pack.sh prints the calls):
 #   bash scripts/gpu_job.sh start [BENCH ...]   copies the tree to $HOME/proj and runs
 #       scripts/gpu_bench.sh there, detached: `training` (tiny models) at once, the other benches
@@ -15,13 +15,13 @@
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked:
 #       every experiment is gathered into runs/NAME as it finishes; the run cache of an earlier
-#       loan (runs/NAME.<n>/run-cache.tar.gz) is imported first. DVC's queue workers leave
+#       machine (runs/NAME.<n>/run-cache.tar.gz) is imported first. DVC's queue workers leave
 #       the job's process group (daemons): to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/, runs/NAME
 #       and the stage records of the experiments still running (in .dvc/tmp/exps/) to $OUT:
-#       a call cut short at the end of a loan still brings back what the job had
+#       a command cut short when the machine goes still brings back what the job had
 #       measured, every experiment gathered by then, and where the time of one that had not
 #       finished went; it ends by listing those records' stages, devices and wall times. A
 #       comparison's also writes $OUT/run-cache.tar.gz: the stages finished that use no model
@@ -85,7 +85,7 @@ run | run-comparison)  # (internal: the detached job)
       git init -q && echo /.device/ >> .git/info/exclude && git add -A \
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
-    # The run cache an earlier loan brought home with its runs (runs/NAME.<n>/run-cache.tar.gz):
+    # The run cache an earlier machine brought home with its runs (runs/NAME.<n>/run-cache.tar.gz):
     # the stages it finished that use no model trained there are restored, not run again.
     for archive in runs/"$1".*/run-cache.tar.gz; do
       [ -f "$archive" ] && python -m storyrewrite.runcache import "$archive"
@@ -122,16 +122,16 @@ poll)
   end=$(( $(date +%s) + ${2:-540} ))
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
-    # The Chrome traces (tens of MB each) stay behind: $OUT takes files of 16 MiB at most. The
+    # The Chrome traces (tens of MB each) stay behind: $OUT may limit the size of a file. The
     # stage records of the experiments still running come too: where and how long each finished
-    # stage ran, even if the loan ends before the experiment. A workspace DVC removes while tar
+    # stage ran, even if the machine goes before the experiment ends. A workspace DVC removes while tar
     # reads it is skipped (tar's exit 1: a file changed).
     (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_stages); do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
-    # A comparison's run cache of the stages another loan can reuse (storyrewrite.runcache), written
+    # A comparison's run cache of the stages another machine can reuse (storyrewrite.runcache), written
     # anew when DVC's run cache has grown: what finished comes home even inside an experiment.
     if [ -s "$JOB/name" ] && [ -d "$HOME/proj/.dvc/cache/runs" ]; then
       entries=$(find "$HOME/proj/.dvc/cache/runs" -type f | wc -l)

