@@ -5,7 +5,7 @@ without its .git) cannot say which commit it is.
 
     python bench/commit_name.py   # the commit of the checkout in the current folder
 
-Standard library only: scripts/gpu_pack.sh runs it to write .device/commit, before the project's
+Standard library only: offline/pack.sh runs it to write .device/commit, before the project's
 environment exists on the machine that will run the benches (bench/common.py imports torch).
 """
 from __future__ import annotations

