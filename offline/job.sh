@@ -25,7 +25,7 @@
 #       measured, every experiment gathered by then, and where the time of one that had not
 #       finished went; it ends by listing those records' stages, devices and wall times. A
 #       comparison's also writes $OUT/run-cache.tar.gz: the stages finished that use no model
-#       trained there (storyrewrite.runcache), to keep as runs/NAME.<n>/run-cache.tar.gz.
+#       trained there (offline/runcache.py), to keep as runs/NAME.<n>/run-cache.tar.gz.
 # The figures name the commit in .device/commit (written by offline/pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -88,7 +88,7 @@ run | run-comparison)  # (internal: the detached job)
     # The run cache an earlier machine brought home with its runs (runs/NAME.<n>/run-cache.tar.gz):
     # the stages it finished that use no model trained there are restored, not run again.
     for archive in runs/"$1".*/run-cache.tar.gz; do
-      [ -f "$archive" ] && python -m storyrewrite.runcache import "$archive"
+      [ -f "$archive" ] && python offline/runcache.py import "$archive"
     done
     wait_for_packages
     # The GPU's load and memory through the whole run, every second (brought back in bench-out/).
@@ -131,12 +131,12 @@ poll)
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
-    # A comparison's run cache of the stages another machine can reuse (storyrewrite.runcache), written
+    # A comparison's run cache of the stages another machine can reuse (offline/runcache.py), written
     # anew when DVC's run cache has grown: what finished comes home even inside an experiment.
     if [ -s "$JOB/name" ] && [ -d "$HOME/proj/.dvc/cache/runs" ]; then
       entries=$(find "$HOME/proj/.dvc/cache/runs" -type f | wc -l)
       if [ "$entries" != "$(cat "$JOB/run-cache.entries" 2>/dev/null)" ] && (cd "$HOME/proj" && source "$HOME/env.sh" \
-          && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} python -m storyrewrite.runcache export "$JOB/run-cache.tar.gz" \
+          && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} python offline/runcache.py export "$JOB/run-cache.tar.gz" \
           --trained models/nll models/finetuned --rebuilt data > "$JOB/run-cache.txt" 2>&1); then
         echo "$entries" > "$JOB/run-cache.entries"
         cp "$JOB/run-cache.tar.gz" "$OUT/run-cache.tmp" && mv "$OUT/run-cache.tmp" "$OUT/run-cache.tar.gz"

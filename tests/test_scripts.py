@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import ROOT, distribution_key, installed_dependencies, listed, pinned
-from storyrewrite import runcache
+
+sys.path.insert(0, str(ROOT / "offline"))
+import runcache  # noqa: E402  (offline/ is a folder of scripts, not a package)
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
 GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]
@@ -697,7 +699,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
     for folder in (home / "parts", out, tree / "scripts", tree / "offline", tree / ".device", tree / "params"):
         folder.mkdir(parents=True)
-    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
+    for name in ("job.sh", "runcache.py"):
+        shutil.copy(ROOT / "offline" / name, tree / "offline" / name)
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
     # The whole-comparison bench, which times comparison.sh: a stub that logs its arguments.
     (tree / "bench").mkdir()
@@ -731,7 +734,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     (tree / ".device" / "part_01").write_text("a part this call carried")
     (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier machine: at home already
     (tree / "runs" / "gpu.1" / "gpu-dto-score.json").write_text("{}")
-    # ... with the run cache of the stages that machine finished (storyrewrite.runcache export).
+    # ... with the run cache of the stages that machine finished (offline/runcache.py export).
     earlier = tmp_path / "earlier-cache"
     (earlier / "runs" / "ef" / ("ef" * 32)).mkdir(parents=True)
     (earlier / "runs" / "ef" / ("ef" * 32) / ("ef" * 32)).write_text(f"deps:\n- path: prompts\nouts:\n- path: p.jsonl\n  md5: {'3' * 32}\n")
@@ -777,7 +780,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/{'ab' * 32}"]
     assert "run cache: 1 entries to" in done.stdout and "predictions/llm_rag.jsonl" in done.stdout
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
+    assert committed == ["bench/comparison.py", "offline/job.sh", "offline/runcache.py", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
                          "runs/gpu.1/run-cache.tar.gz", "scripts/comparison.sh"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",

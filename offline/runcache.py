@@ -8,8 +8,8 @@ stage's entry in its run cache (`.dvc/cache/runs/`) as the stage finishes, besid
 files it names; carried to the next machine and imported into its cache, they let DVC restore those
 stages there ("Stage ... is cached - skipping run, checking out outputs") instead of running them.
 
-    python -m storyrewrite.runcache export OUT.tar.gz --trained models/nll models/finetuned
-    python -m storyrewrite.runcache import runs/gpu.1/run-cache.tar.gz
+    python offline/runcache.py export OUT.tar.gz --trained models/nll models/finetuned
+    python offline/runcache.py import runs/gpu.1/run-cache.tar.gz
 
 `export` takes the entries whose outputs are small (`--max-entry-mb`) and that neither produce
 nor depend on what `--trained` names, directly or through another stage's outputs (a run cache
@@ -143,7 +143,7 @@ def import_(cache: Path, archive_path: Path) -> list[str]:
     """Add the entries and objects of an exported archive to `cache`, never replacing a file;
     returns the entries added (listed for `export` to leave out)."""
     if not archive_path.is_file():
-        raise InputError(f"{archive_path}: no such file (an archive `python -m storyrewrite.runcache export` wrote)")
+        raise InputError(f"{archive_path}: no such file (an archive `python offline/runcache.py export` wrote)")
     added = []
     with tarfile.open(archive_path, "r:gz") as archive:
         for member in archive.getmembers():

@@ -1,4 +1,4 @@
-"""storyrewrite.runcache with real DVC: what one machine exports, another imports and DVC restores
+"""offline/runcache.py with real DVC: what one machine exports, another imports and DVC restores
 instead of running; what depends on a model trained there, or is too large, stays behind."""
 import subprocess
 import sys
@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from storyrewrite import runcache
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "offline"))
+import runcache  # noqa: E402  (offline/ is a folder of scripts, not a package)
 
 # A pipeline of the comparison's shape: a model trained here (`train`), a stage that reads it
 # (`generate`) and one that reads that stage's output (`score`); an LLM baseline that needs no
