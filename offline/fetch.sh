@@ -16,7 +16,8 @@ grep -v -e '^#' -e '^[[:space:]]*$' "$1" | while read -r requirement; do
   name=$(echo "${requirement%%==*}" | tr '-' '_')
   ls .device/whl | grep -qi "^${name}-${requirement##*==}-" && continue
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$VERSION" --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     -d .device/whl "$requirement" 2>/dev/null \
     || "$PY" -m pip wheel -q --no-deps -w .device/whl "$requirement"
 done

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from storyrewrite.io import InputError, read_json, read_text, write_text_atomic
+from storyrewrite.markdown import table
 from storyrewrite.records import cpu_features
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +34,7 @@ def _cell(text: Any) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows])
+    return table(header, [[_cell(c) for c in row] for row in rows])
 
 
 # -- code ---------------------------------------------------------------------------------------
@@ -145,8 +145,8 @@ def curves() -> str:
 
     rows = [[f"`{name}`", "all", text] for name, text in COMMON_CURVES.items()]
     seen: dict[str, list[str]] = {}
-    for objective, table in CURVES.items():
-        for name in table:
+    for objective, curves in CURVES.items():
+        for name in curves:
             seen.setdefault(name, []).append(objective)
     for name, users in seen.items():
         rows.append([f"`{name}`", ", ".join(users), CURVES[users[0]][name]])

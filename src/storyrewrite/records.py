@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from storyrewrite import artifacts
+from storyrewrite.markdown import table
 
 # Stage records are tabulated in the order the pipeline runs their stages.
 PIPELINE_ORDER = ("train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance")
@@ -178,10 +179,18 @@ def _seconds(value: float) -> str:
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
+STAGE_HEADER = ["Stage", "device", "dtype", "wall time", "work", "rate", "peak memory"]
+
+
 def stages_table(records: list[dict]) -> str:
-    """Markdown: one row per stage record (device, dtype, wall time, work done and its rate,
-    peak memory; an LLM stage's replies from its response cache beside its requests)."""
-    lines = ["| Stage | device | dtype | wall time | work | rate | peak memory |", "|---|---|---|---|---|---|---|"]
+    """Markdown: one row per stage record (`stage_rows`)."""
+    return table(STAGE_HEADER, stage_rows(records))
+
+
+def stage_rows(records: list[dict]) -> list[list[str]]:
+    """The cells of each stage record under STAGE_HEADER: device, dtype, wall time, work done and
+    its rate, peak memory; an LLM stage's replies from its response cache beside its requests."""
+    rows = []
     for r in records:
         where = where_ran(r)
         work = "-" if r["items"] is None else f"{r['items']} {r['unit']}"
@@ -189,5 +198,5 @@ def stages_table(records: list[dict]) -> str:
             work += f" (+{r['cache_hits']} from the response cache)"
         rate = "-" if not r["items_per_s"] else f"{r['items_per_s']:.3g} {r['unit']}/s"
         memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GB" + (f", CUDA {r['peak_cuda_gb']} GB" if "peak_cuda_gb" in r else "")
-        lines.append(f"| {r['stage']} | {where} | {r['dtype'] or '-'} | {_seconds(r['wall_s'])} | {work} | {rate} | {memory} |")
-    return "\n".join(lines)
+        rows.append([r["stage"], where, r["dtype"] or "-", _seconds(r["wall_s"]), work, rate, memory])
+    return rows

@@ -11,6 +11,7 @@ from storyrewrite.records import read_records, stages_table
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
+from storyrewrite.markdown import table
 from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
 from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES, of_the_run
@@ -87,8 +88,7 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str], seconds
     validation?), and the first → last values of the objective's main diagnostics: on validation
     where it logs them (the same instances each time, from the starting weights at step 0 with
     `validate_at_start`), else from training (one batch a step: noisy at small batch sizes)."""
-    lines = ["| System | steps | wall time | best step | final train loss | val loss, start → best | diagnostics, first → last |",
-             "|---|---|---|---|---|---|---|"]
+    rows = []
     for system, info in summaries.items():
         curves = info.get("curves", {})
         shown = []
@@ -101,9 +101,10 @@ def training_section(summaries: dict[str, dict], labels: dict[str, str], seconds
         start, best = info.get("start_val_loss"), info.get("best_val_loss")
         val = " → ".join(_value(v) if v is not None else "n/a" for v in (start, best))
         wall = f"{seconds[system]:.0f} s" if system in seconds else "n/a"
-        lines.append(f"| {labels[system]} | {info['global_step']} | {wall} | {info.get('best_step') or 'n/a'} | "
-                     f"{train} | {val} | {'; '.join(shown) or '-'} |")
-    return "\n".join(lines)
+        rows.append([labels[system], info["global_step"], wall, info.get("best_step") or "n/a", train, val,
+                     "; ".join(shown) or "-"])
+    return table(["System", "steps", "wall time", "best step", "final train loss", "val loss, start → best",
+                  "diagnostics, first → last"], rows)
 
 
 def judge_wrote(usages: dict[str, dict], judge: str | None) -> list[str]:

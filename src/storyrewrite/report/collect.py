@@ -31,7 +31,8 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
-from storyrewrite.records import stages_table, where_ran
+from storyrewrite.markdown import table
+from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, read_blob
@@ -266,8 +267,7 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
     if not duels:
         return []
     tested = [c for c in columns if c != "hmean"]
-    header = ["System", "against", *(column_label(c) for c in tested)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for label, duel in duels.items():
         cells = []
         for column in tested:
@@ -275,13 +275,13 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
             cells.append("n/a" if better is None else f"{better:.4f} / {worse:.4f}" + (" (better)" if better < alpha else " (worse)" if worse < alpha else ""))
         against = duel["against"] + ("" if duel.get("shown", True) else f" ({duel['run']})")
         against += f" (not the same {', '.join(differs)})" if (differs := duel.get("differs")) else ""
-        lines.append("| " + " | ".join([label, against, *cells]) + " |")
+        rows.append([label, against, *cells])
     shared = ("the same NLL model to start from, the same steps, batch size and training seeds"
               if not any(d.get("differs") for d in duels.values())
               else "the same NLL model to start from, steps, batch size and training seeds except where the row says otherwise")
     named = (" Where the row names a run, it is not the one the tables above show for that system (another training "
              "seed of it): the one that shares the system's seeds." if not all(d.get("shown", True) for d in duels.values()) else "")
-    return ["## Against the DTO objective of the same reward", "\n".join(lines),
+    return ["## Against the DTO objective of the same reward", table(["System", "against", *(column_label(c) for c in tested)], rows),
             f"Each cell: p (H1: the system scores higher than the one it is set against) / p (H1: it scores lower), "
             f"one-tailed paired bootstraps over instances (over stories: significance.json); (better) or (worse) where "
             f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}.{named}"]
@@ -293,8 +293,7 @@ def copy_against_trained(entries: list[Entry]) -> str:
     if copy is None:
         return "The task has no original ending: no copy baseline of it."
     trained = [e for e in entries if e.kind in ("baseline", "trained")]
-    lines = ["| Column | copy of the original ending | best trained system | trained systems it matches or beats |",
-             "|---|---|---|---|"]
+    rows = []
     copy_metrics = copy.run.metrics(copy.system)
     for column in all_columns([e.run.metrics(e.system) for e in entries]):
         copied = metric_value(copy_metrics, column)
@@ -303,9 +302,9 @@ def copy_against_trained(entries: list[Entry]) -> str:
             continue
         best_label, best = max(values, key=lambda item: item[1])
         beaten = [label for label, v in values if copied >= v]
-        lines.append(f"| {column_label(column)} | {number(column, copied)} | {best_label}: {number(column, best)} | "
-                     f"{len(beaten)} of {len(values)}" + (f" ({'; '.join(beaten)})" if beaten else "") + " |")
-    return "\n".join(lines)
+        rows.append([column_label(column), number(column, copied), f"{best_label}: {number(column, best)}",
+                     f"{len(beaten)} of {len(values)}" + (f" ({'; '.join(beaten)})" if beaten else "")])
+    return table(["Column", "copy of the original ending", "best trained system", "trained systems it matches or beats"], rows)
 
 
 def nll_model(run: Run) -> str:
@@ -379,8 +378,7 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
     if not groups:
         return []
     columns = [c for c in all_columns([run.metrics(FINETUNED) for group in groups for run in group]) if c != "hmean"]
-    header = ["System", "seeds (NLL / fine-tuning)", *(column_label(c) for c in columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
 
     def spread(column: str, values: list[float]) -> str:
         mean = statistics.fmean(values)
@@ -399,14 +397,15 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
             values = [v for run in group if (v := metric_value(run.metrics(FINETUNED), column)) is not None]
             cells.append("n/a" if len(values) < 2 else f"{spread(column, values)} ({beats[column]}/{len(group)})")
         seeds = ", ".join(f"{a}/{b}" for a, b in map(training_seeds, group))
-        lines.append("| " + " | ".join([objective_label(group[0], runs), seeds, *cells]) + " |")
+        rows.append([objective_label(group[0], runs), seeds, *cells])
     if len(nll_models) > 1:  # the NLL models differ too (train_nll.seed varied): their own spread
         models = list(nll_models.values())
         cells = ["n/a" if len(values := [v for run in models if (v := metric_value(run.metrics(BASELINE), c)) is not None]) < 2
                  else spread(c, values) for c in columns]
         seeds = ", ".join(str(training_seeds(run)[0]) for run in models)
-        lines.append("| " + " | ".join([f"NLL ({len(models)} models)", seeds, *cells]) + " |")
-    return ["## Across training seeds", "\n".join(lines),
+        rows.append([f"NLL ({len(models)} models)", seeds, *cells])
+    header = ["System", "seeds (NLL / fine-tuning)", *(column_label(c) for c in columns)]
+    return ["## Across training seeds", table(header, rows),
             f"Systems run with several training seeds (`train.seed`, `train_nll.seed`; the data, splits and bootstrap "
             f"unchanged): mean ± standard deviation over the seeds, and in brackets in how many of them the system beats "
             f"the NLL model of its own run (p < {alpha}, the run's own significance stage: its `significance.unit`). The tables above "
@@ -454,27 +453,21 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
 
 def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: dict | None = None) -> str:
     columns = all_columns([e.run.metrics(e.system) for e in entries])
-    header = ["System", "run: best val NLL", *(column_label(c) for c in columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for e in entries:
         if e.kind not in ("baseline", "trained"):
             continue
         test = tests.get(e.label, {})
         chosen = f"{e.run.name}: {e.run.val_nll:.4f}" if e.kind == "trained" else "-"
-        lines.append("| " + " | ".join([e.label, chosen, *plain_cells(e.run.metrics(e.system), test.get("instance", {}), alpha, columns)]) + " |")
+        rows.append([e.label, chosen, *plain_cells(e.run.metrics(e.system), test.get("instance", {}), alpha, columns)])
     tested = [c for c in columns if c != "hmean"]  # a corpus figure: not resampled
-    p_header = ["System", *(column_label(c) for c in tested)]
-    p_lines = ["| " + " | ".join(p_header) + " |", "|" + "---|" * len(p_header)]
-    for e in entries:
-        if e.label in tests:
-            test = tests[e.label]
-            p_lines.append("| " + " | ".join([e.label] + [" / ".join(f"{test[u][c]:.4f}" if c in test[u] else "n/a" for u in UNITS)
-                                                          for c in tested]) + " |")
+    p_rows = [[e.label] + [" / ".join(f"{tests[e.label][u][c]:.4f}" if c in tests[e.label][u] else "n/a" for u in UNITS)
+                           for c in tested] for e in entries if e.label in tests]
     return "\n\n".join([
-        "# Objectives", "\n".join(lines),
+        "# Objectives", table(["System", "run: best val NLL", *(column_label(c) for c in columns)], rows),
         f"Of several runs of an objective the one with the lowest validation NLL at its best checkpoint is shown; "
         f"\\* p < {alpha}, one-tailed paired bootstrap over instances against the NLL model of the same run.",
-        "## p-values against NLL (instances / stories)", "\n".join(p_lines),
+        "## p-values against NLL (instances / stories)", table(["System", *(column_label(c) for c in tested)], p_rows),
         "One-tailed (H1: the system scores higher than NLL); resampling instances / resampling whole stories.",
         *head_to_head_markdown(duels or {}, columns, alpha),
     ]) + "\n"
@@ -493,16 +486,16 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
                      if len({json.dumps(r.flat_params.get(k)) for r in runs}) > 1 and k != "objective")
     columns = all_columns([run.metrics(FINETUNED) or {} for run in runs])
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for run in runs:
         significance = own_p_values(run)
         base = (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")
         cells = [run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
                  *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha, columns),
                  "n/a" if run.val_nll is None else f"{run.val_nll:.4f}", "n/a" if base is None else number("bartscore/predictive", base)]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
     return "\n\n".join([
-        "# Experiments", "\n".join(lines),
+        "# Experiments", table(header, rows),
         f"\\* p < {alpha}, the run's own significance stage (`finetuned` against its NLL model, its `significance.unit`). "
         "Rows with n/a have not been run to the score stage.",
     ]) + "\n"
@@ -560,14 +553,10 @@ def stages_markdown(runs: list[Run]) -> str:
                     | {f"{r['stage']}'s embedder ({r['ran_in']})" for r in records
                        if (embedder := embedder_record(r)) and embedder["device"] == "cpu"})
     gpu = any(r["device"].startswith("cuda") for r in records)
-    lines = stages_table(records).splitlines()
-    lines[0] += " ran in | used by |"
-    lines[1] += "---|---|"
-    for i, record in enumerate(records, start=2):
-        used = record["used_by"]
-        lines[i] += f" {record['ran_in']} | {len(used)} run{'s' if len(used) > 1 else ''} |"
+    rows = [[*row, r["ran_in"], f"{len(r['used_by'])} run{'s' if len(r['used_by']) > 1 else ''}"]
+            for row, r in zip(stage_rows(records), records, strict=True)]
     return "\n\n".join([
-        "# Stages", "\n".join(lines),
+        "# Stages", table([*STAGE_HEADER, "ran in", "used by"], rows),
         f"{len(records)} stage runs, {total / 60:.1f} min of wall time in all (from the start of each stage's work to its "
         "last output; model loading included, Python's imports not). A stage DVC restored from its run cache is listed "
         "once, with the experiment that ran it.",

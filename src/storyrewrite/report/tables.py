@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import COHERENCE_TABLE, OVERLAP
 from storyrewrite.metrics.registry import OVERLAP_METRICS
 
@@ -104,11 +105,8 @@ def markdown_table(rows: list[Row], alpha: float, columns: list[str] | None = No
     """The overlap table (columns None: overlap_columns) or any other columns."""
     columns = overlap_columns(rows) if columns is None else columns
     best = best_values(rows, columns)
-    header = ["System"] + [column_label(c) for c in columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        lines.append("| " + " | ".join([row.label] + [_cell(row, c, best, alpha, latex=False) for c in columns]) + " |")
-    return "\n".join(lines)
+    return table(["System"] + [column_label(c) for c in columns],
+                 [[row.label] + [_cell(row, c, best, alpha, latex=False) for c in columns] for row in rows])
 
 
 def _latex_label(label: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from storyrewrite.markdown import table
 from storyrewrite.metrics.registry import OVERLAP_METRICS
 from storyrewrite.significance.bootstrap import percentile_interval
 
@@ -60,15 +61,14 @@ def _share(value: float) -> str:
 def markdown(result: dict) -> str:
     """The validity table and, in plain words, what each metric that does not separate the two
     cannot show."""
-    lines = ["| Metric | compared | instances | Y_EE wins (95 % CI) | ties | X_OE wins | wins − losses, points (95 % CI) | separates |",
-             "|---|---|---|---|---|---|---|---|"]
-    verdicts = []
+    rows, verdicts = [], []
     for name, figures in result["metrics"].items():
         low, high = figures["margin_ci"]
-        lines.append(f"| {LABELS[name]} | {figures['compared']} | {figures['instances']} | {_share(figures['wins'])} "
-                     f"({_share(figures['wins_ci'][0])}–{_share(figures['wins_ci'][1])}) | {_share(figures['ties'])} | "
-                     f"{_share(figures['losses'])} | {100 * figures['margin']:+.1f} ({100 * low:+.1f} to {100 * high:+.1f}) | "
-                     f"{'yes' if figures['separates'] else '**no**'} |")
+        rows.append([LABELS[name], figures["compared"], figures["instances"],
+                     f"{_share(figures['wins'])} ({_share(figures['wins_ci'][0])}–{_share(figures['wins_ci'][1])})",
+                     _share(figures["ties"]), _share(figures["losses"]),
+                     f"{100 * figures['margin']:+.1f} ({100 * low:+.1f} to {100 * high:+.1f})",
+                     "yes" if figures["separates"] else "**no**"])
         interval = f"{100 * figures['margin']:+.1f} points, 95 % CI {100 * low:+.1f} to {100 * high:+.1f}"
         if high < 0:
             verdicts.append(
@@ -81,7 +81,9 @@ def markdown(result: dict) -> str:
                 f"scores higher on {_share(figures['wins'])} of instances, the copy on {_share(figures['losses'])} "
                 f"({interval}). On it, copying X_OE does as well as rewriting it.")
     notes = [f"{LABELS[name]}: not measured ({why})." for name, why in result["not_measured"].items()]
-    return "\n\n".join(["\n".join(lines), *verdicts, *notes,
+    header = ["Metric", "compared", "instances", "Y_EE wins (95 % CI)", "ties", "X_OE wins",
+              "wins − losses, points (95 % CI)", "separates"]
+    return "\n\n".join([table(header, rows), *verdicts, *notes,
                         f"{result['instances']} instances of {result['stories']} stories; intervals: {result['n_resamples']} "
                         "bootstrap resamples of whole stories. Reference-based metrics score both endings against the "
                         "story's other references (the best of them), never against the instance's own."])
