@@ -75,3 +75,32 @@ def test_the_monitor_reads_a_step_only_after_the_next_step_is_launched(tmp_path,
     assert events == ["step 1", "step 2", "read", "step 3", "read", "step 4", "read", "read"]
     rows = (tmp_path / "logs" / "plots" / "metrics" / "train_loss.tsv").read_text().splitlines()[1:]
     assert [int(row.split("\t")[0]) for row in rows] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+@pytest.mark.parametrize("multiple", [None, 16])
+def test_dto_takes_the_scorers_rows_from_the_data_loader_and_scores_as_from_the_texts(tiny_model_dirs, small_prepared,
+                                                                                      kind, multiple):
+    """The data loader tokenises a batch's endings for the scorer (Loss.prepare), so that a step
+    does no per-instance host work: the loss and its terms are those of the texts tokenised in
+    the step, with both target sets (DTO-Score+Delta) and length buckets."""
+    from helpers import DTO
+
+    rows = read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:3]
+    module, data = assemble(tiny_run(tiny_model_dirs[kind], small_prepared, "score_delta", DTO, tiny_model_dirs[kind],
+                                     kind=kind, section="train", pad_to_multiple_of=multiple))
+    batch = data.collate(rows)
+    assert {"scorer_targets", "scorer_original_endings"} <= batch.keys()
+    texts_only = {k: v for k, v in batch.items() if not k.startswith("scorer_")}
+    module.generator.eval()
+    with torch.no_grad():
+        prepared, in_step = module.loss(module.generator, batch, 7), module.loss(module.generator, texts_only, 7)
+    torch.testing.assert_close(prepared.loss, in_step.loss, rtol=0, atol=0)
+    assert prepared.terms.keys() == in_step.terms.keys()
+    for name in prepared.terms:
+        torch.testing.assert_close(prepared.terms[name], in_step.terms[name], rtol=0, atol=0)
+    # It travels to data-loading worker processes (pickled where they are spawned): no model in it.
+    import pickle
+
+    again = pickle.loads(pickle.dumps(module.loss.prepare))(rows)
+    assert all(torch.equal(a, b) for a, b in zip(again["scorer_targets"], batch["scorer_targets"], strict=True))

@@ -6,9 +6,11 @@ is the encoder input; for a causal scorer `a` is a prefix and only b's tokens ar
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
@@ -16,6 +18,24 @@ from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, position_ids, target_logits
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
+
+
+@dataclass(frozen=True)
+class TargetRows:
+    """A scorer's target rows for texts: (ids, mask), right-padded as the scorer pads them, on the
+    CPU. Host work that a data loader's worker can do ahead of a training step; small enough to
+    travel to a worker process (a tokenizer, no model)."""
+
+    encoder: Encoder
+    seq2seq: bool
+
+    def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.encoder.target_ids([model_target(t, self.seq2seq) for t in texts])
+        return pad_rows(rows, self.encoder.tokenizer.pad_token_id, left=False, multiple=self.encoder.pad_to_multiple_of)
+
+
+# A target set: texts, or their rows from the scorer's `target_rows` (made ahead of the step).
+TargetSet = list[str] | tuple[torch.Tensor, torch.Tensor]
 
 
 class LMScorer:
@@ -29,6 +49,7 @@ class LMScorer:
             parameter.requires_grad_(False)
         self.seq2seq = bool(model.config.is_encoder_decoder)
         self.encoder = Encoder(tokenizer, self.seq2seq, max_input_tokens, max_output_tokens, pad_to_multiple_of)
+        self.target_rows = TargetRows(self.encoder, self.seq2seq)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, max_input_tokens: int = 1024, max_output_tokens: int = 250,
@@ -84,17 +105,18 @@ class LMScorer:
         return self.score_soft_many(source_probs, source_mask, [targets])[0]
 
     def score_soft_many(self, source_probs: torch.Tensor, source_mask: torch.Tensor,
-                        target_sets: list[list[str]]) -> list[torch.Tensor]:
+                        target_sets: list[TargetSet]) -> list[torch.Tensor]:
         """`score_soft` against several target lists that share the same soft sources: the
         sources are run once for all of them (a seq2seq scorer's encoder; for a causal scorer,
-        one pass over each source followed by all its target sets, see `_score_soft_causal`)."""
+        one pass over each source followed by all its target sets, see `_score_soft_causal`).
+        A set is texts, or their rows from `target_rows` (tokenised ahead of the step)."""
         embeds = self.soft_embeddings(source_probs)  # B×S×d
         source_mask = source_mask.to(self.device)
         if self.seq2seq:
             encoded = self.model.get_encoder()(inputs_embeds=embeds, attention_mask=source_mask)
             results = []
             for targets in target_sets:
-                target_ids, target_mask = self._padded_targets(targets)
+                target_ids, target_mask = self._padded_targets([targets])
                 logits = self.model(
                     encoder_outputs=encoded, attention_mask=source_mask,
                     decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels=target_ids), use_cache=False,
@@ -103,9 +125,14 @@ class LMScorer:
             return results
         return self._score_soft_causal(embeds, source_mask, target_sets)
 
-    def _padded_targets(self, targets: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = pad_rows(self.encoder.target_ids(self._targets(targets)), self.encoder.tokenizer.pad_token_id, left=False,
-                             multiple=self.encoder.pad_to_multiple_of)
+    def _padded_targets(self, target_sets: list[TargetSet]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target sets' rows on the device, row b·K + k holding set k of source b, padded to
+        the widest set (each set's width already a multiple of the buckets', if any)."""
+        rows = [target if isinstance(target, tuple) else self.target_rows(target) for target in target_sets]
+        width = max(ids.shape[1] for ids, _ in rows)
+        pad = self.encoder.tokenizer.pad_token_id
+        ids = torch.stack([F.pad(ids, (0, width - ids.shape[1]), value=pad) for ids, _ in rows], dim=1).flatten(0, 1)
+        mask = torch.stack([F.pad(mask, (0, width - mask.shape[1])) for _, mask in rows], dim=1).flatten(0, 1)
         # Without waiting for the device: a blocking copy to a GPU waits for the work queued before it
         # (in a DTO step, the generator's forward), so the host could not queue the scorer's meanwhile.
         return ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
@@ -132,7 +159,7 @@ class LMScorer:
         left_mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
         # Target rows b·K + k: source b with target set k. Each set's inputs (its tokens but the
         # last) predict its tokens 1..T-1; they are laid out set after set in source b's row.
-        target_ids, target_mask = self._padded_targets([targets[b] for b in range(batch) for targets in target_sets])
+        target_ids, target_mask = self._padded_targets(target_sets)
         steps = target_ids.shape[1] - 1
         target_embeds = self.model.get_input_embeddings()(target_ids[:, :-1]).reshape(batch, sets * steps, -1)
         target_positions = (lengths.unsqueeze(1) + torch.arange(steps, device=self.device)).repeat(1, sets)

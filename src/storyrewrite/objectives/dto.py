@@ -12,12 +12,13 @@ each averaged over the batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from storyrewrite.io import InputError
-from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.lm_scorer import LMScorer, TargetRows
 from storyrewrite.models.encoding import target_logits
 from storyrewrite.models.logprobs import masked_mean
 from storyrewrite.objectives.nll import nll_loss
@@ -74,6 +75,20 @@ def score_delta_loss(m_edited: torch.Tensor, m_original: torch.Tensor) -> torch.
     return -(2 * m_edited - m_original).mean()
 
 
+@dataclass(frozen=True)
+class ScorerRows:
+    """A batch's endings tokenised for the scorer ahead of the step (Loss.prepare): Y_EE, and X_OE
+    where the task has it."""
+
+    rows: TargetRows
+
+    def __call__(self, instances: list[dict]) -> dict:
+        prepared = {"scorer_targets": self.rows([row["target"] for row in instances])}
+        if all("original_ending" in row for row in instances):
+            prepared["scorer_original_endings"] = self.rows([row["original_ending"] for row in instances])
+        return prepared
+
+
 def _builder(combine: Callable[..., torch.Tensor], with_original: bool) -> Callable[[ObjectiveContext[DTOConfig]], Loss]:
     def build(context: ObjectiveContext[DTOConfig]) -> Loss:
         config = context.settings
@@ -90,7 +105,10 @@ def _builder(combine: Callable[..., torch.Tensor], with_original: bool) -> Calla
             probs = gumbel_softmax(logits[..., :vocab], config.tau, config.hard, noise_seed)  # B×T×V
             # Validation scores X_OE for every variant (for m_original and delta), where the task has it.
             score_original = with_original or (validation and "original_endings" in batch)
-            target_sets = [batch["targets"]] + ([batch["original_endings"]] if score_original else [])
+            # Tokenised by the data loader where it could (ScorerRows), else here.
+            target_sets = [batch.get("scorer_targets", batch["targets"])]
+            if score_original:
+                target_sets.append(batch.get("scorer_original_endings", batch["original_endings"]))
             # The soft ending Ŷ is the scorer's source; padding positions are masked out.
             scores = scorer.score_soft_many(probs, batch["target_mask"], target_sets)  # each B
             loss = combine(*scores[: 2 if with_original else 1])
@@ -110,7 +128,7 @@ def _builder(combine: Callable[..., torch.Tensor], with_original: bool) -> Calla
                     values["delta"] = (scores[0] - scores[1]).detach().mean()
                 return values
             return LossOutput(loss, terms, nll, diagnostics)
-        return Loss(compute, scorer)
+        return Loss(compute, scorer, prepare=ScorerRows(scorer.target_rows))
     return build
 
 

@@ -16,8 +16,10 @@ class Collate:
     """Turns a list of instances into the batch layout of `storyrewrite.models.encoding`, with
     the instance ids and the texts objectives may need (e.g. the original ending)."""
 
-    def __init__(self, encoder: Encoder, task: str, pairs: bool = False):
-        self.encoder, self.task, self.pairs = encoder, task, pairs
+    def __init__(self, encoder: Encoder, task: str, pairs: bool = False,
+                 prepare: Callable[[list[dict]], dict] | None = None):
+        # prepare: the objective's own host work on the instances (objectives.registry.Loss.prepare)
+        self.encoder, self.task, self.pairs, self.prepare = encoder, task, pairs, prepare
 
     def __call__(self, instances: list[dict]) -> dict:
         tokenizer, seq2seq = self.encoder.tokenizer, self.encoder.seq2seq
@@ -35,6 +37,8 @@ class Collate:
         # Real tokens the generator reads (source and target; both rows of a pair), for tokens/s.
         read = batch["pair"] if self.pairs else batch
         batch["num_tokens"] = int(read["attention_mask"].sum()) + (int(read["target_mask"].sum()) if seq2seq else 0)
+        if self.prepare is not None:
+            batch |= self.prepare(instances)
         return batch
 
 
@@ -60,11 +64,11 @@ class ResumableRandomSampler(Sampler[int]):
 
 class RewriteDataModule(L.LightningDataModule):
     def __init__(self, prepared_dir: str, task: str, encoder: Encoder, batch_size: int, seed: int,
-                 num_workers: int = 0, pairs: bool = False):
+                 num_workers: int = 0, pairs: bool = False, prepare: Callable[[list[dict]], dict] | None = None):
         super().__init__()
         self.prepared_dir, self.task, self.encoder = prepared_dir, task, encoder
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.collate = Collate(encoder, task, pairs)
+        self.collate = Collate(encoder, task, pairs, prepare)
 
     def setup(self, stage: str | None = None) -> None:
         self.train_rows = load_instances(self.prepared_dir, self.task, "train")

@@ -95,10 +95,10 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     tokenizer = load_tokenizer(run.init_dir)
     encoder = Encoder(tokenizer, is_seq2seq(run.init_dir), run.models.max_input_tokens, run.models.max_output_tokens,
                       run.config.pad_to_multiple_of)
-    datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
-                                   run.config.num_workers, pairs=objective.pairs)
     loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
                                             run.models.max_output_tokens, run.init_dir, run.config.pad_to_multiple_of))
+    datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
+                                   run.config.num_workers, pairs=objective.pairs, prepare=loss.prepare)
     graphs = run.config.compile == "reduce-overhead"
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
                            run.config.warmup_steps, run.seed, diagnostics, AUTOCAST_DTYPES.get(run.config.precision),
