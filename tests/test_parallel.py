@@ -148,3 +148,24 @@ def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(
     assert capsys.readouterr()[0] == "4\n"
     with pytest.raises(InputError, match=r"--peak-gb must be a number of GB > 0, got 0.0"):
         parallel.main(["workers", "--experiments", "4", "--peak-gb", "0"])
+
+
+def test_a_stage_says_its_share_of_the_machine_and_a_command_does_not(monkeypatch, capsys):
+    """Beside other queue workers a stage prints the CPU threads it takes (its log says why it is
+    slower); a command of the project (profiles, gather, collect) runs without that line."""
+    from storyrewrite.io import run_cli, run_stage
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("STORYREWRITE_WORKERS", "2")
+    try:
+        ran = []
+        run_cli(lambda: ran.append("command"))
+        assert "CPU thread(s)" not in capsys.readouterr().err and torch.get_num_threads() == before
+        run_stage(lambda: ran.append("stage"))
+        assert f"{max(1, before // 2)} CPU thread(s): this machine's share" in capsys.readouterr().err
+        assert ran == ["command", "stage"]
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: (_ for _ in ()).throw(InputError("bad.yaml:3: no such key")))
+    assert ended.value.code == 2 and capsys.readouterr().err == "error: bad.yaml:3: no such key\n"

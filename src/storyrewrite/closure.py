@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     `python -m storyrewrite.closure --update dvc.yaml` writes every stage's code deps."""
     import argparse
 
-    from storyrewrite.io import run_stage
+    from storyrewrite.io import run_cli
 
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.closure", description=main.__doc__)
     parser.add_argument("scripts", type=Path, nargs="*", metavar="SCRIPT", help="a stage's script or a package module")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             for path in sorted(closure(entry)):
                 print(f"  - {path.relative_to(root).as_posix()}")
 
-    run_stage(run)
+    run_cli(run)
 
 
 if __name__ == "__main__":

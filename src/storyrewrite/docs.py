@@ -349,6 +349,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from storyrewrite.io import run_stage
+    from storyrewrite.io import run_cli
 
-    run_stage(lambda: sys.exit(main()))
+    run_cli(lambda: sys.exit(main()))

@@ -152,16 +152,23 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
 
 
 def run_stage(main) -> None:
-    """Run a stage's `main` with its share of the machine (storyrewrite.parallel): bad input or
-    params end the stage with their message (which names the file and line, or the parameter and
-    its valid values) and exit status 2, not a traceback."""
+    """Run a stage's `main` with its share of the machine (storyrewrite.parallel), said in one
+    line where it shares it with other workers, then as `run_cli` does."""
     import sys
 
     from storyrewrite.parallel import share_machine
 
+    if (threads := share_machine()) is not None:
+        print(f"{threads} CPU thread(s): this machine's share of one of several concurrent workers", file=sys.stderr)
+    run_cli(main)
+
+
+def run_cli(main) -> None:
+    """Run a command's `main`: bad input or params end it with their message (which names the
+    file and line, or the parameter and its valid values) and exit status 2, not a traceback."""
+    import sys
+
     try:
-        if (threads := share_machine()) is not None:
-            print(f"{threads} CPU thread(s): this machine's share of one of several concurrent workers", file=sys.stderr)
         main()
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from storyrewrite.io import InputError, run_stage
+from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
 from storyrewrite.objectives.registry import get_objective
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
                 found = [str(error)]
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
-        if errors:  # printed as `error: ...` by run_stage: every line reads the same
+        if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
         if args.action == "overrides":
             # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
             print(f"ok: {' '.join([source, *(f'-S {item}' for item in args.overrides)])}{count}")
 
-    run_stage(run)
+    run_cli(run)
 
 
 if __name__ == "__main__":

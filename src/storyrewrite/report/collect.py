@@ -616,6 +616,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from storyrewrite.io import run_stage
+    from storyrewrite.io import run_cli
 
-    run_stage(main)
+    run_cli(main)

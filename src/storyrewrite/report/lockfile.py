@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from storyrewrite.io import run_stage, write_text_atomic
+from storyrewrite.io import run_cli, write_text_atomic
 
 
 def uncached_stages(root: Path) -> set[str]:
@@ -69,4 +69,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main)
+    run_cli(main)
