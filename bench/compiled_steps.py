@@ -30,8 +30,7 @@ import time
 import torch
 from common import clock, describe, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, count_syncs, device_seconds, stage_flags, step
-from torch.autograd import DeviceType
+from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, count_syncs, gpu_busy, stage_flags, step
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.training.compile import compile_body
@@ -81,14 +80,10 @@ def measure(objective: str, args) -> dict:
         seconds, first = timed(module, optimizer, batch, device, args.precision, args.steps)
         figures = result[f"b{size}"] | {"s_per_step": seconds, "tokens_per_s": batch["num_tokens"] / seconds, "first_step_s": first}
         if device.type == "cuda":
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as profiler:
-                started = clock(device)
-                for _ in range(args.profile_steps):
-                    step(module, optimizer, batch, device, args.precision, True, read=False)
-                wall = clock(device) - started
-            figures["gpu_busy"] = device_seconds(profiler.profiler.kineto_results.events(), DeviceType.CUDA) / wall
-            figures["syncs_per_step"] = count_syncs(lambda batch=batch: step(module, optimizer, batch, device, args.precision,
-                                                                              True, read=False))
+            def one_step(batch=batch):
+                step(module, optimizer, batch, device, args.precision, True, read=False)
+            figures["gpu_busy"] = gpu_busy(one_step, device, args.profile_steps)[0]
+            figures["syncs_per_step"] = count_syncs(one_step)
         result[f"b{size}"] = figures
     return result | {"peak_memory_gb": peak_memory_gb(device)}
 

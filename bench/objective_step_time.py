@@ -165,6 +165,18 @@ def count_syncs(work) -> int:
     return sum("synchroniz" in str(warning.message) for warning in caught)
 
 
+def gpu_busy(work, device: torch.device, steps: int):
+    """(the share of the wall time of `steps` calls of `work()` during which the GPU ran work, by
+    torch's profiler; the profiler, for its tables and trace)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        started = clock(device)
+        for _ in range(steps):
+            work()
+        wall = clock(device) - started
+    return device_seconds(profiler.profiler.kineto_results.events(), DeviceType.CUDA) / wall, profiler
+
+
 def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, timed: list | None = None,
          optimise: bool = True, read: bool = True) -> None:
     """One training step; with `timed`, the seconds of the diagnostics' own work are appended to it
@@ -247,13 +259,8 @@ def measure(objective: str, args) -> dict:
         phases["flops_s"] = time.perf_counter() - started
     if device.type == "cuda":
         profiling = time.perf_counter()  # the profiler's own start and post-processing included
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as profiler:
-            started = clock(device)
-            for _ in range(args.profile_steps):
-                step(module, optimizer, batch, device, args.precision, True)
-            wall = clock(device) - started
-        result["gpu_busy"] = device_seconds(profiler.profiler.kineto_results.events(), DeviceType.CUDA) / wall
+        result["gpu_busy"], profiler = gpu_busy(lambda: step(module, optimizer, batch, device, args.precision, True),
+                                                device, args.profile_steps)
         # Inside a step: the monitor's read of its values comes after the next step's launches.
         result["syncs"] = count_syncs(lambda: step(module, optimizer, batch, device, args.precision, True, read=False))
         if args.trace:

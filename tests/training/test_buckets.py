@@ -102,5 +102,5 @@ def test_dto_takes_the_scorers_rows_from_the_data_loader_and_scores_as_from_the_
     # It travels to data-loading worker processes (pickled where they are spawned): no model in it.
     import pickle
 
-    again = pickle.loads(pickle.dumps(module.loss.prepare))(rows)
+    again = pickle.loads(pickle.dumps(module.loss.prepare))(texts_only)
     assert all(torch.equal(a, b) for a, b in zip(again["scorer_targets"], batch["scorer_targets"], strict=True))

@@ -29,9 +29,12 @@ class TargetRows:
     encoder: Encoder
     seq2seq: bool
 
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's target token ids, unpadded."""
+        return self.encoder.target_ids([model_target(t, self.seq2seq) for t in texts])
+
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.encoder.target_ids([model_target(t, self.seq2seq) for t in texts])
-        return pad_rows(rows, self.encoder.tokenizer.pad_token_id, left=False, multiple=self.encoder.pad_to_multiple_of)
+        return pad_rows(self.ids(texts), self.encoder.tokenizer.pad_token_id, left=False, multiple=self.encoder.pad_to_multiple_of)
 
 
 # A target set: texts, or their rows from the scorer's `target_rows` (made ahead of the step).
@@ -63,9 +66,6 @@ class LMScorer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _targets(self, targets: list[str]) -> list[str]:
-        return [model_target(t, self.seq2seq) for t in targets]
-
     @torch.no_grad()
     def score(self, sources: list[str], targets: list[str], batch_size: int = 16) -> list[float]:
         """M(source_i, target_i) for each pair, in input order. Batches hold pairs of similar
@@ -77,7 +77,7 @@ class LMScorer:
     @torch.no_grad()
     def score_ids(self, source_ids: list[list[int]], targets: list[str], batch_size: int = 16) -> list[float]:
         """`score` with the sources given as token ids (no tokenisation of the source)."""
-        target_ids = self.encoder.target_ids(self._targets(targets))
+        target_ids = self.target_rows.ids(targets)
         # Identical pairs are scored once: a story's three instances share one input, so a
         # system's prediction, and its score against the original ending, often repeat.
         pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids, strict=True)]

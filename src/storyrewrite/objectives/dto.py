@@ -78,14 +78,14 @@ def score_delta_loss(m_edited: torch.Tensor, m_original: torch.Tensor) -> torch.
 @dataclass(frozen=True)
 class ScorerRows:
     """A batch's endings tokenised for the scorer ahead of the step (Loss.prepare): Y_EE, and X_OE
-    where the task has it."""
+    where the batch has it."""
 
     rows: TargetRows
 
-    def __call__(self, instances: list[dict]) -> dict:
-        prepared = {"scorer_targets": self.rows([row["target"] for row in instances])}
-        if all("original_ending" in row for row in instances):
-            prepared["scorer_original_endings"] = self.rows([row["original_ending"] for row in instances])
+    def __call__(self, batch: dict) -> dict:
+        prepared = {"scorer_targets": self.rows(batch["targets"])}
+        if "original_endings" in batch:
+            prepared["scorer_original_endings"] = self.rows(batch["original_endings"])
         return prepared
 
 

@@ -67,10 +67,10 @@ class Loss:
     compute: LossFn
     scorer: object | None = None  # storyrewrite.metrics.lm_scorer.LMScorer, for the objectives that need one
     frozen: tuple[torch.nn.Module, ...] = ()  # other frozen models it runs (RLOO's reference model)
-    # Host work on a batch's instances that the step would otherwise do (tokenising for the
-    # scorer): the data loader runs it, in its workers where there are some, and adds what it
-    # returns to the batch. Picklable (it travels to worker processes): no model in it.
-    prepare: Callable[[list[dict]], dict] | None = None
+    # Host work on a batch that the step would otherwise do (tokenising its texts for the
+    # scorer): the data loader runs it on the batch it made, in its workers where there are
+    # some, and adds what it returns. Picklable (it travels to worker processes): no model in it.
+    prepare: Callable[[dict], dict] | None = None
 
     def frozen_models(self) -> tuple[torch.nn.Module, ...]:
         """Every frozen model the loss runs, to be placed on the training device."""

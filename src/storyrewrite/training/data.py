@@ -17,8 +17,8 @@ class Collate:
     the instance ids and the texts objectives may need (e.g. the original ending)."""
 
     def __init__(self, encoder: Encoder, task: str, pairs: bool = False,
-                 prepare: Callable[[list[dict]], dict] | None = None):
-        # prepare: the objective's own host work on the instances (objectives.registry.Loss.prepare)
+                 prepare: Callable[[dict], dict] | None = None):
+        # prepare: the objective's own host work on the batch (objectives.registry.Loss.prepare)
         self.encoder, self.task, self.pairs, self.prepare = encoder, task, pairs, prepare
 
     def __call__(self, instances: list[dict]) -> dict:
@@ -38,7 +38,7 @@ class Collate:
         read = batch["pair"] if self.pairs else batch
         batch["num_tokens"] = int(read["attention_mask"].sum()) + (int(read["target_mask"].sum()) if seq2seq else 0)
         if self.prepare is not None:
-            batch |= self.prepare(instances)
+            batch |= self.prepare(batch)
         return batch
 
 
@@ -64,7 +64,7 @@ class ResumableRandomSampler(Sampler[int]):
 
 class RewriteDataModule(L.LightningDataModule):
     def __init__(self, prepared_dir: str, task: str, encoder: Encoder, batch_size: int, seed: int,
-                 num_workers: int = 0, pairs: bool = False, prepare: Callable[[list[dict]], dict] | None = None):
+                 num_workers: int = 0, pairs: bool = False, prepare: Callable[[dict], dict] | None = None):
         super().__init__()
         self.prepared_dir, self.task, self.encoder = prepared_dir, task, encoder
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers

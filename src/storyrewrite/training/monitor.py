@@ -9,8 +9,9 @@ names for CPO: `rewards/chosen`, …), and the same averaged over validation, pr
 step 0 the starting weights', with `validate_at_start`). A step's tensors are read in one
 device-to-host copy, one step late: reading them waits for the GPU to finish the step, so at the
 end of the next step's launches, not before them; before a validation, a checkpoint and the end
-of training every step is read. The progress bar shows the loss so read. Wall-time quantities (`tokens_per_s`; a diagnostic in seconds, logged as its
-share of the step, `<name>_time_share`) are curves only, never in the summary:
+of training every step is read. The progress bar shows the loss so read. Wall-time quantities
+(`tokens_per_s`; a diagnostic in seconds, logged as its share of the step,
+`<name>_time_share`) are curves only, never in the summary:
 `dvc metrics diff` between two runs of the same code lists what the code changed, not the clock.
 
 Exact resume: DVC deletes a stage's outputs before it runs it again, so the curves are copied
