@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import importlib
 import io
+import json
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("
 def _write_stubs(tmp_path, stubs: dict[str, str]):
     """Executable bash scripts `tmp_path/bin/<name>` with the given bodies; returns that folder."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     for name, body in stubs.items():
         path = bin_dir / name
         path.write_text(f"#!/usr/bin/env bash\n{body}\n")
@@ -41,271 +42,152 @@ def _write_stubs(tmp_path, stubs: dict[str, str]):
 
 
 # What a gather that succeeds leaves (`python -m storyrewrite.report.gather --out DIR ...`): DIR.
-GATHERED = 'if [ "$2" = storyrewrite.report.gather ]; then mkdir -p "$4"; fi'
+GATHERED = 'if [ "$2 $3" = "storyrewrite.report.gather --out" ]; then mkdir -p "$4"; fi'
+CORE = ["-S objective=nll,score,delta,score_delta", "-S objective=rloo -S rl.reward=score,delta,score_delta"]
+CPO = "-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2"
 
 
-def _stubs(tmp_path, existing: str, failing: str):
-    """A `dvc` that logs its calls, lists `existing` (and, once the queue has started, the
-    experiments queued, but `failing`, which fails), and a `python` that logs its calls."""
-    log, queued, started = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "started"
+def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED):
+    """A `dvc` that logs its calls (and whether dvc.lock is in the workspace as it queues), an
+    empty queue; a `python` that logs its calls, prints `dedupe` for `gather --dedupe`, and runs
+    `python` (a bash snippet)."""
+    log = tmp_path / "calls.log"
     bin_dir = _write_stubs(tmp_path, {
-        "dvc": f"""echo "dvc $*" >> {log}
-if [ "$1 $2" = "exp list" ]; then echo {existing}; if [ -e {started} ]; then cat {queued} 2>/dev/null; fi; exit 0; fi
-if [ "$1 $2" = "queue start" ]; then touch {started}; exit 0; fi
-if [ "$1 $2" = "queue status" ]; then exit 0; fi
-case " $* " in *" -n {failing} "*) if [ "$3" = --queue ]; then exit 0; fi; exit 1;; esac
-if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
+        "dvc": f"""echo "dvc $*$(if [ "$3" = --queue ] && [ -f dvc.lock ]; then echo ' WITH-LOCK'; fi)" >> {log}
 exit 0""",
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 if [ "$3" = get ]; then echo "zero_shot rag"; fi
-{GATHERED}
+if [ "$2 $3" = "storyrewrite.report.gather --dedupe" ]; then echo {dedupe}; fi
+{python}
 exit 0""",
     })
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0",
             "COMPARISON_WORKER_WAIT": "0"}, log
 
 
-def _run(tmp_path, *args, existing="none", failing="none"):
-    env, log = _stubs(tmp_path, existing, failing)
-    result = subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+def _run(tmp_path, *args, env=None, **stubs):
+    stub_env, log = _stubs(tmp_path, **stubs)
+    result = subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env={**stub_env, **(env or {})}, capture_output=True,
+                            text=True, timeout=60)
     calls = log.read_text().splitlines() if log.exists() else []
     return result, calls
 
 
-def _names(calls):
-    return [c.split(" -n ")[1].split()[0] for c in calls if c.startswith("dvc exp run")]
+def _queued(calls):
+    return [c.removeprefix("dvc exp run --queue ") for c in calls if c.startswith("dvc exp run --queue")]
 
 
-def test_the_whole_comparison_queues_every_experiment_and_goes_on_after_a_failure(tmp_path):
+def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_collected(tmp_path):
     (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
-    result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml", existing="gpu-dto-score", failing="gpu-cpo-b2-l2")
-    assert result.returncode == 1
-    assert "error: 1 experiment(s) failed (see their output above, or `dvc queue logs NAME`): gpu-cpo-b2-l2" in result.stderr
-    assert "== gpu-dto-score: exists, skipped" in result.stdout
-    runs = [c for c in calls if c.startswith("dvc exp run")]
-    names = _names(calls)
-    assert names == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta", "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta",
-                     *(f"gpu-{n}" for n in GRID)]
-    # One worker: every experiment queued in order, the first building the shared stages (the
-    # NLL model once) that the others restore; no groups of shared stages first.
-    assert runs[0].startswith("dvc exp run --queue -n gpu-nll-continued -S device=auto -S train.max_steps=300 -S objective=nll")
-    assert all(c.startswith("dvc exp run --queue -n ") and " -S device=auto -S train.max_steps=300 -S objective=" in c for c in runs)
-    assert runs[2].endswith("-S objective=score_delta")
-    assert runs[3].endswith("-S objective=rloo -S rl.reward=score") and runs[5].endswith("-S rl.reward=score_delta")
-    assert runs[6].endswith("-S objective=cpo -S cpo.beta=0.1 -S cpo.lambda=0.5")
-    assert calls.index("dvc queue start -j 1") > calls.index(runs[-1])
-    assert "python -m storyrewrite.profiles overrides params/gpu.yaml" in calls
-    # dvc.lock forgets what this machine's cache lacks before the first is queued, and is put back.
-    assert calls.index("python -m storyrewrite.report.lockfile forget") < calls.index(runs[0])
-    assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
-    # Each finished experiment is gathered as it ends (the failed one is not); at the end
-    # everything is gathered again and collected although one experiment failed.
-    gathered = [c.split(" --names ")[1] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
-    assert gathered == [n for n in names if n != "gpu-cpo-b2-l2"] + ["gpu-*"]
-    assert len([c for c in calls if "lockfile" in c]) == 1
-    assert calls[-2] == "python -m storyrewrite.report.gather --out runs/gpu --names gpu-*"
-    assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"
-
-
-def test_workers_share_the_machine_and_a_bad_worker_count_is_refused(tmp_path):
-    env, log = _stubs(tmp_path, "none", "none")
-    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
-    (tmp_path / "bin" / "python").write_text(f'#!/usr/bin/env bash\necho "python $* STORYREWRITE_WORKERS=$STORYREWRITE_WORKERS" >> {log}\n'
-                                             f'if [ "$3" = get ]; then echo "zero_shot rag"; fi\n{GATHERED}\n')
-    result = subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=60)
+    result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml")
     assert result.returncode == 0, result.stderr
-    calls = log.read_text().splitlines()
-    assert calls.count("dvc queue start -j 2") == 2
-    assert all(c.endswith("STORYREWRITE_WORKERS=2") for c in calls if c.startswith("python -m storyrewrite.report"))
-    # Two workers: the shared stages first, side by side, each group its own targets (an LLM
-    # mode each, from the profile's llm.modes), then removed; then the experiments.
+    # One worker: the sweeps in DVC's own -S syntax after the profile's settings, queued while
+    # dvc.lock is set aside (DVC then looks every stage up in its run cache), and put back.
+    profile = "-S device=auto -S train.max_steps=300 "
+    assert _queued(calls) == [profile + sweep for sweep in (*CORE, CPO)]
+    assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
+    assert "python -m storyrewrite.profiles overrides params/gpu.yaml" in calls
+    # Runs that equal one finished before leave the queue; what is left runs, is gathered by the
+    # names DVC gave it, and collected.
+    after = calls[calls.index("python -m storyrewrite.report.gather --dedupe"):]
+    assert after == ["python -m storyrewrite.report.gather --dedupe", "dvc queue start -j 1", "dvc queue status",
+                     "python -m storyrewrite.report.gather --out runs/gpu --names exp-a exp-b",
+                     "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"]
+    assert "== 2 experiment(s) of 19 to gather, 1 worker(s)" in result.stdout
+
+
+def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
+    for part, sweeps in (("core", CORE), ("cpo", [CPO]), ("seeds", ["-S objective=nll,score,delta,score_delta -S train.seed=range(1,3)"])):
+        (tmp_path / part).mkdir()
+        result, calls = _run(tmp_path / part, "grid", part)
+        assert result.returncode == 0, result.stderr
+        assert _queued(calls) == sweeps and not any("overrides" in c for c in calls)
+    result, calls = _run(tmp_path / "seeds", "grid", "seeds", env={"COMPARISON_SEEDS": "3,7"})
+    assert _queued(calls)[-1].endswith("-S train.seed=3,7") and "of 8 to gather" in result.stdout
+    for bad in ("1 2", "range(a)", "x"):
+        result, _ = _run(tmp_path / "seeds", "grid", "seeds", env={"COMPARISON_SEEDS": bad})
+        assert result.returncode == 2
+        assert f"error: COMPARISON_SEEDS must be range(A,B) or whole numbers separated by commas, got '{bad}'" in result.stderr
+
+
+def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
+    result, calls = _run(tmp_path, "-j", "2", "grid", "core",
+                         python=f'echo "WORKERS=$STORYREWRITE_WORKERS" >> {tmp_path / "calls.log"}\n{GATHERED}')
+    assert result.returncode == 0, result.stderr
+    assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
+    assert not any(c == "WORKERS=" for c in calls)
+    # The shared stages first, side by side, each group its own targets (an LLM mode each, from
+    # the profile's llm.modes), then removed; then the sweeps. Their workers end by themselves,
+    # never sent `dvc queue stop`, whose message the next workers would take.
     shared = ["nll score@nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
-    runs = [c for c in calls if c.startswith("dvc exp run")]
-    assert runs[:5] == [f"dvc exp run --queue -n grid.shared-{group}" for group in shared]
-    assert calls.index("dvc queue start -j 2") < calls.index(runs[5]) and runs[5].startswith("dvc exp run --queue -n grid-nll-continued")
+    queued = _queued(calls)
+    assert queued == [f"-n grid.shared-{group}" for group in shared] + CORE
     removed = "dvc exp remove " + " ".join(f"grid.shared-{group.split()[0]}" for group in shared)
-    # Removed before the experiments are queued; their workers end by themselves, never sent
-    # `dvc queue stop`, whose message the next workers would take.
-    assert calls.index(removed) < calls.index(runs[5]) and "dvc queue stop" not in calls
-    assert "python -m storyrewrite.profiles get --key llm.modes STORYREWRITE_WORKERS=2" in calls
-    gathered = [c.split(" --names ")[1].split()[0] for c in calls if c.startswith("python -m storyrewrite.report.gather")]
-    assert not any(".shared-" in name for name in gathered)
-    bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert calls.count(removed) == 2 and calls.index("dvc queue start -j 2") < calls.index(removed, calls.index(removed) + 1)
+    assert calls.index(removed, calls.index(removed) + 1) < calls.index("dvc exp run --queue " + CORE[0])
+    assert "dvc queue stop" not in calls
+    bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
 
 
 def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):
-    env, log = _stubs(tmp_path, "none", "none")
-    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
-if [ "$2" = storyrewrite.parallel ]; then echo 3; fi
-{GATHERED}
-exit 0
-""")
-    result = subprocess.run(["bash", str(SCRIPT), "-j", "auto", "grid", "cpo"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=60)
+    result, calls = _run(tmp_path, "-j", "auto", "grid", "cpo", python=f'if [ "$2" = storyrewrite.parallel ]; then echo 3; fi\n{GATHERED}')
     assert result.returncode == 0, result.stderr
-    calls = log.read_text().splitlines()
     assert "python -m storyrewrite.parallel workers --experiments 12 --records" in calls and "dvc queue start -j 3" in calls
 
 
-def test_a_part_runs_only_its_experiments_and_no_profile_means_params_yaml(tmp_path):
-    result, calls = _run(tmp_path, "grid", "core")
-    assert result.returncode == 0, result.stderr
-    assert _names(calls) == ["grid-nll-continued", "grid-dto-score", "grid-dto-delta", "grid-dto-score-delta",
-                             "grid-rloo-score", "grid-rloo-delta", "grid-rloo-score-delta"]
-    assert not any("overrides" in c for c in calls)
+def test_every_run_of_the_gpu_comparisons_sweeps_is_a_valid_setting(tmp_path):
+    """Each run of each sweep (every part), expanded as DVC expands `-S` sweeps and applied on
+    top of the GPU profile, gives params that validate, with a registered objective the task can
+    train: a key renamed in params.yaml fails here rather than on the GPU machine."""
+    from dvc.utils.hydra import get_hydra_sweeps
 
-
-def test_the_seeds_part_runs_nll_continued_and_dto_again_with_each_fine_tuning_seed(tmp_path):
-    result, calls = _run(tmp_path, "grid", "seeds")
-    assert result.returncode == 0, result.stderr
-    variants = ["nll-continued", "dto-score", "dto-delta", "dto-score-delta"]
-    assert _names(calls) == [f"grid-{v}-seed{seed}" for seed in (1, 2) for v in variants]
-    runs = [c for c in calls if c.startswith("dvc exp run")]
-    assert runs[0].endswith("-n grid-nll-continued-seed1 -S objective=nll -S train.seed=1")
-    assert runs[-1].endswith("-n grid-dto-score-delta-seed2 -S objective=score_delta -S train.seed=2")
-    assert calls[-1] == "python -m storyrewrite.report.collect runs/grid --out reports/grid --title grid (params.yaml)"
-    (tmp_path / "other").mkdir()
-    env, _ = _stubs(tmp_path / "other", "none", "none")
-    seven = subprocess.run(["bash", str(SCRIPT), "grid", "seeds"], cwd=tmp_path / "other", capture_output=True, text=True,
-                           env={**env, "COMPARISON_SEEDS": "7"}, timeout=60)
-    assert seven.returncode == 0 and "== grid-dto-delta-seed7: queued, -S objective=delta -S train.seed=7" in seven.stdout
-    bad = subprocess.run(["bash", str(SCRIPT), "grid", "seeds"], cwd=tmp_path, capture_output=True, text=True,
-                         env={**env, "COMPARISON_SEEDS": "1,2"}, timeout=60)
-    assert bad.returncode == 2 and "error: COMPARISON_SEEDS must be whole numbers separated by spaces, got '1,2'" in bad.stderr
-
-
-def test_every_experiment_of_the_gpu_comparison_is_a_valid_setting(tmp_path):
-    """Each experiment's `-S` overrides (every part, and the seeds), applied as `dvc exp run`
-    applies them (YAML values) on top of the GPU profile, give params that validate, with a
-    registered objective the task can train: a key renamed in params.yaml fails here rather
-    than when the queue reaches that experiment on the GPU machine."""
     from storyrewrite.objectives.registry import get_objective
     from storyrewrite.params import Params, load_yaml, overlay
 
-    runs = []
+    sweeps = []
     for part in ("all", "seeds"):
         (tmp_path / part).mkdir()
         result, calls = _run(tmp_path / part, "gpu", part, "params/gpu.yaml")
         assert result.returncode == 0, result.stderr
-        runs += [c for c in calls if c.startswith("dvc exp run")]
-    assert len(runs) == 7 + len(GRID) + 8
+        sweeps += _queued(calls)
     profile = overlay(load_yaml(ROOT / "params.yaml"), load_yaml(ROOT / "params" / "gpu.yaml"))
+    runs = [run["params.yaml"] for sweep in sweeps for run in get_hydra_sweeps({"params.yaml": re.findall(r"-S (\S+)", sweep)})]
+    assert len(runs) == 7 + 12 + 8 and len({json.dumps(run, sort_keys=True) for run in runs}) == len(runs)
     for run in runs:
         raw = profile
-        for key, value in re.findall(r"-S (\S+?)=(\S+)", run):
+        for override in run:
+            key, value = override.split("=", 1)
             change = yaml.safe_load(value)
             for part in reversed(key.split(".")):
                 change = {part: change}
-            raw = overlay(raw, change, source=run)
-        params = Params(raw, run)
+            raw = overlay(raw, change, source=override)
+        params = Params(raw, " ".join(run))
         params.check_all()
         assert get_objective(params.objective, params.task).name == params.objective
 
 
-def test_an_experiment_not_gathered_as_it_finished_is_gathered_once_more_at_the_end(tmp_path):
-    """The gather of grid-dto-delta fails while the queue runs: it is tried again after the queue,
-    succeeds, and nothing failed; one that fails every time is named as a failed gather."""
-    for fails, code in ((1, 0), (99, 1)):
-        here = tmp_path / str(fails)
-        here.mkdir()
-        env, log = _stubs(here, "none", "none")
-        tries = here / "tries"
-        (here / "bin" / "python").write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
-if [ "$5 $6" = "--names grid-dto-delta" ]; then echo x >> {tries}; [ "$(wc -l < {tries})" -gt {fails} ] || exit 1; fi
-{GATHERED}
-exit 0
-""")
-        result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=here, env=env, capture_output=True, text=True, timeout=60)
-        calls = log.read_text().splitlines()
-        gathers = [c for c in calls if c.endswith("--names grid-dto-delta")]
-        assert result.returncode == code, result.stderr
-        assert len(gathers) == 2 and calls.index(gathers[1]) > calls.index("dvc queue start -j 1")
-        assert ("grid-dto-delta (gather)" in result.stderr) == (code == 1)
-        assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
-
-
-def test_a_final_gather_that_fails_is_named_and_what_was_gathered_is_still_collected(tmp_path):
-    """The last gather of every experiment of the name fails: the script still collects what the
-    gathers before it stored, names that gather among the failures and exits 1."""
-    env, log = _stubs(tmp_path, "none", "none")
-    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
-if [ "$5 $6" = "--names grid-*" ]; then echo "error: experiment grid-x: reports/stages/a.json is not in the cache" >&2; exit 2; fi
-{GATHERED}
-exit 0
-""")
-    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    calls = log.read_text().splitlines()
-    assert result.returncode == 1, result.stderr
-    assert "error: 1 experiment(s) failed" in result.stderr and "grid-* (gather)" in result.stderr
+def test_a_failure_is_named_and_what_ran_is_still_collected(tmp_path):
+    """The gather names an experiment that failed (exit 1): what ran is collected, exit 1. A
+    collect that fails also ends in 1."""
+    result, calls = _run(tmp_path, "grid", "core", python=f'{GATHERED}\nif [ "$3" = --out ]; then echo "error: 1 failed" >&2; exit 1; fi')
+    assert result.returncode == 1 and "error: 1 failed" in result.stderr
     assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
+    (tmp_path / "again").mkdir()
+    result, calls = _run(tmp_path / "again", "grid", "core",
+                         python=f'{GATHERED}\nif [ "$2" = storyrewrite.report.collect ]; then echo "error: not a run" >&2; exit 2; fi')
+    assert result.returncode == 1 and "error: not a run" in result.stderr
 
 
-def test_when_no_gather_stores_anything_the_failures_are_named_and_nothing_is_collected(tmp_path):
-    """Every experiment runs but every gather fails (runs/grid never made): no collect of a folder
-    that is not there, the failed gathers named, exit 1. And a collect that fails does not keep
-    the failures from being named."""
-    env, log = _stubs(tmp_path, "none", "none")
-    (tmp_path / "bin" / "python").write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
-if [ "$2" = storyrewrite.report.gather ]; then echo "error: DVC is busy" >&2; exit 2; fi
-exit 0
-""")
-    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    calls = log.read_text().splitlines()
-    assert result.returncode == 1, result.stderr
-    assert not any("report.collect" in c for c in calls)
-    assert "error: nothing of grid ran here or was gathered before (runs/grid, runs/grid.*): no tables to collect" in result.stderr
-    assert "error: 8 experiment(s) failed" in result.stderr and "grid-dto-delta (gather)" in result.stderr
-
-    # A collect that fails, with one experiment failed and with none.
-    for name, failing, failures in (("one", "grid-dto-score", "error: 1 experiment(s) failed (see their output above, "
-                                     "or `dvc queue logs NAME`): grid-dto-score"), ("none", "none", None)):
-        here = tmp_path / name
-        here.mkdir()
-        env, log = _stubs(here, "none", failing)
-        (here / "bin" / "python").write_text(f"""#!/usr/bin/env bash
-echo "python $*" >> {log}
-{GATHERED}
-if [ "$2" = storyrewrite.report.collect ]; then echo "error: runs/grid/x.json: not a gathered run" >&2; exit 2; fi
-exit 0
-""")
-        result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=here, env=env, capture_output=True, text=True, timeout=60)
-        calls = log.read_text().splitlines()
-        assert result.returncode == 1, result.stderr
-        assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid")
-        assert "not a gathered run" in result.stderr
-        assert (failures in result.stderr) if failures else "experiment(s) failed" not in result.stderr
-
-
-def test_a_folder_brought_from_another_machine_is_collected_too(tmp_path):
-    (tmp_path / "runs" / "grid.2").mkdir(parents=True)
-    (tmp_path / "runs" / "grid.2" / "grid-dto-score.json").write_text("{}")
-    # A machine that gathered no experiment brought home its run cache alone: nothing to collect there.
-    (tmp_path / "runs" / "grid.3").mkdir(parents=True)
-    (tmp_path / "runs" / "grid.3" / "run-cache.tar.gz").write_bytes(b"")
-    result, calls = _run(tmp_path, "grid", "cpo")
-    assert result.returncode == 0, result.stderr
-    assert _names(calls) == [f"grid-{n}" for n in GRID]
-    assert calls[-1] == "python -m storyrewrite.report.collect runs/grid runs/grid.2 --out reports/grid --title grid (params.yaml)"
-
-
-def test_experiments_gathered_on_an_earlier_machine_are_not_run_again(tmp_path):
-    """A run split over machines that stay up briefly: what an earlier machine gathered (runs/NAME.<n>, kept in git)
-    is skipped, only what is still missing is queued, and everything is collected together."""
-    for folder, names in (("gpu.1", ["nll-continued", "dto-score"]), ("gpu.2", ["dto-delta"])):
+def test_folders_gathered_on_other_machines_are_deduplicated_against_and_collected(tmp_path):
+    """A run split over machines: what an earlier machine gathered (runs/NAME.<n>, kept in git)
+    is not run again (its params are), and everything is collected together."""
+    for folder in ("gpu.1", "gpu.2"):
         (tmp_path / "runs" / folder).mkdir(parents=True)
-        for name in names:
-            (tmp_path / "runs" / folder / f"gpu-{name}.json").write_text("{}")
     result, calls = _run(tmp_path, "gpu", "core", "params/gpu.yaml")
     assert result.returncode == 0, result.stderr
-    assert "== gpu-dto-score: gathered before (runs/gpu*), skipped" in result.stdout
-    assert _names(calls) == ["gpu-dto-score-delta", "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta"]
+    assert "python -m storyrewrite.report.gather --dedupe runs/gpu.1 runs/gpu.2" in calls
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu runs/gpu.1 runs/gpu.2 --out reports/gpu --title gpu (params/gpu.yaml)"
     # git keeps such folders (the machine's own runs/gpu is not kept).
     tracked = subprocess.run(["git", "check-ignore", "-q", "runs/gpu.1/gpu-dto-score.json"], cwd=ROOT)
@@ -313,23 +195,16 @@ def test_experiments_gathered_on_an_earlier_machine_are_not_run_again(tmp_path):
     assert (tracked.returncode, ignored.returncode) == (1, 0)
 
 
-def test_when_everything_was_gathered_before_it_only_collects_and_with_nothing_at_all_it_says_so(tmp_path):
+def test_when_everything_ran_before_it_only_collects_and_with_nothing_at_all_it_says_so(tmp_path):
     (tmp_path / "runs" / "grid.1").mkdir(parents=True)
-    for name in ("nll-continued", "dto-score", "dto-delta", "dto-score-delta", "rloo-score", "rloo-delta", "rloo-score-delta"):
-        (tmp_path / "runs" / "grid.1" / f"grid-{name}.json").write_text("{}")
-    result, calls = _run(tmp_path, "grid", "core")
+    result, calls = _run(tmp_path, "grid", "core", dedupe="")
     assert result.returncode == 0, result.stderr
-    assert _names(calls) == [] and not any("report.gather" in c for c in calls)
+    assert not any("report.gather --out" in c for c in calls)
     assert calls[-1] == "python -m storyrewrite.report.collect runs/grid.1 --out reports/grid --title grid (params.yaml)"
-    # Every experiment fails (none is ever listed) and nothing was gathered before: both said, exit 1.
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    bin_dir = _write_stubs(empty, {"dvc": 'if [ "$3" = --temp ]; then exit 1; fi\nexit 0', "python": "exit 0"})
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
-    failed = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=empty, env=env, capture_output=True, text=True, timeout=60)
-    assert failed.returncode == 1
-    assert "error: nothing of grid ran here or was gathered before (runs/grid, runs/grid.*): no tables to collect" in failed.stderr
-    assert "error: 7 experiment(s) failed" in failed.stderr
+    (tmp_path / "empty").mkdir()
+    result, calls = _run(tmp_path / "empty", "grid", "core", dedupe="", python="")
+    assert result.returncode == 1 and not any("report.collect" in c for c in calls)
+    assert "error: nothing of grid ran here or was gathered before (runs/grid, runs/grid.*): no tables to collect" in result.stderr
 
 
 def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
@@ -340,27 +215,18 @@ def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
 
 
 def test_without_a_dvc_command_dvc_runs_as_a_python_module(tmp_path):
-    """The GPU machine has DVC installed with `pip --target`: importable, no `dvc` on PATH."""
-    import shutil
-
+    """DVC installed with `pip --target` (offline/README.md): importable, no `dvc` on PATH."""
     log = tmp_path / "calls.log"
-    bin_dir = _write_stubs(tmp_path, {"python": f"""echo "python $*" >> {log}
-if [ "$*" = "-m dvc exp list --name-only" ]; then echo gpu-dto-score; cat {tmp_path}/queued 2>/dev/null; fi
-if [ "$5" = --queue ]; then echo "$7" >> {tmp_path}/queued; fi
-{GATHERED}
-exit 0"""})
+    bin_dir = _write_stubs(tmp_path, {"python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}'})
     path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
     assert shutil.which("dvc", path=path) is None
     result = subprocess.run(["bash", str(SCRIPT), "gpu", "core"], cwd=tmp_path,
                             env={**os.environ, "PATH": path, "COMPARISON_POLL_SECONDS": "0"}, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "== gpu-dto-score: exists, skipped" in result.stdout
-    runs = [c for c in log.read_text().splitlines() if c.startswith("python -m dvc exp run ")]
-    assert [c.split(" -n ")[1].split()[0] for c in runs] == ["gpu-nll-continued", "gpu-dto-delta", "gpu-dto-score-delta",
-                                                             "gpu-rloo-score", "gpu-rloo-delta", "gpu-rloo-score-delta"]
+    calls = log.read_text().splitlines()
     # DVC starts its queue workers as `dvc …`: the script put a `dvc` that runs the module on PATH.
-    assert "python -m dvc queue start -j 1" in log.read_text().splitlines()
+    assert "python -m dvc exp run --queue " + CORE[0] in calls and "python -m dvc queue start -j 1" in calls
 
 
 def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_failure(tmp_path):
@@ -456,33 +322,27 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
     """DVC's worker exits (its broker read a message mid-write) with experiments still queued:
     the script starts the queue again instead of waiting for ever, and gives up after a limit."""
-    log, queued, starts = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "starts"
+    log, starts = tmp_path / "calls.log", tmp_path / "starts"
     stubs = {
         "dvc": f"""echo "dvc $*" >> {log}
 n=$(cat {starts} 2>/dev/null || echo 0)
-if [ "$1 $2" = "exp list" ]; then if [ "$n" -ge 2 ]; then cat {queued} 2>/dev/null; fi; exit 0; fi
 if [ "$1 $2" = "queue start" ]; then echo $((n + 1)) > {starts}; exit 0; fi
-if [ "$1 $2" = "queue status" ]; then
-  if [ "$n" -lt 2 ]; then printf 'abc  grid-dto-delta  05:28 PM  Queued\\n\\nWorker status: 0 active, 0 idle\\n'; fi; exit 0
-fi
-if [ "$3" = --queue ]; then echo "$5" >> {queued}; fi
+if [ "$1 $2" = "queue status" ] && [ "$n" -lt 2 ]; then printf 'abc  exp-a  05:28 PM  Queued\\n\\nWorker status: 0 active, 0 idle\\n'; fi
 exit 0""",
-        "python": f'echo "python $*" >> {log}\n{GATHERED}',
+        "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
     }
     env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
     result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert log.read_text().splitlines().count("dvc queue start -j 1") == 2
     assert "== the queue's workers stopped with experiments queued: started again" in result.stdout
-    assert "== grid-rloo-score-delta: finished" in result.stdout
 
-    starts.write_text("-100\n")  # a worker that never stays up: the script gives up, collects, and fails
-    queued.unlink()
+    starts.write_text("-100\n")  # a worker that never stays up: the script gives up, gathers and collects
+    log.unlink()
     env["COMPARISON_MAX_RESTARTS"] = "1"
-    (tmp_path / "calls.log").unlink()
     result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and "DVC's queue workers stopped 2 times with experiments queued" in result.stderr
-    assert "error: nothing of again ran here or was gathered before" in result.stderr  # every experiment was queued
+    assert "DVC's queue workers stopped 2 times with experiments queued" in result.stderr
+    assert log.read_text().splitlines()[-1].startswith("python -m storyrewrite.report.collect runs/again")
 
 
 def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():

@@ -11,7 +11,7 @@ import yaml
 from helpers import DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, write_bundle
-from storyrewrite.report.gather import experiments, gather_run, select, unfinished
+from storyrewrite.report.gather import duplicates, experiments, gather_run, select, unfinished
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -53,7 +53,8 @@ def _files(name, objective, val_nll, shift, bart, settings=None, label=None, nll
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
     params = {"seed": 0, "task": "timetravel", "objective": objective, "train": {"lr": 1e-5}, "llm": {"modes": ["zero_shot"]},
-              "cpo": {"beta": (settings or {}).get("beta", 0.1)}, "significance": {"n_resamples": 200, "unit": "instance"}}
+              "cpo": {"beta": (settings or {}).get("beta", 0.1)}, "significance": {"n_resamples": 200, "unit": "instance"},
+              "rl": {"reward": (settings or {}).get("reward", "score")}}
     return {
         "params.yaml": yaml.safe_dump(params).encode(),
         "reports/metrics/nll.json": dump(_metrics(-1.9)),
@@ -113,9 +114,10 @@ def test_experiments_are_read_from_dvc_exp_show_and_selected_by_name():
     ]
     runs = experiments(exp_show)
     assert runs == [{"name": "gpu-dto", "rev": "9876", "base": "abcdef1234"}, {"name": "cpu-dto", "rev": "5432", "base": "abcdef1234"}]
-    assert [r["name"] for r in select(runs, "gpu-*")] == ["gpu-dto"]
+    assert [r["name"] for r in select(runs, ["gpu-*"])] == ["gpu-dto"]
+    assert [r["name"] for r in select(runs, ["cpu-dto", "gpu-dto"])] == ["gpu-dto", "cpu-dto"]
     with pytest.raises(InputError, match=r"--names 'tpu-\*' matches no experiment; experiments: gpu-dto, cpu-dto"):
-        select(runs, "tpu-*")
+        select(runs, ["tpu-*"])
 
 
 def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered():
@@ -138,9 +140,29 @@ def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered():
     others = unfinished(exp_show)
     assert [(r["name"], r["state"]) for r in others] == [("gpu-delta", "failed"), ("gpu-cpo", "running"), ("cpu-cpo", "queued"),
                                                          ("gpu-odd", "failed")]
-    assert [r["name"] for r in select(experiments(exp_show), "gpu-*", others)] == ["gpu-score", "gpu-nll"]
+    assert [r["name"] for r in select(experiments(exp_show), ["gpu-*"], others)] == ["gpu-score", "gpu-nll"]
     with pytest.raises(InputError, match=r"--names 'cpu-\*' matches no experiment that ran to the end, only cpu-cpo \(queued\)"):
-        select(experiments(exp_show), "cpu-*", others)
+        select(experiments(exp_show), ["cpu-*"], others)
+
+
+def test_a_queued_run_whose_params_ran_before_leaves_the_queue():
+    """An experiment is its params: a queued one equal to one finished here, to one gathered
+    before, or to one queued earlier need not run; the others stay, and the finished ones that
+    stand in for removed ones are named to be gathered."""
+    def entry(name, params, state=None):
+        executor = None if state is None else {"state": state}
+        return {"executor": executor, "name": name,
+                "revs": [{"rev": name * 4, "name": name, "data": {"params": {"params.yaml": {"data": params}}}}]}
+    def params(objective, beta=0.1):
+        return {"objective": objective, "cpo": {"beta": beta, "lambda": 1.0}}
+    exp_show = [{"rev": "workspace", "experiments": None}, {"rev": "abcdef1234", "experiments": [
+        entry("done", params("score")), entry("lost", params("nll"), "failed"),
+        entry("q1", params("score"), "queued"), entry("q2", params("cpo", 0.5), "queued"), entry("q3", params("cpo", 0.5), "queued"),
+        entry("q4", params("delta"), "queued"), entry("q5", params("nll"), "queued"), entry("q6", params("cpo", 2), "queued")]}]
+    keep, remove, done = duplicates(exp_show, gathered=[params("delta")])
+    assert (keep, remove, done) == (["q2", "q5", "q6"], ["q1", "q3", "q4"], ["done"])
+    # Key order in the YAML does not matter; any value that differs does.
+    assert duplicates(exp_show, gathered=[{"cpo": {"lambda": 1.0, "beta": 2}, "objective": "cpo"}])[1] == ["q1", "q3", "q6"]
 
 
 def test_an_output_missing_from_the_dvc_cache_is_named_with_its_experiment(tmp_path):
@@ -233,7 +255,7 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert [p.name for p in out.parent.iterdir()] == ["gpu"]
 
 
-def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gathered, tmp_path, monkeypatch):
+def test_folders_gathered_apart_are_collected_together_and_a_run_is_its_params(gathered, tmp_path, monkeypatch):
     second = tmp_path / "runs-2"
     # Gathered on another machine: its own NLL model (BARTScore -1.95), its own scores; in a git
     # repository made there of a copy of commit 1234abc (offline/job.sh compare), whose own
@@ -262,10 +284,13 @@ def test_folders_gathered_apart_are_collected_together_and_names_must_differ(gat
             "llm-rag's embedder (dto-delta)." in (tmp_path / "out" / "stages.md").read_text())
     write_bundle(load_runs([gathered]), tmp_path / "one", "one part")
     assert "different NLL models" not in (tmp_path / "one" / "results.md").read_text()
-    gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0}, "DTO-Score")),
-               {"name": "dto", "rev": "e" * 40, "base": "abcdef1234"}, second)
-    with pytest.raises(InputError, match=r"run 'dto' is in both .*runs and .*runs-2"):
-        load_runs([gathered, second])
+    # The same params queued again and gathered later (another name, as DVC names a run): it stands for the first.
+    gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0, "hard": False}, "DTO-Score")),
+               {"name": "dto-again", "rev": "e" * 40, "base": "abcdef1234"}, second)
+    names = [run.name for run in load_runs([gathered, second])]
+    assert "dto-again" in names and "dto" not in names and len(names) == 5
+    # Sorted by objective, then params, whatever the names.
+    assert names == ["cpo-a", "cpo-b", "dto-delta", "exp-nll", "dto-again"]
 
 
 def test_a_damaged_or_missing_blob_is_named(gathered):

@@ -126,15 +126,18 @@ class Run:
 
 
 def load_runs(roots: list[Path]) -> list[Run]:
-    runs, seen = [], {}
+    """The runs gathered into `roots`. A run is its params: of runs with equal params (one
+    queued again, or run on two machines) the one gathered last stands. Sorted by objective, then
+    by params."""
+    latest: dict[str, tuple[str, Run]] = {}
     for root in roots:
         for manifest in manifests(root):
-            if manifest["name"] in seen:
-                raise InputError(f"run {manifest['name']!r} is in both {seen[manifest['name']]} and {root}; "
-                                 "rename one of the experiments (dvc exp rename) and gather it again")
-            seen[manifest["name"]] = root
-            runs.append(Run(manifest, root))
-    return runs
+            run = Run(manifest, root)
+            key = json.dumps(run.params, sort_keys=True)
+            if key not in latest or manifest.get("gathered_at", "") >= latest[key][0]:
+                latest[key] = (manifest.get("gathered_at", ""), run)
+    return sorted((run for _, run in latest.values()),
+                  key=lambda run: (str(run.params.get("objective")), json.dumps(run.flat_params, sort_keys=True)))
 
 
 def best_per_objective(runs: list[Run]) -> list[Run]:

@@ -50,13 +50,14 @@ def _listed(exp_show: list[dict]) -> list[tuple[dict, str | None]]:
             for rev in experiment.get("revs", []):
                 name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
                 unfinished = state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None
-                found.append(({"name": name, "rev": rev["rev"], "base": commit["rev"]}, unfinished))
+                params = ((rev.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data")
+                found.append(({"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params}, unfinished))
     return found
 
 
 def experiments(exp_show: list[dict]) -> list[dict]:
     """[{name, rev, base}] of the experiments in `dvc exp show --json` output that ran to the end."""
-    return [run for run, state in _listed(exp_show) if state is None]
+    return [{key: run[key] for key in ("name", "rev", "base")} for run, state in _listed(exp_show) if state is None]
 
 
 def unfinished(exp_show: list[dict]) -> list[dict]:
@@ -65,18 +66,53 @@ def unfinished(exp_show: list[dict]) -> list[dict]:
     return [{"name": run["name"], "rev": run["rev"], "state": state} for run, state in _listed(exp_show) if state]
 
 
-def select(runs: list[dict], pattern: str, others: list[dict] = ()) -> list[dict]:
-    """The `runs` whose name matches `pattern`; none is an error, which names the `others`
+def select(runs: list[dict], patterns: list[str], others: list[dict] = ()) -> list[dict]:
+    """The `runs` whose name matches one of `patterns`; none is an error, which names the `others`
     (`unfinished`) that match, where those are why."""
-    chosen = [run for run in runs if fnmatch.fnmatchcase(run["name"], pattern)]
+    chosen = [run for run in runs if _matches(run["name"], patterns)]
     if not chosen:
-        waiting = [f"{run['name']} ({run['state']})" for run in others if fnmatch.fnmatchcase(run["name"], pattern)]
+        asked = " ".join(patterns)
+        waiting = [f"{run['name']} ({run['state']})" for run in others if _matches(run["name"], patterns)]
         if waiting:
-            raise InputError(f"--names {pattern!r} matches no experiment that ran to the end, only {', '.join(waiting)}: "
+            raise InputError(f"--names {asked!r} matches no experiment that ran to the end, only {', '.join(waiting)}: "
                              f"nothing to gather (`dvc queue status`; `dvc queue logs NAME` says why one failed)")
         names = ", ".join(run["name"] for run in runs) or "none"
-        raise InputError(f"--names {pattern!r} matches no experiment; experiments: {names}")
+        raise InputError(f"--names {asked!r} matches no experiment; experiments: {names}")
     return chosen
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], list[str], list[str]]:
+    """An experiment is its params. Of the queued experiments in `dvc exp show --json` output,
+    those whose params.yaml equals that of one that ran to the end here, of one `gathered` before
+    (params dicts), or of one queued before it, need not run. Returns (the queued to keep, the
+    queued to remove, the finished ones here that stand in for removed ones)."""
+    finished: dict[str, str] = {}
+    for run, state in _listed(exp_show):
+        if state is None and run["params"] is not None:
+            finished.setdefault(_key(run["params"]), run["name"])
+    seen = {_key(params) for params in gathered}
+    keep, remove, done = [], [], []
+    for run, state in _listed(exp_show):
+        if state != "queued":
+            continue
+        key = _key(run["params"])
+        if key in finished:
+            remove.append(run["name"])
+            done.append(finished[key])
+        elif key in seen:
+            remove.append(run["name"])
+        else:
+            keep.append(run["name"])
+            seen.add(key)
+    return keep, remove, sorted(set(done))
 
 
 def store_blob(data: bytes, blobs: Path) -> str:
@@ -160,8 +196,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.gather", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder of the gathered runs (added to, run by run)")
-    parser.add_argument("--names", default="*", help="shell pattern of the experiment names to gather (default: all)")
+    parser.add_argument("--out", type=Path, help="folder of the gathered runs (added to, run by run)")
+    parser.add_argument("--names", nargs="+", default=["*"], help="shell patterns of the experiment names to gather (default: all)")
+    parser.add_argument("--dedupe", type=Path, nargs="*", metavar="FOLDER",
+                        help="instead of gathering: remove from DVC's queue each experiment whose params equal those of one "
+                             "that finished here, was gathered into a FOLDER, or was queued before it; print the names of the "
+                             "queued experiments kept and of the finished ones that stand in for removed ones")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
     args = parser.parse_args(argv)
@@ -171,13 +211,28 @@ def main(argv: list[str] | None = None) -> None:
         # DVC as a module of this interpreter: also where it has no `dvc` command on PATH (the GPU machine).
         command = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
         exp_show = json.loads(exp_show_output(command))
+    if args.dedupe is not None:
+        from dvc.utils.serialize import parse_yaml  # DVC's reading of params.yaml (YAML 1.2), as in `exp show`
+
+        gathered = [parse_yaml(read_blob(folder, manifest["files"]["params.yaml"]).decode(), "params.yaml")
+                    for folder in args.dedupe if folder.is_dir() for manifest in manifests(folder)]
+        keep, remove, done = duplicates(exp_show, gathered)
+        if remove:
+            subprocess.run([sys.executable, "-m", "dvc", "queue", "remove", *remove], check=True, capture_output=True)
+            print(f"{len(remove)} queued experiment(s) have the params of one that ran before: removed from the queue",
+                  file=sys.stderr)
+        print("\n".join(keep + done))
+        return
+    if args.out is None:
+        parser.error("--out is required (or --dedupe)")
     others = unfinished(exp_show)
     for run in select(experiments(exp_show), args.names, others):
         manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
         print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
-    for run in others:
-        if fnmatch.fnmatchcase(run["name"], args.names):
-            print(f"{run['name']} ({run['rev'][:7]}): {run['state']} in DVC's queue, not gathered", file=sys.stderr)
+    left = [f"{run['name']} ({run['state']})" for run in others if _matches(run["name"], args.names)]
+    if left:
+        raise InputError(f"{len(left)} experiment(s) did not finish, not gathered: {', '.join(left)} "
+                         f"(`dvc queue logs NAME` says why one failed)")
 
 
 if __name__ == "__main__":
