@@ -13,19 +13,17 @@
 #       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
 #       params/gpu.yaml`: N queue workers share the GPU), timed by bench/comparison.py, in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
-#       .device/commit, and so does each gathered run), once the model packages are unpacked:
-#       every experiment is gathered into runs/NAME as it finishes; the run cache of an earlier
-#       machine (runs/NAME.<n>/run-cache.tar.gz) is imported first. DVC's queue workers leave
+#       .device/commit, and so does each gathered run), once the model packages are unpacked.
+#       Runs gathered by an earlier machine (runs/NAME.<n>) are not run again. DVC's queue workers leave
 #       the job's process group (daemons): to stop it all, `kill -- -$(cat $HOME/job/pid)`, then
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash offline/job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
-#       runs, and every 10 s copies its log and a tar of bench-out/, reports/bench/, runs/NAME
-#       and the stage records of the experiments still running (in .dvc/tmp/exps/) to $OUT:
-#       a command cut short when the machine goes still brings back what the job had
-#       measured, every experiment gathered by then, and where the time of one that had not
-#       finished went; it ends by listing those records' stages, devices and wall times. A
-#       comparison's also writes $OUT/run-cache.tar.gz: the stages finished that use no model
-#       trained there (offline/runcache.py), to keep as runs/NAME.<n>/run-cache.tar.gz.
+#       runs, and every 10 s gathers a comparison's finished experiments into runs/NAME and
+#       copies its log and a tar of bench-out/, reports/bench/, runs/NAME and the stage records
+#       of the experiments still running (in .dvc/tmp/exps/) to $OUT: a command cut short when
+#       the machine goes still brings back what the job had measured, every experiment that
+#       finished, and where the time of one that had not finished went; it ends by listing those
+#       records' stages, devices and wall times.
 # The figures name the commit in .device/commit (written by offline/pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -85,11 +83,6 @@ run | run-comparison)  # (internal: the detached job)
       git init -q && echo /.device/ >> .git/info/exclude && git add -A \
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
-    # The run cache an earlier machine brought home with its runs (runs/NAME.<n>/run-cache.tar.gz):
-    # the stages it finished that use no model trained there are restored, not run again.
-    for archive in runs/"$1".*/run-cache.tar.gz; do
-      [ -f "$archive" ] && python offline/runcache.py import "$archive"
-    done
     wait_for_packages
     # The GPU's load and memory through the whole run, every second (brought back in bench-out/).
     mkdir -p bench-out
@@ -122,6 +115,11 @@ poll)
   end=$(( $(date +%s) + ${2:-540} ))
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
+    # A comparison's experiments that have finished, gathered (those still running are named, not gathered).
+    if [ -s "$JOB/name" ]; then
+      (cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
+        python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1)
+    fi
     # The Chrome traces (tens of MB each) stay behind: $OUT may limit the size of a file. The
     # stage records of the experiments still running come too: where and how long each finished
     # stage ran, even if the machine goes before the experiment ends. A workspace DVC removes while tar
@@ -131,22 +129,10 @@ poll)
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
-    # A comparison's run cache of the stages another machine can reuse (offline/runcache.py), written
-    # anew when DVC's run cache has grown: what finished comes home even inside an experiment.
-    if [ -s "$JOB/name" ] && [ -d "$HOME/proj/.dvc/cache/runs" ]; then
-      entries=$(find "$HOME/proj/.dvc/cache/runs" -type f | wc -l)
-      if [ "$entries" != "$(cat "$JOB/run-cache.entries" 2>/dev/null)" ] && (cd "$HOME/proj" && source "$HOME/env.sh" \
-          && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} python offline/runcache.py export "$JOB/run-cache.tar.gz" \
-          --trained models/nll models/finetuned --rebuilt data > "$JOB/run-cache.txt" 2>&1); then
-        echo "$entries" > "$JOB/run-cache.entries"
-        cp "$JOB/run-cache.tar.gz" "$OUT/run-cache.tmp" && mv "$OUT/run-cache.tmp" "$OUT/run-cache.tar.gz"
-      fi
-    fi
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
-  [ -f "$JOB/run-cache.txt" ] && cat "$JOB/run-cache.txt"
   # The stages an unfinished experiment has run so far, each with its device and wall time.
   cd "$HOME/proj" && python3 -c 'import glob, json, sys
 done = []

@@ -150,4 +150,4 @@ echo "  in the command of the last part, add: && bash .device/machine.sh assembl
 commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")
 [ -z "$commit" ] || echo "$commit" > .device/commit
 echo "for the benchmarks (offline/job.sh): to the install command add \" && bash offline/job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); to the command of the last part add \" && bash offline/job.sh poll 500\"; then bash offline/job.sh poll 540 until it says done"
-echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz) and run-cache.tar.gz, to keep as runs/gpu.<n>/ and runs/gpu.<n>/run-cache.tar.gz"
+echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz), to keep as runs/gpu.<n>/"

@@ -23,8 +23,6 @@ import pytest
 import yaml
 from helpers import ROOT, distribution_key, installed_dependencies, listed, pinned
 
-sys.path.insert(0, str(ROOT / "offline"))
-import runcache  # noqa: E402  (offline/ is a folder of scripts, not a package)
 
 SCRIPT = ROOT / "scripts" / "comparison.sh"
 GRID = [f"cpo-b{beta}-l{lam}" for beta in ("0.1", "0.5", "1", "2") for lam in ("0.5", "1", "2")]
@@ -553,14 +551,20 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     """`offline/job.sh compare NAME PART PROFILE...` as on the GPU machine, with a stub
     scripts/comparison.sh: it starts once the model packages are unpacked, in a git repository
     made of the copy (whose commit names .device/commit), with STORYREWRITE_COMMIT set for
-    gather; `poll` brings runs/NAME back in its tar, and the state says how the comparison ended."""
+    gather; each `poll` gathers what finished and brings runs/NAME back in its tar, and the state
+    says how the comparison ended."""
     import tarfile
 
     home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
     for folder in (home / "parts", out, tree / "scripts", tree / "offline", tree / ".device", tree / "params"):
         folder.mkdir(parents=True)
-    for name in ("job.sh", "runcache.py"):
-        shutil.copy(ROOT / "offline" / name, tree / "offline" / name)
+    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
+    # The poller's gather: a stub that logs its arguments.
+    (tree / "src" / "storyrewrite" / "report").mkdir(parents=True)
+    for init in ("src/storyrewrite/__init__.py", "src/storyrewrite/report/__init__.py"):
+        (tree / init).write_text("")
+    (tree / "src" / "storyrewrite" / "report" / "gather.py").write_text(
+        "import sys\nopen('gather.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
     # The whole-comparison bench, which times comparison.sh: a stub that logs its arguments.
     (tree / "bench").mkdir()
@@ -581,26 +585,11 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
         """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
-        # What the run cache held when the comparison began (an earlier machine's, imported), and
-        # the entries of two stages it finished: an LLM baseline's, and one that read the NLL model.
-        'find .dvc/cache -type f | sort > run-cache-at-start.log\n'
-        + "".join(f"mkdir -p .dvc/cache/runs/{key[:2]}/{key} && printf '{entry}' > .dvc/cache/runs/{key[:2]}/{key}/{key}\n"
-                  for key, entry in (("ab" * 32, "deps:\\n- path: prompts\\nouts:\\n- path: predictions/llm_rag.jsonl\\n  md5: " + "1" * 32 + "\\n"),
-                                     ("cd" * 32, "deps:\\n- path: models/nll\\nouts:\\n- path: predictions/nll.jsonl\\n  md5: " + "2" * 32 + "\\n")))
-        + f"mkdir -p .dvc/cache/files/md5/11 .dvc/cache/files/md5/22 && echo rag > .dvc/cache/files/md5/11/{'1' * 30} "
-        f"&& echo nll > .dvc/cache/files/md5/22/{'2' * 30}\n"
         'exit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
     (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier machine: at home already
     (tree / "runs" / "gpu.1" / "gpu-dto-score.json").write_text("{}")
-    # ... with the run cache of the stages that machine finished (offline/runcache.py export).
-    earlier = tmp_path / "earlier-cache"
-    (earlier / "runs" / "ef" / ("ef" * 32)).mkdir(parents=True)
-    (earlier / "runs" / "ef" / ("ef" * 32) / ("ef" * 32)).write_text(f"deps:\n- path: prompts\nouts:\n- path: p.jsonl\n  md5: {'3' * 32}\n")
-    (earlier / "files" / "md5" / "33").mkdir(parents=True)
-    (earlier / "files" / "md5" / "33" / ("3" * 30)).write_text("zero-shot")
-    runcache.export(earlier, tree / "runs" / "gpu.1" / "run-cache.tar.gz", ["models/nll"], 1)
     (home / "parts" / "part_00").write_text("a part still to be joined")
     # As the kit's install writes it: its `python` (here this one, whatever PATH the tests run with) first.
     (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH GIT_AUTHOR_NAME=device "
@@ -634,14 +623,11 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
                                 "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts core cpo --profile params/gpu.yaml\n"
-    assert (home / "proj" / "run-cache-at-start.log").read_text() == f".dvc/cache/files/md5/33/{'3' * 30}\n.dvc/cache/runs/ef/{'ef' * 32}/{'ef' * 32}\n"
-    # Brought back: the LLM baseline's entry and its file; not the imported one, nor what read the NLL model.
-    with tarfile.open(out / "run-cache.tar.gz") as archive:
-        assert sorted(archive.getnames()) == [f"files/md5/11/{'1' * 30}", f"runs/ab/{'ab' * 32}/{'ab' * 32}"]
-    assert "run cache: 1 entries to" in done.stdout and "predictions/llm_rag.jsonl" in done.stdout
+    assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["bench/comparison.py", "offline/job.sh", "offline/runcache.py", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
-                         "runs/gpu.1/run-cache.tar.gz", "scripts/comparison.sh"]  # not what the calls carried for the install
+    assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
+                         "scripts/comparison.sh", "src/storyrewrite/__init__.py", "src/storyrewrite/report/__init__.py",
+                         "src/storyrewrite/report/gather.py"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/train.json"} <= set(archive.getnames())

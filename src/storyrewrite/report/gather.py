@@ -37,6 +37,9 @@ GATHERED = ("params.yaml", "dvc.lock", "reports/data_counts.json", "reports/metr
             "reports/train", "reports/llm", "reports/stages")
 
 
+PARTIAL = ".shared-"
+
+
 def _listed(exp_show: list[dict]) -> list[tuple[dict, str | None]]:
     """({name, rev, base}, state) of every experiment in `dvc exp show --json` output (not the
     commits they derive from, nor the workspace: those did not run as experiments). The state is
@@ -45,11 +48,15 @@ def _listed(exp_show: list[dict]) -> list[tuple[dict, str | None]]:
     (`executor.state`; a failed one's revision also carries DVC's `error`)."""
     found = []
     for commit in exp_show:
+        # (scripts/comparison.sh's experiments of a few shared stages, `NAME.shared-GROUP`, are no runs:
+        # their commits hold the workspace's reports of every other stage.)
         for experiment in commit.get("experiments") or []:
             state = (experiment.get("executor") or {}).get("state")
             for rev in experiment.get("revs", []):
                 name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
                 unfinished = state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None
+                if PARTIAL in name:
+                    continue
                 params = ((rev.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data")
                 found.append(({"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params}, unfinished))
     return found
@@ -198,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="folder of the gathered runs (added to, run by run)")
     parser.add_argument("--names", nargs="+", default=["*"], help="shell patterns of the experiment names to gather (default: all)")
+    parser.add_argument("--finished", action="store_true",
+                        help="gather whatever has finished, quietly (a poller's: none is no error, nor one still queued)")
     parser.add_argument("--dedupe", type=Path, nargs="*", metavar="FOLDER",
                         help="instead of gathering: remove from DVC's queue each experiment whose params equal those of one "
                              "that finished here, was gathered into a FOLDER, or was queued before it; print the names of the "
@@ -226,7 +235,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         parser.error("--out is required (or --dedupe)")
     others = unfinished(exp_show)
-    for run in select(experiments(exp_show), args.names, others):
+    if args.finished:
+        runs = [run for run in experiments(exp_show) if _matches(run["name"], args.names)]
+        others = []
+    else:
+        runs = select(experiments(exp_show), args.names, others)
+    for run in runs:
         manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
         print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
     left = [f"{run['name']} ({run['state']})" for run in others if _matches(run["name"], args.names)]
