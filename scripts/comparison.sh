@@ -61,8 +61,9 @@ fi
 OVERRIDES=()
 # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces
 [ $# -eq 0 ] || OVERRIDES=($(python -m storyrewrite.profiles overrides "$@"))
-# folders: the gathered folders of this comparison, here (runs/NAME) and from other machines.
-folders() { local folder; for folder in runs/"$NAME" runs/"$NAME".*; do [ ! -d "$folder" ] || echo "$folder"; done; }
+# folders: the gathered folders of this comparison (with a run's manifest), here (runs/NAME) and
+# from other machines (runs/NAME.<anything>).
+folders() { local folder; for folder in runs/"$NAME" runs/"$NAME".*; do ! compgen -G "$folder/*.json" >/dev/null || echo "$folder"; done; }
 PLANNED=0
 for sweep in "${SWEEPS[@]}"; do PLANNED=$((PLANNED + ${sweep%%|*})); done
 if [ "$JOBS" = auto ]; then

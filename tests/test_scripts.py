@@ -39,8 +39,8 @@ def _write_stubs(tmp_path, stubs: dict[str, str]):
     return bin_dir
 
 
-# What a gather that succeeds leaves (`python -m storyrewrite.report.gather --out DIR ...`): DIR.
-GATHERED = 'if [ "$2 $3" = "storyrewrite.report.gather --out" ]; then mkdir -p "$4"; fi'
+# What a gather that succeeds leaves (`python -m storyrewrite.report.gather --out DIR ...`): a run's manifest in DIR.
+GATHERED = 'if [ "$2 $3" = "storyrewrite.report.gather --out" ]; then mkdir -p "$4" && echo {} > "$4/a-run.json"; fi'
 CORE = ["-S objective=nll,score,delta,score_delta", "-S objective=rloo -S rl.reward=score,delta,score_delta"]
 CPO = "-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2"
 
@@ -181,8 +181,10 @@ def test_a_failure_is_named_and_what_ran_is_still_collected(tmp_path):
 def test_folders_gathered_on_other_machines_are_deduplicated_against_and_collected(tmp_path):
     """A run split over machines: what an earlier machine gathered (runs/NAME.<n>, kept in git)
     is not run again (its params are), and everything is collected together."""
-    for folder in ("gpu.1", "gpu.2"):
+    for folder in ("gpu.1", "gpu.2", "gpu.3"):
         (tmp_path / "runs" / folder).mkdir(parents=True)
+        if folder != "gpu.3":  # (a machine that gathered no run brought home its stage records alone)
+            (tmp_path / "runs" / folder / "a-run.json").write_text("{}")
     result, calls = _run(tmp_path, "gpu", "core", "params/gpu.yaml")
     assert result.returncode == 0, result.stderr
     assert "python -m storyrewrite.report.gather --dedupe runs/gpu.1 runs/gpu.2" in calls
@@ -195,6 +197,7 @@ def test_folders_gathered_on_other_machines_are_deduplicated_against_and_collect
 
 def test_when_everything_ran_before_it_only_collects_and_with_nothing_at_all_it_says_so(tmp_path):
     (tmp_path / "runs" / "grid.1").mkdir(parents=True)
+    (tmp_path / "runs" / "grid.1" / "a-run.json").write_text("{}")
     result, calls = _run(tmp_path, "grid", "core", dedupe="")
     assert result.returncode == 0, result.stderr
     assert not any("report.gather --out" in c for c in calls)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from storyrewrite.data.schema import TASK_COLUMNS
@@ -140,21 +141,33 @@ def load_runs(roots: list[Path]) -> list[Run]:
                   key=lambda run: (str(run.params.get("objective")), json.dumps(run.flat_params, sort_keys=True)))
 
 
+def frame(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: the run, its flat params (one column each; None where a run lacks one),
+    the system its fine-tuning trained (its summary's label), its validation NLL, and whether it
+    was scored."""
+    keys = sorted(set().union(*(run.flat_params for run in runs)))
+    summaries = [run.summary(FINETUNED) for run in runs]
+    facts = pd.DataFrame({"run": runs, "label": [s["label"] if s else None for s in summaries],
+                          "val_nll": [run.val_nll for run in runs],
+                          "scored": [run.metrics(FINETUNED) is not None and s is not None for run, s in zip(runs, summaries)]})
+    # dtype object: each param as YAML read it (1 and 1.0 differ, as they do in params.yaml).
+    params = pd.DataFrame([[run.flat_params.get(key) for key in keys] for run in runs], columns=[f"params.{k}" for k in keys],
+                          dtype=object)
+    return pd.concat([facts, params], axis=1)
+
+
 def best_per_objective(runs: list[Run]) -> list[Run]:
     """For each system (an objective, or an objective's variant that makes a system of its own,
     as RLOO's reward: the label its summary carries), the scored run with the lowest validation NLL
     at its best checkpoint, in the order: the baseline objective continued (the equal-budget
     control), then by label."""
-    best: dict[str, Run] = {}
-    for run in runs:
-        if run.metrics(FINETUNED) is None or run.val_nll is None:
-            continue
-        system = run.summary(FINETUNED)["label"]
-        if system not in best or run.val_nll < best[system].val_nll:
-            best[system] = run
-    if not best:
+    runs_ = frame(runs)
+    scored = runs_[runs_["scored"] & runs_["val_nll"].notna()] if len(runs_) else runs_
+    if scored.empty:
         raise InputError("no scored experiment among the gathered runs (run `dvc exp run -S objective=...` first)")
-    return sorted(best.values(), key=lambda r: (r.params.get("objective") != BASELINE, r.summary(FINETUNED)["label"]))
+    best = scored.sort_values("val_nll", kind="stable").drop_duplicates("label")
+    best = best.assign(later=best["params.objective"] != BASELINE).sort_values(["later", "label"], kind="stable")
+    return list(best["run"])
 
 
 def objective_label(run: Run, runs: list[Run]) -> str:
@@ -361,16 +374,17 @@ def seed_groups(runs: list[Run]) -> list[list[Run]]:
     more seeds, sorted by seed. Of runs with the same seeds (`train.seed` null and set to the
     top-level seed are one seed) one counts, a repeat is not another seed: the one that leaves
     the seeds to the top-level one (the `core` run of scripts/comparison.sh), else the first by name."""
-    def explicit(run: Run) -> tuple:
-        return tuple(run.params.get(section, {}).get("seed") is not None for section in ("train_nll", "train")), run.name
-
-    groups: dict[str, dict[tuple[int, int], Run]] = {}
-    for run in sorted(runs, key=explicit):
-        if run.metrics(FINETUNED) is None or run.summary(FINETUNED) is None:
-            continue
-        key = json.dumps({k: v for k, v in run.flat_params.items() if k not in SEED_KEYS}, sort_keys=True)
-        groups.setdefault(key, {}).setdefault(training_seeds(run), run)
-    return [[group[seeds] for seeds in sorted(group)] for group in groups.values() if len(group) > 1]
+    runs_ = frame(runs)
+    if runs_.empty:
+        return []
+    runs_ = runs_[runs_["scored"]].copy()
+    others = [c for c in runs_.columns if c.startswith("params.") and c.removeprefix("params.") not in SEED_KEYS]
+    runs_["group"] = runs_[others].apply(lambda row: json.dumps(row.to_dict(), sort_keys=True, default=str), axis=1)
+    runs_["seeds"] = runs_["run"].map(training_seeds)
+    runs_["explicit"] = runs_["run"].map(lambda run: (*(run.params.get(section, {}).get("seed") is not None
+                                                       for section in ("train_nll", "train")), run.name))
+    unique = runs_.sort_values("explicit", kind="stable").drop_duplicates(["group", "seeds"])
+    return [list(group.sort_values("seeds")["run"]) for _, group in unique.groupby("group", sort=False) if len(group) > 1]
 
 
 def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
@@ -485,8 +499,8 @@ def own_p_values(run: Run) -> dict[str, dict[str, float]]:
 
 
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
-    varying = sorted(k for k in set().union(*(r.flat_params for r in runs))
-                     if len({json.dumps(r.flat_params.get(k)) for r in runs}) > 1 and k != "objective")
+    params = frame(runs).filter(like="params.", axis=1).map(json.dumps)
+    varying = [c.removeprefix("params.") for c in params.columns if params[c].nunique() > 1 and c != "params.objective"]
     columns = all_columns([run.metrics(FINETUNED) or {} for run in runs])
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
     rows = []
