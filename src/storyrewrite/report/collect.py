@@ -149,7 +149,7 @@ def frame(runs: list[Run]) -> pd.DataFrame:
     summaries = [run.summary(FINETUNED) for run in runs]
     facts = pd.DataFrame({"run": runs, "label": [s["label"] if s else None for s in summaries],
                           "val_nll": [run.val_nll for run in runs],
-                          "scored": [run.metrics(FINETUNED) is not None and s is not None for run, s in zip(runs, summaries)]})
+                          "scored": [run.metrics(FINETUNED) is not None and s is not None for run, s in zip(runs, summaries, strict=True)]})
     # dtype object: each param as YAML read it (1 and 1.0 differ, as they do in params.yaml).
     params = pd.DataFrame([[run.flat_params.get(key) for key in keys] for run in runs], columns=[f"params.{k}" for k in keys],
                           dtype=object)

@@ -1,19 +1,19 @@
 """Gather what DVC experiments produced into a plain folder that travels, to collect tables from.
 
-    dvc queue start -j 1 ...                  # the experiments ran here (README: "On a GPU")
-    python -m storyrewrite.report.gather --out runs/gpu --names 'gpu-*'
-    tar czf gpu-runs.tgz runs/gpu             # no models: bring it home, or collect right here
-    python -m storyrewrite.report.collect runs/gpu --out reports/gpu
+    dvc exp run --queue -n lr -S 'train.lr=1e-5,3e-5' && dvc queue start
+    python -m storyrewrite.report.gather --out runs/lr --names 'lr-*'
+    python -m storyrewrite.report.collect runs/lr --out reports/lr
 
-For each experiment that ran to the end (from `dvc exp show --json`, which also lists the queue's
-experiments still queued or running and those that failed: those are named, not gathered) it
-reads, at the experiment's own revision (through DVC's file system: git-tracked files and cached
-outputs alike), the run's params, its dvc.lock and every report a stage wrote: metrics,
-per-instance scores, significance, training summaries and curves, LLM usage, stage records
-(device, wall time). Files are stored once by content (`blobs/<sha256>.gz`: the NLL model's
-scores are the same file in every experiment of one commit) and each run gets a manifest
-`<name>.json` {path: sha256}. Folders gathered apart (a run split over several machines) are
-collected together.
+It reads `dvc exp show --json`. For each experiment that ran to the end it reads, at the
+experiment's own revision (DVC's file system: git-tracked files and cached outputs alike), the
+run's params, its dvc.lock and every report a stage wrote: metrics, per-instance scores,
+significance, training summaries and curves, LLM usage, stage records. Models and predictions
+stay behind. Files are stored once by content (`blobs/<sha256>.gz`: the NLL model's scores are
+the same file in every run), and each run gets a manifest `<name>.json` {path: sha256}. The
+experiments still queued or running, and those that failed, are named, not gathered.
+
+`--dedupe` serves scripts/comparison.sh: a run is its params, so a queued one equal to one that
+finished or was gathered before leaves the queue.
 """
 from __future__ import annotations
 
