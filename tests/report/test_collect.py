@@ -494,6 +494,22 @@ def test_a_system_run_with_several_training_seeds_gets_its_spread(tmp_path):
     assert "## Across training seeds" not in (tmp_path / "out2" / "results.md").read_text()
 
 
+def test_the_spread_over_seeds_lists_the_systems_by_label_whatever_the_run_names(tmp_path):
+    """DVC names runs at random: the seeds section's rows follow the systems' labels."""
+    root = tmp_path / "runs"
+    for name, objective, label, seed in (("a-run", "score", "DTO-Score", None), ("b-run", "score", "DTO-Score", 1),
+                                         ("c-run", "delta", "DTO-Delta", None), ("d-run", "delta", "DTO-Delta", 1)):
+        files = _files(name, objective, 1.45, 0.3, -1.7, {"tau": 1.0}, label)
+        params = yaml.safe_load(files["params.yaml"])
+        params["train"]["seed"] = seed
+        files["params.yaml"] = yaml.safe_dump(params).encode()
+        gather_run(DictFS(files), {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    write_bundle(load_runs([root]), tmp_path / "out", "order")
+    section = (tmp_path / "out" / "results.md").read_text().split("## Across training seeds")[1].split("##")[0]
+    rows = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ") and not line.startswith("| System")]
+    assert rows == ["| DTO-Delta", "| DTO-Score"]
+
+
 def test_runs_with_their_own_nll_seeds_show_the_nll_models_spread_too(tmp_path):
     """Two DTO-Score runs whose NLL models were trained with different `train_nll.seed`: the
     system's row and a row of the two NLL models' own spread."""

@@ -391,7 +391,7 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
     """The spread over training seeds of each system run with several (empty where none was):
     per column the mean ± standard deviation over the seeds, and in how many of them the system
     beats the NLL model of its own run (p < alpha in the run's own significance.json)."""
-    groups = seed_groups(runs)
+    groups = sorted(seed_groups(runs), key=lambda group: objective_label(group[0], runs))
     if not groups:
         return []
     columns = [c for c in all_columns([run.metrics(FINETUNED) for group in groups for run in group]) if c != "hmean"]
