@@ -114,11 +114,13 @@ if [ "$JOBS" -gt 1 ]; then
   for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
   SHARED=()
   for group in "${GROUPS_[@]}"; do SHARED+=("$NAME.shared-${group%%|*}"); done
-  dvc exp remove "${SHARED[@]}" >/dev/null 2>&1 || true  # what an interrupted comparison left
+  # remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
+  remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
+  remove_shared  # what an interrupted comparison left
   for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
   echo "== the shared stages: ${#SHARED[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
   run_queue
-  dvc exp remove "${SHARED[@]}" >/dev/null 2>&1 || true
+  remove_shared
   # Their workers end by themselves once the queue is empty (within about 10 s). Wait for that:
   # `dvc queue start` does not always see a live worker, and then starts a second of its name.
   for _ in $(seq "${COMPARISON_WORKER_WAIT:-120}"); do

@@ -121,9 +121,11 @@ def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
     shared = ["nll score@nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
     queued = _queued(calls)
     assert queued == [f"-n grid.shared-{group}" for group in shared] + CORE
-    removed = "dvc exp remove " + " ".join(f"grid.shared-{group.split()[0]}" for group in shared)
-    assert calls.count(removed) == 2 and calls.index("dvc queue start -j 2") < calls.index(removed, calls.index(removed) + 1)
-    assert calls.index(removed, calls.index(removed) + 1) < calls.index("dvc exp run --queue " + CORE[0])
+    # Each removed on its own (DVC removes none of several names when one is unknown: a group that failed).
+    removes = [c for c in calls if c.startswith("dvc exp remove")]
+    assert removes == 2 * [f"dvc exp remove grid.shared-{group.split()[0]}" for group in shared]
+    start, first = calls.index("dvc queue start -j 2"), calls.index("dvc exp run --queue " + CORE[0])
+    assert [start < calls.index(c, start) < first for c in removes[len(shared):]] == len(shared) * [True]
     assert "dvc queue stop" not in calls
     bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
