@@ -36,7 +36,7 @@ from storyrewrite.markdown import table
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.figure import results_figure
-from storyrewrite.report.gather import manifests, read_blob
+from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
 from storyrewrite.significance.compare import compare
@@ -134,11 +134,11 @@ def load_runs(roots: list[Path]) -> list[Run]:
     for root in roots:
         for manifest in manifests(root):
             run = Run(manifest, root)
-            key = json.dumps(run.params, sort_keys=True)
+            key = params_key(run.params)
             if key not in latest or manifest.get("gathered_at", "") >= latest[key][0]:
                 latest[key] = (manifest.get("gathered_at", ""), run)
     return sorted((run for _, run in latest.values()),
-                  key=lambda run: (str(run.params.get("objective")), json.dumps(run.flat_params, sort_keys=True)))
+                  key=lambda run: (str(run.params.get("objective")), params_key(run.flat_params)))
 
 
 def frame(runs: list[Run]) -> pd.DataFrame:
@@ -147,9 +147,10 @@ def frame(runs: list[Run]) -> pd.DataFrame:
     was scored."""
     keys = sorted(set().union(*(run.flat_params for run in runs)))
     summaries = [run.summary(FINETUNED) for run in runs]
-    facts = pd.DataFrame({"run": runs, "label": [s["label"] if s else None for s in summaries],
-                          "val_nll": [run.val_nll for run in runs],
-                          "scored": [run.metrics(FINETUNED) is not None and s is not None for run, s in zip(runs, summaries, strict=True)]})
+    facts = pd.DataFrame({"run": pd.Series(runs, dtype=object), "label": [s["label"] if s else None for s in summaries],
+                          "val_nll": pd.Series([run.val_nll for run in runs], dtype=float),
+                          "scored": pd.Series([run.metrics(FINETUNED) is not None and s is not None
+                                               for run, s in zip(runs, summaries, strict=True)], dtype=bool)})
     # dtype object: each param as YAML read it (1 and 1.0 differ, as they do in params.yaml).
     params = pd.DataFrame([[run.flat_params.get(key) for key in keys] for run in runs], columns=[f"params.{k}" for k in keys],
                           dtype=object)
@@ -162,7 +163,7 @@ def best_per_objective(runs: list[Run]) -> list[Run]:
     at its best checkpoint, in the order: the baseline objective continued (the equal-budget
     control), then by label."""
     runs_ = frame(runs)
-    scored = runs_[runs_["scored"] & runs_["val_nll"].notna()] if len(runs_) else runs_
+    scored = runs_[runs_["scored"] & runs_["val_nll"].notna()]
     if scored.empty:
         raise InputError("no scored experiment among the gathered runs (run `dvc exp run -S objective=...` first)")
     best = scored.sort_values("val_nll", kind="stable").drop_duplicates("label")
@@ -375,8 +376,6 @@ def seed_groups(runs: list[Run]) -> list[list[Run]]:
     top-level seed are one seed) one counts, a repeat is not another seed: the one that leaves
     the seeds to the top-level one (the `core` run of scripts/comparison.sh), else the first by name."""
     runs_ = frame(runs)
-    if runs_.empty:
-        return []
     runs_ = runs_[runs_["scored"]].copy()
     others = [c for c in runs_.columns if c.startswith("params.") and c.removeprefix("params.") not in SEED_KEYS]
     runs_["group"] = runs_[others].apply(lambda row: json.dumps(row.to_dict(), sort_keys=True, default=str), axis=1)

@@ -48,15 +48,13 @@ def _listed(exp_show: list[dict]) -> list[tuple[dict, str | None]]:
     (`executor.state`; a failed one's revision also carries DVC's `error`)."""
     found = []
     for commit in exp_show:
-        # (scripts/comparison.sh's experiments of a few shared stages, `NAME.shared-GROUP`, are no runs:
-        # their commits hold the workspace's reports of every other stage.)
         for experiment in commit.get("experiments") or []:
             state = (experiment.get("executor") or {}).get("state")
             for rev in experiment.get("revs", []):
                 name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
+                if PARTIAL in name:  # scripts/comparison.sh's experiments of a few shared stages (`NAME.shared-GROUP`)
+                    continue  # are no runs: their commits hold the workspace's reports of every other stage
                 unfinished = state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None
-                if PARTIAL in name:
-                    continue
                 params = ((rev.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data")
                 found.append(({"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params}, unfinished))
     return found
@@ -92,7 +90,8 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def _key(params: dict) -> str:
+def params_key(params: dict) -> str:
+    """What tells two runs apart: their params, whatever the order of keys."""
     return json.dumps(params, sort_keys=True)
 
 
@@ -104,13 +103,13 @@ def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], l
     finished: dict[str, str] = {}
     for run, state in _listed(exp_show):
         if state is None and run["params"] is not None:
-            finished.setdefault(_key(run["params"]), run["name"])
-    seen = {_key(params) for params in gathered}
+            finished.setdefault(params_key(run["params"]), run["name"])
+    seen = {params_key(params) for params in gathered}
     keep, remove, done = [], [], []
     for run, state in _listed(exp_show):
         if state != "queued":
             continue
-        key = _key(run["params"])
+        key = params_key(run["params"])
         if key in finished:
             remove.append(run["name"])
             done.append(finished[key])
@@ -234,11 +233,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --dedupe)")
-    others = unfinished(exp_show)
     if args.finished:
-        runs = [run for run in experiments(exp_show) if _matches(run["name"], args.names)]
-        others = []
+        runs, others = [run for run in experiments(exp_show) if _matches(run["name"], args.names)], []
     else:
+        others = unfinished(exp_show)
         runs = select(experiments(exp_show), args.names, others)
     for run in runs:
         manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
