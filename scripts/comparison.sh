@@ -98,6 +98,7 @@ run_queue() {
 
 # queue ARGS...: `dvc exp run --queue ARGS...` with dvc.lock set aside while DVC copies the workspace.
 KEPT=$(mktemp -d)
+trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rmdir "$KEPT" 2>/dev/null' EXIT  # also when interrupted
 queue() {
   local rc=0
   [ ! -f dvc.lock ] || mv dvc.lock "$KEPT/dvc.lock"

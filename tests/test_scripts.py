@@ -95,6 +95,16 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
     assert "== 2 experiment(s) of 19 to gather, 1 worker(s)" in result.stdout
 
 
+def test_dvc_lock_comes_back_when_the_comparison_is_stopped_while_queueing(tmp_path):
+    """Stopped (SIGTERM) while DVC queues, with dvc.lock set aside: the exit puts it back."""
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
+    bin_dir = _write_stubs(tmp_path, {"dvc": 'if [ "$3" = --queue ]; then kill -TERM $PPID; fi\nexit 0', "python": "exit 0"})
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
+
+
 def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
     for part, sweeps in (("core", CORE), ("cpo", [CPO]), ("seeds", ["-S objective=nll,score,delta,score_delta -S train.seed=range(1,3)"])):
         (tmp_path / part).mkdir()
