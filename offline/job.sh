@@ -115,7 +115,7 @@ poll)
   end=$(( $(date +%s) + ${2:-540} ))
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
-    # A comparison's experiments that have finished, gathered (those still running are named, not gathered).
+    # A comparison's experiments that have finished since the last poll, gathered (quietly: others still run).
     if [ -s "$JOB/name" ]; then
       (cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
         python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1)

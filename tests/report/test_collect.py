@@ -11,7 +11,7 @@ import yaml
 from helpers import DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, write_bundle
-from storyrewrite.report.gather import duplicates, experiments, gather_run, select, unfinished
+from storyrewrite.report.gather import duplicates, experiments, gather_run, gathered_before, select, unfinished
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -163,6 +163,13 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue():
     assert (keep, remove, done) == (["q2", "q5", "q6"], ["q1", "q3", "q4"], ["done"])
     # Key order in the YAML does not matter; any value that differs does.
     assert duplicates(exp_show, gathered=[{"cpo": {"lambda": 1.0, "beta": 2}, "objective": "cpo"}])[1] == ["q1", "q3", "q6"]
+
+
+def test_a_poller_gathers_a_run_once_and_again_only_at_another_revision(tmp_path):
+    run = {"name": "dto", "rev": "a" * 40, "base": "abcdef1234"}
+    assert not gathered_before(tmp_path, run)
+    gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7)), run, tmp_path)
+    assert gathered_before(tmp_path, run) and not gathered_before(tmp_path, {**run, "rev": "b" * 40})
 
 
 def test_an_output_missing_from_the_dvc_cache_is_named_with_its_experiment(tmp_path):

@@ -121,6 +121,12 @@ def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], l
     return keep, remove, sorted(set(done))
 
 
+def gathered_before(out: Path, run: dict) -> bool:
+    """Whether `out` holds the manifest of this run at this revision."""
+    path = Path(out) / f"{run['name']}.json"
+    return path.exists() and read_json(path).get("rev") == run["rev"]
+
+
 def store_blob(data: bytes, blobs: Path) -> str:
     digest = hashlib.sha256(data).hexdigest()
     path = blobs / f"{digest}.gz"
@@ -233,8 +239,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --dedupe)")
-    if args.finished:
-        runs, others = [run for run in experiments(exp_show) if _matches(run["name"], args.names)], []
+    if args.finished:  # (a poller's, every few seconds: a run's revision never changes, so one gathered stays so)
+        runs, others = [run for run in experiments(exp_show)
+                        if _matches(run["name"], args.names) and not gathered_before(args.out, run)], []
     else:
         others = unfinished(exp_show)
         runs = select(experiments(exp_show), args.names, others)
