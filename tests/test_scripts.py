@@ -227,19 +227,19 @@ def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     assert calls == []
 
 
-def test_without_a_dvc_command_dvc_runs_as_a_python_module(tmp_path):
-    """DVC installed with `pip --target` (offline/README.md): importable, no `dvc` on PATH."""
+def test_the_offline_install_puts_a_dvc_command_that_runs_the_module_on_path(tmp_path):
+    """DVC installed with `pip --target` (offline/machine.sh) is importable but has no `dvc`, and
+    DVC starts its queue workers as `dvc …`: the install writes one that runs the module."""
     log = tmp_path / "calls.log"
-    bin_dir = _write_stubs(tmp_path, {"python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}'})
-    path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
-    assert shutil.which("dvc", path=path) is None
-    result = subprocess.run(["bash", str(SCRIPT), "gpu", "core"], cwd=tmp_path,
-                            env={**os.environ, "PATH": path, "COMPARISON_POLL_SECONDS": "0"}, capture_output=True, text=True,
-                            timeout=60)
+    bin_dir = _write_stubs(tmp_path, {"python3": f'echo "python3 $*" >> {log}', "nvidia-smi": "echo Stub GPU"})
+    home, tree = tmp_path / "home", tmp_path / "tree"
+    (tree / ".device" / "whl").mkdir(parents=True)
+    env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    result = subprocess.run(["bash", str(ROOT / "offline" / "machine.sh"), "install"], cwd=tree, env=env, capture_output=True,
+                            text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    calls = log.read_text().splitlines()
-    # DVC starts its queue workers as `dvc …`: the script put a `dvc` that runs the module on PATH.
-    assert "python -m dvc exp run --queue " + CORE[0] in calls and "python -m dvc queue start -j 1" in calls
+    subprocess.run(["bash", "-c", "source $HOME/env.sh && dvc queue start -j 2"], cwd=tree, env=env, check=True, timeout=60)
+    assert log.read_text().splitlines()[-1] == "python3 -m dvc queue start -j 2"
 
 
 def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_failure(tmp_path):
