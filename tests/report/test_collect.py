@@ -11,7 +11,7 @@ import yaml
 from helpers import DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, write_bundle
-from storyrewrite.report.gather import duplicates, experiments, gather_run, gathered_before, select, unfinished
+from storyrewrite.report.gather import duplicates, gather_run, gathered_before, listed, main as gather
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -105,26 +105,41 @@ def gathered(tmp_path):
     return root
 
 
-def test_experiments_are_read_from_dvc_exp_show_and_selected_by_name():
+def _gather_from(tmp_path, monkeypatch, exp_show, *names):
+    """gather's command line on saved `dvc exp show --json` output, each revision's files a DictFS;
+    returns the names of the runs it gathered."""
+    import dvc.api
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "show.json").write_text(json.dumps(exp_show))
+    monkeypatch.setattr(dvc.api, "DVCFileSystem", lambda root, rev: DictFS(_files(rev.rstrip("0"), "score", 1.45, 0.3, -1.7)))
+    gather(["--json", str(tmp_path / "show.json"), "--out", str(tmp_path / "runs"), *(["--names", *names] if names else [])])
+    return sorted(path.stem for path in (tmp_path / "runs").glob("*.json"))
+
+
+def test_experiments_are_read_from_dvc_exp_show_and_selected_by_name(tmp_path, monkeypatch):
     exp_show = [
         {"rev": "workspace", "name": None, "data": {}, "experiments": None},
         {"rev": "abcdef1234", "name": "main", "data": {},
          "experiments": [{"name": "gpu-dto", "revs": [{"rev": "9876", "name": "gpu-dto", "data": {}}]},
-                         {"name": "cpu-dto", "revs": [{"rev": "5432", "name": "cpu-dto", "data": {}}]}]},
+                         {"name": "cpu-dto", "revs": [{"rev": "5432", "name": "cpu-dto", "data": {}}]},
+                         {"name": "gpu.shared-nll", "revs": [{"rev": "1234", "name": "gpu.shared-nll", "data": {}}]}]},
     ]
-    runs = experiments(exp_show)
-    assert runs == [{"name": "gpu-dto", "rev": "9876", "base": "abcdef1234"}, {"name": "cpu-dto", "rev": "5432", "base": "abcdef1234"}]
-    assert [r["name"] for r in select(runs, ["gpu-*"])] == ["gpu-dto"]
-    assert [r["name"] for r in select(runs, ["cpu-dto", "gpu-dto"])] == ["gpu-dto", "cpu-dto"]
+    assert [(r["name"], r["rev"], r["base"], r["state"]) for r in listed(exp_show)] == [
+        ("gpu-dto", "9876", "abcdef1234", None), ("cpu-dto", "5432", "abcdef1234", None)]  # a shared stages' one is no run
+    assert _gather_from(tmp_path / "a", monkeypatch, exp_show, "gpu-*") == ["gpu-dto"]
+    assert _gather_from(tmp_path / "b", monkeypatch, exp_show, "cpu-dto", "gpu-dto") == ["cpu-dto", "gpu-dto"]
+    manifest = json.loads((tmp_path / "b" / "runs" / "gpu-dto.json").read_text())
+    assert {"name": "gpu-dto", "rev": "9876", "base": "abcdef1234"}.items() <= manifest.items() and "state" not in manifest
     with pytest.raises(InputError, match=r"--names 'tpu-\*' matches no experiment; experiments: gpu-dto, cpu-dto"):
-        select(runs, ["tpu-*"])
+        _gather_from(tmp_path / "c", monkeypatch, exp_show, "tpu-*")
 
 
-def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered():
+def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered(tmp_path, monkeypatch):
     """`dvc exp show --json` lists the queue's experiments beside those that ran (DVC 3.67's shape:
     `executor.state` on the experiment, a failed one's `error` on its revision), each with the commit
-    it was queued as, whose outputs were never built: only the finished ones are gathered, and a
-    pattern that matches only the others says what they are."""
+    it was queued as, whose outputs were never built: only the finished ones are gathered, and the
+    others are named with their state."""
     def entry(name, rev, state=None, error=None):
         executor = None if state is None else {"state": state, "name": None, "local": {"returncode": 255}}
         return {"executor": executor, "name": name, "revs": [{"rev": rev, "name": name, "error": error, "data": {}}]}
@@ -136,13 +151,15 @@ def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered():
             entry("gpu-cpo", "4444", "running"), entry("cpu-cpo", "5555", "queued"),
             entry("gpu-odd", "6666", None, {"msg": "unreadable", "type": "SCMError"})]},
     ]
-    assert [r["name"] for r in experiments(exp_show)] == ["gpu-score", "gpu-nll"]
-    others = unfinished(exp_show)
-    assert [(r["name"], r["state"]) for r in others] == [("gpu-delta", "failed"), ("gpu-cpo", "running"), ("cpu-cpo", "queued"),
-                                                         ("gpu-odd", "failed")]
-    assert [r["name"] for r in select(experiments(exp_show), ["gpu-*"], others)] == ["gpu-score", "gpu-nll"]
-    with pytest.raises(InputError, match=r"--names 'cpu-\*' matches no experiment that ran to the end, only cpu-cpo \(queued\)"):
-        select(experiments(exp_show), ["cpu-*"], others)
+    assert [(r["name"], r["state"]) for r in listed(exp_show)] == [
+        ("gpu-score", None), ("gpu-nll", None), ("gpu-delta", "failed"), ("gpu-cpo", "running"), ("cpu-cpo", "queued"),
+        ("gpu-odd", "failed")]
+    with pytest.raises(InputError, match=r"3 experiment\(s\) did not finish, not gathered: gpu-delta \(failed\), "
+                                         r"gpu-cpo \(running\), gpu-odd \(failed\)"):
+        _gather_from(tmp_path / "a", monkeypatch, exp_show, "gpu-*")
+    assert sorted(path.stem for path in (tmp_path / "a" / "runs").glob("*.json")) == ["gpu-nll", "gpu-score"]  # gathered all the same
+    with pytest.raises(InputError, match=r"1 experiment\(s\) did not finish, not gathered: cpu-cpo \(queued\)"):
+        _gather_from(tmp_path / "b", monkeypatch, exp_show, "cpu-*")
 
 
 def test_a_queued_run_whose_params_ran_before_leaves_the_queue():
@@ -358,7 +375,7 @@ def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
     result = subprocess.run([sys.executable, "-m", "storyrewrite.report.gather", "--out", "runs/x", "--names", "gpu-*"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
-    assert "--names 'gpu-*' matches no experiment that ran to the end, only gpu-a (queued)" in result.stderr
+    assert "1 experiment(s) did not finish, not gathered: gpu-a (queued)" in result.stderr
 
 
 def test_exp_show_is_asked_again_after_a_failure_and_a_lasting_one_is_named(tmp_path):

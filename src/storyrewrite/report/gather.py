@@ -1,19 +1,15 @@
 """Gather what DVC experiments produced into a plain folder that travels, to collect tables from.
 
-    dvc exp run --queue -n lr -S 'train.lr=1e-5,3e-5' && dvc queue start
+    dvc exp run --queue -S 'train.lr=1e-5,3e-5' && dvc queue start
     python -m storyrewrite.report.gather --out runs/lr --names 'lr-*'
     python -m storyrewrite.report.collect runs/lr --out reports/lr
 
-It reads `dvc exp show --json`. For each experiment that ran to the end it reads, at the
-experiment's own revision (DVC's file system: git-tracked files and cached outputs alike), the
-run's params, its dvc.lock and every report a stage wrote: metrics, per-instance scores,
-significance, training summaries and curves, LLM usage, stage records. Models and predictions
-stay behind. Files are stored once by content (`blobs/<sha256>.gz`: the NLL model's scores are
-the same file in every run), and each run gets a manifest `<name>.json` {path: sha256}. The
-experiments still queued or running, and those that failed, are named, not gathered.
-
-`--dedupe` serves scripts/comparison.sh: a run is its params, so a queued one equal to one that
-finished or was gathered before leaves the queue.
+Of each experiment in `dvc exp show --json` that ran to the end, it reads through DVC's file
+system, at the experiment's revision, the params, dvc.lock and every report its stages wrote
+(GATHERED; models and predictions stay behind). Files are stored once by content
+(`blobs/<sha256>.gz`: the NLL model's scores are the same in every run), and each run gets a
+manifest `<name>.json` {path: sha256}. Experiments still queued or running, and failed ones,
+are named, not gathered. `--dedupe` serves scripts/comparison.sh.
 """
 from __future__ import annotations
 
@@ -40,54 +36,25 @@ GATHERED = ("params.yaml", "dvc.lock", "reports/data_counts.json", "reports/metr
 PARTIAL = ".shared-"
 
 
-def _listed(exp_show: list[dict]) -> list[tuple[dict, str | None]]:
-    """({name, rev, base}, state) of every experiment in `dvc exp show --json` output (not the
+def listed(exp_show: list[dict]) -> list[dict]:
+    """{name, rev, base, params, state} of every experiment in `dvc exp show --json` output (not the
     commits they derive from, nor the workspace: those did not run as experiments). The state is
     None for an experiment that ran to the end; DVC lists its queue's others too, each with the
     commit it was queued as (its params, none of its outputs): `queued`, `running` or `failed`
-    (`executor.state`; a failed one's revision also carries DVC's `error`)."""
+    (`executor.state`; a failed one's revision also carries DVC's `error`). The experiments of
+    scripts/comparison.sh's shared stages (`NAME.shared-GROUP`) are no runs: their commits hold the
+    workspace's reports of every other stage."""
     found = []
     for commit in exp_show:
         for experiment in commit.get("experiments") or []:
             state = (experiment.get("executor") or {}).get("state")
             for rev in experiment.get("revs", []):
                 name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
-                if PARTIAL in name:  # scripts/comparison.sh's experiments of a few shared stages (`NAME.shared-GROUP`)
-                    continue  # are no runs: their commits hold the workspace's reports of every other stage
-                unfinished = state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None
-                params = ((rev.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data")
-                found.append(({"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params}, unfinished))
+                if PARTIAL not in name:
+                    params = ((rev.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data")
+                    found.append({"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params, "state": (
+                        state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None)})
     return found
-
-
-def experiments(exp_show: list[dict]) -> list[dict]:
-    """[{name, rev, base}] of the experiments in `dvc exp show --json` output that ran to the end."""
-    return [{key: run[key] for key in ("name", "rev", "base")} for run, state in _listed(exp_show) if state is None]
-
-
-def unfinished(exp_show: list[dict]) -> list[dict]:
-    """[{name, rev, state}] of the experiments DVC lists that have no finished run to gather:
-    queued, running or failed."""
-    return [{"name": run["name"], "rev": run["rev"], "state": state} for run, state in _listed(exp_show) if state]
-
-
-def select(runs: list[dict], patterns: list[str], others: list[dict] = ()) -> list[dict]:
-    """The `runs` whose name matches one of `patterns`; none is an error, which names the `others`
-    (`unfinished`) that match, where those are why."""
-    chosen = [run for run in runs if _matches(run["name"], patterns)]
-    if not chosen:
-        asked = " ".join(patterns)
-        waiting = [f"{run['name']} ({run['state']})" for run in others if _matches(run["name"], patterns)]
-        if waiting:
-            raise InputError(f"--names {asked!r} matches no experiment that ran to the end, only {', '.join(waiting)}: "
-                             f"nothing to gather (`dvc queue status`; `dvc queue logs NAME` says why one failed)")
-        names = ", ".join(run["name"] for run in runs) or "none"
-        raise InputError(f"--names {asked!r} matches no experiment; experiments: {names}")
-    return chosen
-
-
-def _matches(name: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def params_key(params: dict) -> str:
@@ -101,13 +68,13 @@ def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], l
     (params dicts), or of one queued before it, need not run. Returns (the queued to keep, the
     queued to remove, the finished ones here that stand in for removed ones)."""
     finished: dict[str, str] = {}
-    for run, state in _listed(exp_show):
-        if state is None and run["params"] is not None:
+    for run in listed(exp_show):
+        if run["state"] is None and run["params"] is not None:
             finished.setdefault(params_key(run["params"]), run["name"])
     seen = {params_key(params) for params in gathered}
     keep, remove, done = [], [], []
-    for run, state in _listed(exp_show):
-        if state != "queued":
+    for run in listed(exp_show):
+        if run["state"] != "queued":
             continue
         key = params_key(run["params"])
         if key in finished:
@@ -160,7 +127,8 @@ def gather_run(fs, run: dict, out: Path) -> dict:
     # In a git repository made of a copy of the tree (a GPU machine's: offline/job.sh compare)
     # `base` is that copy's commit; STORYREWRITE_COMMIT names the project's (bench/commit_name.py).
     source = {"source_commit": os.environ["STORYREWRITE_COMMIT"]} if os.environ.get("STORYREWRITE_COMMIT") else {}
-    manifest = {**run, **source, "gathered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}
+    manifest = {key: run[key] for key in ("name", "rev", "base")} | source | {
+        "gathered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}
     write_json_atomic(out / f"{run['name']}.json", manifest)
     return manifest
 
@@ -177,16 +145,12 @@ def read_blob(root: Path, digest: str) -> bytes:
 
 def manifests(root: Path) -> list[dict]:
     """The manifests of a gathered folder, sorted by run name."""
-    found = sorted(Path(root).glob("*.json"))
+    found = {path: read_json(path) for path in sorted(Path(root).glob("*.json"))}
     if not found:
         raise InputError(f"{root}: no gathered runs (run `python -m storyrewrite.report.gather --out {root}` first)")
-    runs = []
-    for path in found:
-        manifest = read_json(path)
-        if not {"name", "rev", "files"} <= set(manifest):
-            raise InputError(f"{path}: not a run manifest (needs name, rev, files)")
-        runs.append(manifest)
-    return runs
+    if bad := [path for path, manifest in found.items() if not {"name", "rev", "files"} <= set(manifest)]:
+        raise InputError(f"{bad[0]}: not a run manifest (needs name, rev, files)")
+    return list(found.values())
 
 
 def exp_show_output(command: list[str], attempts: int = 5, wait_s: float = 3.0) -> str:
@@ -239,19 +203,19 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --dedupe)")
-    if args.finished:  # (a poller's, every few seconds: a run's revision never changes, so one gathered stays so)
-        runs, others = [run for run in experiments(exp_show)
-                        if _matches(run["name"], args.names) and not gathered_before(args.out, run)], []
-    else:
-        others = unfinished(exp_show)
-        runs = select(experiments(exp_show), args.names, others)
+    runs = [run for run in listed(exp_show) if any(fnmatch.fnmatchcase(run["name"], pattern) for pattern in args.names)]
+    if not runs and not args.finished:
+        names = ", ".join(run["name"] for run in listed(exp_show)) or "none"
+        raise InputError(f"--names {' '.join(args.names)!r} matches no experiment; experiments: {names}")
     for run in runs:
-        manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
-        print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
-    left = [f"{run['name']} ({run['state']})" for run in others if _matches(run["name"], args.names)]
-    if left:
+        # (A poller gathers every few seconds: a run's revision never changes, so one gathered stays so.)
+        if run["state"] is None and not (args.finished and gathered_before(args.out, run)):
+            manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
+            print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
+    left = [f"{run['name']} ({run['state']})" for run in runs if run["state"]]
+    if left and not args.finished:
         raise InputError(f"{len(left)} experiment(s) did not finish, not gathered: {', '.join(left)} "
-                         f"(`dvc queue logs NAME` says why one failed)")
+                         f"(`dvc queue status`; `dvc queue logs NAME` says why one failed)")
 
 
 if __name__ == "__main__":
