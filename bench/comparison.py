@@ -105,13 +105,13 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict]:
     """The gathered experiments' stage records: seconds summed by stage (each stage run once,
     however many experiments restored it), and each experiment's own (restored ones included)."""
     sys.path.insert(0, str(repo / "src"))
-    from storyrewrite.report.collect import _records, load_runs
+    from storyrewrite.report.collect import load_runs
 
     by_stage: dict[str, float] = defaultdict(float)
     by_experiment: dict[str, float] = {}
     seen = set()  # a stage restored from the run cache brings its first run's record: counted once
     for run in load_runs([repo / "runs" / name]):
-        records = _records(run)
+        records = run.records
         by_experiment[run.name] = round(sum(r["wall_s"] for r in records), 1)
         for record in records:
             key = (record["stage"], record.get("started_at"), record["wall_s"])

@@ -2,19 +2,11 @@
 
     python -m storyrewrite.report.collect runs/gpu [runs/gpu-part2 ...] --out reports/gpu
 
-Writes, into `--out` (replaced as a whole, atomically):
-- results.md: NLL, then for each objective its run with the lowest validation NLL at its best
-  checkpoint (the model-selection rule; for CPO: the best of the grid), the LLM modes and the
-  copy baselines; each system tested against the NLL model of its own run with a one-tailed
-  paired bootstrap over instances (\\*) and over stories (†); how the copy of the original ending
-  compares with the trained systems; the spread over training seeds of a system run with
-  several (`train.seed`); their training;
-- objectives.md: the chosen runs with what chose them and every p-value, both units;
-- experiments.md: every run, the params in which they differ, metrics, validation NLL;
-- stages.md: where each stage ran (device) and how long it took, from the stage records;
-- results.png: each system's mean per instance with its bootstrap 95 % interval (storyrewrite.report.figure);
-- significance.json, and per run: metrics/<run>/, train/<run>/<system>/ (summary and curves),
-  stages/<run>/, params/<run>.yaml (the run's exact params).
+`--out` is replaced as a whole, atomically. It gets results.md and results.png (NLL, then each
+objective's run with the lowest validation NLL at its best checkpoint, the LLM modes and the
+copy baselines, each tested against the NLL model of its own run over instances and over
+stories), objectives.md, experiments.md, stages.md, significance.json, and each run's metrics,
+training curves, stage records and params: docs/training.md says what each holds.
 """
 from __future__ import annotations
 
@@ -70,19 +62,10 @@ class Run:
                 raise InputError(f"{path} of run {self.name} ({self.root}): not valid UTF-8 ({err.reason})") from None
         return self._texts[path]
 
-    def json(self, path: str):
-        try:
-            return json.loads(self.text(path))
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path} of run {self.name} ({self.root}):{err.lineno}: invalid JSON ({err.msg})") from None
-
     def artifact(self, path: str, model: type) -> dict:
         """The file at `path` read as its artifact (storyrewrite.artifacts), as a dict of the
         fields it holds."""
         return artifacts.read(f"{path} of run {self.name} ({self.root})", model, text=self.text(path)).model_dump(exclude_unset=True)
-
-    def under(self, prefix: str) -> list[str]:
-        return sorted(path for path in self.files if path.startswith(prefix))
 
     @cached_property
     def params(self) -> dict:
@@ -92,18 +75,15 @@ class Run:
     def flat_params(self) -> dict:
         return dict(leaves(self.params))
 
-    def metrics_path(self, system: str) -> str | None:
-        for directory in ("reports/metrics", "reports/sanity/metrics"):
-            if self.has(path := f"{directory}/{system}.json"):
-                return path
-        return None
+    def _metrics_path(self, system: str) -> str | None:
+        return next((path for folder in ("reports/metrics", "reports/sanity/metrics") if self.has(path := f"{folder}/{system}.json")), None)
 
     def metrics(self, system: str) -> dict | None:
-        path = self.metrics_path(system)
+        path = self._metrics_path(system)
         return None if path is None else self.artifact(path, artifacts.SystemMetrics)
 
     def scores(self, system: str) -> list[dict]:
-        path = self.metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
+        path = self._metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
         return [json.loads(line) for line in self.text(path).splitlines() if line.strip()]
 
     def summary(self, system: str) -> dict | None:
@@ -125,6 +105,11 @@ class Run:
         summary = self.summary(FINETUNED)
         return None if summary is None else summary.get("best_val_nll")
 
+    @cached_property
+    def records(self) -> list[dict]:
+        """Its stage records (storyrewrite.records)."""
+        return [self.artifact(path, artifacts.Record) for path in sorted(self.files) if path.startswith("reports/stages/")]
+
 
 def load_runs(roots: list[Path]) -> list[Run]:
     """The runs gathered into `roots`. A run is its params: of runs with equal params (one
@@ -142,9 +127,8 @@ def load_runs(roots: list[Path]) -> list[Run]:
 
 
 def frame(runs: list[Run]) -> pd.DataFrame:
-    """One row per run: the run, its flat params (one column each; None where a run lacks one),
-    the system its fine-tuning trained (its summary's label), its validation NLL, and whether it
-    was scored."""
+    """One row per run: the run, the label of the system its fine-tuning trained, its validation
+    NLL, whether it was scored, and its flat params (a column each; None where a run lacks one)."""
     keys = sorted(set().union(*(run.flat_params for run in runs)))
     summaries = [run.summary(FINETUNED) for run in runs]
     facts = pd.DataFrame({"run": pd.Series(runs, dtype=object), "label": [s["label"] if s else None for s in summaries],
@@ -175,18 +159,15 @@ def objective_label(run: Run, runs: list[Run]) -> str:
     """The label the run wrote (from the objective registry) and, for a system run several times
     (the CPO grid), the settings that differ between its runs."""
     summary = run.summary(FINETUNED)
-    objective = run.params.get("objective")
-    if objective == BASELINE:
+    if run.params.get("objective") == BASELINE:
         return f"{summary['label']}, continued"
     siblings = [r.summary(FINETUNED).get("settings") or {} for r in runs
                 if r.summary(FINETUNED) and r.summary(FINETUNED)["label"] == summary["label"]]
     settings = summary.get("settings") or {}
     varying = [k for k in settings if len({json.dumps(s.get(k)) for s in siblings}) > 1]
-    if not varying:
-        return summary["label"]
     # A field named after a Python keyword ends in "_" (CPO's lambda_); the paper says lambda.
     shown = [f"{key.removesuffix('_')}={settings[key]}" for key in varying]
-    return f"{summary['label']} ({', '.join(shown)})"
+    return f"{summary['label']} ({', '.join(shown)})" if varying else summary["label"]
 
 
 @dataclass
@@ -196,6 +177,10 @@ class Entry:
     run: Run
     system: str
     kind: str  # baseline | trained | llm | copy
+
+    @property
+    def metrics(self) -> dict | None:
+        return self.run.metrics(self.system)
 
 
 def all_columns(metrics: list[dict]) -> list[str]:
@@ -225,23 +210,18 @@ def comparison(runs: list[Run]) -> list[Entry]:
     return entries
 
 
-def resampling(reference: Run) -> tuple[int, int]:
-    """The bootstrap's resamples and seed: the reference run's `significance.n_resamples` and `seed`."""
-    return reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
+def tested(scores: dict[str, list[dict]], system: str, against: str, reference: Run) -> dict[str, dict]:
+    """{unit: {column: p}} of the one-tailed paired bootstrap of `system` against `against` (H1:
+    it scores higher), resampling instances and, separately, whole stories (a story's endings
+    share one input), with the reference run's `significance.n_resamples` and `seed`."""
+    n_resamples, seed = reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
+    return {unit: compare(scores, against, n_resamples, seed, by_story=unit == "story")[system] for unit in UNITS}
 
 
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
-    """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run,
-    resampling instances and, separately, whole stories (a story's endings share one input)."""
-    n_resamples, seed = resampling(reference)
-    found = {}
-    for entry in entries:
-        if entry.kind == "baseline":
-            continue
-        scores = {BASELINE: entry.run.scores(BASELINE), entry.label: entry.run.scores(entry.system)}
-        found[entry.label] = {unit: compare(scores, BASELINE, n_resamples, seed, by_story=unit == "story")[entry.label]
-                              for unit in UNITS}
-    return found
+    """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run."""
+    return {e.label: tested({BASELINE: e.run.scores(BASELINE), e.label: e.run.scores(e.system)}, e.label, BASELINE, reference)
+            for e in entries if e.kind != "baseline"}
 
 
 def counterpart_run(run: Run, chosen: Run, groups: list[list[Run]]) -> Run:
@@ -253,15 +233,11 @@ def counterpart_run(run: Run, chosen: Run, groups: list[list[Run]]) -> Run:
 
 
 def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[str, dict]:
-    """{label: {"against": counterpart label, "run": its run, "differs": [...], unit: {"better":
-    {column: p}, "worse": {column: p}}}} for each trained system whose summary names a
-    counterpart (RLOO: the DTO objective of the same reward) that is among the entries: one-tailed
-    paired bootstraps both ways, H1 the system scores higher than its counterpart (`better`), and
-    H1 it scores lower (`worse`), against the counterpart's run of the system's training seeds
-    (counterpart_run: with several seeds, not always the run the tables show);
-    `differs`: what of the two runs' starting point and budget is not the same
-    (start_differences)."""
-    n_resamples, seed = resampling(reference)
+    """{label: {"against", "run", "shown", "differs", unit: {"better": {column: p}, "worse": ...}}}
+    for each trained system whose summary names a counterpart among the entries (RLOO: the DTO
+    objective of the same reward): one-tailed paired bootstraps both ways, against the
+    counterpart's run of the system's training seeds (counterpart_run), with what the two runs do
+    not share (start_differences)."""
     by_label = {e.label: e for e in entries if e.kind == "trained"}
     groups, found = seed_groups(runs), {}
     for entry in by_label.values():
@@ -271,11 +247,9 @@ def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[
         other = by_label[against]
         run = counterpart_run(entry.run, other.run, groups)
         scores = {entry.label: entry.run.scores(entry.system), against: run.scores(other.system)}
-        found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run,
-                              "differs": start_differences(entry.run, run), **{unit: {
-            "better": compare(scores, against, n_resamples, seed, by_story=unit == "story")[entry.label],
-            "worse": compare(scores, entry.label, n_resamples, seed, by_story=unit == "story")[against]}
-            for unit in UNITS}}
+        better, worse = tested(scores, entry.label, against, reference), tested(scores, against, entry.label, reference)
+        found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run, "differs": start_differences(entry.run, run),
+                              **{unit: {"better": better[unit], "worse": worse[unit]} for unit in UNITS}}
     return found
 
 
@@ -309,12 +283,10 @@ def copy_against_trained(entries: list[Entry]) -> str:
     copy = next((e for e in entries if e.system == "copy_original"), None)
     if copy is None:
         return "The task has no original ending: no copy baseline of it."
-    trained = [e for e in entries if e.kind in ("baseline", "trained")]
-    rows = []
-    copy_metrics = copy.run.metrics(copy.system)
-    for column in all_columns([e.run.metrics(e.system) for e in entries]):
-        copied = metric_value(copy_metrics, column)
-        values = [(e.label, v) for e in trained if (v := metric_value(e.run.metrics(e.system), column)) is not None]
+    trained, rows = [e for e in entries if e.kind in ("baseline", "trained")], []
+    for column in all_columns([e.metrics for e in entries]):
+        copied = metric_value(copy.metrics, column)
+        values = [(e.label, v) for e in trained if (v := metric_value(e.metrics, column)) is not None]
         if copied is None or not values:
             continue
         best_label, best = max(values, key=lambda item: item[1])
@@ -347,9 +319,8 @@ def baseline_note(entries: list[Entry]) -> str | None:
     """Where the chosen runs do not share one NLL model (gathered on different machines), say so:
     each of them is tested against its own."""
     models: dict[str, list[str]] = {}
-    for e in entries:
-        if e.kind in ("baseline", "trained"):
-            models.setdefault(nll_model(e.run), []).append(e.run.name)
+    for e in (e for e in entries if e.kind in ("baseline", "trained")):
+        models.setdefault(nll_model(e.run), []).append(e.run.name)
     if len(models) < 2:
         return None
     parts = [f"{', '.join(sorted(set(names)))}: BARTScore (M) {number('bartscore/predictive', json.loads(key)['bartscore']['predictive'])}"
@@ -396,30 +367,21 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
     columns = [c for c in all_columns([run.metrics(FINETUNED) for group in groups for run in group]) if c != "hmean"]
     rows = []
 
-    def spread(column: str, values: list[float]) -> str:
-        mean = statistics.fmean(values)
-        return f"{number(column, mean)} ± {number(column, statistics.stdev(values))}"
+    def spread(column: str, group: list[Run], system: str) -> str | None:
+        values = [v for run in group if (v := metric_value(run.metrics(system), column)) is not None]
+        return None if len(values) < 2 else f"{number(column, statistics.fmean(values))} ± {number(column, statistics.stdev(values))}"
 
-    nll_models = {}
+    nll_models: dict[str, Run] = {}  # the first run of each NLL model
+    for run in (run for group in groups for run in group):
+        nll_models.setdefault(nll_model(run), run)
     for group in groups:
-        beats = {c: 0 for c in columns}
-        for run in group:
-            nll_models.setdefault(nll_model(run), run)
-            found = own_p_values(run).get(FINETUNED, {})
-            for column in columns:
-                beats[column] += found.get(column, 1.0) < alpha
-        cells = []
-        for column in columns:
-            values = [v for run in group if (v := metric_value(run.metrics(FINETUNED), column)) is not None]
-            cells.append("n/a" if len(values) < 2 else f"{spread(column, values)} ({beats[column]}/{len(group)})")
-        seeds = ", ".join(f"{a}/{b}" for a, b in map(training_seeds, group))
-        rows.append([objective_label(group[0], runs), seeds, *cells])
+        beats = {c: sum(own_p_values(run).get(FINETUNED, {}).get(c, 1.0) < alpha for run in group) for c in columns}
+        cells = ["n/a" if (cell := spread(c, group, FINETUNED)) is None else f"{cell} ({beats[c]}/{len(group)})" for c in columns]
+        rows.append([objective_label(group[0], runs), ", ".join(f"{a}/{b}" for a, b in map(training_seeds, group)), *cells])
     if len(nll_models) > 1:  # the NLL models differ too (train_nll.seed varied): their own spread
         models = list(nll_models.values())
-        cells = ["n/a" if len(values := [v for run in models if (v := metric_value(run.metrics(BASELINE), c)) is not None]) < 2
-                 else spread(c, values) for c in columns]
-        seeds = ", ".join(str(training_seeds(run)[0]) for run in models)
-        rows.append([f"NLL ({len(models)} models)", seeds, *cells])
+        rows.append([f"NLL ({len(models)} models)", ", ".join(str(training_seeds(run)[0]) for run in models),
+                     *(spread(c, models, BASELINE) or "n/a" for c in columns)])
     header = ["System", "seeds (NLL / fine-tuning)", *(column_label(c) for c in columns)]
     return ["## Across training seeds", table(header, rows),
             f"Systems run with several training seeds (`train.seed`, `train_nll.seed`; the data, splits and bootstrap "
@@ -431,7 +393,7 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
 def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float,
                      duels: dict | None = None) -> str:
     reference = entries[0].run
-    rows = [Row(e.system, e.label, e.run.metrics(e.system), tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
+    rows = [Row(e.system, e.label, e.metrics, tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
                 story_p_values=tests.get(e.label, {}).get("story", {})) for e in entries]
     base_metrics = reference.metrics(BASELINE)
     usages = {e.label: usage for e in entries if e.kind == "llm" and (usage := llm_usage(e.run, e.system)) is not None}
@@ -439,7 +401,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     devices = where_models_ran(runs)
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
     summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
-    seconds = {e.label: wall for e in entries if (wall := train_seconds(_records(e.run)).get(e.system)) is not None}
+    seconds = {e.label: wall for e in entries if (wall := train_seconds(e.run.records).get(e.system)) is not None}
     n_resamples = reference.params.get("significance", {}).get("n_resamples")
     return "\n\n".join([
         f"# Results: {title}",
@@ -454,8 +416,8 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
-        *echo_notes({e.label: e.label for e in entries}, {e.label: e.run.metrics(e.system) for e in entries}),
-        *head_to_head_markdown(duels or {}, all_columns([e.run.metrics(e.system) for e in entries]), alpha),
+        *echo_notes({e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}),
+        *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha),
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
@@ -468,14 +430,14 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
 
 
 def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: dict | None = None) -> str:
-    columns = all_columns([e.run.metrics(e.system) for e in entries])
+    columns = all_columns([e.metrics for e in entries])
     rows = []
     for e in entries:
         if e.kind not in ("baseline", "trained"):
             continue
         test = tests.get(e.label, {})
         chosen = f"{e.run.name}: {e.run.val_nll:.4f}" if e.kind == "trained" else "-"
-        rows.append([e.label, chosen, *plain_cells(e.run.metrics(e.system), test.get("instance", {}), alpha, columns)])
+        rows.append([e.label, chosen, *plain_cells(e.metrics, test.get("instance", {}), alpha, columns)])
     tested = [c for c in columns if c != "hmean"]  # a corpus figure: not resampled
     p_rows = [[e.label] + [" / ".join(f"{tests[e.label][u][c]:.4f}" if c in tests[e.label][u] else "n/a" for u in UNITS)
                            for c in tested] for e in entries if e.label in tests]
@@ -502,14 +464,11 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
     varying = [c.removeprefix("params.") for c in params.columns if params[c].nunique() > 1 and c != "params.objective"]
     columns = all_columns([run.metrics(FINETUNED) or {} for run in runs])
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
-    rows = []
-    for run in runs:
-        significance = own_p_values(run)
-        base = (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")
-        cells = [run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
-                 *plain_cells(run.metrics(FINETUNED) or {}, significance.get(FINETUNED, {}), alpha, columns),
-                 "n/a" if run.val_nll is None else f"{run.val_nll:.4f}", "n/a" if base is None else number("bartscore/predictive", base)]
-        rows.append(cells)
+    rows = [[run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
+             *plain_cells(run.metrics(FINETUNED) or {}, own_p_values(run).get(FINETUNED, {}), alpha, columns),
+             "n/a" if run.val_nll is None else f"{run.val_nll:.4f}",
+             "n/a" if (base := (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")) is None
+             else number("bartscore/predictive", base)] for run in runs]
     return "\n\n".join([
         "# Experiments", table(header, rows),
         f"\\* p < {alpha}, the run's own significance stage (`finetuned` against its NLL model, its `significance.unit`). "
@@ -517,38 +476,26 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
     ]) + "\n"
 
 
-def _records(run: Run) -> list[dict]:
-    return [run.artifact(path, artifacts.Record) for path in run.under("reports/stages/")]
-
-
-def ran_a_model(record: dict) -> bool:
-    """Whether the stage of a record ran a model: it names the model's dtype (a stage that runs
-    none, significance or a remote LLM backend's, records none)."""
-    return bool(record.get("dtype"))
-
-
-def embedder_record(record: dict) -> dict | None:
-    """A RAG mode's retrieval embedder as a record of its own (its device and name; the CPU's
-    features where the stage's record holds them, from the same machine), None for a stage
-    without one. Its record names the LLM's device; the embedder may have run elsewhere."""
-    if "embedder_device" not in record:
-        return None
-    device = record["embedder_device"]
-    # Records before the embedder's name was kept give its device only.
-    embedder = {"device": device, "device_name": record.get("embedder_device_name", device)}
-    if device == "cpu":
-        embedder |= {k: record[k] for k in ("cpu_capability", "cpu_bf16") if k in record}
-    return embedder
+def models_of(record: dict) -> list[tuple[str, dict]]:
+    """(what, where) of each model the stage of a record ran: its own, where the record names its
+    dtype (a stage that runs none, significance or a remote LLM backend's, names none), and a RAG
+    mode's retrieval embedder, which may have run elsewhere (its device and name, the CPU's
+    features where the record holds them; records before its name was kept give its device only)."""
+    found = [(record["stage"], record)] if record.get("dtype") else []
+    if "embedder_device" in record:
+        device = record["embedder_device"]
+        cpu = {k: record[k] for k in ("cpu_capability", "cpu_bf16") if k in record} if device == "cpu" else {}
+        found.append((f"{record['stage']}'s embedder", {"device": device, "device_name": record.get("embedder_device_name", device),
+                                                        **cpu}))
+    return found
 
 
 def where_models_ran(runs: list[Run]) -> list[str]:
-    """The devices the runs' models ran on (records.where_ran of the records of stages that ran
-    a model, as in stages_markdown, and of a RAG mode's embedder; every record's where none did).
-    A stage that runs no model (significance) names its machine without the CPU's features, which
-    would list one machine twice."""
-    records = [r for run in runs for r in _records(run)]
-    models = [r for r in records if ran_a_model(r)] + [e for r in records if (e := embedder_record(r))]
-    return sorted({where_ran(r) for r in models} or {where_ran(r) for r in records})
+    """The devices the runs' models ran on (records.where_ran of models_of each record; every
+    record's where none did). A stage that runs no model (significance) names its machine without
+    the CPU's features, which would list one machine twice."""
+    return sorted({where_ran(where) for run in runs for r in run.records for _, where in models_of(r)}
+                  or {where_ran(r) for run in runs for r in run.records})
 
 
 def stages_markdown(runs: list[Run]) -> str:
@@ -556,24 +503,19 @@ def stages_markdown(runs: list[Run]) -> str:
     carries the record of the run that computed it."""
     unique: dict[str, dict] = {}
     for run in runs:
-        for record in _records(run):
-            key = json.dumps(record, sort_keys=True)
+        for record in run.records:
             # No experiment name: DVC restored the output of a plain `dvc repro` from its run cache.
             ran_in = record.get("experiment") or "`dvc repro` (no experiment)"
-            unique.setdefault(key, {**record, "ran_in": ran_in, "used_by": []})["used_by"].append(run.name)
-    records = sorted(unique.values(), key=lambda r: (r["started_at"] if "started_at" in r else "", r["stage"]))
-    total = sum(r["wall_s"] for r in records)
-    # A stage that ran a model on the CPU of a run that had a GPU elsewhere (a RAG mode's LLM
-    # stage runs two: the LLM, and the retrieval's embedder, which its record names apart).
-    on_cpu = sorted({f"{r['stage']} ({r['ran_in']})" for r in records if r["device"] == "cpu" and ran_a_model(r)}
-                    | {f"{r['stage']}'s embedder ({r['ran_in']})" for r in records
-                       if (embedder := embedder_record(r)) and embedder["device"] == "cpu"})
+            unique.setdefault(json.dumps(record, sort_keys=True), {**record, "ran_in": ran_in, "used_by": []})["used_by"].append(run.name)
+    records = sorted(unique.values(), key=lambda r: (r.get("started_at", ""), r["stage"]))
+    # A model that ran on the CPU in a run that had a GPU elsewhere.
+    on_cpu = sorted({f"{what} ({r['ran_in']})" for r in records for what, where in models_of(r) if where["device"] == "cpu"})
     gpu = any(r["device"].startswith("cuda") for r in records)
     rows = [[*row, r["ran_in"], f"{len(r['used_by'])} run{'s' if len(r['used_by']) > 1 else ''}"]
             for row, r in zip(stage_rows(records), records, strict=True)]
     return "\n\n".join([
         "# Stages", table([*STAGE_HEADER, "ran in", "used by"], rows),
-        f"{len(records)} stage runs, {total / 60:.1f} min of wall time in all (from the start of each stage's work to its "
+        f"{len(records)} stage runs, {sum(r['wall_s'] for r in records) / 60:.1f} min of wall time in all (from the start of each stage's work to its "
         "last output; model loading included, Python's imports not). A stage DVC restored from its run cache is listed "
         "once, with the experiment that ran it.",
         *([f"**Model stages that ran on the CPU although a GPU was used:** {', '.join(on_cpu)}."] if gpu and on_cpu else []),
@@ -592,7 +534,7 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
         reference = entries[0].run
         results_figure(staging / "results.png", {e.label: e.run.scores(e.system) for e in entries}, {e.label: e.label for e in entries},
                        entries[0].label, [e.label for e in entries if e.kind == "copy"],
-                       {e.label: e.run.metrics(e.system).get("prompt_echo", 0.0) for e in entries},
+                       {e.label: e.metrics.get("prompt_echo", 0.0) for e in entries},
                        f"{title}: {reference.params.get('task')}, {reference.metrics(BASELINE)['instances']} test instances",
                        seed=reference.params.get("seed", 0))
         write_json_atomic(staging / "significance.json", {
@@ -603,17 +545,12 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
         })
         for run in runs:
             write_text_atomic(staging / "params" / f"{run.name}.yaml", run.text("params.yaml"))
-            for path in run.files:
+            for path, digest in run.files.items():  # the figures too: bytes as gathered
                 parts = Path(path).parts
-                if parts[:2] in (("reports", "metrics"), ("reports", "sanity")) and parts[-2] == "metrics":
-                    target = staging / "metrics" / run.name / parts[-1]
-                elif parts[:2] == ("reports", "train"):
-                    target = staging / "train" / run.name / Path(*parts[2:])
-                elif parts[:2] == ("reports", "stages"):
-                    target = staging / "stages" / run.name / parts[-1]
-                else:
-                    continue
-                write_bytes_atomic(target, read_blob(run.root, run.files[path]))  # the figures too: bytes as gathered
+                if parts[:2] == ("reports", "train"):
+                    write_bytes_atomic(staging / "train" / run.name / Path(*parts[2:]), read_blob(run.root, digest))
+                elif parts[:2] in (("reports", "stages"), ("reports", "metrics"), ("reports", "sanity")) and parts[-2] in ("stages", "metrics"):
+                    write_bytes_atomic(staging / parts[-2] / run.name / parts[-1], read_blob(run.root, digest))
 
 
 def main(argv: list[str] | None = None) -> None:
