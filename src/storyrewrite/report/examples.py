@@ -8,8 +8,8 @@ import difflib
 def word_diff(original: str, prediction: str) -> str:
     """Markdown: ~~removed words~~ and **added words** turn `original` into `prediction`."""
     before, after = original.split(), prediction.split()
-    parts = []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
+    parts, opcodes = [], difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes()
+    for op, i1, i2, j1, j2 in opcodes:
         if op == "equal":
             parts.append(" ".join(before[i1:i2]))
             continue
@@ -17,8 +17,7 @@ def word_diff(original: str, prediction: str) -> str:
             parts.append("~~" + " ".join(before[i1:i2]) + "~~")
         if op in ("insert", "replace"):
             parts.append("**" + " ".join(after[j1:j2]) + "**")
-    changed = any(op != "equal" for op, *_ in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes())
-    return " ".join(parts) if changed else "(no change)"
+    return " ".join(parts) if any(op != "equal" for op, *_ in opcodes) else "(no change)"
 
 
 def example_block(instance: dict, predictions: dict[str, str], labels: dict[str, str]) -> str:

@@ -61,6 +61,16 @@ def intervals(scores: dict[str, list[dict]], columns: list[str], n_resamples: in
     return found
 
 
+def _panels(plt, n: int, width: int, panel_height: float, **kwargs) -> tuple:
+    """A figure of `n` panels, `width` to a row, and their axes in reading order (the grid's unused
+    cells hidden)."""
+    rows = -(-n // width)
+    figure, axes = plt.subplots(rows, width, figsize=(3.6 * width, panel_height * rows), squeeze=False, **kwargs)
+    for axis in axes.flat[n:]:
+        axis.axis("off")
+    return figure, list(axes.flat[:n])
+
+
 def _save(figure, path: Path) -> None:
     import io
 
@@ -80,13 +90,9 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
     systems = [s for s in scores if s not in copies]
     shown = {s: textwrap.fill(labels[s], LABEL_WIDTH, break_on_hyphens=False) for s in systems}
     echoing = {s for s in systems if echo.get(s, 0) > ECHO_LIMIT}
-    width = min(4, len(columns))
-    rows_of_panels = -(-len(columns) // width)
-    figure, axes = plt.subplots(rows_of_panels, width, figsize=(3.6 * width, 0.35 * len(systems) * rows_of_panels + 1.6 * rows_of_panels),
-                                squeeze=False, sharey=True)
+    figure, axes = _panels(plt, len(columns), min(4, len(columns)), 0.35 * len(systems) + 1.6, sharey=True)
     positions = np.arange(len(systems))[::-1]
-    for index, column in enumerate(columns):
-        axis = axes[index // width][index % width]
+    for axis, column in zip(axes, columns, strict=True):
         for position, system in zip(positions, systems, strict=True):
             if system not in drawn[column]:
                 continue
@@ -105,10 +111,8 @@ def results_figure(path: Path, scores: dict[str, list[dict]], labels: dict[str, 
         axis.set_title(name, fontsize=9)
         axis.tick_params(labelsize=8)
         axis.grid(axis="x", alpha=0.3)
-    for index in range(len(columns), rows_of_panels * width):
-        axes[index // width][index % width].axis("off")
-    axes[0][0].set_yticks(positions, [shown[s] for s in systems])
-    handles, names = axes[0][0].get_legend_handles_labels()
+    axes[0].set_yticks(positions, [shown[s] for s in systems])
+    handles, names = axes[0].get_legend_handles_labels()
     if echoing:
         from matplotlib.lines import Line2D
 
@@ -138,11 +142,8 @@ def training_figure(path: Path, curves: dict[str, list[dict]], panels: list[tupl
     drawn = [p for p in panels if curves.get(p[1]) or curves.get(p[2])]
     if not drawn:
         return []
-    width = min(3, len(drawn))
-    rows_of_panels = -(-len(drawn) // width)
-    figure, axes = plt.subplots(rows_of_panels, width, figsize=(3.6 * width, 2.6 * rows_of_panels), squeeze=False)
-    for index, (name, train, val) in enumerate(drawn):
-        axis = axes[index // width][index % width]
+    figure, axes = _panels(plt, len(drawn), min(3, len(drawn)), 2.6)
+    for axis, (name, train, val) in zip(axes, drawn, strict=True):
         for key, style, label in ((train, "-", "training"), (val, "o--", "validation")):
             rows = curves.get(key) or []
             if rows:
@@ -152,8 +153,6 @@ def training_figure(path: Path, curves: dict[str, list[dict]], panels: list[tupl
         axis.tick_params(labelsize=8)
         axis.legend(fontsize=7)
         axis.grid(alpha=0.3)
-    for index in range(len(drawn), rows_of_panels * width):
-        axes[index // width][index % width].axis("off")
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     _save(figure, path)

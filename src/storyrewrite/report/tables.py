@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import COHERENCE_TABLE, OVERLAP
 from storyrewrite.metrics.registry import OVERLAP_METRICS
 
 METRIC_LABELS = {name: metric.label for name, metric in OVERLAP_METRICS.items()}
 FORM_LABELS = {"predictive": "M", "counterfactual": "M + Δ_M"}
+FORM_HEADERS = {"predictive": "Predictive $M(\\hat{Y}, Y_{EE})$", "counterfactual": "Counterfactual $M + \\Delta_M$"}
 COHERENCE_LABELS = {"cf_pmi": "CF-PMI", "cf_follow": "follows X_CE (%)", "drift": "drift", "ents": "EntScore",
                     "hmean": "HMean"}
 COLUMNS = list(OVERLAP)  # every registered overlap column; a table shows those its systems have (overlap_columns)
@@ -48,8 +51,7 @@ def significant(p_values: dict, column: str, alpha: float) -> bool:
 
 def plain_cells(metrics: dict, p_values: dict, alpha: float, columns: list[str] = COLUMNS) -> list[str]:
     """Markdown cells of one system's metrics JSON in table order, significance marked."""
-    return ["n/a" if (v := metric_value(metrics, c)) is None else number(c, v) + ("\\*" if significant(p_values, c, alpha) else "")
-            for c in columns]
+    return [_cell(Row("", "", metrics, p_values), c, {}, alpha, latex=False) for c in columns]
 
 
 @dataclass
@@ -115,20 +117,17 @@ def _latex_label(label: str) -> str:
 
 def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] | None = None) -> str:
     """The overlap table (columns None: overlap_columns, in predictive and counterfactual groups
-    where there are both) or any other columns."""
+    where there are both) or any other columns, through pandas' Styler (booktabs rules)."""
     grouped = columns is None
     columns = overlap_columns(rows) if columns is None else columns
-    grouped = grouped and any(c.endswith("/counterfactual") for c in columns)  # both forms: a group each
     best = best_values(rows, columns)
-    lines = ["\\begin{table}[t]", "\\centering", "\\small", "\\begin{tabular}{l" + "r" * len(columns) + "}", "\\toprule"]
-    if grouped:
-        n = len(columns) // 2
-        lines += [" & \\multicolumn{%d}{c}{Predictive $M(\\hat{Y}, Y_{EE})$} & \\multicolumn{%d}{c}{Counterfactual $M + \\Delta_M$} \\\\" % (n, n),
-                  "System & " + " & ".join(METRIC_LABELS[c.split("/")[0]] for c in columns) + " \\\\"]
+    if grouped and any(c.endswith("/counterfactual") for c in columns):  # both forms: a group each
+        header = pd.MultiIndex.from_tuples([(FORM_HEADERS[c.split("/")[1]], METRIC_LABELS[c.split("/")[0]]) for c in columns],
+                                           names=["", "System"])
     else:
-        lines.append("System & " + " & ".join(_latex_label(column_label(c)) for c in columns) + " \\\\")
-    lines.append("\\midrule")
-    for row in rows:
-        lines.append(_latex_label(row.label) + " & " + " & ".join(_cell(row, c, best, alpha, latex=True) for c in columns) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{caption}}}", "\\end{table}"]
-    return "\n".join(lines)
+        header = pd.Index([_latex_label(column_label(c)) for c in columns], name="System")
+    cells = pd.DataFrame([[_cell(row, c, best, alpha, latex=True) for c in columns] for row in rows], columns=header,
+                         index=[_latex_label(row.label) for row in rows])
+    return cells.style.set_table_styles([{"selector": "small", "props": ":;"}]).to_latex(  # (`\\small` under the caption)
+        column_format="l" + "r" * len(columns), position="t", position_float="centering", hrules=True, caption=caption,
+        multicol_align="c").rstrip("\n")
