@@ -227,21 +227,6 @@ def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     assert calls == []
 
 
-def test_the_offline_install_puts_a_dvc_command_that_runs_the_module_on_path(tmp_path):
-    """DVC installed with `pip --target` (offline/machine.sh) is importable but has no `dvc`, and
-    DVC starts its queue workers as `dvc …`: the install writes one that runs the module."""
-    log = tmp_path / "calls.log"
-    bin_dir = _write_stubs(tmp_path, {"python3": f'echo "python3 $*" >> {log}', "nvidia-smi": "echo Stub GPU"})
-    home, tree = tmp_path / "home", tmp_path / "tree"
-    (tree / ".device" / "whl").mkdir(parents=True)
-    env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"}
-    result = subprocess.run(["bash", str(ROOT / "offline" / "machine.sh"), "install"], cwd=tree, env=env, capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    subprocess.run(["bash", "-c", "source $HOME/env.sh && dvc queue start -j 2"], cwd=tree, env=env, check=True, timeout=60)
-    assert log.read_text().splitlines()[-1] == "python3 -m dvc queue start -j 2"
-
-
 def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_failure(tmp_path):
     """scripts/gpu_bench.sh with stub `python` (whose compiled run fails, then one whose generation bench
     fails) and `nvidia-smi`."""
@@ -739,7 +724,8 @@ esac"""}) / "python"
 def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environment(tmp_path):
     """`machine.sh wheels` installs a further command's wheels, `install` the main folder's, each
     with pip offline into $HOME/site (a stub python3 logs it); `install` then writes env.sh and
-    runs its import check through that environment, failing when the check fails."""
+    runs its import check through that environment, failing when the check fails. DVC installed
+    so has no `dvc` command, by which DVC starts its queue workers: env.sh puts one on PATH."""
     log, home, copy = tmp_path / "calls.log", tmp_path / "home", tmp_path / "copy"
     bin_dir = _write_stubs(tmp_path, {"python3": f'echo "python3 $*" >> {log}; [ "${{FAIL_IMPORT:-}}" != 1 ] || [ "$1" != -c ]',
                                       "nvidia-smi": "echo Stub GPU, 141 GiB"})
@@ -760,5 +746,9 @@ def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environ
     assert calls[1].endswith(f"{site} .device/whl/whl-1.0-py3-none-any.whl")
     assert calls[2].startswith("python3 -c import storyrewrite, dvc, rouge_score, torch")
     assert f"PYTHONPATH={home / 'site'}:$PWD/src" in (home / "env.sh").read_text()
+    assert shutil.which("dvc", path=f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin") is None
+    subprocess.run(["bash", "-c", "source $HOME/env.sh && dvc queue start -j 2"], cwd=copy, check=True, timeout=60,
+                   env={**env, "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"})
+    assert log.read_text().splitlines()[-1] == "python3 -m dvc queue start -j 2"
     assert machine("install", FAIL_IMPORT="1").returncode == 1
     assert machine("nonsense").returncode == 2
