@@ -62,9 +62,11 @@ class Run:
                 raise InputError(f"{path} of run {self.name} ({self.root}): not valid UTF-8 ({err.reason})") from None
         return self._texts[path]
 
-    def artifact(self, path: str, model: type) -> dict:
+    def artifact(self, path: str, model: type, optional: bool = False) -> dict | None:
         """The file at `path` read as its artifact (storyrewrite.artifacts), as a dict of the
-        fields it holds."""
+        fields it holds; None for an `optional` one the run lacks."""
+        if optional and not self.has(path):
+            return None
         return artifacts.read(f"{path} of run {self.name} ({self.root})", model, text=self.text(path)).model_dump(exclude_unset=True)
 
     @cached_property
@@ -87,8 +89,7 @@ class Run:
         return [json.loads(line) for line in self.text(path).splitlines() if line.strip()]
 
     def summary(self, system: str) -> dict | None:
-        path = f"reports/train/{system}/metrics.json"
-        return self.artifact(path, artifacts.TrainingSummary) if self.has(path) else None
+        return self.artifact(f"reports/train/{system}/metrics.json", artifacts.TrainingSummary, optional=True)
 
     def systems(self) -> list[str]:
         """The systems of the run's pipeline, named by its own params as the report stage names
@@ -191,8 +192,7 @@ def all_columns(metrics: list[dict]) -> list[str]:
 
 def llm_usage(run: Run, system: str) -> dict | None:
     """An LLM baseline's usage file (mode, backend, model, cost) in `run`, if it has one."""
-    path = f"reports/llm/{system.removeprefix('llm_')}.json"
-    return run.artifact(path, artifacts.LLMUsage) if run.has(path) else None
+    return run.artifact(f"reports/llm/{system.removeprefix('llm_')}.json", artifacts.LLMUsage, optional=True)
 
 
 def comparison(runs: list[Run]) -> list[Entry]:
@@ -454,9 +454,7 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: 
 def own_p_values(run: Run) -> dict[str, dict[str, float]]:
     """{system: {column: p}} of the run's own significance stage (its `significance.unit`),
     empty where the run has none."""
-    if not run.has("reports/significance.json"):
-        return {}
-    return run.artifact("reports/significance.json", artifacts.Significance)["p_values"]
+    return (run.artifact("reports/significance.json", artifacts.Significance, optional=True) or {}).get("p_values", {})
 
 
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
