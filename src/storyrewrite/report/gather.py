@@ -67,13 +67,13 @@ def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], l
     those whose params.yaml equals that of one that ran to the end here, of one `gathered` before
     (params dicts), or of one queued before it, need not run. Returns (the queued to keep, the
     queued to remove, the finished ones here that stand in for removed ones)."""
-    finished: dict[str, str] = {}
-    for run in listed(exp_show):
+    runs, finished = listed(exp_show), {}
+    for run in runs:
         if run["state"] is None and run["params"] is not None:
             finished.setdefault(params_key(run["params"]), run["name"])
     seen = {params_key(params) for params in gathered}
     keep, remove, done = [], [], []
-    for run in listed(exp_show):
+    for run in runs:
         if run["state"] != "queued":
             continue
         key = params_key(run["params"])
@@ -203,9 +203,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --dedupe)")
-    runs = [run for run in listed(exp_show) if any(fnmatch.fnmatchcase(run["name"], pattern) for pattern in args.names)]
+    everything = listed(exp_show)
+    runs = [run for run in everything if any(fnmatch.fnmatchcase(run["name"], pattern) for pattern in args.names)]
     if not runs and not args.finished:
-        names = ", ".join(run["name"] for run in listed(exp_show)) or "none"
+        names = ", ".join(run["name"] for run in everything) or "none"
         raise InputError(f"--names {' '.join(args.names)!r} matches no experiment; experiments: {names}")
     for run in runs:
         # (A poller gathers every few seconds: a run's revision never changes, so one gathered stays so.)
