@@ -547,7 +547,7 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
                 parts = Path(path).parts
                 if parts[:2] == ("reports", "train"):
                     write_bytes_atomic(staging / "train" / run.name / Path(*parts[2:]), read_blob(run.root, digest))
-                elif parts[:2] in (("reports", "stages"), ("reports", "metrics"), ("reports", "sanity")) and parts[-2] in ("stages", "metrics"):
+                elif parts[0] == "reports" and parts[-2] in ("stages", "metrics"):  # reports/stages/, [sanity/]metrics/
                     write_bytes_atomic(staging / parts[-2] / run.name / parts[-1], read_blob(run.root, digest))
 
 
