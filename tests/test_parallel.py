@@ -124,6 +124,21 @@ def test_the_worker_count_is_the_least_of_the_cores_the_gpu_memory_and_the_exper
     assert parallel.choose_workers(16, 2, [1.0], 5.35, 20)[0] == 1  # at least one, whatever fits
 
 
+def test_the_worker_count_keeps_to_the_hosts_available_memory(tmp_path):
+    # A 24 GB host with 20 GB available, workers of 8.8 GB each (RLOO's training on a CPU): one fits
+    # in 16 GB, whatever the cores allow.
+    chosen, lines = parallel.choose_workers(16, 2, [], 8.0, 20, host_gb=20.0, worker_rss_gb=8.8)
+    assert chosen == 1 and lines[1] == "host: 20.0 GB available x 0.8 / 8.80 GB a worker: 1"
+    assert parallel.choose_workers(16, 2, [139.0], 5.35, 20, host_gb=130.0, worker_rss_gb=4.33)[0] == 8  # the cores bind
+    assert parallel.choose_workers(16, 2, [139.0], 5.35, 20, host_gb=40.0, worker_rss_gb=4.33)[0] == 7  # 32 GB / 4.33 GB
+    assert parallel.choose_workers(16, 2, [], 8.0, 20, host_gb=2.0, worker_rss_gb=8.8)[0] == 1  # at least one
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       25000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    assert parallel.host_available_gb(meminfo) == 20000000 * 1024 / 1e9
+    meminfo.write_text("MemTotal:       25000000 kB\n")  # an old kernel's: no bound
+    assert parallel.host_available_gb(meminfo) is None and parallel.host_available_gb(tmp_path / "none") is None
+
+
 def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(tmp_path, monkeypatch, capsys):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -133,10 +148,11 @@ def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(parallel, "cores", lambda: 64)
+    monkeypatch.setattr(parallel, "host_available_gb", lambda: 1000.0)
     records = []
     for name, peak in (("train", 5.35), ("score", 2.1), ("report", None)):
         records.append(tmp_path / f"{name}.json")
-        records[-1].write_text(f'{{"stage": "{name}", "peak_cuda_gb": {"null" if peak is None else peak}}}')
+        records[-1].write_text(f'{{"stage": "{name}", "peak_cuda_gb": {"null" if peak is None else peak}, "peak_rss_gb": 4.0}}')
     (tmp_path / "torn.json").write_text('{"st')
     assert parallel.peak_gb([*records, tmp_path / "torn.json"]) == (5.35, 2)
     parallel.main(["workers", "--experiments", "40", "--records", *map(str, records), str(tmp_path / "torn.json")])
@@ -144,10 +160,21 @@ def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(
     free = 143000 * 2**20 / 1e9  # 149.9 GB
     assert out == f"{int(free * 0.9 // 5.35)}\n" == "25\n"
     assert "GPU 0: 149.9 GB free x 0.9 / 5.35 GB a worker: 25" in err and "the largest peak of 2 GPU stage record(s)" in err
+    assert "host: 1000.0 GB available x 0.8 / 4.00 GB a worker: 200" in err
+    monkeypatch.setattr(parallel, "host_available_gb", lambda: 100.0)  # 80 GB for workers of 4 GB (the records'), 9 GB (none)
+    parallel.main(["workers", "--experiments", "40", "--records", *map(str, records)])
+    assert capsys.readouterr()[0] == "20\n"
+    parallel.main(["workers", "--experiments", "40"])
+    out, err = capsys.readouterr()
+    assert out == "8\n" and "(a worker's host memory, 9.00 GB: no stage record: assumed)" in err
+    parallel.main(["workers", "--experiments", "40", "--rss-gb", "40"])
+    assert capsys.readouterr()[0] == "2\n"
     parallel.main(["workers", "--experiments", "40", "--peak-gb", "30"])
     assert capsys.readouterr()[0] == "4\n"
     with pytest.raises(InputError, match=r"--peak-gb must be a number of GB > 0, got 0.0"):
         parallel.main(["workers", "--experiments", "4", "--peak-gb", "0"])
+    with pytest.raises(InputError, match=r"--rss-gb must be a number of GB > 0, got -1.0"):
+        parallel.main(["workers", "--experiments", "4", "--rss-gb", "-1"])
 
 
 def test_a_stage_says_its_share_of_the_machine_and_a_command_does_not(monkeypatch, capsys):

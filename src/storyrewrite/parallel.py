@@ -16,9 +16,11 @@ own.
   repository, which every worker shares.
 
 - How many workers: `python -m storyrewrite.parallel workers --experiments N` prints the most
-  that fit (`comparison.sh -j auto`): the cores over the threads each worker should keep, each
-  GPU's free memory over a worker's peak (the largest `peak_cuda_gb` of the stage records given),
-  one worker a GPU where there are several, and never more than the experiments to run.
+  that fit (`comparison.sh -j auto`): the cores over the threads each worker should keep, the
+  host's available memory over a worker's peak resident memory (the largest `peak_rss_gb` of the
+  stage records given), each GPU's free memory over a worker's GPU peak (their largest
+  `peak_cuda_gb`), one worker a GPU where there are several, and never more than the
+  experiments to run.
 
 No torch import at module level: `run_stage` applies the share in every stage, torch or not.
 """
@@ -132,6 +134,20 @@ def share_machine(concurrent: int | None = None) -> int | None:
 
 DEFAULT_PEAK_GB = 8.0  # a worker's GPU memory where no stage record says (a 135M model's training: 5.4 GB)
 GPU_HEADROOM = 0.9  # of each GPU's free memory: the rest for the CUDA contexts' own and fragmentation
+# A worker's resident memory where no stage record says: RLOO's training of the 135M model on a
+# CPU (the largest stage there, with its reference model and the scorer) peaks at 8.8 GB.
+DEFAULT_RSS_GB = 9.0
+HOST_HEADROOM = 0.8  # of the host's available memory: the rest for DVC, the data loaders' workers and the page cache
+
+
+def host_available_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """The memory the host can give new processes without swapping (MemAvailable), in GB; None
+    where /proc/meminfo cannot tell."""
+    try:
+        line = next(line for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024 / 1e9  # kB
 
 
 def gpu_free_gb() -> list[float]:
@@ -152,13 +168,14 @@ def gpu_free_gb() -> list[float]:
     return free
 
 
-def peak_gb(records: list[Path]) -> tuple[float | None, int]:
-    """The largest GPU memory peak (`peak_cuda_gb`) of the stage records (storyrewrite.records)
-    given, and how many records had one; (None, 0) where none ran on a GPU."""
+def peak_gb(records: list[Path], key: str = "peak_cuda_gb") -> tuple[float | None, int]:
+    """The largest memory peak (`key`: `peak_cuda_gb`, the GPU's; `peak_rss_gb`, the process's
+    resident memory) of the stage records (storyrewrite.records) given, and how many records had
+    one; (None, 0) where none did (for the GPU's: none ran on a GPU)."""
     peaks = []
     for path in records:
         try:
-            peak = json.loads(Path(path).read_text(encoding="utf-8")).get("peak_cuda_gb")
+            peak = json.loads(Path(path).read_text(encoding="utf-8")).get(key)
         except (OSError, ValueError, AttributeError):
             continue  # not a stage record, or one being written
         if isinstance(peak, (int, float)) and peak > 0:
@@ -167,11 +184,16 @@ def peak_gb(records: list[Path]) -> tuple[float | None, int]:
 
 
 def choose_workers(cores: int, threads_per_worker: int, free_gb: list[float], worker_peak_gb: float,
-                   experiments: int) -> tuple[int, list[str]]:
-    """How many queue workers to start, and a line for each bound: the cores, the GPUs' memory
-    (one GPU: as many workers as fit in its free memory; several: one worker each, as
-    `assigned_gpu` gives each its own) and the experiments to run."""
+                   experiments: int, host_gb: float | None = None, worker_rss_gb: float = DEFAULT_RSS_GB
+                   ) -> tuple[int, list[str]]:
+    """How many queue workers to start, and a line for each bound: the cores, the host's available
+    memory (`host_gb`, None: unknown, no bound), the GPUs' memory (one GPU: as many workers as fit
+    in its free memory; several: one worker each, as `assigned_gpu` gives each its own) and the
+    experiments to run."""
     bounds = [(max(1, cores // threads_per_worker), f"{cores} cores at {threads_per_worker} threads a worker")]
+    if host_gb is not None:
+        fit = max(1, math.floor(host_gb * HOST_HEADROOM / worker_rss_gb))
+        bounds.append((fit, f"host: {host_gb:.1f} GB available x {HOST_HEADROOM} / {worker_rss_gb:.2f} GB a worker"))
     if len(free_gb) == 1:
         fit = max(1, math.floor(free_gb[0] * GPU_HEADROOM / worker_peak_gb))
         bounds.append((fit, f"GPU 0: {free_gb[0]:.1f} GB free x {GPU_HEADROOM} / {worker_peak_gb:.2f} GB a worker"))
@@ -190,29 +212,36 @@ def main(argv: list[str] | None = None) -> None:
     choose.add_argument("--experiments", type=int, required=True, help="experiments to run")
     choose.add_argument("--threads-per-worker", type=int, default=2, help="CPU threads each worker keeps (default 2)")
     choose.add_argument("--records", type=Path, nargs="*", default=[],
-                        help="stage records (reports/stages/*.json) whose largest peak_cuda_gb is a worker's GPU memory")
+                        help="stage records (reports/stages/*.json) whose largest peak_cuda_gb and peak_rss_gb are a worker's "
+                             "GPU and host memory")
     choose.add_argument("--peak-gb", type=float, help=f"a worker's GPU memory, in place of the records' (default: theirs, "
                         f"else {DEFAULT_PEAK_GB})")
+    choose.add_argument("--rss-gb", type=float, help=f"a worker's host memory, in place of the records' (default: theirs, "
+                        f"else {DEFAULT_RSS_GB})")
     args = parser.parse_args(argv)
     for name in ("experiments", "threads_per_worker"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
-    if args.peak_gb is not None and args.peak_gb <= 0:
-        raise InputError(f"--peak-gb must be a number of GB > 0, got {args.peak_gb}")
-    peak, counted = peak_gb(args.records)
-    if args.peak_gb is not None:
-        peak, source = args.peak_gb, "--peak-gb"
-    elif peak is not None:
-        source = f"the largest peak of {counted} GPU stage record(s)"
-    else:
-        peak, source = DEFAULT_PEAK_GB, "no GPU stage record: assumed"
-    free = gpu_free_gb()
-    chosen, lines = choose_workers(cores(), args.threads_per_worker, free, peak, args.experiments)
+    memory = {}  # key -> (a worker's GB, where that figure comes from)
+    for key, option, default, kind in (("peak_cuda_gb", "peak_gb", DEFAULT_PEAK_GB, "GPU"),
+                                       ("peak_rss_gb", "rss_gb", DEFAULT_RSS_GB, "host")):
+        given = getattr(args, option)
+        if given is not None and given <= 0:
+            raise InputError(f"--{option.replace('_', '-')} must be a number of GB > 0, got {given}")
+        peak, counted = peak_gb(args.records, key)
+        memory[key] = ((given, f"--{option.replace('_', '-')}") if given is not None
+                       else (peak, f"the largest peak of {counted} {'GPU ' if kind == 'GPU' else ''}stage record(s)")
+                       if peak is not None else (default, f"no {'GPU ' if kind == 'GPU' else ''}stage record: assumed"))
+    free, host = gpu_free_gb(), host_available_gb()
+    chosen, lines = choose_workers(cores(), args.threads_per_worker, free, memory["peak_cuda_gb"][0], args.experiments,
+                                   host, memory["peak_rss_gb"][0])
     print(f"{chosen} queue worker(s), the least of:", file=sys.stderr)
     for line in lines:
         print(f"  {line}", file=sys.stderr)
+    if host is not None:
+        print(f"  (a worker's host memory, {memory['peak_rss_gb'][0]:.2f} GB: {memory['peak_rss_gb'][1]})", file=sys.stderr)
     if free:
-        print(f"  (a worker's GPU memory, {peak:.2f} GB: {source})", file=sys.stderr)
+        print(f"  (a worker's GPU memory, {memory['peak_cuda_gb'][0]:.2f} GB: {memory['peak_cuda_gb'][1]})", file=sys.stderr)
     print(chosen)
 
 
