@@ -5,8 +5,8 @@
 #   bash scripts/comparison.sh -j auto gpu all params/gpu.yaml # on a GPU machine: reports/gpu/
 #   bash scripts/comparison.sh -j 2 grid all                   # the default profile, 2 queue workers
 #
-# Arguments: [-j N|auto] (DVC queue workers, default 1; auto: as many as the cores and the GPU's
-# free memory hold), NAME (runs/NAME/ and reports/NAME/), PART, then the params profiles to
+# Arguments: [-j N|auto] (DVC queue workers, default 1; auto: as many as the cores and the memory
+# hold), NAME (runs/NAME/ and reports/NAME/), PART, then the params profiles to
 # overlay (none: params.yaml as it is). PART: `core` = NLL continued, DTO-Score, -Delta,
 # -Score+Delta, RLOO on each of the three rewards (with the NLL model, the LLM modes and the copy
 # baselines every run holds); `cpo` = the CPO grid; `all` = both; `seeds` = NLL continued and DTO
@@ -15,8 +15,9 @@
 # The sweeps are DVC's own, run by `dvc queue start -j N`; docs/gpu.md says how they share the GPU
 # and DVC's run cache. A queued experiment whose params equal those of one that finished (here, or
 # gathered before into runs/NAME or runs/NAME.<anything>) leaves the queue, so the same command
-# goes on where an interrupted one stopped. A failed experiment does not stop the others: what ran
-# is gathered and collected, the failures are named, and the exit code is 1.
+# goes on where an interrupted one stopped; one that other sweeps left queued runs, named, but is
+# not gathered. A failed experiment does not stop the others: what ran is gathered and collected,
+# the failures are named, and the exit code is 1.
 set -euo pipefail
 
 usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
@@ -65,6 +66,7 @@ export STORYREWRITE_WORKERS=$JOBS
 # they are started again.
 run_queue() {
   local status idle=0 restarts=0
+  dvc queue status 2>/dev/null | grep -qw Queued || return 0  # nothing to run: no workers to start
   dvc queue start -j "$JOBS"
   while status=$(dvc queue status 2>/dev/null || true); grep -qwE 'Queued|Running' <<<"$status"; do
     if ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; then idle=$((idle + 1)); else idle=0; fi
@@ -82,13 +84,14 @@ run_queue() {
   done
 }
 
-# queue ARGS...: `dvc exp run --queue ARGS...` with dvc.lock set aside while DVC copies the workspace.
+# queue ARGS...: `dvc exp run --queue ARGS...` with dvc.lock set aside while DVC copies the workspace;
+# the names DVC gives the experiments go to $KEPT/mine.
 KEPT=$(mktemp -d)
-trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rmdir "$KEPT" 2>/dev/null' EXIT  # also when interrupted
+trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rm -rf "$KEPT"' EXIT  # also when interrupted
 queue() {
   local rc=0
   [ ! -f dvc.lock ] || mv dvc.lock "$KEPT/dvc.lock"
-  dvc exp run --queue "$@" >/dev/null || rc=$?
+  dvc exp run --queue "$@" | sed -n "s/^Queued experiment '\(.*\)' for future execution\.$/\1/p" >> "$KEPT/mine" || rc=$?
   [ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock
   return $rc
 }
@@ -122,7 +125,7 @@ for sweep in "${SWEEPS[@]}"; do
   queue "${OVERRIDES[@]}" "${settings[@]}"
 done
 # shellcheck disable=SC2207  # experiment names are words without spaces
-RUNS=($(python -m storyrewrite.report.gather --dedupe $(folders)))
+RUNS=($(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue
 

@@ -46,17 +46,21 @@ CPO = "-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2"
 
 
 def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED):
-    """A `dvc` that logs its calls (and whether dvc.lock is in the workspace as it queues), an
-    empty queue; a `python` that logs its calls, prints `dedupe` for `gather --dedupe`, and runs
-    `python` (a bash snippet)."""
-    log = tmp_path / "calls.log"
+    """A `dvc` that logs its calls (and whether dvc.lock is in the workspace as it queues), says
+    the name it gives each queued experiment as DVC does, and has experiments queued from then
+    until its queue is started; a `python` that logs its calls, prints `dedupe` for `gather
+    --dedupe`, and runs `python` (a bash snippet)."""
+    log, queued = tmp_path / "calls.log", tmp_path / "queued"
     bin_dir = _write_stubs(tmp_path, {
         "dvc": f"""echo "dvc $*$(if [ "$3" = --queue ] && [ -f dvc.lock ]; then echo ' WITH-LOCK'; fi)" >> {log}
+if [ "$3" = --queue ]; then touch {queued}; echo "Queued experiment 'exp-$(wc -l < {log})' for future execution."; fi
+if [ "$1 $2" = "queue start" ]; then rm -f {queued}; fi
+if [ "$1 $2" = "queue status" ] && [ -f {queued} ]; then printf 'abc  exp-1  05:28 PM  Queued\\n'; fi
 exit 0""",
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 if [ "$3" = get ]; then echo "zero_shot rag"; fi
-if [ "$2 $3" = "storyrewrite.report.gather --dedupe" ]; then echo {dedupe}; fi
+if [ "$2 $3" = "storyrewrite.report.gather --dedupe" ]; then echo {dedupe}; echo "mine: $(xargs < "${{@: -1}}")" >> {log}; fi
 {python}
 exit 0""",
     })
@@ -88,11 +92,25 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
     assert "python -m storyrewrite.profiles overrides params/gpu.yaml" in calls
     # Runs that equal one finished before leave the queue; what is left runs, is gathered by the
     # names DVC gave it, and collected.
-    after = calls[calls.index("python -m storyrewrite.report.gather --dedupe"):]
-    assert after == ["python -m storyrewrite.report.gather --dedupe", "dvc queue start -j 1", "dvc queue status",
-                     "python -m storyrewrite.report.gather --out runs/gpu --names exp-a exp-b",
-                     "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"]
+    # Of the experiments still queued, only those of these sweeps (the names DVC gave them, as it printed
+    # them) and their twins are gathered (storyrewrite.report.gather --mine).
+    dedupe = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --dedupe"))
+    assert re.fullmatch(r"python -m storyrewrite.report.gather --dedupe --mine \S+/mine", calls[dedupe])
+    names = [f"exp-{i + 1}" for i, c in enumerate(calls) if c.startswith("dvc exp run --queue")]  # the stub's: its log's line
+    assert calls[dedupe + 1:] == [f"mine: {' '.join(names)}", "dvc queue status", "dvc queue start -j 1", "dvc queue status",
+                                  "python -m storyrewrite.report.gather --out runs/gpu --names exp-a exp-b",
+                                  "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"]
     assert "== 2 experiment(s) of 19 to gather, 1 worker(s)" in result.stdout
+
+
+def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
+    """The dedupe left nothing queued (every run finished here, or was gathered before): the
+    finished ones are gathered, and no worker is started for an empty queue."""
+    result, calls = _run(tmp_path, "grid", "core", dedupe="done-a done-b",
+                         python=f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "queued"}; fi\n{GATHERED}')
+    assert result.returncode == 0, result.stderr
+    assert not any(c.startswith("dvc queue start") for c in calls) and "dvc queue status" in calls
+    assert "python -m storyrewrite.report.gather --out runs/grid --names done-a done-b" in calls
 
 
 def test_dvc_lock_comes_back_when_the_comparison_is_stopped_while_queueing(tmp_path):
@@ -199,7 +217,7 @@ def test_folders_gathered_on_other_machines_are_deduplicated_against_and_collect
             (tmp_path / "runs" / folder / "a-run.json").write_text("{}")
     result, calls = _run(tmp_path, "gpu", "core", "params/gpu.yaml")
     assert result.returncode == 0, result.stderr
-    assert "python -m storyrewrite.report.gather --dedupe runs/gpu.1 runs/gpu.2" in calls
+    assert any(c.startswith("python -m storyrewrite.report.gather --dedupe runs/gpu.1 runs/gpu.2 --mine ") for c in calls)
     assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu runs/gpu.1 runs/gpu.2 --out reports/gpu --title gpu (params/gpu.yaml)"
     # git keeps such folders (the machine's own runs/gpu is not kept).
     tracked = subprocess.run(["git", "check-ignore", "-q", "runs/gpu.1/gpu-dto-score.json"], cwd=ROOT)

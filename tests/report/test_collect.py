@@ -162,7 +162,7 @@ def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered(tmp
         _gather_from(tmp_path / "b", monkeypatch, exp_show, "cpu-*")
 
 
-def test_a_queued_run_whose_params_ran_before_leaves_the_queue():
+def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys):
     """An experiment is its params: a queued one equal to one finished here, to one gathered
     before, or to one queued earlier need not run; the others stay, and the finished ones that
     stand in for removed ones are named to be gathered."""
@@ -176,8 +176,19 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue():
         entry("done", params("score")), entry("lost", params("nll"), "failed"),
         entry("q1", params("score"), "queued"), entry("q2", params("cpo", 0.5), "queued"), entry("q3", params("cpo", 0.5), "queued"),
         entry("q4", params("delta"), "queued"), entry("q5", params("nll"), "queued"), entry("q6", params("cpo", 2), "queued")]}]
-    keep, remove, done = duplicates(exp_show, gathered=[params("delta")])
-    assert (keep, remove, done) == (["q2", "q5", "q6"], ["q1", "q3", "q4"], ["done"])
+    keep, remove, done, others = duplicates(exp_show, gathered=[params("delta")])
+    assert (keep, remove, done, others) == (["q2", "q5", "q6"], ["q1", "q3", "q4"], ["done"], [])
+    # Of a comparison that queued q3 and q6 (`mine`), q2 stands in for q3 (an interrupted one's, with
+    # q3's params) and q6 runs; q5, queued by another sweep, runs beside them but is not theirs.
+    assert duplicates(exp_show, [params("delta")], mine={"q3", "q6"}) == (["q2", "q6"], ["q1", "q3", "q4"], ["done"], ["q5"])
+    # On the command line (nothing to remove here: no `dvc queue remove`).
+    show, mine = tmp_path / "show.json", tmp_path / "mine"
+    show.write_text(json.dumps([{"rev": "abcdef1234", "experiments": [entry("q5", params("nll"), "queued"),
+                                                                      entry("q6", params("cpo", 2), "queued")]}]))
+    mine.write_text("q6\n")
+    gather(["--json", str(show), "--dedupe", "--mine", str(mine)])
+    out, err = capsys.readouterr()
+    assert out == "q6\n" and "1 experiment(s) queued before, not of these sweeps, run beside them and are not gathered" in err
     # Key order in the YAML does not matter; any value that differs does.
     assert duplicates(exp_show, gathered=[{"cpo": {"lambda": 1.0, "beta": 2}, "objective": "cpo"}])[1] == ["q1", "q3", "q6"]
 

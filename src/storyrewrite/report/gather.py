@@ -62,17 +62,20 @@ def params_key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], list[str], list[str]]:
+def duplicates(exp_show: list[dict], gathered: list[dict], mine: set[str] | None = None
+               ) -> tuple[list[str], list[str], list[str], list[str]]:
     """An experiment is its params. Of the queued experiments in `dvc exp show --json` output,
     those whose params.yaml equals that of one that ran to the end here, of one `gathered` before
     (params dicts), or of one queued before it, need not run. Returns (the queued to keep, the
-    queued to remove, the finished ones here that stand in for removed ones)."""
+    queued to remove, the finished ones here that stand in for removed ones, the kept ones that
+    are none of `mine`'s: the names a comparison queued, None: all are). A kept one with the params
+    of one of `mine` (left queued by an interrupted comparison) counts as `mine`."""
     runs, finished = listed(exp_show), {}
     for run in runs:
         if run["state"] is None and run["params"] is not None:
             finished.setdefault(params_key(run["params"]), run["name"])
     seen = {params_key(params) for params in gathered}
-    keep, remove, done = [], [], []
+    keep, remove, done = {}, [], []
     for run in runs:
         if run["state"] != "queued":
             continue
@@ -83,9 +86,11 @@ def duplicates(exp_show: list[dict], gathered: list[dict]) -> tuple[list[str], l
         elif key in seen:
             remove.append(run["name"])
         else:
-            keep.append(run["name"])
+            keep[run["name"]] = key
             seen.add(key)
-    return keep, remove, sorted(set(done))
+    ours = {params_key(run["params"]) for run in runs if mine is None or run["name"] in mine}
+    return ([name for name, key in keep.items() if key in ours], remove, sorted(set(done)),
+            [name for name, key in keep.items() if key not in ours])
 
 
 def gathered_before(out: Path, run: dict) -> bool:
@@ -180,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="instead of gathering: remove from DVC's queue each experiment whose params equal those of one "
                              "that finished here, was gathered into a FOLDER, or was queued before it; print the names of the "
                              "queued experiments kept and of the finished ones that stand in for removed ones")
+    parser.add_argument("--mine", type=Path, help="with --dedupe: a file of the names of the experiments the caller "
+                        "queued; of the others still queued, only those with the params of one of these are printed")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
     args = parser.parse_args(argv)
@@ -194,11 +201,15 @@ def main(argv: list[str] | None = None) -> None:
 
         gathered = [parse_yaml(read_blob(folder, manifest["files"]["params.yaml"]).decode(), "params.yaml")
                     for folder in args.dedupe if folder.is_dir() for manifest in manifests(folder)]
-        keep, remove, done = duplicates(exp_show, gathered)
+        mine = set(args.mine.read_text(encoding="utf-8").split()) if args.mine else None
+        keep, remove, done, others = duplicates(exp_show, gathered, mine)
         if remove:
             subprocess.run([sys.executable, "-m", "dvc", "queue", "remove", *remove], check=True, capture_output=True)
             print(f"{len(remove)} queued experiment(s) have the params of one that ran before: removed from the queue",
                   file=sys.stderr)
+        if others:
+            print(f"{len(others)} experiment(s) queued before, not of these sweeps, run beside them and are not gathered with "
+                  f"them: {', '.join(others)} (`dvc queue remove NAME` takes one out)", file=sys.stderr)
         print("\n".join(keep + done))
         return
     if args.out is None:
