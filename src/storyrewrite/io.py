@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -83,8 +84,14 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """The file decoded as UTF-8; an undecodable byte is an error naming file:line."""
+    """The file decoded as UTF-8 (a `.gz` one decompressed first); an undecodable byte is an error
+    naming file:line."""
     data = Path(path).read_bytes()
+    if str(path).endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise InputError(f"{path}: not a whole gzip file ({err})") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

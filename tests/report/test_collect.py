@@ -3,6 +3,7 @@ validation NLL, the p-values against each run's own NLL model (instances and sto
 baseline's comparison, the stage records and the files of the bundle."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -282,6 +283,13 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert "| DTO-Score | 300 | 58 s | 200 |" in results  # the wall time from the stage record
     assert json.loads((out / "metrics" / "cpo-a" / "copy_original.json").read_text())["rougeL"]["predictive"] == 70.0
     assert json.loads((out / "stages" / "dto" / "train.json").read_text())["experiment"] == "dto"
+    # Each system of the tables with its per-instance scores, as its run wrote them (gzip): the NLL
+    # model's, the LLM mode's and the copies' from the first chosen run.
+    scores = sorted(str(p.relative_to(out / "scores")) for p in (out / "scores").rglob("*.jsonl.gz"))
+    assert scores == ["cpo-b/finetuned.jsonl.gz", "dto/finetuned.jsonl.gz", *(f"exp-nll/{s}.jsonl.gz" for s in (
+        "copy_original", "copy_reference", "finetuned", "llm_zero_shot", "nll"))]
+    dto = [json.loads(line) for line in gzip.decompress((out / "scores" / "dto" / "finetuned.jsonl.gz").read_bytes()).splitlines()]
+    assert dto == _scores(0.3)
 
     # Collecting again replaces the folder as a whole: nothing of an earlier bundle stays.
     (out / "stale.md").write_text("old")

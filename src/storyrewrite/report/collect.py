@@ -11,6 +11,7 @@ training curves, stage records and params: docs/training.md says what each holds
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from dataclasses import dataclass
@@ -84,9 +85,11 @@ class Run:
         path = self._metrics_path(system)
         return None if path is None else self.artifact(path, artifacts.SystemMetrics)
 
+    def scores_path(self, system: str) -> str:
+        return self._metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
+
     def scores(self, system: str) -> list[dict]:
-        path = self._metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
-        return [json.loads(line) for line in self.text(path).splitlines() if line.strip()]
+        return [json.loads(line) for line in self.text(self.scores_path(system)).splitlines() if line.strip()]
 
     def summary(self, system: str) -> dict | None:
         return self.artifact(f"reports/train/{system}/metrics.json", artifacts.TrainingSummary, optional=True)
@@ -425,7 +428,8 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         "## The copy of the original ending", copy_against_trained(entries),
         "## Training", training_section(summaries, {label: label for label in summaries}, seconds),
         "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
-        "time: stages.md.",
+        "time: stages.md; each system's per-instance scores: `scores/<run>/<system>.jsonl.gz` (`python -m "
+        "storyrewrite.significance.compare A B` tests any two again).",
     ]) + "\n"
 
 
@@ -541,6 +545,9 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
             **{label: {"run": next(e.run.name for e in entries if e.label == label), **by_unit,
                        **({"head_to_head": duels[label]} if label in duels else {})} for label, by_unit in tests.items()},
         })
+        for e in entries:  # each system's per-instance scores (gzip: the same bytes each time), to test any two again
+            data = read_blob(e.run.root, e.run.files[e.run.scores_path(e.system)])
+            write_bytes_atomic(staging / "scores" / e.run.name / f"{e.system}.jsonl.gz", gzip.compress(data, mtime=0))
         for run in runs:
             write_text_atomic(staging / "params" / f"{run.name}.yaml", run.text("params.yaml"))
             for path, digest in run.files.items():  # the figures too: bytes as gathered

@@ -1,12 +1,24 @@
 """Test every system against the baseline, for every tested column (the overlap metrics in each
-form, the coherence metrics: storyrewrite.metrics.columns), from per-instance scores."""
+form, the coherence metrics: storyrewrite.metrics.columns), from per-instance scores.
+
+Any two systems' score files (a run's `reports/scores/<system>.jsonl`, a collected folder's
+`scores/<run>/<system>.jsonl.gz`), tested again, over instances and over stories:
+
+    python -m storyrewrite.significance.compare reports/gpu/scores/RUN/finetuned.jsonl.gz \
+        reports/gpu/scores/RUN/nll.jsonl.gz [--n-resamples 10000] [--seed 0]
+
+With the run's `significance.n_resamples` and `seed` (the collected folder's params/<run>.yaml),
+the p-values against NLL are those of its significance.json.
+"""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
 
 from storyrewrite.io import InputError, find_file, read_jsonl
+from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import available, value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
@@ -37,3 +49,33 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
 def read_scores(systems: list[str], directories: list[Path]) -> dict[str, list[dict]]:
     """system -> its per-instance score rows, for exactly the systems named."""
     return {system: [row for _, row in read_jsonl(find_file(system, directories, ".jsonl"))] for system in systems}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.significance.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("system", type=Path, help="per-instance scores (.jsonl or .jsonl.gz) of the system tested")
+    parser.add_argument("against", type=Path, help="those of the system it is tested against (H1: `system` scores higher)")
+    parser.add_argument("--n-resamples", type=int, default=10000, help="bootstrap resamples (default 10000, as the pipeline's)")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0, the pipeline's `seed`)")
+    args = parser.parse_args(argv)
+    if args.n_resamples < 1:
+        raise InputError(f"--n-resamples must be a whole number >= 1, got {args.n_resamples}")
+    scores = {}
+    for role in ("system", "against"):
+        path = getattr(args, role)
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        scores[role] = [row for _, row in read_jsonl(path)]
+        if not scores[role]:
+            raise InputError(f"{path}: no scores")
+    p = {unit: compare(scores, "against", args.n_resamples, args.seed, by_story=unit == "story")["system"] for unit in ("instance", "story")}
+    print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
+          f"{args.n_resamples} resamples, seed {args.seed}")
+    print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
+
+
+if __name__ == "__main__":
+    from storyrewrite.io import run_cli
+
+    run_cli(main)

@@ -1,0 +1,53 @@
+"""`python -m storyrewrite.significance.compare A B`: any two systems' per-instance scores tested
+again, from a collected folder's gzip files, give the p-values its significance.json holds."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import yaml
+from helpers import ROOT
+
+from storyrewrite.io import InputError
+from storyrewrite.significance.compare import main
+
+GRID = ROOT / "reports" / "grid"
+
+
+def _cli_p_values(capsys, *argv) -> dict[str, tuple[float, float]]:
+    main([str(a) for a in argv])
+    lines = capsys.readouterr().out.splitlines()
+    return {cells[0]: (float(cells[1]), float(cells[2]))
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[3:])}
+
+
+def test_the_collected_scores_give_the_collected_p_values_again(capsys):
+    significance = json.loads((GRID / "significance.json").read_text())
+    label = next(label for label in significance if label.startswith("DTO-Score") and "Delta" not in label)
+    run = significance[label]["run"]
+    params = yaml.safe_load((GRID / "params" / f"{run}.yaml").read_text())
+    nll = next((GRID / "scores").glob("*/nll.jsonl.gz"))  # the NLL model of every run of one machine
+    found = _cli_p_values(capsys, GRID / "scores" / run / "finetuned.jsonl.gz", nll,
+                          "--n-resamples", params["significance"]["n_resamples"], "--seed", params["seed"])
+    expected = significance[label]
+    assert found == {column: (p, expected["story"][column]) for column, p in expected["instance"].items()}
+    assert len(found) >= 9  # the overlap metrics in both forms and the coherence columns
+
+
+def test_plain_score_files_and_bad_input(tmp_path, capsys):
+    rows = [{"id": f"s{i // 3}:{i % 3}", "story_id": f"s{i // 3}", "bartscore": -2.0 + 0.01 * i} for i in range(12)]
+    better = [{**row, "bartscore": row["bartscore"] + 0.5} for row in rows]
+    for name, data in (("a.jsonl", better), ("b.jsonl", rows)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in data))
+    # Higher on every instance: p = 0 both ways of resampling; the other way round, 1.
+    assert _cli_p_values(capsys, tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50) == {"bartscore/predictive": (0.0, 0.0)}
+    assert _cli_p_values(capsys, tmp_path / "b.jsonl", tmp_path / "a.jsonl", "--n-resamples", 50) == {"bartscore/predictive": (1.0, 1.0)}
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "torn.jsonl.gz").write_bytes(gzip.compress(b'{"id": 1}\n')[:-4])
+    for argv, message in (([tmp_path / "none.jsonl", tmp_path / "b.jsonl"], r"none.jsonl: no such file"),
+                          ([tmp_path / "empty.jsonl", tmp_path / "b.jsonl"], r"empty.jsonl: no scores"),
+                          ([tmp_path / "torn.jsonl.gz", tmp_path / "b.jsonl"], r"torn.jsonl.gz: not a whole gzip file"),
+                          ([tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 0], r"--n-resamples must be a whole number >= 1")):
+        with pytest.raises(InputError, match=message):
+            main([str(a) for a in argv])
