@@ -190,6 +190,9 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
     gather(["--json", str(show), "--dedupe", "--mine", str(mine)])
     out, err = capsys.readouterr()
     assert out == "q6\n" and "1 experiment(s) queued before, not of these sweeps, run beside them and are not gathered" in err
+    mine.write_text("")  # no names known: every queued one is the caller's
+    gather(["--json", str(show), "--dedupe", "--mine", str(mine)])
+    assert capsys.readouterr().out == "q5\nq6\n"
     # Key order in the YAML does not matter; any value that differs does.
     assert duplicates(exp_show, gathered=[{"cpo": {"lambda": 1.0, "beta": 2}, "objective": "cpo"}])[1] == ["q1", "q3", "q6"]
 

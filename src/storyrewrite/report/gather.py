@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
 
         gathered = [parse_yaml(read_blob(folder, manifest["files"]["params.yaml"]).decode(), "params.yaml")
                     for folder in args.dedupe if folder.is_dir() for manifest in manifests(folder)]
-        mine = set(args.mine.read_text(encoding="utf-8").split()) if args.mine else None
+        # (An empty file: DVC printed no names, as another version of it might; every queued one counts.)
+        mine = (set(args.mine.read_text(encoding="utf-8").split()) or None) if args.mine else None
         keep, remove, done, others = duplicates(exp_show, gathered, mine)
         if remove:
             subprocess.run([sys.executable, "-m", "dvc", "queue", "remove", *remove], check=True, capture_output=True)
