@@ -55,8 +55,8 @@ def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED):
         "dvc": f"""echo "dvc $*$(if [ "$3" = --queue ] && [ -f dvc.lock ]; then echo ' WITH-LOCK'; fi)" >> {log}
 if [ "$3" = --queue ]; then touch {queued}; echo "Queued experiment 'exp-$(wc -l < {log})' for future execution."; fi
 if [ "$1 $2" = "queue start" ]; then rm -f {queued}; fi
-if [ "$1 $2" = "queue status" ] && [ -f {queued} ]; then printf 'abc  exp-1  05:28 PM  Queued\\n'; fi
-exit 0""",
+if [ "$1 $2" = "queue status" ] && [ -f {queued} ]; then printf 'abc  exp-1  05:28 PM  Queued\\n'; seq 20000 || exit; fi
+exit 0""",  # (more lines than a pipe holds: a `dvc queue status | grep -q` would end it early, and fail under pipefail)
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 if [ "$3" = get ]; then echo "zero_shot rag"; fi
