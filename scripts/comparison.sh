@@ -13,10 +13,10 @@
 # again with each fine-tuning seed of COMPARISON_SEEDS (a DVC sweep value, default `range(1,3)`).
 #
 # The sweeps are DVC's own, run by `dvc queue start -j N`; docs/gpu.md says how they share the GPU
-# and DVC's run cache. A queued experiment whose params equal those of one that finished (here, or
-# gathered before into runs/NAME or runs/NAME.<anything>) leaves the queue, so the same command
-# goes on where an interrupted one stopped; one that other sweeps left queued runs, named, but is
-# not gathered. A failed experiment does not stop the others: what ran is gathered and collected,
+# and DVC's run cache. A queued experiment whose params equal those of one that finished or runs
+# (here, or gathered before into runs/NAME or runs/NAME.<anything>) leaves the queue, so the same
+# command goes on where an interrupted one stopped; one that other sweeps left queued runs, named,
+# but is not gathered. A failed experiment does not stop the others: what ran is gathered and collected,
 # the failures are named, and the exit code is 1.
 set -euo pipefail
 

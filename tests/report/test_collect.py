@@ -179,6 +179,9 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
         entry("q4", params("delta"), "queued"), entry("q5", params("nll"), "queued"), entry("q6", params("cpo", 2), "queued")]}]
     keep, remove, done, others = duplicates(exp_show, gathered=[params("delta")])
     assert (keep, remove, done, others) == (["q2", "q5", "q6"], ["q1", "q3", "q4"], ["done"], [])
+    # One still running (its worker outlived an interrupted comparison) stands in for its queued twin.
+    running = [{**exp_show[0]}, {**exp_show[1], "experiments": [*exp_show[1]["experiments"], entry("busy", params("cpo", 2), "running")]}]
+    assert duplicates(running, [params("delta")]) == (["q2", "q5"], ["q1", "q3", "q4", "q6"], ["busy", "done"], [])
     # Of a comparison that queued q3 and q6 (`mine`), q2 stands in for q3 (an interrupted one's, with
     # q3's params) and q6 runs; q5, queued by another sweep, runs beside them but is not theirs.
     assert duplicates(exp_show, [params("delta")], mine={"q3", "q6"}) == (["q2", "q6"], ["q1", "q3", "q4"], ["done"], ["q5"])

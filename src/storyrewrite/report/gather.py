@@ -65,14 +65,15 @@ def params_key(params: dict) -> str:
 def duplicates(exp_show: list[dict], gathered: list[dict], mine: set[str] | None = None
                ) -> tuple[list[str], list[str], list[str], list[str]]:
     """An experiment is its params. Of the queued experiments in `dvc exp show --json` output,
-    those whose params.yaml equals that of one that ran to the end here, of one `gathered` before
-    (params dicts), or of one queued before it, need not run. Returns (the queued to keep, the
-    queued to remove, the finished ones here that stand in for removed ones, the kept ones that
-    are none of `mine`'s: the names a comparison queued, None: all are). A kept one with the params
-    of one of `mine` (left queued by an interrupted comparison) counts as `mine`."""
+    those whose params.yaml equals that of one that ran to the end here or is running (a worker
+    an interrupted comparison left), of one `gathered` before (params dicts), or of one queued
+    before it, need not run. Returns (the queued to keep, the queued to remove, the finished or
+    running ones here that stand in for removed ones, the kept ones that are none of `mine`'s: the
+    names a comparison queued, None: all are). A kept one with the params of one of `mine` (left
+    queued by an interrupted comparison) counts as `mine`."""
     runs, finished = listed(exp_show), {}
     for run in runs:
-        if run["state"] is None and run["params"] is not None:
+        if run["state"] in (None, "running") and run["params"] is not None:
             finished.setdefault(params_key(run["params"]), run["name"])
     seen = {params_key(params) for params in gathered}
     keep, remove, done = {}, [], []
