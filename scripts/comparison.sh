@@ -66,8 +66,8 @@ export STORYREWRITE_WORKERS=$JOBS
 # they are started again.
 run_queue() {
   local status idle=0 restarts=0
-  grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || return 0  # nothing to run: no workers to start
-  dvc queue start -j "$JOBS"
+  # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
+  ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
   while status=$(dvc queue status 2>/dev/null || true); grep -qwE 'Queued|Running' <<<"$status"; do
     if ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; then idle=$((idle + 1)); else idle=0; fi
     if [ $idle -ge 2 ]; then

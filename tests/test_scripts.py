@@ -50,11 +50,13 @@ def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED):
     the name it gives each queued experiment as DVC does, and has experiments queued from then
     until its queue is started; a `python` that logs its calls, prints `dedupe` for `gather
     --dedupe`, and runs `python` (a bash snippet)."""
-    log, queued = tmp_path / "calls.log", tmp_path / "queued"
+    log, queued, running = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "running"
     bin_dir = _write_stubs(tmp_path, {
         "dvc": f"""echo "dvc $*$(if [ "$3" = --queue ] && [ -f dvc.lock ]; then echo ' WITH-LOCK'; fi)" >> {log}
 if [ "$3" = --queue ]; then touch {queued}; echo "Queued experiment 'exp-$(wc -l < {log})' for future execution."; fi
 if [ "$1 $2" = "queue start" ]; then rm -f {queued}; fi
+# (`running`: one line for each `queue status` that still shows an experiment running)
+if [ "$1 $2" = "queue status" ] && [ -s {running} ]; then echo 'abc  exp-9  05:28 PM  Running'; sed -i 1d {running}; fi
 if [ "$1 $2" = "queue status" ] && [ -f {queued} ]; then printf 'abc  exp-1  05:28 PM  Queued\\n'; seq 20000 || exit; fi
 exit 0""",  # (more lines than a pipe holds: a `dvc queue status | grep -q` would end it early, and fail under pipefail)
         "python": f"""echo "python $*" >> {log}
@@ -105,12 +107,20 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
 
 def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
     """The dedupe left nothing queued (every run finished here, or was gathered before): the
-    finished ones are gathered, and no worker is started for an empty queue."""
+    finished ones are gathered, and no worker is started for an empty queue. One still running
+    (its worker outlived an interrupted comparison) is waited for before it is gathered."""
     result, calls = _run(tmp_path, "grid", "core", dedupe="done-a done-b",
                          python=f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "queued"}; fi\n{GATHERED}')
     assert result.returncode == 0, result.stderr
     assert not any(c.startswith("dvc queue start") for c in calls) and "dvc queue status" in calls
     assert "python -m storyrewrite.report.gather --out runs/grid --names done-a done-b" in calls
+    (tmp_path / "again").mkdir()
+    result, calls = _run(tmp_path / "again", "grid", "core", dedupe="done-a busy", python=(
+        f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "again" / "queued"}; seq 3 > {tmp_path / "again" / "running"}; fi\n'
+        f'{GATHERED}'))
+    assert result.returncode == 0, result.stderr
+    gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
+    assert calls[gather - 4:gather] == 4 * ["dvc queue status"] and not any(c.startswith("dvc queue start") for c in calls)
 
 
 def test_dvc_lock_comes_back_when_the_comparison_is_stopped_while_queueing(tmp_path):
