@@ -16,8 +16,8 @@
 # and DVC's run cache. A queued experiment whose params equal those of one that finished or runs
 # (here, or gathered before into runs/NAME or runs/NAME.<anything>) leaves the queue, so the same
 # command goes on where an interrupted one stopped; one that other sweeps left queued runs, named,
-# but is not gathered. A failed experiment does not stop the others: what ran is gathered and collected,
-# the failures are named, and the exit code is 1.
+# but is not gathered. A failed experiment does not stop the others: what ran is gathered and
+# collected, the failures are named, and the exit code is 1.
 set -euo pipefail
 
 usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }

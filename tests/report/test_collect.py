@@ -193,6 +193,8 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
     gather(["--json", str(show), "--dedupe", "--mine", str(mine)])
     out, err = capsys.readouterr()
     assert out == "q6\n" and "1 experiment(s) queued before, not of these sweeps, run beside them and are not gathered" in err
+    with pytest.raises(InputError, match=r"--mine .*/none: no such file"):
+        gather(["--json", str(show), "--dedupe", "--mine", str(tmp_path / "none")])
     mine.write_text("")  # no names known: every queued one is the caller's
     gather(["--json", str(show), "--dedupe", "--mine", str(mine)])
     assert capsys.readouterr().out == "q5\nq6\n"

@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
 
         gathered = [parse_yaml(read_blob(folder, manifest["files"]["params.yaml"]).decode(), "params.yaml")
                     for folder in args.dedupe if folder.is_dir() for manifest in manifests(folder)]
+        if args.mine is not None and not args.mine.is_file():
+            raise InputError(f"--mine {args.mine}: no such file")
         # (An empty file: DVC printed no names, as another version of it might; every queued one counts.)
         mine = (set(args.mine.read_text(encoding="utf-8").split()) or None) if args.mine else None
         keep, remove, done, others = duplicates(exp_show, gathered, mine)
