@@ -32,11 +32,10 @@ from storyrewrite.report.figure import results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
-from storyrewrite.significance.compare import compare
+from storyrewrite.significance.compare import UNITS, compare_units
 from storyrewrite.systems import COPY_BASELINES, pipeline_systems
 
 BASELINE, FINETUNED = "nll", "finetuned"
-UNITS = ("instance", "story")
 
 
 class Run:
@@ -218,7 +217,7 @@ def tested(scores: dict[str, list[dict]], system: str, against: str, reference: 
     it scores higher), resampling instances and, separately, whole stories (a story's endings
     share one input), with the reference run's `significance.n_resamples` and `seed`."""
     n_resamples, seed = reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
-    return {unit: compare(scores, against, n_resamples, seed, by_story=unit == "story")[system] for unit in UNITS}
+    return compare_units(scores, system, against, n_resamples, seed)
 
 
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
@@ -546,7 +545,7 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
                        **({"head_to_head": duels[label]} if label in duels else {})} for label, by_unit in tests.items()},
         })
         for e in entries:  # each system's per-instance scores (gzip: the same bytes each time), to test any two again
-            data = read_blob(e.run.root, e.run.files[e.run.scores_path(e.system)])
+            data = e.run.text(e.run.scores_path(e.system)).encode("utf-8")  # read once already, for the tests above
             write_bytes_atomic(staging / "scores" / e.run.name / f"{e.system}.jsonl.gz", gzip.compress(data, mtime=0))
         for run in runs:
             write_text_atomic(staging / "params" / f"{run.name}.yaml", run.text("params.yaml"))

@@ -46,6 +46,14 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
     return results
 
 
+UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, or whole stories (a story's endings share one input)
+
+
+def compare_units(scores: dict[str, list[dict]], system: str, against: str, n_resamples: int, seed: int) -> dict[str, dict]:
+    """{unit: {column: p}} of `system` against `against` (H1: it scores higher), resampling each of UNITS."""
+    return {unit: compare(scores, against, n_resamples, seed, by_story=unit == "story")[system] for unit in UNITS}
+
+
 def read_scores(systems: list[str], directories: list[Path]) -> dict[str, list[dict]]:
     """system -> its per-instance score rows, for exactly the systems named."""
     return {system: [row for _, row in read_jsonl(find_file(system, directories, ".jsonl"))] for system in systems}
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         scores[role] = [row for _, row in read_jsonl(path)]
         if not scores[role]:
             raise InputError(f"{path}: no scores")
-    p = {unit: compare(scores, "against", args.n_resamples, args.seed, by_story=unit == "story")["system"] for unit in ("instance", "story")}
+    p = compare_units(scores, "system", "against", args.n_resamples, args.seed)
     print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
           f"{args.n_resamples} resamples, seed {args.seed}")
     print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
