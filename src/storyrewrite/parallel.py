@@ -204,6 +204,18 @@ def choose_workers(cores: int, threads_per_worker: int, free_gb: list[float], wo
     return chosen, [f"{why}: {bound}" for bound, why in bounds]
 
 
+def worker_memory(records: list[Path], key: str, given: float | None, option: str, default: float, kind: str
+                  ) -> tuple[float, str]:
+    """A worker's memory in GB (`given` by `option`, else the records' largest `key`, else
+    `default`) and where that figure comes from; `kind` names the records that count."""
+    if given is not None:
+        if given <= 0:
+            raise InputError(f"{option} must be a number of GB > 0, got {given}")
+        return given, option
+    peak, counted = peak_gb(records, key)
+    return (peak, f"the largest peak of {counted} {kind} record(s)") if peak is not None else (default, f"no {kind} record: assumed")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.parallel",
                                      description="How many DVC queue workers this machine runs at once.")
@@ -222,26 +234,17 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("experiments", "threads_per_worker"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
-    memory = {}  # key -> (a worker's GB, where that figure comes from)
-    for key, option, default, kind in (("peak_cuda_gb", "peak_gb", DEFAULT_PEAK_GB, "GPU"),
-                                       ("peak_rss_gb", "rss_gb", DEFAULT_RSS_GB, "host")):
-        given = getattr(args, option)
-        if given is not None and given <= 0:
-            raise InputError(f"--{option.replace('_', '-')} must be a number of GB > 0, got {given}")
-        peak, counted = peak_gb(args.records, key)
-        memory[key] = ((given, f"--{option.replace('_', '-')}") if given is not None
-                       else (peak, f"the largest peak of {counted} {'GPU ' if kind == 'GPU' else ''}stage record(s)")
-                       if peak is not None else (default, f"no {'GPU ' if kind == 'GPU' else ''}stage record: assumed"))
+    gpu, gpu_source = worker_memory(args.records, "peak_cuda_gb", args.peak_gb, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage")
+    rss, rss_source = worker_memory(args.records, "peak_rss_gb", args.rss_gb, "--rss-gb", DEFAULT_RSS_GB, "stage")
     free, host = gpu_free_gb(), host_available_gb()
-    chosen, lines = choose_workers(cores(), args.threads_per_worker, free, memory["peak_cuda_gb"][0], args.experiments,
-                                   host, memory["peak_rss_gb"][0])
+    chosen, lines = choose_workers(cores(), args.threads_per_worker, free, gpu, args.experiments, host, rss)
     print(f"{chosen} queue worker(s), the least of:", file=sys.stderr)
     for line in lines:
         print(f"  {line}", file=sys.stderr)
     if host is not None:
-        print(f"  (a worker's host memory, {memory['peak_rss_gb'][0]:.2f} GB: {memory['peak_rss_gb'][1]})", file=sys.stderr)
+        print(f"  (a worker's host memory, {rss:.2f} GB: {rss_source})", file=sys.stderr)
     if free:
-        print(f"  (a worker's GPU memory, {memory['peak_cuda_gb'][0]:.2f} GB: {memory['peak_cuda_gb'][1]})", file=sys.stderr)
+        print(f"  (a worker's GPU memory, {gpu:.2f} GB: {gpu_source})", file=sys.stderr)
     print(chosen)
 
 
