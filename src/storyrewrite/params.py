@@ -91,6 +91,9 @@ class TrainConfig(Section):
     num_nodes: Positive = 1  # machines (Lightning's)
     accumulate_grad_batches: Positive = 1  # batches summed per optimiser step
     limit_val_batches: int | float | None = None  # validate on this many batches (or this share); None: all
+    # Instances per validation batch; None: batch_size. Validation keeps no activations for a
+    # gradient, and RLOO's decodes a token at a time: on a GPU fewer, larger batches take less time
+    val_batch_size: Positive | None = None
     num_workers: int = Field(0, ge=0)
     validate_at_start: bool = True  # validate the starting weights (the curves' step 0) before training
     # torch.compile the generator's (and a DTO scorer's) transformer body: for a GPU, where an
@@ -141,6 +144,9 @@ class RLConfig(Section):
     kl_beta: float = Field(ge=0)  # KL penalty against the starting model, in the reward (0: no reference model)
     max_new_tokens: Positive  # at most this many tokens per sample (TRL's max_completion_length)
     baseline: Literal["leave_one_out", "greedy"] = "leave_one_out"  # greedy: self-critical
+    # The samples' KV cache: static (fixed-size) lets a GPU replay each decoding step as a CUDA
+    # graph (transformers compiles it); the same samples as dynamic, after a compile per row count
+    cache: Literal["dynamic", "static"] = "dynamic"
 
     @field_validator("baseline")
     @classmethod

@@ -4,6 +4,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
+from transformers import CompileConfig
 
 from helpers import RL, ROOT, read_jsonl, tiny_run
 from storyrewrite.models.encoding import Encoder, target_logits
@@ -245,3 +246,57 @@ def test_a_run_reads_only_its_objectives_sections(tmp_path, objective, read):
     params = Params(raw)
     Run.from_params(params, "train", objective, tmp_path, tmp_path, tmp_path)
     assert set(params.built) == read
+
+
+def _batches(encoder, prepared, sizes=(2, 2)):
+    """Batches of training instances, `sizes` instances each, from the shortest sources to the longest."""
+    rows = sorted(read_jsonl(prepared / "timetravel" / "train.jsonl"), 
+                  key=lambda row: len(row["premise"] + row["initial"] + row["counterfactual"] + row["original_ending"]))
+    collate, start, out = Collate(encoder, "timetravel"), 0, []
+    for size in sizes:
+        out.append(collate(rows[start : start + size]))
+        start += len(rows) // len(sizes)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_a_static_cache_samples_what_the_dynamic_cache_does(tiny_model_dirs, small_prepared, kind):
+    directory = tiny_model_dirs[kind]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    length = rloo.static_cache_length(kind == "bart", 96, MAX_NEW)
+    static_loss = _setup(directory, small_prepared, cache="static")[1]  # `rl.cache: static`, through the objective
+    with torch.no_grad():
+        assert static_loss(model, batch, 7).loss.item() == loss(model, batch, 7).loss.item()
+    assert model._previous_max_cache_length == length  # (transformers' record of the static cache it made)
+    batches = _batches(encoder, small_prepared)
+    assert len({batch["input_ids"].shape[1] for batch in batches}) == len(batches)  # sources of other lengths
+    for batch in batches:
+        dynamic = rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+        assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, static_cache_len=length) == dynamic
+
+
+def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(tiny_model_dirs, small_prepared):
+    """The decoding step compiled (as transformers does on a GPU) sees one shape per row count:
+    batches whose sources differ in length compile nothing new, and sample what the eager
+    dynamic cache samples."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    graphs = []
+
+    def backend(graph, example_inputs):  # counts what dynamo compiles, runs it as traced
+        graphs.append(graph)
+        return graph.forward
+
+    compile_config = CompileConfig(backend=backend, mode=None)  # (mode: inductor's; reduce-overhead on a GPU)
+    compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
+    first, *others = batches = _batches(encoder, small_prepared, sizes=(2, 2, 2))
+    assert len({batch["input_ids"].shape[1] for batch in batches}) == len(batches)
+    length = rloo.static_cache_length(False, 96, MAX_NEW)
+    settings = {"static_cache_len": length, "compile_config": compile_config}
+    assert rloo.sample(model, first, 3, 5, MAX_NEW, 1.0, *tokens, **settings) == rloo.sample(model, first, 3, 5, MAX_NEW, 1.0, *tokens)
+    compiled = len(graphs)
+    assert compiled > 0
+    for batch in others:
+        assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, **settings) == rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+    assert len(graphs) == compiled

@@ -517,3 +517,16 @@ def test_training_without_nan_filled_allocations_is_the_same_run(tmp_path, tiny_
         torch.utils.deterministic.fill_uninitialized_memory = fill
     assert losses[0] == losses[1] and len(losses[0]) == 3
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_validation_batches_hold_val_batch_size_instances(tiny_model_dirs, small_prepared):
+    """`val_batch_size` sizes the validation batches (the training ones keep `batch_size`); unset,
+    validation batches as training does."""
+    sizes = {}
+    for val_batch_size in (None, 4):
+        run = tiny_run(tiny_model_dirs["llama"], small_prepared, val_batch_size=val_batch_size)
+        data = assemble(run)[1]
+        data.setup()
+        assert len(data.val_rows) == 6 and len(next(iter(data.train_dataloader()))["ids"]) == 2
+        sizes[val_batch_size] = [len(batch["ids"]) for batch in data.val_dataloader()]
+    assert sizes == {None: [2, 2, 2], 4: [4, 2]}

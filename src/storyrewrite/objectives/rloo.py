@@ -27,6 +27,10 @@ update per batch (no ratio clipping: the samples come from the policy being upda
 log π is taken at the sampling temperature (logits / T, as TRL does), so that the score function
 is that of the distribution sampled. In validation the loss is −mean r (the samples' mean reward,
 drawn with a fixed seed per batch): the best checkpoint is the one whose samples score best.
+
+`rl.cache: static` samples with a fixed-size KV cache, sized for the longest source, so that on a
+GPU transformers compiles the decoding step once per row count and replays it as a CUDA graph:
+the samples of the dynamic cache, without a kernel launch per operator of each new token.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import CompileConfig, GenerationConfig, PreTrainedModel
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -117,19 +121,36 @@ def plain_decoding(model: PreTrainedModel):
         model.generation_config = saved
 
 
+def static_cache_length(seq2seq: bool, max_input_tokens: int, max_new_tokens: int, multiple: int | None = None) -> int:
+    """The positions a static KV cache needs for any batch: a causal model's longest source (padded
+    to `multiple`, the length buckets) and its new tokens; a seq2seq decoder's start token and its
+    new tokens (transformers sizes the cross-attention's cache to each batch's encoder output: a
+    shape that length buckets bound)."""
+    source = 0 if seq2seq else -(-max_input_tokens // (multiple or 1)) * (multiple or 1)
+    return source + max_new_tokens + 1
+
+
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
-           eos_id: int, pad_id: int, greedy: bool = False) -> tuple[list[list[int]], list[bool], list[list[int]]]:
+           eos_id: int, pad_id: int, greedy: bool = False, *, static_cache_len: int | None = None,
+           compile_config: CompileConfig | None = None) -> tuple[list[list[int]], list[bool], list[list[int]]]:
     """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
     are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
     `temperature` (`greedy`: the argmax decode, `count` 1), in eval mode, without gradient, from the
-    global generator seeded with `seed` (forked: the caller's random state is left as it was)."""
+    global generator seeded with `seed` (forked: the caller's random state is left as it was).
+
+    `static_cache_len`: a static KV cache of at least that many positions (`static_cache_length`),
+    the same for every call, so that the decoding step keeps one shape per row count; on a GPU
+    transformers then compiles that step (`compile_config`, default: inductor's reduce-overhead, CUDA
+    graphs). None: the dynamic cache, eager."""
     seq2seq = bool(generator.config.is_encoder_decoder)
     ids, mask, rows = source_rows(batch, seq2seq)
+    static = {"cache_implementation": "static", "max_cache_len": static_cache_len,
+              "compile_config": compile_config} if static_cache_len is not None else {}
     options = GenerationConfig(
         do_sample=not greedy, num_beams=1, num_return_sequences=count, max_new_tokens=max_new_tokens, min_length=0,
         temperature=temperature if not greedy else None, top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
         repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=eos_id, pad_token_id=pad_id,
-        decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None)
+        decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None, **static)
     was_training = generator.training
     generator.eval()
     devices = [ids.device] if ids.is_cuda else []
@@ -159,6 +180,8 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         for parameter in reference.parameters():
             parameter.requires_grad_(False)
     needs_original = config.reward != "score"
+    static_cache_len = static_cache_length(encoder.seq2seq, context.max_input_tokens, config.max_new_tokens,
+                                           context.pad_to_multiple_of) if config.cache == "static" else None
 
     def rewards(completions, sources, targets, originals, logps: Callable[[], torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -182,7 +205,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
         completions, ended, sources = sample(generator, batch, count, noise_seed, config.max_new_tokens,
-                                             config.temperature, eos, pad)
+                                             config.temperature, eos, pad, static_cache_len=static_cache_len)
         sampling = time.perf_counter() - started
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
@@ -191,7 +214,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                                                                     originals, lambda: logps))
         if config.baseline == "greedy":
             greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, config.max_new_tokens, config.temperature,
-                                               eos, pad, greedy=True)
+                                               eos, pad, greedy=True, static_cache_len=static_cache_len)
 
             def greedy_logps() -> torch.Tensor:  # a generator forward, for the KL term alone
                 with torch.no_grad():

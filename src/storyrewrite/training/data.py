@@ -64,10 +64,12 @@ class ResumableRandomSampler(Sampler[int]):
 
 class RewriteDataModule(L.LightningDataModule):
     def __init__(self, prepared_dir: str, task: str, encoder: Encoder, batch_size: int, seed: int,
-                 num_workers: int = 0, pairs: bool = False, prepare: Callable[[dict], dict] | None = None):
+                 num_workers: int = 0, pairs: bool = False, prepare: Callable[[dict], dict] | None = None,
+                 val_batch_size: int | None = None):
         super().__init__()
         self.prepared_dir, self.task, self.encoder = prepared_dir, task, encoder
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.val_batch_size = val_batch_size or batch_size
         self.collate = Collate(encoder, task, pairs, prepare)
 
     def setup(self, stage: str | None = None) -> None:
@@ -88,5 +90,5 @@ class RewriteDataModule(L.LightningDataModule):
                           collate_fn=self.collate, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_rows, batch_size=self.batch_size, shuffle=False,
+        return DataLoader(self.val_rows, batch_size=self.val_batch_size, shuffle=False,
                           collate_fn=self.collate, num_workers=self.num_workers)

@@ -98,7 +98,8 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     loss = objective.build(ObjectiveContext(run.settings, run.scorer_dir, run.models.max_input_tokens,
                                             run.models.max_output_tokens, run.init_dir, run.config.pad_to_multiple_of))
     datamodule = RewriteDataModule(str(run.prepared_dir), run.task, encoder, run.config.batch_size, run.seed,
-                                   run.config.num_workers, pairs=objective.pairs, prepare=loss.prepare)
+                                   run.config.num_workers, pairs=objective.pairs, prepare=loss.prepare,
+                                   val_batch_size=run.config.val_batch_size)
     graphs = run.config.compile == "reduce-overhead"
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
                            run.config.warmup_steps, run.seed, diagnostics, AUTOCAST_DTYPES.get(run.config.precision),
