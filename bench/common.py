@@ -127,6 +127,24 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Pa
     return params, pretrained, prepared
 
 
+def set_overrides(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE ...` (a dotted key of params.yaml, a YAML value) as a nested overlay:
+    ["rl.cache=static"] -> {"rl": {"cache": "static"}}. The params' check refuses a key they lack."""
+    import yaml
+
+    tree: dict = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise SystemExit(f"error: --set {pair}: expected KEY=VALUE (e.g. rl.cache=static)")
+        *sections, leaf = key.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = yaml.safe_load(value)
+    return tree
+
+
 def train_run(profiles: list[Path], objective: str, overrides: dict | None = None, **changes):
     """The train stage's `Run` of `objective`, as the stage builds it from these params (see
     `inputs`), its training section changed by `changes` (e.g. max_steps, precision)."""

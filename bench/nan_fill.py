@@ -69,7 +69,7 @@ def main() -> None:
     write_result("nan_fill", device, figures,
                  {"precision": args.precision, "batch_size": batch_size, "tokens": tokens, "steps": args.steps,
                   "deterministic": torch.are_deterministic_algorithms_enabled(),
-                  "profiles": [str(p) for p in args.profile]})
+                  "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {})})
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def main() -> None:
     write_result(name, device, figures,
                  {"precision": args.precision, "deterministic": torch.are_deterministic_algorithms_enabled(),
                   "base": base, **shape, "steps": args.steps, "peak_memory_gb": round(peak_memory_gb(device), 2),
-                  "profiles": [str(p) for p in args.profile]},
+                  "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {})},
                  {f"{o}.ratio": {"max": TARGETS[o]} for o in figures if o in TARGETS})
 
 

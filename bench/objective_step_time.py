@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import clock, describe, nan_fill, peak_memory_gb, train_run, write_result
+from common import clock, describe, nan_fill, peak_memory_gb, set_overrides, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 from torch.autograd import DeviceType
@@ -85,7 +85,7 @@ def build(objective: str, args, device: torch.device):
     stage's torch flags (set before any model touches the device: cuBLAS reads its workspace
     setting when it starts)."""
     # The precision too, as the stage's module reads it (under bf16-mixed, frozen models hold their linear weights in bf16).
-    run = train_run(args.profile, objective, compile=args.compile, precision=args.precision,
+    run = train_run(args.profile, objective, set_overrides(args.set), compile=args.compile, precision=args.precision,
                     **({"batch_size": args.batch_size} if args.batch_size else {}))
     stage_flags(run.config)
     module, datamodule = assemble(run)
@@ -285,6 +285,8 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"))
     parser.add_argument("--batch-size", type=int, help="default: the params' train.batch_size")
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params key set after the overlays, as `-S` sets it (e.g. rl.cache=static)")
 
 
 def add_objectives_argument(parser: argparse.ArgumentParser, default: list[str], meaning: str) -> None:
@@ -344,7 +346,8 @@ def main() -> None:
     for repeat in range(args.repeats):
         for objective in [o for o in args.objectives if o not in failed]:
             command = [sys.executable, __file__, "--one", objective, "--device", args.device, "--precision", args.precision,
-                       "--steps", str(args.steps), "--profile-steps", str(args.profile_steps), *sum((["--profile", str(p)] for p in args.profile), [])]
+                       "--steps", str(args.steps), "--profile-steps", str(args.profile_steps), *sum((["--profile", str(p)] for p in args.profile), []),
+                       *sum((["--set", pair] for pair in args.set), [])]
             command += ["--batch-size", str(args.batch_size)] if args.batch_size else []
             # The first repeat's profile is the one written: a Chrome trace of a GPU step is tens of
             # MB, and writing it again costs each later process seconds for the same table.
@@ -434,7 +437,8 @@ def main() -> None:
                   "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   **({"profile_steps": args.profile_steps} if busy else {}),
-                  "profiles": [str(p) for p in args.profile], **({"failed": sorted(failed)} if failed else {})}, targets)
+                  "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {}),
+                  **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:
         raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")
 

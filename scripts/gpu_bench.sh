@@ -27,6 +27,8 @@ BENCHES=(
    --name objective_step_time-bf16-mixed-batch64 --trace $OUT/traces-batch64"
   "steps-others objective_step_time_others.txt $STEPS --batch-size 16 --objectives nll delta cpo rloo
    --name objective_step_time-bf16-mixed-others --trace $OUT/traces-others --profile-steps 1"
+  "steps-rloo-static objective_step_time_rloo_static.txt $STEPS --batch-size 16 --objectives nll rloo --set rl.cache=static
+   --name objective_step_time-bf16-mixed-rloo-static --profile-steps 1"
   "compile compiled_steps.txt bench/compiled_steps.py $TRAINING --batch-sizes 16 32 64"
 )
 NAMES=()

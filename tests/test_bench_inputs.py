@@ -365,17 +365,32 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
     monkeypatch.setattr(objective_step_time, "write_result",
                         lambda name, device, figures, settings, targets: written.update(settings, figures=figures, targets=targets))
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--device", "cpu", "--objectives", "nll", "rloo",
-                                      "--repeats", "1", "--profile-steps", "1"])
+                                      "--repeats", "1", "--profile-steps", "1", "--set", "rl.cache=static"])
     objective_step_time.main()
     assert len(commands) == 2
     assert all(command[command.index("--profile-steps") + 1] == "1" for command in commands)
-    assert written["profile_steps"] == 1
+    assert all(command[command.index("--set") + 1] == "rl.cache=static" for command in commands)
+    assert written["profile_steps"] == 1 and written["set"] == ["rl.cache=static"]
     # The syncs a step makes: a target of none for every objective but RLOO, whose rewards are the host's.
     assert written["figures"]["rloo"]["syncs_per_step"] == 3 and written["figures"]["nll"]["syncs_per_step"] == 0
     assert written["targets"]["nll.syncs_per_step"] == {"max": 0} and "rloo.syncs_per_step" not in written["targets"]
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--profile-steps", "0"])
     with pytest.raises(SystemExit, match="--profile-steps must be at least 1, not 0"):
         objective_step_time.main()
+
+
+def test_a_set_key_overlays_the_params_a_bench_trains_with():
+    """`--set rl.cache=static` reaches the run a step bench builds, as a YAML value under its
+    dotted key; a pair without `=` and a key params.yaml lacks are refused, naming them."""
+    from common import set_overrides, train_run
+
+    assert set_overrides(["rl.cache=static", "train.batch_size=4", "dto.hard=true"]) == {
+        "rl": {"cache": "static"}, "train": {"batch_size": 4}, "dto": {"hard": True}}
+    assert train_run([], "rloo", set_overrides(["rl.cache=static"])).settings.cache == "static"
+    with pytest.raises(SystemExit, match="--set rl.cache: expected KEY=VALUE"):
+        set_overrides(["rl.cache"])
+    with pytest.raises(Exception, match="cach"):
+        train_run([], "rloo", set_overrides(["rl.cach=static"]))
 
 
 def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_against_its_flops():

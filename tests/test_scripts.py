@@ -276,7 +276,8 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert [c.split()[0] for c in calls] == ["bench/training_paths.py", "bench/nll_throughput.py", "bench/nll_throughput.py",
                                              "bench/objective_pairs.py", "bench/objective_step_time.py", "bench/nan_fill.py",
                                              "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
-                                             "bench/objective_step_time.py", "bench/objective_step_time.py"]
+                                             "bench/objective_step_time.py", "bench/objective_step_time.py",
+                                             "bench/objective_step_time.py"]
     assert calls[0] == "bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny"  # every objective
     assert calls[2].endswith("--cudnn-attention") and calls[6].endswith("--cache static")
     for paired in (calls[3], calls[5]):  # the targets' batch and precision, as `steps`
@@ -288,11 +289,13 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
                              "--trace out/traces-batch64")
     assert calls[10].endswith("--batch-size 16 --objectives nll delta cpo rloo --name objective_step_time-bf16-mixed-others "
                               "--trace out/traces-others --profile-steps 1")  # RLOO: minutes to tabulate four
+    assert calls[11].endswith("--batch-size 16 --objectives nll rloo --set rl.cache=static "
+                              "--name objective_step_time-bf16-mixed-rloo-static --profile-steps 1")
     assert not any("compiled_steps" in c for c in calls)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "llm_batching.txt", "nan_fill.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
         "nvidia-smi.csv", "objective_pairs.txt", "objective_step_time.txt", "objective_step_time_batch64.txt", "objective_step_time_others.txt",
-        "scorer_and_bootstrap.txt", "training_paths.txt"]
+        "objective_step_time_rloo_static.txt", "scorer_and_bootstrap.txt", "training_paths.txt"]
 
     # Named benches run in the script's order, whatever the order given; the compiled one's failure is a warning.
     result, calls = run("out2", "compile", "steps", "generation-cudnn")
@@ -302,19 +305,19 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert calls[0].endswith("--cudnn-attention")
     assert "warning: the compiled step bench failed" in result.stderr
     result, calls = run("out3", "all", "compile")
-    assert result.returncode == 0 and len(calls) == 12 and "compiled_steps" in calls[-1]
+    assert result.returncode == 0 and len(calls) == 13 and "compiled_steps" in calls[-1]
 
     result, calls = run("out4", "generation", "compiled")
     assert result.returncode == 2 and calls == []
     assert ("error: no bench 'compiled'; valid: training generation generation-cudnn pairs steps nan-fill generation-static scorer llm "
-            "steps-batch64 steps-others compile all"
+            "steps-batch64 steps-others steps-rloo-static compile all"
             in result.stderr)
 
     # Failing benches (the two generation ones) do not stop those after them; the script then fails naming them.
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                                     'case "$*" in *nll_throughput*--steps\\ 20*|*--cudnn-attention*) exit 1;; esac\nexit 0\n')
     result, calls = run("out5")
-    assert result.returncode == 1 and len(calls) == 11
+    assert result.returncode == 1 and len(calls) == 12
     assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
 
 
@@ -329,7 +332,7 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = [line.split() for line in log.read_text().splitlines()]
-    assert len(calls) == 12
+    assert len(calls) == 13
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     for script, *argv in calls:
         assert script.startswith("bench/") and script.endswith(".py"), script
@@ -343,6 +346,11 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
             with pytest.raises(SystemExit):  # the parser refuses what it does not know
                 parser.parse_args([*argv, "--no-such-flag"])
         assert args.profile and all((ROOT / profile).is_file() for profile in args.profile), (script, args.profile)
+        for pair in getattr(args, "set", []):  # a key of params.yaml
+            tree = yaml.safe_load((ROOT / "params.yaml").read_text())
+            for part in pair.partition("=")[0].split("."):
+                assert isinstance(tree, dict) and part in tree, (script, pair)
+                tree = tree[part]
 
 
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
