@@ -300,3 +300,16 @@ def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(ti
     for batch in others:
         assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, **settings) == rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
     assert len(graphs) == compiled
+
+
+def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_path, tiny_model_dirs, small_prepared):
+    """Through Lightning's fit (the KL term's reference model beside the generator, validation in
+    batches of another size): the same reward curve and the same trained weights."""
+    directory, runs, weights = tiny_model_dirs["llama"], {}, {}
+    for cache in ("dynamic", "static"):
+        run = tiny_run(directory, small_prepared, "rloo", RL.model_copy(update={"cache": cache}), directory, section="train",
+                       max_steps=3, val_check_interval=3, val_batch_size=4)
+        runs[cache] = fit(run, tmp_path / cache, tmp_path / f"{cache}_ckpt", tmp_path / f"{cache}_logs")
+        weights[cache] = load_file(tmp_path / cache / "model.safetensors")
+    assert runs["static"]["curves"]["reward"] == runs["dynamic"]["curves"]["reward"]
+    assert all(torch.equal(weights["static"][k], weights["dynamic"][k]) for k in weights["dynamic"])
