@@ -259,6 +259,18 @@ def _batches(encoder, prepared, sizes=(2, 2)):
     return out
 
 
+def test_samples_are_drawn_outside_autocast_in_either_cache(tiny_model_dirs, small_prepared):
+    """Under bf16-mixed the step runs in autocast; the samples come from the weights as they are
+    (a static cache sized by the first keys, float32 after the rotary embedding, cannot take the
+    bfloat16 values autocast makes): those of a step without autocast, with either cache."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    plain = rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for length in (None, rloo.static_cache_length(False, 96, MAX_NEW)):
+            assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, static_cache_len=length) == plain
+
+
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_static_cache_samples_what_the_dynamic_cache_does(tiny_model_dirs, small_prepared, kind):
     directory = tiny_model_dirs[kind]
@@ -303,12 +315,13 @@ def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(ti
 
 
 def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_path, tiny_model_dirs, small_prepared):
-    """Through Lightning's fit (the KL term's reference model beside the generator, validation in
-    batches of another size): the same reward curve and the same trained weights."""
+    """Through Lightning's fit in the GPU profile's bf16-mixed (the KL term's reference model beside
+    the generator, validation in batches of another size): the same reward curve and the same
+    trained weights."""
     directory, runs, weights = tiny_model_dirs["llama"], {}, {}
     for cache in ("dynamic", "static"):
         run = tiny_run(directory, small_prepared, "rloo", RL.model_copy(update={"cache": cache}), directory, section="train",
-                       max_steps=3, val_check_interval=3, val_batch_size=4)
+                       max_steps=3, val_check_interval=3, val_batch_size=4, precision="bf16-mixed")
         runs[cache] = fit(run, tmp_path / cache, tmp_path / f"{cache}_ckpt", tmp_path / f"{cache}_logs")
         weights[cache] = load_file(tmp_path / cache / "model.safetensors")
     assert runs["static"]["curves"]["reward"] == runs["dynamic"]["curves"]["reward"]

@@ -5,8 +5,9 @@ comparison with DTO.
 Per training instance x, K endings ŷ_1..ŷ_K are sampled from the current generator (`rl.samples`;
 temperature `rl.temperature`, no top-k/top-p and none of the checkpoint's decoding defaults, so
 that the samples come from π itself; at most `rl.max_new_tokens` new tokens; eval mode, no
-gradient), seeded by the run's seed and the step. Each gets the reward of `rl.reward`, the frozen
-scorer's M (BARTScore) with the discrete sample as its source, as DTO's soft ending is:
+gradient, no autocast: the weights in their own dtype), seeded by the run's seed and the step.
+Each gets the reward of `rl.reward`, the frozen scorer's M (BARTScore) with the discrete sample
+as its source, as DTO's soft ending is:
 
   score        r = M(ŷ, Y_EE)
   delta        r = M(ŷ, Y_EE) − M(ŷ, X_OE)
@@ -135,8 +136,9 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
            compile_config: CompileConfig | None = None) -> tuple[list[list[int]], list[bool], list[list[int]]]:
     """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
     are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
-    `temperature` (`greedy`: the argmax decode, `count` 1), in eval mode, without gradient, from the
-    global generator seeded with `seed` (forked: the caller's random state is left as it was).
+    `temperature` (`greedy`: the argmax decode, `count` 1), in eval mode, without gradient or
+    autocast, from the global generator seeded with `seed` (forked: the caller's random state is
+    left as it was).
 
     `static_cache_len`: a static KV cache of at least that many positions (`static_cache_length`),
     the same for every call, so that the decoding step keeps one shape per row count; on a GPU
@@ -155,7 +157,11 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
     generator.eval()
     devices = [ids.device] if ids.is_cuda else []
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices), plain_decoding(generator):
+        # Outside the step's autocast: the weights as they are (float32 under bf16-mixed). Under
+        # autocast a static cache, typed by the first keys (float32 after the rotary embedding),
+        # cannot take the bfloat16 values; the dynamic cache samples the same outside it.
+        with (torch.no_grad(), torch.autocast(ids.device.type, enabled=False), torch.random.fork_rng(devices=devices),
+              plain_decoding(generator)):
             torch.manual_seed(seed)
             output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options)
     finally:
