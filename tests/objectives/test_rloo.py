@@ -300,6 +300,7 @@ def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(ti
         graphs.append(graph)
         return graph.forward
 
+    torch._dynamo.reset()  # no graph another test compiled (dynamo keeps them by code, not by model)
     compile_config = CompileConfig(backend=backend, mode=None)  # (mode: inductor's; reduce-overhead on a GPU)
     compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
     first, *others = batches = _batches(encoder, small_prepared, sizes=(2, 2, 2))
@@ -312,6 +313,33 @@ def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(ti
     for batch in others:
         assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, **settings) == rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
     assert len(graphs) == compiled
+
+
+def test_a_compiled_static_cache_step_compiles_twice_for_any_rows_in_validation_and_training(tiny_model_dirs, small_prepared):
+    """Lightning validates in inference mode and trains with gradients on; batches of other sizes
+    give other row counts. The decoding step compiles for its first rows, then once more with the
+    row count symbolic (torch's automatic dynamic shapes), and never again."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    graphs = []
+
+    def backend(graph, example_inputs):  # counts what dynamo compiles, runs it as traced
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()  # no graph another test compiled (dynamo keeps them by code, not by model)
+    compile_config = CompileConfig(backend=backend, mode=None)
+    compile_config._compile_all_devices = True
+    settings = {"static_cache_len": rloo.static_cache_length(False, 96, MAX_NEW), "compile_config": compile_config}
+    validation, training, last = _batches(encoder, small_prepared, sizes=(4, 2, 1))
+    with torch.inference_mode():
+        rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
+    for seed in (5, 6):
+        rloo.sample(model, training, 3, seed, MAX_NEW, 1.0, *tokens, **settings)
+    with torch.inference_mode():
+        rloo.sample(model, last, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
+        rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
+    assert len(graphs) == 2
 
 
 def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_path, tiny_model_dirs, small_prepared):

@@ -136,7 +136,7 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
            compile_config: CompileConfig | None = None) -> tuple[list[list[int]], list[bool], list[list[int]]]:
     """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
     are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
-    `temperature` (`greedy`: the argmax decode, `count` 1), in eval mode, without gradient or
+    `temperature` (`greedy`: the argmax decode, `count` 1), in eval and inference mode, without
     autocast, from the global generator seeded with `seed` (forked: the caller's random state is
     left as it was).
 
@@ -160,7 +160,9 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
         # Outside the step's autocast: the weights as they are (float32 under bf16-mixed). Under
         # autocast a static cache, typed by the first keys (float32 after the rotary embedding),
         # cannot take the bfloat16 values; the dynamic cache samples the same outside it.
-        with (torch.no_grad(), torch.autocast(ids.device.type, enabled=False), torch.random.fork_rng(devices=devices),
+        # Inference mode, as Lightning validates: a compiled decoding step is then not compiled
+        # again for the grad mode of a training step (only the token ids leave, as lists).
+        with (torch.inference_mode(), torch.autocast(ids.device.type, enabled=False), torch.random.fork_rng(devices=devices),
               plain_decoding(generator)):
             torch.manual_seed(seed)
             output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options)
