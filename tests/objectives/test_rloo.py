@@ -288,21 +288,28 @@ def test_a_static_cache_samples_what_the_dynamic_cache_does(tiny_model_dirs, sma
         assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, static_cache_len=length) == dynamic
 
 
+def _counted_compiles() -> tuple[list, CompileConfig]:
+    """(the graphs dynamo compiles, a compile config for transformers' auto-compile that appends
+    each and runs it as traced), on any device, with no graph another test compiled."""
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()  # (dynamo keeps its graphs by code object, across models and tests)
+    compile_config = CompileConfig(backend=backend, mode=None)  # (mode: inductor's; reduce-overhead on a GPU)
+    compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
+    return graphs, compile_config
+
+
 def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(tiny_model_dirs, small_prepared):
     """The decoding step compiled (as transformers does on a GPU) sees one shape per row count:
     batches whose sources differ in length compile nothing new, and sample what the eager
     dynamic cache samples."""
     config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
     tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
-    graphs = []
-
-    def backend(graph, example_inputs):  # counts what dynamo compiles, runs it as traced
-        graphs.append(graph)
-        return graph.forward
-
-    torch._dynamo.reset()  # no graph another test compiled (dynamo keeps them by code, not by model)
-    compile_config = CompileConfig(backend=backend, mode=None)  # (mode: inductor's; reduce-overhead on a GPU)
-    compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
+    graphs, compile_config = _counted_compiles()
     first, *others = batches = _batches(encoder, small_prepared, sizes=(2, 2, 2))
     assert len({batch["input_ids"].shape[1] for batch in batches}) == len(batches)
     length = rloo.static_cache_length(False, 96, MAX_NEW)
@@ -321,15 +328,7 @@ def test_a_compiled_static_cache_step_compiles_twice_for_any_rows_in_validation_
     row count symbolic (torch's automatic dynamic shapes), and never again."""
     config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
     tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
-    graphs = []
-
-    def backend(graph, example_inputs):  # counts what dynamo compiles, runs it as traced
-        graphs.append(graph)
-        return graph.forward
-
-    torch._dynamo.reset()  # no graph another test compiled (dynamo keeps them by code, not by model)
-    compile_config = CompileConfig(backend=backend, mode=None)
-    compile_config._compile_all_devices = True
+    graphs, compile_config = _counted_compiles()
     settings = {"static_cache_len": rloo.static_cache_length(False, 96, MAX_NEW), "compile_config": compile_config}
     validation, training, last = _batches(encoder, small_prepared, sizes=(4, 2, 1))
     with torch.inference_mode():
