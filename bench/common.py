@@ -19,11 +19,11 @@ from storyrewrite import closure
 from storyrewrite.data import prepare as prepare_module
 from storyrewrite.data.prepare import prepare
 from storyrewrite.data.sources import download
-from storyrewrite.io import atomic_dir
+from storyrewrite.io import InputError, atomic_dir
 from storyrewrite.models import materialise as materialise_module
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.roles import EVAL_ROLES
-from storyrewrite.params import Params, load_yaml, overlay
+from storyrewrite.params import Params, load_yaml, overlay, with_overrides
 from storyrewrite.records import cpu_facts, cpu_features, peak_rss_gb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,15 +101,21 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
     return path
 
 
-def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Params, Path, Path]:
-    """(params.yaml with the profiles, then `overrides`, overlaid; the models stage's directory;
-    prepared tables).
+def inputs(profiles: list[Path] = (), overrides: dict | None = None, sets: list[str] = ()) -> tuple[Params, Path, Path]:
+    """(params.yaml with the profiles, then `overrides`, overlaid, then `sets` applied as `dvc exp
+    run -S` applies them (`--set`, through `params.with_overrides`: DVC's own parsing, and a key
+    params.yaml lacks refused with the valid ones); the models stage's directory; prepared tables).
 
     The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
     models, the data); anything else comes from .cache/bench/ (see `cached`)."""
     raw_params = load_yaml(ROOT / "params.yaml")
     for source, layer in [*((str(profile), load_yaml(profile)) for profile in profiles), ("overrides", overrides or {})]:
         raw_params = overlay(raw_params, layer, source=source)
+    if sets:
+        experiments = with_overrides(raw_params, list(sets))
+        if len(experiments) != 1:
+            raise InputError(f"--set {' '.join(sets)}: a sweep ({len(experiments)} experiments); a bench measures one value a key")
+        raw_params = experiments[0][1]
     params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
     pretrained = ROOT / "models" / "pretrained"
     if params.models != workspace.models or not (pretrained / "index.json").exists():
@@ -127,25 +133,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None) -> tuple[Pa
     return params, pretrained, prepared
 
 
-def set_overrides(pairs: list[str]) -> dict:
-    """`--set KEY=VALUE ...` (a dotted key of params.yaml, a YAML value) as a nested overlay:
-    ["rl.cache=static"] -> {"rl": {"cache": "static"}}. The params' check refuses a key they lack."""
-    import yaml
-
-    tree: dict = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key:
-            raise SystemExit(f"error: --set {pair}: expected KEY=VALUE (e.g. rl.cache=static)")
-        *sections, leaf = key.split(".")
-        node = tree
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = yaml.safe_load(value)
-    return tree
-
-
-def train_run(profiles: list[Path], objective: str, overrides: dict | None = None, **changes):
+def train_run(profiles: list[Path], objective: str, overrides: dict | None = None, sets: list[str] = (), **changes):
     """The train stage's `Run` of `objective`, as the stage builds it from these params (see
     `inputs`), its training section changed by `changes` (e.g. max_steps, precision)."""
     import dataclasses
@@ -154,7 +142,7 @@ def train_run(profiles: list[Path], objective: str, overrides: dict | None = Non
     from storyrewrite.models.store import resolve_model_dir
     from storyrewrite.training.run import Run
 
-    params, pretrained, prepared = inputs(profiles, overrides)
+    params, pretrained, prepared = inputs(profiles, overrides, sets)
     run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared, resolve_model_dir(pretrained, "scorer"))
     return dataclasses.replace(run, config=run.config.model_copy(update=changes))
 

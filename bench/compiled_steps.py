@@ -28,9 +28,10 @@ import sys
 import time
 
 import torch
-from common import clock, describe, peak_memory_gb, set_overrides, train_run, write_result
+from common import clock, describe, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, count_syncs, gpu_busy, stage_flags, step
+from objective_step_time import (add_build_arguments, add_objectives_argument, count_flops, count_syncs, gpu_busy, overlay_settings,
+                                 stage_flags, step)
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.training.compile import compile_body
@@ -58,7 +59,7 @@ def timed(module, optimizer, batch, device: torch.device, precision: str, steps:
 def measure(objective: str, args) -> dict:
     device = resolve_device(args.device)
     torch.manual_seed(0)
-    run = train_run(args.profile, objective, set_overrides(args.set), precision=args.precision, batch_size=max(args.batch_sizes))
+    run = train_run(args.profile, objective, sets=args.set, precision=args.precision, batch_size=max(args.batch_sizes))
     stage_flags(run.config)
     module, datamodule = assemble(run)
     datamodule.setup()
@@ -163,7 +164,7 @@ def main() -> None:
     write_result(args.name, resolve_device(args.device), figures,
                  {"precision": args.precision, "mode": args.mode or "default", "backend": args.backend,
                   "batch_sizes": args.batch_sizes, "eager_batch_size": args.batch_sizes[0], "steps": args.steps,
-                  "profile_steps": args.profile_steps, "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {})}, targets)
+                  "profile_steps": args.profile_steps, **overlay_settings(args)}, targets)
 
 
 if __name__ == "__main__":

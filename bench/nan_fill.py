@@ -18,7 +18,7 @@ import statistics
 
 import torch
 from common import alternating, describe, paired_ratio, write_result
-from objective_step_time import build, check_steps, interleaved_arguments, step
+from objective_step_time import build, check_steps, interleaved_arguments, overlay_settings, step
 
 from storyrewrite.models.device import resolve_device
 
@@ -69,7 +69,7 @@ def main() -> None:
     write_result("nan_fill", device, figures,
                  {"precision": args.precision, "batch_size": batch_size, "tokens": tokens, "steps": args.steps,
                   "deterministic": torch.are_deterministic_algorithms_enabled(),
-                  "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {})})
+                  **overlay_settings(args)})
 
 
 if __name__ == "__main__":

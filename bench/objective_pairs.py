@@ -25,7 +25,7 @@ import statistics
 
 import torch
 from common import alternating, describe, paired_ratio, peak_memory_gb, write_result
-from objective_step_time import build, check_steps, interleaved_arguments, step
+from objective_step_time import build, check_steps, interleaved_arguments, overlay_settings, step
 
 from storyrewrite.models.device import resolve_device
 
@@ -79,7 +79,7 @@ def main() -> None:
     write_result(name, device, figures,
                  {"precision": args.precision, "deterministic": torch.are_deterministic_algorithms_enabled(),
                   "base": base, **shape, "steps": args.steps, "peak_memory_gb": round(peak_memory_gb(device), 2),
-                  "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {})},
+                  **overlay_settings(args)},
                  {f"{o}.ratio": {"max": TARGETS[o]} for o in figures if o in TARGETS})
 
 

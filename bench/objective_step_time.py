@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import clock, describe, nan_fill, peak_memory_gb, set_overrides, train_run, write_result
+from common import clock, describe, nan_fill, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 from torch.autograd import DeviceType
@@ -85,7 +85,7 @@ def build(objective: str, args, device: torch.device):
     stage's torch flags (set before any model touches the device: cuBLAS reads its workspace
     setting when it starts)."""
     # The precision too, as the stage's module reads it (under bf16-mixed, frozen models hold their linear weights in bf16).
-    run = train_run(args.profile, objective, set_overrides(args.set), compile=args.compile, precision=args.precision,
+    run = train_run(args.profile, objective, sets=args.set, compile=args.compile, precision=args.precision,
                     **({"batch_size": args.batch_size} if args.batch_size else {}))
     stage_flags(run.config)
     module, datamodule = assemble(run)
@@ -289,6 +289,11 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a params key set after the overlays, as `-S` sets it (e.g. rl.cache=static)")
 
 
+def overlay_settings(args: argparse.Namespace) -> dict:
+    """The params a bench built with `add_build_arguments` ran on, for its figures' settings."""
+    return {"profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {})}
+
+
 def add_objectives_argument(parser: argparse.ArgumentParser, default: list[str], meaning: str) -> None:
     parser.add_argument("--objectives", nargs="+", default=default, choices=sorted(OBJECTIVES), metavar="OBJECTIVE",
                         help=f"{meaning}; valid: {', '.join(OBJECTIVES)}")
@@ -437,8 +442,7 @@ def main() -> None:
                   "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   **({"profile_steps": args.profile_steps} if busy else {}),
-                  "profiles": [str(p) for p in args.profile], **({"set": args.set} if args.set else {}),
-                  **({"failed": sorted(failed)} if failed else {})}, targets)
+                  **overlay_settings(args), **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:
         raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")
 

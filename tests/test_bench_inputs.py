@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from helpers import ROOT
+from storyrewrite.io import InputError
 
 sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402  (bench/ is a folder of scripts, not a package)
@@ -380,17 +381,20 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
 
 
 def test_a_set_key_overlays_the_params_a_bench_trains_with():
-    """`--set rl.cache=static` reaches the run a step bench builds, as a YAML value under its
-    dotted key; a pair without `=` and a key params.yaml lacks are refused, naming them."""
-    from common import set_overrides, train_run
+    """`--set rl.cache=static` reaches the run a step bench builds, applied as `dvc exp run -S`
+    applies it (a YAML value under its dotted key); a pair without `=`, a key params.yaml lacks
+    and a sweep are refused, naming them."""
+    from common import inputs, train_run
 
-    assert set_overrides(["rl.cache=static", "train.batch_size=4", "dto.hard=true"]) == {
-        "rl": {"cache": "static"}, "train": {"batch_size": 4}, "dto": {"hard": True}}
-    assert train_run([], "rloo", set_overrides(["rl.cache=static"])).settings.cache == "static"
-    with pytest.raises(SystemExit, match="--set rl.cache: expected KEY=VALUE"):
-        set_overrides(["rl.cache"])
-    with pytest.raises(Exception, match="cach"):
-        train_run([], "rloo", set_overrides(["rl.cach=static"]))
+    params = inputs([], sets=["rl.cache=static", "train.batch_size=4", "dto.hard=true"])[0]
+    assert (params.rl.cache, params.train.batch_size, params.dto.hard) == ("static", 4, True)
+    assert train_run([], "rloo", sets=["rl.cache=static"]).settings.cache == "static"
+    with pytest.raises(InputError, match="Error parsing override 'rl.cache'"):
+        inputs([], sets=["rl.cache"])
+    with pytest.raises(InputError, match="unknown key `rl.cach`; valid keys in `rl`: .*cache"):
+        train_run([], "rloo", sets=["rl.cach=static"])
+    with pytest.raises(InputError, match="--set rl.cache=static,dynamic: a sweep"):
+        inputs([], sets=["rl.cache=static,dynamic"])
 
 
 def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_against_its_flops():
