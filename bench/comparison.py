@@ -13,7 +13,8 @@ records (device, wall time; the shared stages' too, restored with their first ru
 read back.
 
 Figures: each part's wall time and the whole run's, the GPU's mean busy share and peak memory
-over the run, the stages' wall times summed by stage, and each experiment's. Targets on one
+over the run, the stages' wall times summed by stage, and each experiment's, and the time between
+stages: in their processes before the work (imports) and outside them (exit, DVC). Targets on one
 H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
 """
@@ -28,6 +29,9 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -101,24 +105,46 @@ def workspace(into: Path) -> Path:
     return repo
 
 
-def stage_walls(repo: Path, name: str) -> tuple[dict, dict]:
+def stage_walls(repo: Path, name: str) -> tuple[dict, dict, dict]:
     """The gathered experiments' stage records: seconds summed by stage (each stage run once,
-    however many experiments restored it), and each experiment's own (restored ones included)."""
+    however many experiments restored it), each experiment's own (restored ones included), and
+    the time between stages (between_stages)."""
     sys.path.insert(0, str(repo / "src"))
     from storyrewrite.report.collect import load_runs
 
     by_stage: dict[str, float] = defaultdict(float)
     by_experiment: dict[str, float] = {}
-    seen = set()  # a stage restored from the run cache brings its first run's record: counted once
+    ran: dict[tuple, dict] = {}  # a stage restored from the run cache brings its first run's record: counted once
     for run in load_runs([repo / "runs" / name]):
         records = run.records
         by_experiment[run.name] = round(sum(r["wall_s"] for r in records), 1)
         for record in records:
             key = (record["stage"], record.get("started_at"), record["wall_s"])
-            if key not in seen:
-                seen.add(key)
+            if key not in ran:
+                ran[key] = record
                 by_stage[record["stage"]] += record["wall_s"]
-    return {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())}, by_experiment
+    overheads = between_stages(ran.values())
+    return {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())}, by_experiment, overheads
+
+
+def between_stages(records: Iterable[dict]) -> dict:
+    """Where the time between stages went, over `records` (each a stage that ran): `startup_s`,
+    in the stages' processes before their work (interpreter, imports, set-up:
+    records.process_age_s), and `between_s`, from a recorded stage's end to the next one's process
+    start in the same experiment: the first process's exit and DVC's work between them (hashing,
+    caching, the lock file, stages restored or without a record)."""
+    records = list(records)
+    by_run: dict[str, list[dict]] = defaultdict(list)  # by the experiment (a shared group's too) that ran the stage
+    for record in records:
+        if record.get("experiment") and record.get("started_at") and record.get("startup_s") is not None:
+            by_run[record["experiment"]].append(record)
+    between = 0.0
+    for ran in by_run.values():
+        ran.sort(key=lambda r: r["started_at"])
+        for before, after in pairwise(ran):
+            ended = datetime.fromisoformat(before["started_at"]).timestamp() + before["wall_s"]
+            between += datetime.fromisoformat(after["started_at"]).timestamp() - after["startup_s"] - ended
+    return {"startup_s": round(sum(r.get("startup_s") or 0.0 for r in records), 1), "between_s": round(between, 1)}
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -162,10 +188,11 @@ def main() -> None:
                 if result.returncode != 0:
                     failed.append(part)
         total = round(time.perf_counter() - started, 1)
-        by_stage, by_experiment = stage_walls(repo, args.name)
+        by_stage, by_experiment, overheads = stage_walls(repo, args.name)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     figures = {"wall_s": {**parts, "total": total}, "load": sampler.figures(), "experiments": len(by_experiment),
-               "stage_wall_s": by_stage, "experiment_wall_s": by_experiment, "failed_parts": failed}
+               "stage_wall_s": by_stage, "experiment_wall_s": by_experiment, "between_stages": overheads,
+               "failed_parts": failed}
     targets = {}
     if device.type == "cuda":
         if "core" in parts:
@@ -182,6 +209,8 @@ def main() -> None:
     print(f"load: {figures['load']}; {len(by_experiment)} experiments gathered")
     for stage, seconds in sorted(by_stage.items(), key=lambda item: -item[1])[:8]:
         print(f"  {stage:<28} {seconds:>8.1f} s (each run once)")
+    print(f"between stages: {overheads['startup_s']:.1f} s in the stages' processes before their work (imports, set-up), "
+          f"{overheads['between_s']:.1f} s outside them (exit, DVC), summed over the stages that ran")
     if failed:
         raise SystemExit(f"error: part(s) failed: {', '.join(failed)}")
 

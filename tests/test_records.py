@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from helpers import ROOT
 from storyrewrite.io import InputError
 from storyrewrite.records import StageRecord, cpu_features, cpu_has_bf16, describe_device, read_records, stages_table
 
@@ -36,6 +41,22 @@ def test_a_cpu_record_names_the_cpus_features_where_torch_ran_and_the_table_show
     row = stages_table(read_records(tmp_path)).splitlines()[2]
     assert row.startswith(f"| score-nll | cpu ({written['device_name']}, "
                           f"{cpu_features(written)}) | float32 |")
+
+
+def test_a_record_says_how_long_its_process_ran_before_the_stage_began(tmp_path):
+    """startup_s (the interpreter, the imports, the set-up before StageRecord.start) from /proc,
+    checked against the clock of the parent that started the process: at least the half second
+    the child slept before starting its record, at most the child's whole life."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("startup_s comes from /proc (Linux)")
+    path = tmp_path / "generate-nll.json"
+    code = ("import time; time.sleep(0.5); from storyrewrite.records import StageRecord; "
+            f"StageRecord.start({str(path)!r}).finish('cpu')")
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    lifetime = time.perf_counter() - began
+    startup = json.loads(path.read_text())["startup_s"]
+    assert 0.5 <= startup <= lifetime + 0.02  # (/proc's clock ticks: 10 ms)
 
 
 def test_no_record_is_asked_for_none_is_written(tmp_path):

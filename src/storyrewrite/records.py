@@ -9,8 +9,10 @@ Every stage that loads a model (and the bootstrap) writes one when it succeeds:
 
 The report and the experiment collector turn them into a table, so a GPU run states which stage
 ran where (the issue's "no model stage on the CPU") and what each cost. The wall time runs from
-`StageRecord.start` (after the stage's imports) to `finish`. No torch import here: the device
-is described from the object the stage passes, importing torch only for a CUDA device.
+`StageRecord.start` (after the stage's imports) to `finish`; `startup_s`, from the process's start
+to `StageRecord.start` (the interpreter, the imports, CUDA's and the arguments' set-up: what each
+stage pays before its work). No torch import here: the device is described from the object the
+stage passes, importing torch only for a CUDA device.
 """
 from __future__ import annotations
 
@@ -112,6 +114,19 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started, from /proc: its start in clock ticks since boot
+    against /proc/uptime (both to 10 ms). None where there is no /proc (not Linux)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError):
+        return None
+    # Field 22, starttime; the fields after the name, which is in parentheses and may hold spaces, start at field 3.
+    started = int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return max(0.0, uptime - started)
+
+
 def _peak_memory(device: str) -> dict:
     peak = {"peak_rss_gb": round(peak_rss_gb(), 2)}
     if device.startswith("cuda"):
@@ -135,7 +150,8 @@ class StageRecord:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.started = time.perf_counter()
-        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        self.startup_s = process_age_s()
 
     @staticmethod
     def add_argument(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +173,7 @@ class StageRecord:
                   "items": items, "unit": unit,
                   "items_per_s": round(items / wall, 3) if items is not None and wall > 0 else None,
                   **_peak_memory(where["device"]), **extra, "started_at": self.started_at,
+                  **({} if self.startup_s is None else {"startup_s": round(self.startup_s, 2)}),
                   "experiment": os.environ.get("DVC_EXP_NAME"), **_versions()}
         # Under DDP every process runs the stage; the first process of the first node writes.
         if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":

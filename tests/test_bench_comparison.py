@@ -1,0 +1,28 @@
+"""The whole-comparison bench's account of the time between stages (bench/comparison.py)."""
+import sys
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import comparison  # noqa: E402  (bench/ is a folder of scripts, not a package)
+
+
+def record(experiment, started_at, wall_s, startup_s=2.0, stage="train"):
+    return {"stage": stage, "experiment": experiment, "started_at": started_at, "wall_s": wall_s, "startup_s": startup_s}
+
+
+def test_the_time_between_stages_is_split_into_their_start_up_and_what_runs_outside_them():
+    """Worked by hand: in experiment a, train ends at 00:01:40.000 and generate's process starts
+    at 00:01:47.500 - 3.5 s = 00:01:44.000 (4.0 s outside the stages), generate ends at
+    00:01:57.500 and score's process starts at 00:02:03.250 - 4.25 s = 00:01:59.000 (1.5 s);
+    experiment b ran one stage, which has no stage before it."""
+    records = [
+        record("a", "2026-11-29T00:02:03.250+00:00", 20.0, 4.25, "score-finetuned"),  # out of order: sorted by start
+        record("a", "2026-11-29T00:00:00.000+00:00", 100.0, 1.0),
+        record("a", "2026-11-29T00:01:47.500+00:00", 10.0, 3.5, "generate-finetuned"),
+        record("b", "2026-11-29T00:00:30.000+00:00", 50.0, 2.25),
+        # A record without startup_s (written before it existed) counts for neither figure.
+        {"stage": "train", "experiment": "c", "started_at": "2026-11-29T00:00:00+00:00", "wall_s": 5.0},
+        {"stage": "train", "experiment": "c", "started_at": "2026-11-29T00:00:09+00:00", "wall_s": 5.0},
+    ]
+    assert comparison.between_stages(records) == {"startup_s": 1.0 + 3.5 + 4.25 + 2.25, "between_s": 4.0 + 1.5}
