@@ -6,7 +6,8 @@
 
 Each part is `scripts/comparison.sh -j JOBS NAME PART PROFILE...` in that workspace (`--here`:
 in this repository, which keeps runs/NAME and reports/NAME); `cpo` follows `core` there, as a
-researcher would run them, and collects both. The GPU's load and
+researcher would run them, and collects both. A part after one that succeeded skips the shared
+phase (COMPARISON_SHARED=0): its experiments restore those stages from the run cache. The GPU's load and
 memory are sampled through the whole run (nvidia-smi, every 0.5 s), or the CPU's busy share
 (/proc/stat) where no NVIDIA GPU is visible. Afterwards every gathered experiment's stage
 records (device, wall time; the shared stages' too, restored with their first run's record) are
@@ -187,6 +188,8 @@ def main() -> None:
                 parts[part] = round(time.perf_counter() - begun, 1)
                 if result.returncode != 0:
                     failed.append(part)
+                else:  # its shared stages are in the run cache: the next part's experiments restore them
+                    env["COMPARISON_SHARED"] = "0"
         total = round(time.perf_counter() - started, 1)
         by_stage, by_experiment, overheads = stage_walls(repo, args.name)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -95,9 +95,10 @@ queue() {
   [ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock
   return $rc
 }
-if [ "$JOBS" -gt 1 ]; then
+if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   # The shared stages, each group an experiment of its own targets, removed once its stages are
   # in the run cache. A group that failed is run again by each experiment that needs it.
+  # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py).
   # shellcheck disable=SC2207  # the modes are words without spaces
   MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
   GROUPS_=("nll|score@nll" "sanity|score_sanity" "validity|validity")

@@ -166,6 +166,12 @@ def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
     start, first = calls.index("dvc queue start -j 2"), calls.index("dvc exp run --queue " + CORE[0])
     assert [start < calls.index(c, start) < first for c in removes[len(shared):]] == len(shared) * [True]
     assert "dvc queue stop" not in calls
+    # A part after one that ran them (bench/comparison.py's cpo after core) queues no shared group:
+    # its experiments restore those stages from the run cache.
+    (tmp_path / "after").mkdir()
+    result, calls = _run(tmp_path / "after", "-j", "2", "grid", "cpo", env={"COMPARISON_SHARED": "0"}, python=GATHERED)
+    assert result.returncode == 0, result.stderr
+    assert _queued(calls) == [CPO] and not any(c.startswith("dvc exp remove") for c in calls)
     bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
 
