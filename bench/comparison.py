@@ -130,7 +130,7 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, dict]:
 
 def between_stages(records: Iterable[dict]) -> dict:
     """Where the time between stages went, over `records` (each a stage that ran): `startup_s`,
-    in the stages' processes before their work (interpreter, imports, set-up:
+    in the stages' processes before their work (interpreter, imports, arguments:
     records.process_age_s), and `between_s`, from a recorded stage's end to the next one's process
     start in the same experiment: the first process's exit and DVC's work between them (hashing,
     caching, the lock file, stages restored or without a record)."""
@@ -212,7 +212,7 @@ def main() -> None:
     print(f"load: {figures['load']}; {len(by_experiment)} experiments gathered")
     for stage, seconds in sorted(by_stage.items(), key=lambda item: -item[1])[:8]:
         print(f"  {stage:<28} {seconds:>8.1f} s (each run once)")
-    print(f"between stages: {overheads['startup_s']:.1f} s in the stages' processes before their work (imports, set-up), "
+    print(f"between stages: {overheads['startup_s']:.1f} s in the stages' processes before their work (imports, arguments), "
           f"{overheads['between_s']:.1f} s outside them (exit, DVC), summed over the stages that ran")
     if failed:
         raise SystemExit(f"error: part(s) failed: {', '.join(failed)}")

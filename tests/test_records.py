@@ -44,7 +44,7 @@ def test_a_cpu_record_names_the_cpus_features_where_torch_ran_and_the_table_show
 
 
 def test_a_record_says_how_long_its_process_ran_before_the_stage_began(tmp_path):
-    """startup_s (the interpreter, the imports, the set-up before StageRecord.start) from /proc,
+    """startup_s (the interpreter, the imports, the arguments before StageRecord.start) from /proc,
     checked against the clock of the parent that started the process: at least the half second
     the child slept before starting its record, at most the child's whole life."""
     if not Path("/proc/self/stat").exists():

@@ -121,7 +121,7 @@ class Record(Open):
     peak_rss_gb: float | None = None
     peak_cuda_gb: float | None = None
     started_at: str | None = None
-    startup_s: float | None = None  # from the process's start to the stage's: interpreter, imports, set-up
+    startup_s: float | None = None  # from the process's start to the stage's: interpreter, imports, arguments
     experiment: str | None = None
 
 

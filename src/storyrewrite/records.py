@@ -9,9 +9,9 @@ Every stage that loads a model (and the bootstrap) writes one when it succeeds:
 
 The report and the experiment collector turn them into a table, so a GPU run states which stage
 ran where (the issue's "no model stage on the CPU") and what each cost. The wall time runs from
-`StageRecord.start` (after the stage's imports) to `finish`; `startup_s`, from the process's start
-to `StageRecord.start` (the interpreter, the imports, CUDA's and the arguments' set-up: what each
-stage pays before its work). No torch import here: the device is described from the object the
+`StageRecord.start` (after the stage's imports and argument parsing; loading models and starting
+CUDA count in it) to `finish`; `startup_s`, from the process's start to `StageRecord.start` (the
+interpreter, the imports, the arguments: what each stage pays before its work). No torch import here: the device is described from the object the
 stage passes, importing torch only for a CUDA device.
 """
 from __future__ import annotations
