@@ -92,8 +92,8 @@ run | run-comparison)  # (internal: the detached job)
     echo "== comparison -j $jobs $* $(date +%T)"
     # Timed as the whole-comparison bench (bench/comparison.py --here): runs/NAME and reports/NAME
     # as comparison.sh makes them, and reports/bench/comparison.json beside them.
-    case $2 in all) parts=(core cpo) ;; *) parts=("$2") ;; esac
-    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "${parts[@]}" --profile "${@:3}"
+    # `all` queues core and the CPO grid at once: the grid fills the workers while RLOO runs.
+    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" --profile "${@:3}"
     rc=$?
     kill $sampler 2>/dev/null
     echo "== end $(date +%T)"

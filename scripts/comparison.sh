@@ -7,9 +7,10 @@
 #
 # Arguments: [-j N|auto] (DVC queue workers, default 1; auto: as many as the cores and the memory
 # hold), NAME (runs/NAME/ and reports/NAME/), PART, then the params profiles to
-# overlay (none: params.yaml as it is). PART: `core` = NLL continued, DTO-Score, -Delta,
-# -Score+Delta, RLOO on each of the three rewards (with the NLL model, the LLM modes and the copy
-# baselines every run holds); `cpo` = the CPO grid; `all` = both; `seeds` = NLL continued and DTO
+# overlay (none: params.yaml as it is). PART: `core` = RLOO on each of the three rewards (queued
+# first: the longest runs), NLL continued, DTO-Score, -Delta, -Score+Delta (with the NLL model, the
+# LLM modes and the copy baselines every run holds); `cpo` = the CPO grid; `all` = both, side by
+# side; `seeds` = NLL continued and DTO
 # again with each fine-tuning seed of COMPARISON_SEEDS (a DVC sweep value, default `range(1,3)`).
 #
 # The sweeps are DVC's own, run by `dvc queue start -j N`; docs/gpu.md says how they share the GPU
@@ -37,7 +38,7 @@ SEEDS=${COMPARISON_SEEDS:-range(1,3)}
 # The sweeps, each the -S arguments of one `dvc exp run --queue`, and the number of runs they make.
 SWEEPS=() PLANNED=0
 case $PART in
-core | all) SWEEPS+=("-S objective=nll,score,delta,score_delta" "-S objective=rloo -S rl.reward=score,delta,score_delta") PLANNED=7 ;;&
+core | all) SWEEPS+=("-S objective=rloo -S rl.reward=score,delta,score_delta" "-S objective=nll,score,delta,score_delta") PLANNED=7 ;;&
 cpo | all) SWEEPS+=("-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2") PLANNED=$((PLANNED + 12)) ;;
 seeds)
   if [[ $SEEDS =~ ^range\(([0-9]+),([0-9]+)\)$ ]]; then count=$((BASH_REMATCH[2] - BASH_REMATCH[1]))

@@ -26,3 +26,21 @@ def test_the_time_between_stages_is_split_into_their_start_up_and_what_runs_outs
         {"stage": "train", "experiment": "c", "started_at": "2026-11-29T00:00:09+00:00", "wall_s": 5.0},
     ]
     assert comparison.between_stages(records) == {"startup_s": 1.0 + 3.5 + 4.25 + 2.25, "between_s": 4.0 + 1.5}
+
+
+def test_each_experiment_ends_with_its_last_stage_and_core_within_all_ends_with_its_last_experiment():
+    """Worked by hand: experiment a's stages end at 00:01:40 (train) and 00:02:23.250 (score: its
+    start 00:02:03.250 plus 20 s); b, restoring a's train, ends with its own generate at 00:03:00;
+    c, a CPO run, at 00:05:00; d has no record with a start. `all` began at 00:00:10: core (a, b)
+    ended 170 s after it, whatever the CPO run."""
+    records = {
+        "a": [record("a", "2026-11-29T00:02:03.250+00:00", 20.0), record("a", "2026-11-29T00:00:00.000+00:00", 100.0)],
+        "b": [record("a", "2026-11-29T00:00:00.000+00:00", 100.0), record("b", "2026-11-29T00:02:50+00:00", 10.0)],
+        "c": [record("c", "2026-11-29T00:04:00+00:00", 60.0)],
+        "d": [{"stage": "train", "wall_s": 5.0}],
+    }
+    midnight = 1795910400.0  # 2026-11-29T00:00:00+00:00
+    ends = comparison.experiment_ends(records)
+    assert ends == {"a": midnight + 143.25, "b": midnight + 180.0, "c": midnight + 300.0}
+    assert comparison.core_in_all(ends, {"a", "b", "d"}, midnight + 10) == 170.0
+    assert comparison.core_in_all(ends, {"d"}, midnight + 10) is None

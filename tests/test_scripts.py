@@ -42,7 +42,7 @@ def _write_stubs(tmp_path, stubs: dict[str, str]):
 
 # What a gather that succeeds leaves (`python -m storyrewrite.report.gather --out DIR ...`): a run's manifest in DIR.
 GATHERED = 'if [ "$2 $3" = "storyrewrite.report.gather --out" ]; then mkdir -p "$4" && echo {} > "$4/a-run.json"; fi'
-CORE = ["-S objective=nll,score,delta,score_delta", "-S objective=rloo -S rl.reward=score,delta,score_delta"]
+CORE = ["-S objective=rloo -S rl.reward=score,delta,score_delta", "-S objective=nll,score,delta,score_delta"]  # the longest first
 CPO = "-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2"
 
 
@@ -135,7 +135,7 @@ def test_dvc_lock_comes_back_when_the_comparison_is_stopped_while_queueing(tmp_p
 
 
 def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
-    for part, sweeps in (("core", CORE), ("cpo", [CPO]), ("seeds", ["-S objective=nll,score,delta,score_delta -S train.seed=range(1,3)"])):
+    for part, sweeps in (("core", CORE), ("cpo", [CPO]), ("all", CORE + [CPO]), ("seeds", ["-S objective=nll,score,delta,score_delta -S train.seed=range(1,3)"])):
         (tmp_path / part).mkdir()
         result, calls = _run(tmp_path / part, "grid", part)
         assert result.returncode == 0, result.stderr
@@ -662,7 +662,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
                                 "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
-    assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts core cpo --profile params/gpu.yaml\n"
+    assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts all --profile params/gpu.yaml\n"
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
     assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
