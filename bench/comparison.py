@@ -18,7 +18,8 @@ read back.
 Figures: each part's wall time and the whole run's, the GPU's mean busy share and peak memory
 over the run, the stages' wall times summed by stage, and each experiment's, when each experiment's
 last stage ended (seconds from the start: the last one holds the run back), and the time between
-stages: in their processes before the work (imports) and outside them (exit, DVC). Targets on one
+stages: in their processes before the work (imports) and outside them (exit, DVC), and what
+torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA graphs). Targets on one
 H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
 """
@@ -109,11 +110,12 @@ def workspace(into: Path) -> Path:
     return repo
 
 
-def stage_walls(repo: Path, name: str) -> tuple[dict, dict, dict, dict, set]:
-    """The gathered experiments' stage records: seconds summed by stage (each stage run once,
-    however many experiments restored it), each experiment's own (restored ones included), the
-    time between stages (between_stages), when each experiment's last stage ended (experiment_ends),
-    and the names of the experiments of `core` (every objective but CPO's)."""
+def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
+    """The gathered experiments' stage records: figures (`stage_wall_s`, seconds summed by stage,
+    each stage run once however many experiments restored it; `experiment_wall_s`, each
+    experiment's own, restored ones included; `between_stages`; `compiled`), when each
+    experiment's last stage ended (experiment_ends), and the names of the experiments of `core`
+    (every objective but CPO's)."""
     sys.path.insert(0, str(repo / "src"))
     from storyrewrite.report.collect import load_runs
 
@@ -130,10 +132,27 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, dict, dict, set]:
             if key not in ran:
                 ran[key] = record
                 by_stage[record["stage"]] += record["wall_s"]
-    overheads = between_stages(ran.values())
     core = {run.name for run in runs if run.params.get("objective") != "cpo"}
-    return ({stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())}, by_experiment, overheads,
-            experiment_ends(records_of), core)
+    figures = {"stage_wall_s": {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())},
+               "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values())}
+    return figures, experiment_ends(records_of), core
+
+
+def compiled(records: Iterable[dict]) -> dict:
+    """What torch.compile did in the stages that ran (records.compile_counts), summed by stage
+    (a training stage's by objective too), with the first reason a graph was not replayed as
+    CUDA graphs; stages that compiled nothing are left out."""
+    found: dict[str, dict] = {}
+    for record in records:
+        if record.get("compiled_graphs"):
+            stage = record["stage"] + (f" ({record['objective']})" if record.get("objective") else "")
+            into = found.setdefault(stage, {"runs": 0, "compiled_graphs": 0, "graph_breaks": 0, "cudagraph_skips": 0})
+            into["runs"] += 1
+            for key in ("compiled_graphs", "graph_breaks", "cudagraph_skips"):
+                into[key] += record.get(key) or 0
+            if record.get("cudagraph_skip_reason"):
+                into.setdefault("cudagraph_skip_reason", record["cudagraph_skip_reason"])
+    return dict(sorted(found.items()))
 
 
 def experiment_ends(records_of: dict[str, list[dict]]) -> dict[str, float]:
@@ -215,12 +234,13 @@ def main() -> None:
                 else:  # its shared stages are in the run cache: the next part's experiments restore them
                     env["COMPARISON_SHARED"] = "0"
         total = round(time.perf_counter() - started, 1)
-        by_stage, by_experiment, overheads, ends, core = stage_walls(repo, args.name)
+        walls, ends, core = stage_walls(repo, args.name)
     if "all" in parts and (within := core_in_all(ends, core, begun_at["all"])) is not None:
         parts["core_in_all"] = within
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    figures = {"wall_s": {**parts, "total": total}, "load": sampler.figures(), "experiments": len(by_experiment),
-               "stage_wall_s": by_stage, "experiment_wall_s": by_experiment, "between_stages": overheads,
+    by_stage, overheads = walls["stage_wall_s"], walls["between_stages"]
+    figures = {"wall_s": {**parts, "total": total}, "load": sampler.figures(), "experiments": len(walls["experiment_wall_s"]),
+               **walls,
                "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda item: item[1])},
                "failed_parts": failed}
     targets = {}
@@ -240,11 +260,13 @@ def main() -> None:
     if ends:
         last = max(ends, key=ends.get)
         print(f"last to end: {last} ({'core' if last in core else 'cpo'}), {ends[last] - started_at:.1f} s after the start")
-    print(f"load: {figures['load']}; {len(by_experiment)} experiments gathered")
+    print(f"load: {figures['load']}; {figures['experiments']} experiments gathered")
     for stage, seconds in sorted(by_stage.items(), key=lambda item: -item[1])[:8]:
         print(f"  {stage:<28} {seconds:>8.1f} s (each run once)")
     print(f"between stages: {overheads['startup_s']:.1f} s in the stages' processes before their work (imports, arguments), "
           f"{overheads['between_s']:.1f} s outside them (exit, DVC), summed over the stages that ran")
+    for stage, facts in figures["compiled"].items():
+        print(f"compiled in {stage}: {facts}")
     if failed:
         raise SystemExit(f"error: part(s) failed: {', '.join(failed)}")
 

@@ -44,3 +44,17 @@ def test_each_experiment_ends_with_its_last_stage_and_core_within_all_ends_with_
     assert ends == {"a": midnight + 143.25, "b": midnight + 180.0, "c": midnight + 300.0}
     assert comparison.core_in_all(ends, {"a", "b", "d"}, midnight + 10) == 170.0
     assert comparison.core_in_all(ends, {"d"}, midnight + 10) is None
+
+
+def test_what_torch_compile_did_is_summed_by_stage_and_objective_with_the_first_reason_for_a_skip():
+    records = [
+        {**record("a", None, 1.0), "objective": "rloo", "compiled_graphs": 3, "graph_breaks": 0, "cudagraph_skips": 1,
+         "cudagraph_skip_reason": "skipping cudagraphs due to mutated inputs"},
+        {**record("b", None, 1.0), "objective": "rloo", "compiled_graphs": 2, "graph_breaks": 1, "cudagraph_skips": 0},
+        {**record("c", None, 1.0, stage="generate-finetuned"), "compiled_graphs": 1, "graph_breaks": 0, "cudagraph_skips": 0},
+        {**record("d", None, 1.0), "objective": "score"},  # compiled nothing
+    ]
+    assert comparison.compiled(records) == {
+        "generate-finetuned": {"runs": 1, "compiled_graphs": 1, "graph_breaks": 0, "cudagraph_skips": 0},
+        "train (rloo)": {"runs": 2, "compiled_graphs": 5, "graph_breaks": 1, "cudagraph_skips": 1,
+                         "cudagraph_skip_reason": "skipping cudagraphs due to mutated inputs"}}

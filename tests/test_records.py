@@ -59,6 +59,33 @@ def test_a_record_says_how_long_its_process_ran_before_the_stage_began(tmp_path)
     assert 0.5 <= startup <= lifetime + 0.02  # (/proc's clock ticks: 10 ms)
 
 
+def test_a_record_says_what_torch_compile_did_and_why_inductor_ran_a_graph_without_cuda_graphs(tmp_path, capsys):
+    """A function compiled with one graph break is two graphs; a skip is logged through inductor's
+    own call (as on a GPU, where a graph that mutates its inputs is not recorded), twice with the
+    same reason: counted twice, named and printed once. The counts are the stage's own: a stage
+    that compiles nothing records none, whatever compiled before it in the process."""
+    import torch
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    def step(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    record = StageRecord.start(tmp_path / "train.json")
+    x = torch.randn(4)
+    assert torch.allclose(torch.compile(step, backend="eager")(x), x.sin().cos())
+    for _ in range(2):
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances)")
+    written = record.finish("cpu")
+    assert (written["compiled_graphs"], written["graph_breaks"], written["cudagraph_skips"]) == (2, 1, 2)
+    assert written["cudagraph_skip_reason"] == "skipping cudagraphs due to mutated inputs (1 instances)"
+    assert capsys.readouterr().err.count("torch: skipping cudagraphs due to mutated inputs") == 1
+    assert json.loads((tmp_path / "train.json").read_text())["cudagraph_skips"] == 2
+    quiet = StageRecord.start(tmp_path / "score.json").finish("cpu")
+    assert not {"compiled_graphs", "graph_breaks", "cudagraph_skips"} & quiet.keys()
+
+
 def test_no_record_is_asked_for_none_is_written(tmp_path):
     assert StageRecord.start(None) is None
 

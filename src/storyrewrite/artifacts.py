@@ -123,6 +123,10 @@ class Record(Open):
     started_at: str | None = None
     startup_s: float | None = None  # from the process's start to the stage's: interpreter, imports, arguments
     experiment: str | None = None
+    compiled_graphs: int | None = None  # torch.compile in the stage (records.compile_counts)
+    graph_breaks: int | None = None
+    cudagraph_skips: int | None = None  # graphs inductor ran without replaying them as CUDA graphs
+    cudagraph_skip_reason: str | None = None
 
 
 class Significance(Artifact):

@@ -13,10 +13,16 @@ ran where (the issue's "no model stage on the CPU") and what each cost. The wall
 CUDA count in it) to `finish`; `startup_s`, from the process's start to `StageRecord.start` (the
 interpreter, the imports, the arguments: what each stage pays before its work). No torch import here: the device is described from the object the
 stage passes, importing torch only for a CUDA device.
+
+A stage that ran torch.compile (a static KV cache, `compile: true`) also records what it did:
+`compiled_graphs`, `graph_breaks`, and `cudagraph_skips` with the first `cudagraph_skip_reason`:
+graphs inductor ran without replaying them as CUDA graphs, a launch per kernel again. torch logs
+such a skip only where TORCH_LOGS asks for it.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import resource
@@ -143,6 +149,35 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "cuda": torch.version.cuda}
 
 
+# inductor's log of the graphs it does not replay as CUDA graphs (torch._inductor.cudagraph_utils:
+# an artifact logger, silent unless TORCH_LOGS names `cudagraphs`).
+CUDAGRAPH_LOG = "torch._inductor.cudagraph_utils.__cudagraphs"
+
+
+class _SkipReasons(logging.Handler):
+    """Keeps the distinct messages of CUDAGRAPH_LOG, and prints each once to stderr."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if (message := record.getMessage()) not in self.messages:
+            self.messages.append(message)
+            print(f"torch: {message}", file=sys.stderr)
+
+
+def compile_counts() -> dict[str, int]:
+    """What torch.compile has done in this process so far (torch._dynamo's counters; none where
+    it was never imported): graphs compiled, graph breaks, graphs not replayed as CUDA graphs."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return {}
+    counters = utils.counters
+    return {"compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": counters["graph_break"].total(),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+
+
 class StageRecord:
     """Started when the stage begins its work; `finish` writes the record atomically (a failed
     stage writes none)."""
@@ -152,6 +187,9 @@ class StageRecord:
         self.started = time.perf_counter()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
         self.startup_s = process_age_s()
+        self.compiled_before = compile_counts()
+        self.skip_reasons = _SkipReasons()
+        logging.getLogger(CUDAGRAPH_LOG).addHandler(self.skip_reasons)
 
     @staticmethod
     def add_argument(parser: argparse.ArgumentParser) -> None:
@@ -166,13 +204,19 @@ class StageRecord:
         """Write the record: `device` where the stage's model ran; `items` of `unit` it
         processed (for a rate); `extra` any further facts (numbers or short strings)."""
         wall = time.perf_counter() - self.started
+        logging.getLogger(CUDAGRAPH_LOG).removeHandler(self.skip_reasons)
+        compiled = {key: count - self.compiled_before.get(key, 0) for key, count in compile_counts().items()}
+        if not compiled.get("compiled_graphs"):  # nothing compiled in the stage: no facts of it
+            compiled = {}
+        elif compiled["cudagraph_skips"] and self.skip_reasons.messages:
+            compiled["cudagraph_skip_reason"] = self.skip_reasons.messages[0][:300]
         where = describe_device(device)
         if where["device"] == "cpu" and "torch" in sys.modules:  # a stage that runs no torch has no kernels to name
             where |= cpu_facts()
         record = {"stage": self.path.stem, **where, "dtype": dtype, "wall_s": round(wall, 2),
                   "items": items, "unit": unit,
                   "items_per_s": round(items / wall, 3) if items is not None and wall > 0 else None,
-                  **_peak_memory(where["device"]), **extra, "started_at": self.started_at,
+                  **_peak_memory(where["device"]), **compiled, **extra, "started_at": self.started_at,
                   **({} if self.startup_s is None else {"startup_s": round(self.startup_s, 2)}),
                   "experiment": os.environ.get("DVC_EXP_NAME"), **_versions()}
         # Under DDP every process runs the stage; the first process of the first node writes.
