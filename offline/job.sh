@@ -19,11 +19,12 @@
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash offline/job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s gathers a comparison's finished experiments into runs/NAME and
-#       copies its log and a tar of bench-out/, reports/bench/, runs/NAME and the stage records
-#       of the experiments still running (in .dvc/tmp/exps/) to $OUT: a command cut short when
+#       copies its log, a tar of bench-out/, reports/bench/, runs/NAME and the stage records and
+#       curves of the experiments still running (in .dvc/tmp/exps/), and a git bundle of the
+#       finished experiments (exps.bundle, for offline/unpack.sh) to $OUT: a command cut short when
 #       the machine goes still brings back what the job had measured, every experiment that
 #       finished, and where the time of one that had not finished went; it ends by listing those
-#       records' stages, devices and wall times.
+#       records' stages, devices and wall times, and each running training's step.
 # The figures name the commit in .device/commit (written by offline/pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -129,6 +130,14 @@ poll)
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
+    # The finished experiments themselves (DVC's git refs: their params, dvc.lock and git-kept
+    # metrics, curves and results), bundled again when one more has finished, for offline/unpack.sh.
+    if [ -s "$JOB/name" ]; then
+      (cd "$HOME/proj" && refs=$(git for-each-ref --format='%(refname)' 'refs/exps/*/*/*') && [ -n "$refs" ] \
+        && [ "$refs" != "$(cat "$JOB/bundled" 2>/dev/null)" ] && git bundle create -q "$JOB/exps.tmp" $refs \
+        && mv "$JOB/exps.tmp" "$JOB/exps.bundle" && echo "$refs" > "$JOB/bundled") || true
+      [ ! -f "$JOB/exps.bundle" ] || { cp "$JOB/exps.bundle" "$OUT/exps.tmp" && mv "$OUT/exps.tmp" "$OUT/exps.bundle"; }
+    fi
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)

@@ -84,3 +84,72 @@ def test_an_experiment_and_its_run_cache_move_to_a_fresh_clone_through_a_local_r
     # The pulled experiment's outputs too: `dvc exp apply` checks them out from the pulled cache.
     _dvc(clone, "exp", "apply", "dto")
     assert (clone / "model.txt").read_text() == "score" * 3
+
+
+@pytest.mark.slow
+def test_experiments_from_an_offline_machine_come_back_as_a_bundle_that_dvc_metrics_diff_reads(tmp_path):
+    """offline/unpack.sh as after a GPU comparison: the machine ran two experiments in a git
+    repository made of a copy of the project's tree (offline/job.sh) and bundled their refs as its
+    poll does. Here the results land in runs/NAME.<n>; the experiments are fetched, and
+    `dvc metrics diff` compares them; the bundle kept beside the runs holds only what the
+    project's commit lacks, and a fresh clone of the project fetches the experiments from it."""
+    import tarfile
+
+    unpack = Path(__file__).resolve().parents[1] / "offline" / "unpack.sh"
+    project, device, clone = tmp_path / "project", tmp_path / "device", tmp_path / "clone"
+    project.mkdir()
+    _git(project, "init", "-q")
+    _dvc(project, "init", "-q")
+    (project / "in.txt").write_text("".join(f"story {i} of the bundled data\n" for i in range(20000)))  # ~0.5 MB
+    (project / "params.yaml").write_text("objective: nll\n")
+    (project / "dvc.yaml").write_text(PIPELINE)
+    (project / ".gitignore").write_text("ran.log\n/bench-out/\n")
+    _git(project, "add", "-A")
+    _git(project, "commit", "-qm", "pipeline")
+
+    # The machine: a copy of the tree, committed afresh (no .git travels), two experiments, the poll's bundle.
+    device.mkdir()
+    _run(tmp_path, "bash", "-c", f"git -C {project} archive HEAD | tar x -C {device}")
+    _git(device, "init", "-q")
+    _git(device, "add", "-A")
+    _git(device, "commit", "-qm", "device copy of the project")
+    for name, objective in (("gpu-dto", "score"), ("gpu-cpo", "cpo_grid")):
+        _dvc(device, "exp", "run", "-n", name, "-S", f"objective={objective}")
+    refs = _git(device, "for-each-ref", "--format=%(refname)", "refs/exps/*/*/*").split()  # as offline/job.sh poll
+    _git(device, "bundle", "create", "-q", str(tmp_path / "exps.bundle"), *refs)
+    (device / "runs" / "gpu").mkdir(parents=True)
+    head = _git(project, "rev-parse", "HEAD").strip()
+    (device / "runs" / "gpu" / "gpu-dto.json").write_text(json.dumps({"name": "gpu-dto", "source_commit": head[:7]}))
+    (device / ".dvc" / "tmp" / "exps" / "tmpab12" / "reports" / "stages").mkdir(parents=True)
+    (device / ".dvc" / "tmp" / "exps" / "tmpab12" / "reports" / "stages" / "train.json").write_text("{}")
+    with tarfile.open(tmp_path / "results.tar.gz", "w:gz") as archive:
+        for path in ("runs/gpu", ".dvc/tmp/exps/tmpab12"):
+            archive.add(device / path, arcname=path)
+
+    _git(tmp_path, "clone", "-q", str(project), str(clone))
+    usage = subprocess.run(["bash", str(unpack), "gpu"], cwd=clone, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage: bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]" in usage.stderr
+    wrong = subprocess.run(["bash", str(unpack), "smoke", str(tmp_path / "results.tar.gz")], cwd=clone, capture_output=True, text=True)
+    assert wrong.returncode == 2 and "holds no runs/smoke" in wrong.stderr and not (clone / "runs").exists()
+    shown = _run(clone, "bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"), str(tmp_path / "exps.bundle"))
+    assert shown.strip() == "runs/gpu.1: 1 run(s), 2 experiment(s) fetched (dvc metrics diff A B)"
+    assert (clone / "runs" / "gpu.1" / "gpu-dto.json").exists()
+    assert (clone / "bench-out" / "gpu.1" / "tmpab12" / "reports" / "stages" / "train.json").exists()
+    diff = _dvc(clone, "metrics", "diff", "gpu-dto", "gpu-cpo")
+    assert "metrics.json" in diff and f"{len('score')}" in diff and f"{len('cpo_grid')}" in diff, diff
+
+    # Filed under the project's commit, whose tree the machine's copy had: listed with it.
+    listed = json.loads(_dvc(clone, "exp", "show", "--json"))
+    assert listed[1]["rev"] == head and {r["name"] for e in listed[1]["experiments"] for r in e["revs"]} == {"gpu-dto", "gpu-cpo"}
+    # Kept beside the runs without the project's own objects.
+    kept = clone / "runs" / "gpu.1" / "exps.bundle"
+    assert kept.stat().st_size < (tmp_path / "exps.bundle").stat().st_size / 4
+    _git(clone, "add", "runs")
+    _git(clone, "commit", "-qm", "GPU runs")
+    fresh = tmp_path / "fresh"
+    _git(tmp_path, "clone", "-q", str(clone), str(fresh))
+    _git(fresh, "fetch", "-q", "runs/gpu.1/exps.bundle", "refs/exps/*:refs/exps/*")
+    assert _dvc(fresh, "metrics", "diff", "gpu-dto", "gpu-cpo") == diff
+    # A second unpacking of the same results takes the next number.
+    again = _run(clone, "bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"))
+    assert again.strip() == "runs/gpu.2: 1 run(s), 0 experiment(s) fetched (dvc metrics diff A B)"

@@ -625,6 +625,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
         """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
+        # A finished experiment (DVC's git ref) and DVC's own refs beside it, which the bundle leaves out.
+        'git update-ref refs/exps/ab/cdef01/gpu-nll-continued HEAD && git update-ref refs/exps/exec/EXEC_HEAD HEAD\n'
         # A training under way: DVCLive's summary and curves, written step by step.
         'mkdir -p .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics\n'
         """echo '{"step": 120, "train_loss": 1.0312, "sample_time_share": 0.8547}' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json\n"""
@@ -679,6 +681,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
                 ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv"} <= set(archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison -j 3 gpu all params/gpu.yaml" in (out / "log.txt").read_text()
+    heads = subprocess.run(["git", "bundle", "list-heads", str(out / "exps.bundle")], capture_output=True, text=True).stdout
+    assert [line.split()[1] for line in heads.splitlines()] == ["refs/exps/ab/cdef01/gpu-nll-continued"]
 
 
 def _follow_the_gpu_job(job, results, home, out, log) -> None:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Here, in this repository: what offline/job.sh's polls brought back from a comparison.
+#   bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]
+# The tar's runs/NAME becomes runs/NAME.<n>, the next free n: a later machine given that folder
+# skips the runs it holds, and `bash scripts/comparison.sh NAME ...` collects them. Its
+# reports/bench/ lands as it is; bench-out/ and the records and curves of experiments that had not
+# finished go to bench-out/NAME.<n>/ (ignored by git). The bundle's experiments, DVC's git refs,
+# are fetched. Each derives from a commit the machine made of a copy of the tree: where that tree
+# is the one of the commit the runs name (their `source_commit`), the experiment is filed under
+# that commit, as if it had run here, so `dvc exp show` lists it there. `dvc metrics diff A B`
+# compares any two. They are kept in runs/NAME.<n>/exps.bundle without the objects of that commit;
+# a clone fetches them with
+#   git fetch runs/NAME.<n>/exps.bundle 'refs/exps/*:refs/exps/*'
+set -euo pipefail
+[ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]" >&2; exit 2; }
+NAME=$1 RESULTS=$2 BUNDLE=${3:-}
+for file in "$RESULTS" ${BUNDLE:+"$BUNDLE"}; do [ -f "$file" ] || { echo "error: $file not found" >&2; exit 2; }; done
+n=1
+while [ -e "runs/$NAME.$n" ]; do n=$((n + 1)); done
+INTO=runs/$NAME.$n
+STAGING=$(mktemp -d)
+trap 'rm -rf "$STAGING"' EXIT
+tar xzf "$RESULTS" -C "$STAGING"
+[ -d "$STAGING/runs/$NAME" ] || { echo "error: $RESULTS holds no runs/$NAME (NAME is the comparison's)" >&2; exit 2; }
+refs=()
+if [ -n "$BUNDLE" ]; then
+  git bundle verify -q "$BUNDLE" >/dev/null
+  trap 'rm -rf "$STAGING"; git for-each-ref --format="delete %(refname)" refs/unpacked | git update-ref --stdin' EXIT
+  git fetch -q "$BUNDLE" 'refs/exps/*:refs/unpacked/*'
+  source=$(python3 -c 'import glob, json, sys
+print(next((json.load(open(p)).get("source_commit") or "" for p in sorted(glob.glob(sys.argv[1] + "/*.json"))), ""))' \
+    "$STAGING/runs/$NAME")
+  source=$(git rev-parse -q --verify "${source:-none}^{commit}" || true)  # none where this repository lacks it
+  for ref in $(git for-each-ref --format='%(refname)' refs/unpacked); do
+    commit=$(git rev-parse "$ref") target=refs/exps/${ref#refs/unpacked/}
+    if [ -n "$source" ] && [ "$(git rev-parse "$commit^^{tree}")" = "$(git rev-parse "$source^{tree}")" ]; then
+      # The same commit on $source in place of its copy (author, committer and dates kept).
+      IFS=$'\n' read -r -d '' aname amail adate cname cmail cdate \
+        < <(git log -1 --format='%an%n%ae%n%aI%n%cn%n%ce%n%cI' "$commit"; printf '\0')
+      commit=$(git log -1 --format=%B "$commit" | GIT_AUTHOR_NAME=$aname GIT_AUTHOR_EMAIL=$amail GIT_AUTHOR_DATE=$adate \
+        GIT_COMMITTER_NAME=$cname GIT_COMMITTER_EMAIL=$cmail GIT_COMMITTER_DATE=$cdate git commit-tree "$commit^{tree}" -p "$source")
+      target=refs/exps/${source:0:2}/${source:2}/${ref##*/}
+    fi
+    existing=$(git rev-parse -q --verify "$target" || true)
+    [ -z "$existing" ] || [ "$existing" = "$commit" ] || { echo "error: $target exists with another commit" >&2; exit 1; }
+    git update-ref "$target" "$commit"
+    refs+=("$target")
+  done
+  git bundle create -q "$STAGING/runs/$NAME/exps.bundle" "${refs[@]}" --not "${source:-HEAD}"
+fi
+mkdir -p runs "bench-out/$NAME.$n"
+mv "$STAGING/runs/$NAME" "$INTO"
+[ ! -d "$STAGING/reports/bench" ] || cp -r "$STAGING/reports/bench/." reports/bench/
+for folder in bench-out .dvc/tmp/exps; do [ ! -d "$STAGING/$folder" ] || cp -r "$STAGING/$folder/." "bench-out/$NAME.$n/"; done
+echo "$INTO: $(find "$INTO" -maxdepth 1 -name '*.json' | wc -l) run(s), ${#refs[@]} experiment(s) fetched (dvc metrics diff A B)"
