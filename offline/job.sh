@@ -152,7 +152,7 @@ for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.
         r, parts = json.load(open(path)), path.split("/")
         if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json
             shown = ", ".join("{} {:.4g}".format(k, r[k]) for k in ("train_loss", "sample_time_share", "tokens_per_s") if k in r)
-            done.append((parts[-5], "~", "training {} at step {} ({})".format(parts[-2], r["step"], shown)))
+            done.append((parts[-5], "~", "{} trained to step {} ({})".format(parts[-2], r["step"], shown)))
         else:  # <workspace>/reports/stages/<stage>.json
             done.append((parts[-4], r.get("started_at") or "", "{} on {} in {} s".format(r["stage"], r["device"], r["wall_s"])))
     except (OSError, ValueError, KeyError):

@@ -24,7 +24,7 @@ tar xzf "$RESULTS" -C "$STAGING"
 [ -d "$STAGING/runs/$NAME" ] || { echo "error: $RESULTS holds no runs/$NAME (NAME is the comparison's)" >&2; exit 2; }
 refs=()
 if [ -n "$BUNDLE" ]; then
-  git bundle verify -q "$BUNDLE" >/dev/null
+  verified=$(git bundle verify -q "$BUNDLE" 2>&1) || { echo "error: $BUNDLE: $verified" >&2; exit 1; }
   trap 'rm -rf "$STAGING"; git for-each-ref --format="delete %(refname)" refs/unpacked | git update-ref --stdin' EXIT
   git fetch -q "$BUNDLE" 'refs/exps/*:refs/unpacked/*'
   source=$(python3 -c 'import glob, json, sys

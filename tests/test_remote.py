@@ -153,3 +153,7 @@ def test_experiments_from_an_offline_machine_come_back_as_a_bundle_that_dvc_metr
     # A second unpacking of the same results takes the next number.
     again = _run(clone, "bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"))
     assert again.strip() == "runs/gpu.2: 1 run(s), 0 experiment(s) fetched (dvc metrics diff A B)"
+    (tmp_path / "bad.bundle").write_text("not a bundle\n")  # a damaged copy: named, nothing unpacked
+    bad = subprocess.run(["bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"), str(tmp_path / "bad.bundle")], cwd=clone,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and f"error: {tmp_path / 'bad.bundle'}: " in bad.stderr and not (clone / "runs" / "gpu.3").exists()
