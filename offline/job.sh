@@ -145,13 +145,18 @@ poll)
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
   # The stages an unfinished experiment has run so far, each with its device and wall time, and
   # the step its training has reached (DVCLive's summary: the latest value of each curve).
-  cd "$HOME/proj" && python3 -c 'import glob, json, sys
+  cd "$HOME/proj" && python3 -c 'import glob, json, os, sys
+def recent(tsv):  # the mean of the last 10 values of a curve (DVCLive: a header, then step and value per row)
+    values = [float(v) for v in open(tsv).read().split()[3::2][-10:]] if os.path.exists(tsv) else []
+    return sum(values) / len(values) if values else None
 done = []
 for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.json") + glob.glob(folder + "/*/metrics.json")):
     try:
         r, parts = json.load(open(path)), path.split("/")
-        if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json
-            shown = ", ".join("{} {:.4g}".format(k, r[k]) for k in ("train_loss", "sample_time_share", "tokens_per_s") if k in r)
+        if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json; the curves of the clock are in their TSVs only
+            shown = {"train_loss": r.get("train_loss"), **{k: recent(path.replace("metrics.json", "plots/metrics/" + k + ".tsv"))
+                                                         for k in ("sample_time_share", "tokens_per_s")}}
+            shown = ", ".join("{} {:.4g}".format(k, v) for k, v in shown.items() if v is not None)
             done.append((parts[-5], "~", "{} trained to step {} ({})".format(parts[-2], r["step"], shown)))
         else:  # <workspace>/reports/stages/<stage>.json
             done.append((parts[-4], r.get("started_at") or "", "{} on {} in {} s".format(r["stage"], r["device"], r["wall_s"])))
