@@ -134,8 +134,8 @@ poll)
     # metrics, curves and results), bundled again when one more has finished, for offline/unpack.sh.
     if [ -s "$JOB/name" ]; then
       (cd "$HOME/proj" && refs=$(git for-each-ref --format='%(refname)' 'refs/exps/*/*/*') && [ -n "$refs" ] \
-        && [ "$refs" != "$(cat "$JOB/bundled" 2>/dev/null)" ] && git bundle create -q "$JOB/exps.tmp" $refs \
-        && mv "$JOB/exps.tmp" "$JOB/exps.bundle" && echo "$refs" > "$JOB/bundled") || true
+        && [ "$refs" != "$(git bundle list-heads "$JOB/exps.bundle" 2>/dev/null | cut -d' ' -f2)" ] \
+        && git bundle create -q "$JOB/exps.tmp" $refs && mv "$JOB/exps.tmp" "$JOB/exps.bundle") || true
       [ ! -f "$JOB/exps.bundle" ] || { cp "$JOB/exps.bundle" "$OUT/exps.tmp" && mv "$OUT/exps.tmp" "$OUT/exps.bundle"; }
     fi
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
