@@ -11,8 +11,9 @@ The report and the experiment collector turn them into a table, so a GPU run sta
 ran where (the issue's "no model stage on the CPU") and what each cost. The wall time runs from
 `StageRecord.start` (after the stage's imports and argument parsing; loading models and starting
 CUDA count in it) to `finish`; `startup_s`, from the process's start to `StageRecord.start` (the
-interpreter, the imports, the arguments: what each stage pays before its work). No torch import here: the device is described from the object the
-stage passes, importing torch only for a CUDA device.
+interpreter, the imports, the arguments: what each stage pays before its work). No torch import
+here: the device is described from the object the stage passes, importing torch only for a CUDA
+device.
 
 A stage that ran torch.compile (a static KV cache, `compile: true`) also records what it did:
 `compiled_graphs`, `graph_breaks`, and `cudagraph_skips` with the first `cudagraph_skip_reason`:
