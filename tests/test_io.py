@@ -87,3 +87,25 @@ def test_an_atomically_written_file_gets_the_mode_open_gives_a_new_file(tmp_path
             assert [stat.S_IMODE((folder / name).stat().st_mode) for name in ("atomic.txt", "atomic.json")] == [expected] * 2
     finally:
         os.umask(current)
+
+
+def test_a_command_freezes_its_objects_out_of_the_collector_at_exit_once():
+    """run_cli (every stage's and command's entry) has gc.freeze run at the process's exit, after
+    the handlers registered before it, and registers it once however many commands run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import atexit, gc\n"
+            "calls, freeze = [], gc.freeze\n"
+            "gc.freeze = lambda: (calls.append(1), freeze())[1]  # counted, then the real one\n"
+            "atexit.register(lambda: print('froze', len(calls), 'time(s), objects frozen:', gc.get_freeze_count() > 0))\n"
+            "from storyrewrite.io import run_cli\n"
+            "run_cli(lambda: None)\n"
+            "run_cli(lambda: None)\n"
+            "print('frozen before the exit:', gc.get_freeze_count() > 0)\n")
+    src = Path(__file__).resolve().parents[1] / "src"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(src)})
+    assert result.stdout.splitlines() == ["frozen before the exit: False", "froze 1 time(s), objects frozen: True"]
