@@ -96,29 +96,30 @@ queue() {
   [ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock
   return $rc
 }
+SHARED=()  # the shared stages' experiments, removed at the end (their stages are in the run cache)
+# remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
+remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
 if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
-  # The shared stages, each group an experiment of its own targets, removed once its stages are
-  # in the run cache. A group that failed is run again by each experiment that needs it.
+  # The shared stages an experiment reaches before its `train` (DVC's order) run first, each group
+  # an experiment of its own targets; the NLL model's scores come after `train`, queued first beside
+  # the sweeps. A group that failed is run again by each experiment that needs it.
   # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py).
   # shellcheck disable=SC2207  # the modes are words without spaces
   MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
-  GROUPS_=("nll|score@nll" "sanity|score_sanity" "validity|validity")
+  GROUPS_=("nll|train_nll" "sanity|score_sanity" "validity|validity")
   for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
-  SHARED=()
-  for group in "${GROUPS_[@]}"; do SHARED+=("$NAME.shared-${group%%|*}"); done
-  # remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
-  remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
+  for group in "${GROUPS_[@]}" "nll-scores|"; do SHARED+=("$NAME.shared-${group%%|*}"); done
   remove_shared  # what an interrupted comparison left
   for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
-  echo "== the shared stages: ${#SHARED[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
+  echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
   run_queue
-  remove_shared
   # Their workers end by themselves once the queue is empty (within about 10 s). Wait for that:
   # `dvc queue start` does not always see a live worker, and then starts a second of its name.
   for _ in $(seq "${COMPARISON_WORKER_WAIT:-120}"); do
     grep -qsa 'queue-worke[r]' /proc/[0-9]*/cmdline || break
     sleep 1
   done
+  queue -n "$NAME.shared-nll-scores" "${OVERRIDES[@]}" score@nll
 fi
 for sweep in "${SWEEPS[@]}"; do
   # shellcheck disable=SC2206  # the settings are words without spaces
@@ -130,6 +131,7 @@ done
 RUNS=($(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue
+remove_shared
 
 FAILED=0
 [ ${#RUNS[@]} -eq 0 ] || python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" || FAILED=1

@@ -154,17 +154,23 @@ def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
     assert result.returncode == 0, result.stderr
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
     assert not any(c == "WORKERS=" for c in calls)
-    # The shared stages first, side by side, each group its own targets (an LLM mode each, from
-    # the profile's llm.modes), then removed; then the sweeps. Their workers end by themselves,
-    # never sent `dvc queue stop`, whose message the next workers would take.
-    shared = ["nll score@nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
+    # The shared stages an experiment reaches before its `train` first, side by side, each group its
+    # own targets (an LLM mode each, from the profile's llm.modes); then the NLL model's scores, queued
+    # first beside the sweeps. Their workers end by themselves, never sent `dvc queue stop`, whose
+    # message the next workers would take.
+    shared = ["nll train_nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
     queued = _queued(calls)
-    assert queued == [f"-n grid.shared-{group}" for group in shared] + CORE
-    # Each removed on its own (DVC removes none of several names when one is unknown: a group that failed).
-    removes = [c for c in calls if c.startswith("dvc exp remove")]
-    assert removes == 2 * [f"dvc exp remove grid.shared-{group.split()[0]}" for group in shared]
-    start, first = calls.index("dvc queue start -j 2"), calls.index("dvc exp run --queue " + CORE[0])
-    assert [start < calls.index(c, start) < first for c in removes[len(shared):]] == len(shared) * [True]
+    assert queued == [f"-n grid.shared-{group}" for group in shared] + ["-n grid.shared-nll-scores score@nll"] + CORE
+    start, scores = calls.index("dvc queue start -j 2"), calls.index("dvc exp run --queue -n grid.shared-nll-scores score@nll")
+    assert start < scores < calls.index("dvc exp run --queue " + CORE[0])
+    # Removed before (what an interrupted run left) and at the end, each on its own (DVC removes none
+    # of several names when one is unknown: a group that failed).
+    removes = [i for i, c in enumerate(calls) if c.startswith("dvc exp remove")]
+    names = [f"dvc exp remove grid.shared-{group.split()[0]}" for group in shared] + ["dvc exp remove grid.shared-nll-scores"]
+    assert [calls[i] for i in removes] == 2 * names
+    gather = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --out"))
+    last_start = max(i for i, c in enumerate(calls) if c == "dvc queue start -j 2")
+    assert all(i < start for i in removes[:len(names)]) and all(last_start < i < gather for i in removes[len(names):])
     assert "dvc queue stop" not in calls
     # A part after one that ran them (bench/comparison.py's cpo after core) queues no shared group:
     # its experiments restore those stages from the run cache.
@@ -174,6 +180,36 @@ def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
     assert _queued(calls) == [CPO] and not any(c.startswith("dvc exp remove") for c in calls)
     bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
+
+
+def _dvc_order(workspace: Path, *targets: str) -> list[str]:
+    """The stages `dvc repro` runs for `targets` (all: the whole pipeline), in its order (a dry run)."""
+    out = subprocess.run([sys.executable, "-m", "dvc", "repro", "--dry", "-f", *targets], cwd=workspace, capture_output=True,
+                         text=True, check=True).stdout
+    return re.findall(r"^Running stage '([^']+)':", out, flags=re.MULTILINE)
+
+
+def test_the_shared_groups_hold_every_stage_an_experiment_reaches_before_training(tmp_path):
+    """The sweeps wait only for the shared groups: in DVC's own order (this dvc.yaml), every stage an
+    experiment runs before its `train` is one of theirs, and the NLL model's predictions and scores,
+    queued beside the sweeps, come after `train`."""
+    result, calls = _run(tmp_path, "-j", "2", "grid", "core", python=GATHERED)
+    assert result.returncode == 0, result.stderr
+    groups = [c.split()[1:] for c in _queued(calls) if c.startswith("-n grid.shared-")]
+    barrier = [t for name, *targets in groups if name != "grid.shared-nll-scores" for t in targets]
+    scores = next(targets for name, *targets in groups if name == "grid.shared-nll-scores")
+    # One group an LLM mode of the profile (the stub's: zero_shot, rag); here the default's modes.
+    modes = yaml.safe_load((ROOT / "params.yaml").read_text())["llm"]["modes"]
+    barrier = [t for t in barrier if not t.startswith("score_llm@")] + [f"score_llm@{mode}" for mode in modes]
+    workspace = tmp_path / "dvc"
+    workspace.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, workspace / name)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=workspace, check=True)
+    order, shared = _dvc_order(workspace), set(_dvc_order(workspace, *barrier))
+    assert "train" not in shared and set(order[:order.index("train")]) == shared
+    assert all(order.index(stage) > order.index("train") for stage in set(_dvc_order(workspace, *scores)) - shared)
+    assert {"generate@nll", "score@nll"} <= set(_dvc_order(workspace, *scores)) - shared
 
 
 def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):
