@@ -108,7 +108,8 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
   GROUPS_=("nll|train_nll" "sanity|score_sanity" "validity|validity")
   for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
-  for group in "${GROUPS_[@]}" "nll-scores|"; do SHARED+=("$NAME.shared-${group%%|*}"); done
+  SCORES="nll-scores|score@nll"  # after `train` in DVC's order: queued beside the sweeps
+  for group in "${GROUPS_[@]}" "$SCORES"; do SHARED+=("$NAME.shared-${group%%|*}"); done
   remove_shared  # what an interrupted comparison left
   for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
@@ -119,7 +120,7 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
     grep -qsa 'queue-worke[r]' /proc/[0-9]*/cmdline || break
     sleep 1
   done
-  queue -n "$NAME.shared-nll-scores" "${OVERRIDES[@]}" score@nll
+  queue -n "$NAME.shared-${SCORES%%|*}" "${OVERRIDES[@]}" "${SCORES#*|}"
 fi
 for sweep in "${SWEEPS[@]}"; do
   # shellcheck disable=SC2206  # the settings are words without spaces
