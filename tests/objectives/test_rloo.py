@@ -267,8 +267,8 @@ def test_samples_are_drawn_outside_autocast_in_either_cache(tiny_model_dirs, sma
     tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
     plain = rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        for length in (None, rloo.static_cache_length(False, 96, MAX_NEW)):
-            assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, static_cache_len=length) == plain
+        for caches in (None, rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW))):
+            assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, caches=caches) == plain
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
@@ -280,12 +280,13 @@ def test_a_static_cache_samples_what_the_dynamic_cache_does(tiny_model_dirs, sma
     static_loss = _setup(directory, small_prepared, cache="static")[1]  # `rl.cache: static`, through the objective
     with torch.no_grad():
         assert static_loss(model, batch, 7).loss.item() == loss(model, batch, 7).loss.item()
-    assert model._previous_max_cache_length == length  # (transformers' record of the static cache it made)
     batches = _batches(encoder, small_prepared)
     assert len({batch["input_ids"].shape[1] for batch in batches}) == len(batches)  # sources of other lengths
-    for batch in batches:
+    caches = rloo.StaticCaches(length)
+    for batch in batches + batches[::-1]:  # each cache reused, after a call with longer or shorter sources
         dynamic = rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
-        assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, static_cache_len=length) == dynamic
+        assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, caches=caches) == dynamic
+    assert len(caches.caches) == (2 if kind == "bart" else 1)  # (a seq2seq model's: one per encoder length)
 
 
 def _counted_compiles() -> tuple[list, CompileConfig]:
@@ -313,13 +314,39 @@ def test_a_compiled_static_cache_step_compiles_once_for_sources_of_any_length(ti
     first, *others = batches = _batches(encoder, small_prepared, sizes=(2, 2, 2))
     assert len({batch["input_ids"].shape[1] for batch in batches}) == len(batches)
     length = rloo.static_cache_length(False, 96, MAX_NEW)
-    settings = {"static_cache_len": length, "compile_config": compile_config}
+    settings = {"caches": rloo.StaticCaches(length), "compile_config": compile_config}
     assert rloo.sample(model, first, 3, 5, MAX_NEW, 1.0, *tokens, **settings) == rloo.sample(model, first, 3, 5, MAX_NEW, 1.0, *tokens)
     compiled = len(graphs)
     assert compiled > 0
     for batch in others:
         assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, **settings) == rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
     assert len(graphs) == compiled
+
+
+def test_every_compiled_decoding_step_gets_the_same_cache_tensors(tiny_model_dirs, small_prepared):
+    """Between two samplings a training step takes the memory that is free. A static cache made anew
+    for each sampling would then lie elsewhere, and CUDA graph trees, which read a static cache's
+    tensors at the addresses they recorded, would record the step again at each sampling. The
+    run's caches stay where they are: every decoding step of every sampling gets the same tensors."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    length = rloo.static_cache_length(False, 96, MAX_NEW)
+    graphs, compile_config = _counted_compiles()
+    addresses = []  # per decoding step: the addresses of its inputs shaped as the KV cache's tensors
+
+    def backend(graph, example_inputs):
+        def step(*inputs):
+            addresses.append(frozenset(t.data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.dim() == 4
+                                       and t.shape[2] == length))
+            return graph.forward(*inputs)
+        return step
+    compile_config.backend = backend
+    caches, taken = rloo.StaticCaches(length), []
+    for seed in (5, 6, 7):
+        rloo.sample(model, batch, 3, seed, MAX_NEW, 1.0, *tokens, caches=caches, compile_config=compile_config)
+        taken += [torch.ones(len(batch["ids"]) * 3, 4096) for _ in range(2 * model.config.num_hidden_layers)]
+    assert len(addresses) >= 3 * 2 and len(next(iter(addresses))) == 2 * model.config.num_hidden_layers
+    assert set(addresses) == {addresses[0]}
 
 
 def test_a_compiled_static_cache_step_compiles_twice_for_any_rows_in_validation_and_training(tiny_model_dirs, small_prepared):
@@ -329,7 +356,7 @@ def test_a_compiled_static_cache_step_compiles_twice_for_any_rows_in_validation_
     config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
     tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
     graphs, compile_config = _counted_compiles()
-    settings = {"static_cache_len": rloo.static_cache_length(False, 96, MAX_NEW), "compile_config": compile_config}
+    settings = {"caches": rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW)), "compile_config": compile_config}
     validation, training, last = _batches(encoder, small_prepared, sizes=(4, 2, 1))
     with torch.inference_mode():
         rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings)

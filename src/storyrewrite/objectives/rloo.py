@@ -31,7 +31,8 @@ drawn with a fixed seed per batch): the best checkpoint is the one whose samples
 
 `rl.cache: static` samples with a fixed-size KV cache, sized for the longest source, so that on a
 GPU transformers compiles the decoding step once per row count and replays it as a CUDA graph:
-the samples of the dynamic cache, without a kernel launch per operator of each new token.
+the samples of the dynamic cache, without a kernel launch per operator of each new token. The
+run keeps one such cache per row count and reuses it at every step (`StaticCaches`).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
-from transformers import CompileConfig, GenerationConfig, PreTrainedModel
+from transformers import CompileConfig, EncoderDecoderCache, GenerationConfig, PreTrainedModel, StaticCache
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -131,8 +132,40 @@ def static_cache_length(seq2seq: bool, max_input_tokens: int, max_new_tokens: in
     return source + max_new_tokens + 1
 
 
+class StaticCaches:
+    """Static KV caches of `max_cache_len` positions (`static_cache_length`), one per row count (and,
+    for a seq2seq model, encoder length), kept for the run and emptied before each use.
+
+    transformers makes a new static cache in each `generate` call. Between two RLOO samplings the
+    training step takes the memory the last one freed, so a new cache lies elsewhere. Inductor's
+    CUDA graph trees read a static cache's tensors (`mark_static_address`) at the addresses they
+    recorded, so they would record the decoding step again at every sampling, and torch releases
+    that count those re-recordings stop replaying graphs after `cudagraph_unexpected_rerecord_limit`
+    (128). A kept cache keeps its addresses: the step recorded once replays at every sampling.
+    transformers has no option for this; passing a cache of one's own to `generate` is its way."""
+
+    def __init__(self, max_cache_len: int):
+        self.max_cache_len = max_cache_len
+        self.caches: dict[tuple, StaticCache | EncoderDecoderCache] = {}
+
+    def get(self, model: PreTrainedModel, rows: int, encoder_length: int | None = None) -> StaticCache | EncoderDecoderCache:
+        """The cache for `rows` rows of `model` (a seq2seq model's: with its cross-attention cache of
+        `encoder_length` positions), empty."""
+        key = (rows, encoder_length, model.dtype, model.device)
+        cache = self.caches.get(key)
+        if cache is not None:
+            cache.reset()
+            return cache
+        decoder = model.config.get_text_config(decoder=True)
+        cache = StaticCache(config=decoder, max_cache_len=self.max_cache_len)  # (allocated at its first keys)
+        if encoder_length is not None:
+            cache = EncoderDecoderCache(cache, StaticCache(config=decoder, max_cache_len=encoder_length))
+        self.caches[key] = cache
+        return cache
+
+
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
-           eos_id: int, pad_id: int, greedy: bool = False, *, static_cache_len: int | None = None,
+           eos_id: int, pad_id: int, greedy: bool = False, *, caches: StaticCaches | None = None,
            compile_config: CompileConfig | None = None) -> tuple[list[list[int]], list[bool], list[list[int]]]:
     """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
     are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
@@ -140,19 +173,18 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
     autocast, from the global generator seeded with `seed` (forked: the caller's random state is
     left as it was).
 
-    `static_cache_len`: a static KV cache of at least that many positions (`static_cache_length`),
-    the same for every call, so that the decoding step keeps one shape per row count; on a GPU
-    transformers then compiles that step (`compile_config`, default: inductor's reduce-overhead, CUDA
-    graphs). None: the dynamic cache, eager."""
+    `caches`: the static KV cache of the batch's row count from those, the same size for every
+    call, so that the decoding step keeps one shape (and one set of cache tensors) per row count;
+    on a GPU transformers then compiles that step (`compile_config`, default: inductor's
+    reduce-overhead, CUDA graphs). None: the dynamic cache, eager."""
     seq2seq = bool(generator.config.is_encoder_decoder)
     ids, mask, rows = source_rows(batch, seq2seq)
-    static = {"cache_implementation": "static", "max_cache_len": static_cache_len,
-              "compile_config": compile_config} if static_cache_len is not None else {}
     options = GenerationConfig(
         do_sample=not greedy, num_beams=1, num_return_sequences=count, max_new_tokens=max_new_tokens, min_length=0,
         temperature=temperature if not greedy else None, top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
         repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=eos_id, pad_token_id=pad_id,
-        decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None, **static)
+        decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None,
+        **({"compile_config": compile_config} if caches is not None else {}))
     was_training = generator.training
     generator.eval()
     devices = [ids.device] if ids.is_cuda else []
@@ -164,8 +196,10 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
         # again for the grad mode of a training step (only the token ids leave, as lists).
         with (torch.inference_mode(), torch.autocast(ids.device.type, enabled=False), torch.random.fork_rng(devices=devices),
               plain_decoding(generator)):
+            cache = {} if caches is None else {
+                "past_key_values": caches.get(generator, len(ids) * count, ids.shape[1] if seq2seq else None)}
             torch.manual_seed(seed)
-            output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options)
+            output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options, **cache)
     finally:
         generator.train(was_training)
     new = output[:, 1:] if seq2seq else output[:, ids.shape[1]:]  # seq2seq: after the decoder start token
@@ -188,8 +222,8 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         for parameter in reference.parameters():
             parameter.requires_grad_(False)
     needs_original = config.reward != "score"
-    static_cache_len = static_cache_length(encoder.seq2seq, context.max_input_tokens, config.max_new_tokens,
-                                           context.pad_to_multiple_of) if config.cache == "static" else None
+    caches = StaticCaches(static_cache_length(encoder.seq2seq, context.max_input_tokens, config.max_new_tokens,
+                                              context.pad_to_multiple_of)) if config.cache == "static" else None
 
     def rewards(completions, sources, targets, originals, logps: Callable[[], torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -216,7 +250,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
         completions, ended, sources = sample(generator, batch, count, noise_seed, config.max_new_tokens,
-                                             config.temperature, eos, pad, static_cache_len=static_cache_len)
+                                             config.temperature, eos, pad, caches=caches)
         sampling = time.perf_counter() - started
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
@@ -225,7 +259,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                                                                     originals, lambda: logps))
         if config.baseline == "greedy":
             greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, config.max_new_tokens, config.temperature,
-                                               eos, pad, greedy=True, static_cache_len=static_cache_len)
+                                               eos, pad, greedy=True, caches=caches)
 
             def greedy_logps() -> torch.Tensor:  # a generator forward, for the KL term alone
                 with torch.no_grad():
