@@ -126,7 +126,7 @@ def plain_decoding(model: PreTrainedModel):
 def static_cache_length(seq2seq: bool, max_input_tokens: int, max_new_tokens: int, multiple: int | None = None) -> int:
     """The positions a static KV cache needs for any batch: a causal model's longest source (padded
     to `multiple`, the length buckets) and its new tokens; a seq2seq decoder's start token and its
-    new tokens (transformers sizes the cross-attention's cache to each batch's encoder output: a
+    new tokens (the cross-attention's cache has each batch's encoder length, `StaticCaches`: a
     shape that length buckets bound)."""
     source = 0 if seq2seq else -(-max_input_tokens // (multiple or 1)) * (multiple or 1)
     return source + max_new_tokens + 1
@@ -137,12 +137,13 @@ class StaticCaches:
     for a seq2seq model, encoder length), kept for the run and emptied before each use.
 
     transformers makes a new static cache in each `generate` call. Between two RLOO samplings the
-    training step takes the memory the last one freed, so a new cache lies elsewhere. Inductor's
-    CUDA graph trees read a static cache's tensors (`mark_static_address`) at the addresses they
-    recorded, so they would record the decoding step again at every sampling, and torch releases
-    that count those re-recordings stop replaying graphs after `cudagraph_unexpected_rerecord_limit`
-    (128). A kept cache keeps its addresses: the step recorded once replays at every sampling.
-    transformers has no option for this; passing a cache of one's own to `generate` is its way."""
+    training step can take the memory the last one freed, and a new cache then lies elsewhere.
+    Inductor's CUDA graph trees read a static cache's tensors (`mark_static_address`) at the
+    addresses they recorded, so they would record the decoding step again at every sampling, and
+    torch releases that count those re-recordings stop replaying graphs after
+    `cudagraph_unexpected_rerecord_limit` (128). A kept cache keeps its addresses: the step
+    recorded once replays at every sampling. transformers has no option for this; passing a cache
+    of one's own to `generate` is its way."""
 
     def __init__(self, max_cache_len: int):
         self.max_cache_len = max_cache_len
