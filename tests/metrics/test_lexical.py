@@ -37,3 +37,27 @@ def test_a_prediction_without_its_reference_is_an_error_not_a_shorter_score(func
         function(PREDICTIONS, references[:-1])
     with pytest.raises(ValueError, match="zip"):
         function(PREDICTIONS[:-1], references)
+
+
+def test_kept_objects_give_the_libraries_values_on_real_stories():
+    """rouge-score with each word stemmed once and sacrebleu's BLEU objects kept for the process
+    (storyrewrite.metrics.lexical) give exactly the values of the libraries' plain calls, on 900
+    test instances of the bundled TimeTravel file: the original ending as the prediction, scored
+    against the edited ending, then the original ending itself (repeated texts, cache hits)."""
+    from helpers import BUNDLED
+
+    from storyrewrite.data.prepare import read_stories, timetravel_instances
+
+    rows = timetravel_instances(read_stories(BUNDLED / "timetravel" / "test_data.json"))[:900]
+    predictions = [row["original_ending"] for row in rows]
+    rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    for references in ([row["target"] for row in rows], predictions):
+        pairs = list(zip(predictions, references, strict=True))
+        assert lexical.rouge_l(predictions, references) == [100 * rouge.score(r, p)["rougeL"].fmeasure for p, r in pairs]
+        assert lexical.sentence_bleu(predictions, references) == [sacrebleu.sentence_bleu(p, [r]).score for p, r in pairs]
+        assert lexical.corpus_bleu(predictions, references) == sacrebleu.corpus_bleu(predictions, [references]).score
+    several = [[row["target"], row["original_ending"]] for row in rows[:200]]
+    assert lexical.multi_reference_bleu(predictions[:200], several) == [
+        sacrebleu.sentence_bleu(p, refs).score for p, refs in zip(predictions[:200], several, strict=True)]
+    assert lexical.best_rouge_l(predictions[:200], several) == [
+        max(100 * rouge.score(r, p)["rougeL"].fmeasure for r in refs) for p, refs in zip(predictions[:200], several, strict=True)]

@@ -1,15 +1,48 @@
-"""ROUGE-L (rouge-score, with stemming) and SacreBLEU, per sentence and per corpus, in 0-100."""
+"""ROUGE-L (rouge-score, with stemming) and SacreBLEU, per sentence and per corpus, in 0-100.
+
+Both libraries compute every number; the module only keeps their objects for the process. The
+values are those of `rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)` and of
+`sacrebleu.sentence_bleu` / `sacrebleu.corpus_bleu`, which tests check on the bundled test split.
+"""
 from __future__ import annotations
 
 from functools import lru_cache
 
-import sacrebleu
-from rouge_score import rouge_scorer
+from nltk.stem import porter
+from rouge_score import rouge_scorer, tokenize, tokenizers
+from sacrebleu.metrics import BLEU
+
+
+class _StemmedTokenizer(tokenizers.Tokenizer):
+    """rouge-score's own tokenizer (`tokenizers.DefaultTokenizer(use_stemmer=True)`), with each
+    word stemmed once per process. rouge-score stems every token of every pair again: on the
+    5,613 test pairs that was 80 % of ROUGE-L's time (the same few thousand words, 156k times).
+    rouge-score takes a tokenizer object for this (`RougeScorer(tokenizer=...)`); nltk's Porter
+    stemmer is a pure function of the word, so a cache changes no value."""
+
+    def __init__(self):
+        self.stem = lru_cache(maxsize=2**18)(porter.PorterStemmer().stem)
+
+    def tokenize(self, text):
+        return tokenize.tokenize(text, self)
 
 
 @lru_cache(maxsize=1)
 def _rouge():
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_StemmedTokenizer())
+
+
+# sacrebleu.sentence_bleu and corpus_bleu build these objects, and so a new 13a tokenizer with an
+# empty cache, on every call; kept, a text tokenised once is not tokenised again. Their settings
+# are those functions' defaults.
+@lru_cache(maxsize=1)
+def _sentence_bleu() -> BLEU:
+    return BLEU(effective_order=True)
+
+
+@lru_cache(maxsize=1)
+def _corpus_bleu() -> BLEU:
+    return BLEU()
 
 
 def rouge_l(predictions: list[str], references: list[str]) -> list[float]:
@@ -25,11 +58,11 @@ def corpus_rouge_l(predictions: list[str], references: list[str]) -> float:
 
 def sentence_bleu(predictions: list[str], references: list[str]) -> list[float]:
     """SacreBLEU sentence BLEU (exp-smoothed, sacrebleu's default for sentences)."""
-    return [sacrebleu.sentence_bleu(pred, [ref]).score for pred, ref in zip(predictions, references, strict=True)]
+    return [_sentence_bleu().sentence_score(pred, [ref]).score for pred, ref in zip(predictions, references, strict=True)]
 
 
 def corpus_bleu(predictions: list[str], references: list[str]) -> float:
-    return sacrebleu.corpus_bleu(predictions, [references]).score
+    return _corpus_bleu().corpus_score(predictions, [references]).score
 
 
 def best_rouge_l(predictions: list[str], references: list[list[str]]) -> list[float]:
@@ -39,4 +72,4 @@ def best_rouge_l(predictions: list[str], references: list[list[str]]) -> list[fl
 
 def multi_reference_bleu(predictions: list[str], references: list[list[str]]) -> list[float]:
     """SacreBLEU sentence BLEU against several references each (BLEU's own multi-reference form)."""
-    return [sacrebleu.sentence_bleu(pred, refs).score for pred, refs in zip(predictions, references, strict=True)]
+    return [_sentence_bleu().sentence_score(pred, refs).score for pred, refs in zip(predictions, references, strict=True)]
