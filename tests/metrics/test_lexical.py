@@ -1,7 +1,9 @@
 import pytest
 import sacrebleu
+from helpers import BUNDLED
 from rouge_score import rouge_scorer
 
+from storyrewrite.data.prepare import read_stories, timetravel_instances
 from storyrewrite.metrics import lexical
 
 PREDICTIONS = ["The cats were running home quickly.", "He ate the cake.", ""]
@@ -44,10 +46,6 @@ def test_kept_objects_give_the_libraries_values_on_real_stories():
     (storyrewrite.metrics.lexical) give exactly the values of the libraries' plain calls, on 900
     test instances of the bundled TimeTravel file: the original ending as the prediction, scored
     against the edited ending, then the original ending itself (repeated texts, cache hits)."""
-    from helpers import BUNDLED
-
-    from storyrewrite.data.prepare import read_stories, timetravel_instances
-
     rows = timetravel_instances(read_stories(BUNDLED / "timetravel" / "test_data.json"))[:900]
     predictions = [row["original_ending"] for row in rows]
     rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
