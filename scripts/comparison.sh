@@ -62,15 +62,25 @@ fi
 export STORYREWRITE_WORKERS=$JOBS
 
 # run_queue: starts the queue's workers and waits until nothing is queued or running. DVC's
-# workers can stop with experiments still queued (one that reads its file broker's message
-# mid-write exits with a JSONDecodeError, .dvc/tmp/exps/celery/): seen on two polls in a row,
-# they are started again.
+# workers can stop with experiments still queued: one that reads a message of its file broker
+# mid-write exits with a JSONDecodeError once its experiment ends (.dvc/tmp/exps/celery/*.out;
+# kombu writes a message file after creating it, and reads it without the lock: celery/kombu#1551,
+# treeverse/dvc#10428). All of them, or some: with experiments queued, fewer workers answering
+# than started and fewer `dvc exp queue-worker` processes alive, seen on two polls in a row, the
+# missing ones are started again (`dvc queue start` starts those of its numbers that do not answer).
 run_queue() {
-  local status idle=0 restarts=0
+  local status idle=0 restarts=0 answering alive
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
   while status=$(dvc queue status 2>/dev/null || true); grep -qwE 'Queued|Running' <<<"$status"; do
-    if ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; then idle=$((idle + 1)); else idle=0; fi
+    answering=$(sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p' <<<"$status")
+    alive=$(grep -lsa 'queue-worke[r]' "${COMPARISON_PROC:-/proc}"/[0-9]*/cmdline | wc -l || true)  # (COMPARISON_PROC: tests)
+    if { ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; } ||
+      { grep -qw Queued <<<"$status" && [ -n "$answering" ] && [ $((answering)) -lt "$JOBS" ] && [ "$alive" -lt "$JOBS" ]; }; then
+      idle=$((idle + 1))
+    else
+      idle=0
+    fi
     if [ $idle -ge 2 ]; then
       restarts=$((restarts + 1))
       if [ $restarts -gt "${COMPARISON_MAX_RESTARTS:-5}" ]; then

@@ -419,6 +419,47 @@ exit 0""",
     assert log.read_text().splitlines()[-1].startswith("python -m storyrewrite.report.collect runs/again")
 
 
+def test_a_queue_worker_that_stops_while_others_run_is_started_again(tmp_path):
+    """One of two workers exits (kombu's mid-write read) while the other runs an experiment and
+    one is still queued: seen on two polls, the missing worker is started again. Not while every
+    worker answers, nor while the processes of all are alive (a worker still starting)."""
+    log, starts, polls = tmp_path / "calls.log", tmp_path / "starts", tmp_path / "polls"
+    proc = tmp_path / "proc"
+    (proc / "101").mkdir(parents=True)
+    (proc / "101" / "cmdline").write_bytes(b"python\0dvc\0exp\0queue-worker\0dvc-exp-abc-1@localhost\0--clean\0")
+    answering = tmp_path / "answering"
+    stubs = {
+        "dvc": f"""echo "dvc $*" >> {log}
+if [ "$1 $2" = "queue start" ]; then echo $(($(cat {starts} 2>/dev/null || echo 0) + 1)) > {starts}; exit 0; fi
+[ "$1 $2" = "queue status" ] || exit 0
+n=$(($(cat {polls} 2>/dev/null || echo 0) + 1)); echo $n > {polls}
+if [ "$n" -le 4 ]; then
+  printf 'abc  exp-a  05:28 PM  Running\\ndef  exp-b  05:28 PM  Queued\\n\\nWorker status: %s active, 0 idle\\n' "$(cat {answering})"
+fi
+exit 0""",
+        "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a exp-b; fi\n{GATHERED}',
+    }
+    env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0",
+           "COMPARISON_SHARED": "0", "COMPARISON_PROC": str(proc)}
+
+    def run(name: str, answering_workers: int) -> list[str]:
+        for path in (log, starts, polls):
+            path.unlink(missing_ok=True)
+        answering.write_text(f"{answering_workers}\n")
+        result = subprocess.run(["bash", str(SCRIPT), "-j", "2", name, "core"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return log.read_text().splitlines()
+
+    calls = run("one-left", 1)  # one answers, one process alive: the other is started again
+    assert calls.count("dvc queue start -j 2") == 2
+    assert calls.index("dvc queue start -j 2", calls.index("dvc queue start -j 2") + 1) > calls.index("dvc queue status") + 2
+    assert run("both-answer", 2).count("dvc queue start -j 2") == 1
+    (proc / "102").mkdir()  # the second worker's process is alive, not answering yet
+    (proc / "102" / "cmdline").write_bytes(b"python\0dvc\0exp\0queue-worker\0dvc-exp-abc-2@localhost\0")
+    assert run("starting", 1).count("dvc queue start -j 2") == 1
+
+
 def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
     """offline/wheels.txt + offline/image.txt cover the project's installed dependencies
     (walked through the packages' own metadata), and the carried wheels are the versions
