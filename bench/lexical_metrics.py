@@ -30,7 +30,7 @@ from storyrewrite.metrics import lexical
 
 
 def plain(predictions: list[str], reference_sets: list[list[str]]) -> list:
-    """The libraries as their documentation calls them: rouge-score's scorer made once, as before."""
+    """The libraries as their documentation calls them, rouge-score's scorer made once for all pairs."""
     rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
     values = []
     for references in reference_sets:
