@@ -61,20 +61,43 @@ if [ "$JOBS" = auto ]; then
 fi
 export STORYREWRITE_WORKERS=$JOBS
 
+# workers: the pids of this repository's DVC queue workers (`dvc exp queue-worker` processes whose
+# working directory is the repository).
+HERE=$(pwd -P)
+workers() {
+  local cmdline
+  for cmdline in $(grep -lsa 'queue-worke[r]' /proc/[0-9]*/cmdline || true); do
+    [ "$(readlink "${cmdline%/cmdline}/cwd" 2>/dev/null)" != "$HERE" ] || basename "${cmdline%/cmdline}"
+  done
+}
+
 # run_queue: starts the queue's workers and waits until nothing is queued or running. DVC's
 # workers can stop with experiments still queued: one that reads a message of its file broker
 # mid-write exits with a JSONDecodeError once its experiment ends (.dvc/tmp/exps/celery/*.out;
 # kombu writes a message file after creating it, and reads it without the lock: celery/kombu#1551,
 # treeverse/dvc#10428). All of them, or some: with experiments queued, fewer workers answering
-# than started and fewer `dvc exp queue-worker` processes alive, seen on two polls in a row, the
+# than started and fewer of this repository's workers alive, seen on two polls in a row, the
 # missing ones are started again (`dvc queue start` starts those of its numbers that do not answer).
+# `dvc queue status` reads the workers' answers through the same broker, and can fail the same way:
+# a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most.
 run_queue() {
-  local status idle=0 restarts=0 answering alive
+  local status idle=0 restarts=0 failures=0 answering alive
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
-  while status=$(dvc queue status 2>/dev/null || true); grep -qwE 'Queued|Running' <<<"$status"; do
+  while :; do
+    if ! status=$(dvc queue status 2>"$KEPT/status.err"); then
+      failures=$((failures + 1))
+      if [ $failures -ge "${COMPARISON_STATUS_TRIES:-5}" ]; then
+        echo "error: \`dvc queue status\` failed $failures times in a row, the last with: $(tail -n 1 "$KEPT/status.err")" >&2
+        return
+      fi
+      sleep "${COMPARISON_POLL_SECONDS:-15}"
+      continue
+    fi
+    failures=0
+    grep -qwE 'Queued|Running' <<<"$status" || break
     answering=$(sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p' <<<"$status")
-    alive=$(grep -lsa 'queue-worke[r]' "${COMPARISON_PROC:-/proc}"/[0-9]*/cmdline | wc -l || true)  # (COMPARISON_PROC: tests)
+    alive=$(workers | wc -l)
     if { ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; } ||
       { grep -qw Queued <<<"$status" && [ -n "$answering" ] && [ $((answering)) -lt "$JOBS" ] && [ "$alive" -lt "$JOBS" ]; }; then
       idle=$((idle + 1))
@@ -93,6 +116,25 @@ run_queue() {
     fi
     sleep "${COMPARISON_POLL_SECONDS:-15}"
   done
+}
+
+# stop_workers: once nothing is queued or running, this repository's workers are stopped and waited
+# for (COMPARISON_WORKER_WAIT seconds at most). Each would end by itself about 10 s later, or never:
+# the monitor thread that ends it dies of the broker race too. SIGTERM is celery's warm shutdown,
+# which lets a running task end first. Not `dvc queue stop`: its message stays in the broker for
+# the next workers. And before new experiments are queued, as `dvc queue start` does not always
+# see a worker that is ending, and then starts a second of its name.
+stop_workers() {
+  local pids
+  pids=$(workers)
+  [ -n "$pids" ] || return 0
+  # shellcheck disable=SC2086  # pids: numbers, one a line
+  kill -TERM $pids 2>/dev/null || true
+  for _ in $(seq "${COMPARISON_WORKER_WAIT:-120}"); do
+    [ -n "$(workers)" ] || return 0
+    sleep 1
+  done
+  echo "warning: DVC's queue workers $(workers | xargs) still run ${COMPARISON_WORKER_WAIT:-120} s after SIGTERM" >&2
 }
 
 # queue ARGS...: `dvc exp run --queue ARGS...` with dvc.lock set aside while DVC copies the workspace;
@@ -124,12 +166,7 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
   run_queue
-  # Their workers end by themselves once the queue is empty (within about 10 s). Wait for that:
-  # `dvc queue start` does not always see a live worker, and then starts a second of its name.
-  for _ in $(seq "${COMPARISON_WORKER_WAIT:-120}"); do
-    grep -qsa 'queue-worke[r]' /proc/[0-9]*/cmdline || break
-    sleep 1
-  done
+  stop_workers
   queue -n "$NAME.shared-${SCORES%%|*}" "${OVERRIDES[@]}" "${SCORES#*|}"
 fi
 for sweep in "${SWEEPS[@]}"; do
@@ -142,6 +179,7 @@ done
 RUNS=($(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue
+stop_workers
 remove_shared
 
 FAILED=0

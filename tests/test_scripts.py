@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,9 +150,17 @@ def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
 
 
 def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
-    result, calls = _run(tmp_path, "-j", "2", "grid", "core",
-                         python=f'echo "WORKERS=$STORYREWRITE_WORKERS" >> {tmp_path / "calls.log"}\n{GATHERED}')
+    left = _worker(tmp_path)  # a worker left once the shared stages ran (its monitor thread died): stopped before the sweeps
+    try:
+        result, calls = _run(tmp_path, "-j", "2", "grid", "core", env={"COMPARISON_WORKER_WAIT": "30"},
+                             python=f"""echo "WORKERS=$STORYREWRITE_WORKERS" >> {tmp_path / "calls.log"}
+if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; then echo "worker alive as the sweeps are queued" >> {tmp_path / "calls.log"}; fi
+{GATHERED}""")
+        assert left.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        left.kill()
     assert result.returncode == 0, result.stderr
+    assert "worker alive as the sweeps are queued" not in calls
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
     assert not any(c == "WORKERS=" for c in calls)
     # The shared stages an experiment reaches before its `train` first, side by side, each group its
@@ -419,14 +428,25 @@ exit 0""",
     assert log.read_text().splitlines()[-1].startswith("python -m storyrewrite.report.collect runs/again")
 
 
+def _worker(cwd: Path) -> subprocess.Popen:
+    """A process that looks like a DVC queue worker of the repository at `cwd` (its command line
+    holds `queue-worker`)."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "exp", "queue-worker", "dvc-exp-abc-1@localhost"],
+                              cwd=cwd)
+    for _ in range(100):  # until its command line is the worker's, not the fork's
+        with contextlib.suppress(OSError):
+            if b"queue-worker" in Path(f"/proc/{worker.pid}/cmdline").read_bytes():
+                return worker
+        time.sleep(0.05)
+    return worker
+
+
 def test_a_queue_worker_that_stops_while_others_run_is_started_again(tmp_path):
     """One of two workers exits (kombu's mid-write read) while the other runs an experiment and
     one is still queued: seen on two polls, the missing worker is started again. Not while every
-    worker answers, nor while the processes of all are alive (a worker still starting)."""
+    worker answers, nor while the processes of all are alive (a worker still starting). Once the
+    queue is empty, the workers left are stopped with SIGTERM (celery's warm shutdown)."""
     log, starts, polls = tmp_path / "calls.log", tmp_path / "starts", tmp_path / "polls"
-    proc = tmp_path / "proc"
-    (proc / "101").mkdir(parents=True)
-    (proc / "101" / "cmdline").write_bytes(b"python\0dvc\0exp\0queue-worker\0dvc-exp-abc-1@localhost\0--clean\0")
     answering = tmp_path / "answering"
     stubs = {
         "dvc": f"""echo "dvc $*" >> {log}
@@ -440,24 +460,70 @@ exit 0""",
         "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a exp-b; fi\n{GATHERED}',
     }
     env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0",
-           "COMPARISON_SHARED": "0", "COMPARISON_PROC": str(proc)}
+           "COMPARISON_SHARED": "0", "COMPARISON_WORKER_WAIT": "30"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    started = [_worker(elsewhere)]  # another repository's worker: neither counted nor stopped
 
-    def run(name: str, answering_workers: int) -> list[str]:
+    def worker() -> subprocess.Popen:
+        started.append(_worker(tmp_path))
+        return started[-1]
+
+    def run(name: str, answering_workers: int, *alive: subprocess.Popen) -> list[str]:
         for path in (log, starts, polls):
             path.unlink(missing_ok=True)
         answering.write_text(f"{answering_workers}\n")
         result = subprocess.run(["bash", str(SCRIPT), "-j", "2", name, "core"], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+        assert [worker.wait(timeout=10) for worker in alive] == [-signal.SIGTERM] * len(alive)
         return log.read_text().splitlines()
 
-    calls = run("one-left", 1)  # one answers, one process alive: the other is started again
-    assert calls.count("dvc queue start -j 2") == 2
-    assert calls.index("dvc queue start -j 2", calls.index("dvc queue start -j 2") + 1) > calls.index("dvc queue status") + 2
-    assert run("both-answer", 2).count("dvc queue start -j 2") == 1
-    (proc / "102").mkdir()  # the second worker's process is alive, not answering yet
-    (proc / "102" / "cmdline").write_bytes(b"python\0dvc\0exp\0queue-worker\0dvc-exp-abc-2@localhost\0")
-    assert run("starting", 1).count("dvc queue start -j 2") == 1
+    try:
+        calls = run("one-left", 1, worker())  # one answers, one process alive: the other is started again
+        assert calls.count("dvc queue start -j 2") == 2
+        assert calls.index("dvc queue start -j 2", calls.index("dvc queue start -j 2") + 1) > calls.index("dvc queue status") + 2
+        assert run("both-answer", 2, worker()).count("dvc queue start -j 2") == 1
+        # the second worker's process is alive, not answering yet
+        assert run("starting", 1, worker(), worker()).count("dvc queue start -j 2") == 1
+        assert started[0].poll() is None
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
+def test_a_failed_queue_poll_is_tried_again_not_taken_for_an_empty_queue(tmp_path):
+    """`dvc queue status` reads its workers' answers through the broker that has the mid-write race,
+    and can fail: the script polls again and gathers only once nothing runs. A poll that keeps
+    failing is given up after COMPARISON_STATUS_TRIES, what ran still gathered and collected."""
+    log, polls = tmp_path / "calls.log", tmp_path / "polls"
+    stubs = {
+        "dvc": f"""echo "dvc $*" >> {log}
+[ "$1 $2" = "queue status" ] || exit 0
+n=$(($(cat {polls} 2>/dev/null || echo 0) + 1)); echo $n > {polls}
+if [ "$n" = 3 ] || [ "$n" = 4 ] || [ "$n" -gt "${{FAIL_FROM:-99}}" ]; then
+  echo 'json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)' >&2; exit 1
+fi
+if [ "$n" -le 5 ]; then printf 'abc  exp-a  05:28 PM  Running\\n\\nWorker status: 1 active, 0 idle\\n'; fi
+exit 0""",
+        "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
+    }
+    env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    gather = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --out"))
+    assert calls[:gather].count("dvc queue status") == 6 and "error" not in result.stderr
+
+    for path in (log, polls):
+        path.unlink()
+    env.update(FAIL_FROM="1", COMPARISON_STATUS_TRIES="3")
+    result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert ("error: `dvc queue status` failed 3 times in a row, the last with: json.decoder.JSONDecodeError: Expecting value"
+            in result.stderr)
+    calls = log.read_text().splitlines()
+    assert calls.count("dvc queue status") == 4 and calls[-1].startswith("python -m storyrewrite.report.collect runs/again")
 
 
 def test_the_gpu_kit_carries_every_installed_dependency_the_gpu_image_lacks():
