@@ -78,10 +78,12 @@ workers() {
 # treeverse/dvc#10428). All of them, or some: with experiments queued, fewer workers answering
 # than started and fewer of this repository's workers alive, seen on two polls in a row, the
 # missing ones are started again (`dvc queue start` starts those of its numbers that do not answer).
+# The more workers, the more often: the script gives up only after COMPARISON_MAX_RESTARTS restarts
+# in a row with no experiment leaving the queue in between (a worker that cannot start at all).
 # `dvc queue status` reads the workers' answers through the same broker, and can fail the same way:
 # a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most.
 run_queue() {
-  local status idle=0 restarts=0 failures=0 answering alive
+  local status idle=0 restarts=0 failures=0 answering alive queued last_queued=
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
   while :; do
@@ -96,6 +98,9 @@ run_queue() {
     fi
     failures=0
     grep -qwE 'Queued|Running' <<<"$status" || break
+    queued=$(grep -cw Queued <<<"$status" || true)
+    [ -z "$last_queued" ] || [ "$queued" -ge "$last_queued" ] || restarts=0
+    last_queued=$queued
     answering=$(sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p' <<<"$status")
     alive=$(workers | wc -l)
     if { ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; } ||
@@ -107,7 +112,7 @@ run_queue() {
     if [ $idle -ge 2 ]; then
       restarts=$((restarts + 1))
       if [ $restarts -gt "${COMPARISON_MAX_RESTARTS:-5}" ]; then
-        echo "error: DVC's queue workers stopped $restarts times with experiments queued; see .dvc/tmp/exps/celery/*.out" >&2
+        echo "error: DVC's queue workers stopped $restarts times in a row with experiments queued, none started in between; see .dvc/tmp/exps/celery/*.out" >&2
         return
       fi
       echo "== the queue's workers stopped with experiments queued: started again ($(date -u +%H:%M:%S))"

@@ -404,13 +404,18 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
 
 def test_queue_workers_that_stop_with_experiments_queued_are_started_again(tmp_path):
     """DVC's worker exits (its broker read a message mid-write) with experiments still queued:
-    the script starts the queue again instead of waiting for ever, and gives up after a limit."""
+    the script starts the queue again instead of waiting for ever. It gives up after a limit of
+    restarts in a row, none while experiments leave the queue between them."""
     log, starts = tmp_path / "calls.log", tmp_path / "starts"
     stubs = {
         "dvc": f"""echo "dvc $*" >> {log}
 n=$(cat {starts} 2>/dev/null || echo 0)
 if [ "$1 $2" = "queue start" ]; then echo $((n + 1)) > {starts}; exit 0; fi
-if [ "$1 $2" = "queue status" ] && [ "$n" -lt 2 ]; then printf 'abc  exp-a  05:28 PM  Queued\\n\\nWorker status: 0 active, 0 idle\\n'; fi
+# (UNTIL: the queue start after which nothing is queued; before it, at most 3 queued, one fewer after each start)
+if [ "$1 $2" = "queue status" ] && [ "$n" -lt "${{UNTIL:-2}}" ]; then
+  left=$((${{UNTIL:-2}} - n)); for i in $(seq $((left < 3 ? left : 3))); do printf 'abc  exp-%s  05:28 PM  Queued\\n' "$i"; done
+  printf '\\nWorker status: 0 active, 0 idle\\n'
+fi
 exit 0""",
         "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
     }
@@ -424,8 +429,15 @@ exit 0""",
     log.unlink()
     env["COMPARISON_MAX_RESTARTS"] = "1"
     result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert "DVC's queue workers stopped 2 times with experiments queued" in result.stderr
+    assert "DVC's queue workers stopped 2 times in a row with experiments queued, none started in between" in result.stderr
     assert log.read_text().splitlines()[-1].startswith("python -m storyrewrite.report.collect runs/again")
+
+    starts.write_text("0\n")  # workers that stop after each experiment, as the queue empties: more restarts than the limit
+    log.unlink()
+    env["UNTIL"] = "4"
+    result = subprocess.run(["bash", str(SCRIPT), "third", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "error" not in result.stderr, result.stderr
+    assert log.read_text().splitlines().count("dvc queue start -j 1") == 4
 
 
 def _worker(cwd: Path) -> subprocess.Popen:
