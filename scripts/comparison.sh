@@ -81,7 +81,7 @@ workers() {
 # The more workers, the more often: the script gives up only after COMPARISON_MAX_RESTARTS restarts
 # in a row with no experiment leaving the queue in between (a worker that cannot start at all).
 # `dvc queue status` reads the workers' answers through the same broker, and can fail the same way:
-# a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most.
+# a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most. Gives up with 1.
 run_queue() {
   local status idle=0 restarts=0 failures=0 answering alive queued last_queued=
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
@@ -91,7 +91,7 @@ run_queue() {
       failures=$((failures + 1))
       if [ $failures -ge "${COMPARISON_STATUS_TRIES:-5}" ]; then
         echo "error: \`dvc queue status\` failed $failures times in a row, the last with: $(tail -n 1 "$KEPT/status.err")" >&2
-        return
+        return 1
       fi
       sleep "${COMPARISON_POLL_SECONDS:-15}"
       continue
@@ -113,7 +113,7 @@ run_queue() {
       restarts=$((restarts + 1))
       if [ $restarts -gt "${COMPARISON_MAX_RESTARTS:-5}" ]; then
         echo "error: DVC's queue workers stopped $restarts times in a row with experiments queued, none started in between; see .dvc/tmp/exps/celery/*.out" >&2
-        return
+        return 1
       fi
       echo "== the queue's workers stopped with experiments queued: started again ($(date -u +%H:%M:%S))"
       dvc queue start -j "$JOBS"
@@ -170,8 +170,7 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   remove_shared  # what an interrupted comparison left
   for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
-  run_queue
-  stop_workers
+  run_queue && stop_workers  # (workers of a queue given up on are left to end what they run)
   queue -n "$NAME.shared-${SCORES%%|*}" "${OVERRIDES[@]}" "${SCORES#*|}"
 fi
 for sweep in "${SWEEPS[@]}"; do
@@ -183,8 +182,7 @@ done
 # shellcheck disable=SC2207  # experiment names are words without spaces
 RUNS=($(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
-run_queue
-stop_workers
+run_queue && stop_workers
 remove_shared
 
 FAILED=0

@@ -508,7 +508,8 @@ exit 0""",
 def test_a_failed_queue_poll_is_tried_again_not_taken_for_an_empty_queue(tmp_path):
     """`dvc queue status` reads its workers' answers through the broker that has the mid-write race,
     and can fail: the script polls again and gathers only once nothing runs. A poll that keeps
-    failing is given up after COMPARISON_STATUS_TRIES, what ran still gathered and collected."""
+    failing is given up after COMPARISON_STATUS_TRIES, what ran still gathered and collected, and
+    the workers left running."""
     log, polls = tmp_path / "calls.log", tmp_path / "polls"
     stubs = {
         "dvc": f"""echo "dvc $*" >> {log}
@@ -531,7 +532,14 @@ exit 0""",
     for path in (log, polls):
         path.unlink()
     env.update(FAIL_FROM="1", COMPARISON_STATUS_TRIES="3")
-    result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    worker = _worker(tmp_path)  # a worker of a queue given up on is left to end what it runs
+    try:
+        result = subprocess.run(["bash", str(SCRIPT), "again", "core"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()
     assert ("error: `dvc queue status` failed 3 times in a row, the last with: json.decoder.JSONDecodeError: Expecting value"
             in result.stderr)
     calls = log.read_text().splitlines()
