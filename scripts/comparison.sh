@@ -81,9 +81,13 @@ workers() {
 # The more workers, the more often: the script gives up only after COMPARISON_MAX_RESTARTS restarts
 # in a row with no experiment leaving the queue in between (a worker that cannot start at all).
 # `dvc queue status` reads the workers' answers through the same broker, and can fail the same way:
-# a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most. Gives up with 1.
+# a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most. An experiment whose
+# worker was killed mid-run shows Running for ever (its result never comes): with nothing queued, no
+# worker answering and none of this repository's alive, seen on three polls in a row, it is named
+# and not waited for.
+# Gives up with 1.
 run_queue() {
-  local status idle=0 restarts=0 failures=0 answering alive queued last_queued=
+  local status idle=0 restarts=0 failures=0 orphaned=0 answering alive queued last_queued=
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
   while :; do
@@ -103,6 +107,16 @@ run_queue() {
     last_queued=$queued
     answering=$(sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p' <<<"$status")
     alive=$(workers | wc -l)
+    if grep -qw Running <<<"$status" && ! grep -qw Queued <<<"$status" && [ -n "$answering" ] && [ $((answering)) -eq 0 ] &&
+      [ "$alive" -eq 0 ]; then
+      orphaned=$((orphaned + 1))
+      if [ $orphaned -ge 3 ]; then
+        echo "error: $(awk '$NF == "Running" {print $2}' <<<"$status" | xargs) still Running with no queue worker alive (killed mid-run?): not waited for; see .dvc/tmp/exps/celery/*.out" >&2
+        return 1
+      fi
+    else
+      orphaned=0
+    fi
     if { ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; } ||
       { grep -qw Queued <<<"$status" && [ -n "$answering" ] && [ $((answering)) -lt "$JOBS" ] && [ "$alive" -lt "$JOBS" ]; }; then
       idle=$((idle + 1))

@@ -58,7 +58,7 @@ def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED):
 if [ "$3" = --queue ]; then touch {queued}; echo "Queued experiment 'exp-$(wc -l < {log})' for future execution."; fi
 if [ "$1 $2" = "queue start" ]; then rm -f {queued}; fi
 # (`running`: one line for each `queue status` that still shows an experiment running)
-if [ "$1 $2" = "queue status" ] && [ -s {running} ]; then echo 'abc  exp-9  05:28 PM  Running'; sed -i 1d {running}; fi
+if [ "$1 $2" = "queue status" ] && [ -s {running} ]; then printf 'abc  exp-9  05:28 PM  Running\\n\\nWorker status: %s active, 0 idle\\n' "${{ANSWERING:-0}}"; sed -i 1d {running}; fi
 if [ "$1 $2" = "queue status" ] && [ -f {queued} ]; then printf 'abc  exp-1  05:28 PM  Queued\\n'; seq 20000 || exit; fi
 exit 0""",  # (more lines than a pipe holds: a `dvc queue status | grep -q` would end it early, and fail under pipefail)
         "python": f"""echo "python $*" >> {log}
@@ -110,19 +110,41 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
 def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
     """The dedupe left nothing queued (every run finished here, or was gathered before): the
     finished ones are gathered, and no worker is started for an empty queue. One still running
-    (its worker outlived an interrupted comparison) is waited for before it is gathered."""
+    (its worker outlived an interrupted comparison) is waited for before it is gathered, unless no
+    worker is alive to end it."""
     result, calls = _run(tmp_path, "grid", "core", dedupe="done-a done-b",
                          python=f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "queued"}; fi\n{GATHERED}')
     assert result.returncode == 0, result.stderr
     assert not any(c.startswith("dvc queue start") for c in calls) and "dvc queue status" in calls
     assert "python -m storyrewrite.report.gather --out runs/grid --names done-a done-b" in calls
-    (tmp_path / "again").mkdir()
-    result, calls = _run(tmp_path / "again", "grid", "core", dedupe="done-a busy", python=(
-        f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "again" / "queued"}; seq 3 > {tmp_path / "again" / "running"}; fi\n'
-        f'{GATHERED}'))
+    again = tmp_path / "again"
+    again.mkdir()
+    worker = _worker(again)
+    try:
+        result, calls = _run(again, "grid", "core", dedupe="done-a busy", env={"COMPARISON_WORKER_WAIT": "30"}, python=(
+            f'if [ "$3" = --dedupe ]; then rm -f {again / "queued"}; seq 5 > {again / "running"}; fi\n{GATHERED}'))
+        assert worker.wait(timeout=10) == -signal.SIGTERM  # once it ran, the worker is stopped
+    finally:
+        worker.kill()
     assert result.returncode == 0, result.stderr
     gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
-    assert calls[gather - 4:gather] == 4 * ["dvc queue status"] and not any(c.startswith("dvc queue start") for c in calls)
+    assert calls[gather - 6:gather] == 6 * ["dvc queue status"] and not any(c.startswith("dvc queue start") for c in calls)
+
+    # The same with no worker alive (killed mid-run): DVC shows it Running for ever; it is named and
+    # not waited for after three polls, what finished still gathered and collected.
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    result, calls = _run(lost, "grid", "core", dedupe="done-a busy", python=(
+        f'if [ "$3" = --dedupe ]; then rm -f {lost / "queued"}; seq 100 > {lost / "running"}; fi\n{GATHERED}'))
+    assert "error: exp-9 still Running with no queue worker alive (killed mid-run?): not waited for" in result.stderr
+    gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
+    assert calls[:gather].count("dvc queue status") == 4 and calls[-1].startswith("python -m storyrewrite.report.collect")
+    (lost / "calls.log").unlink()  # a worker that answers, its process not seen here: waited for
+    result, calls = _run(lost, "grid", "core", dedupe="done-a busy", env={"ANSWERING": "1"}, python=(
+        f'if [ "$3" = --dedupe ]; then rm -f {lost / "queued"}; seq 6 > {lost / "running"}; fi\n{GATHERED}'))
+    assert result.returncode == 0 and "error" not in result.stderr, result.stderr
+    gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
+    assert calls[:gather].count("dvc queue status") == 7
 
 
 def test_dvc_lock_comes_back_when_the_comparison_is_stopped_while_queueing(tmp_path):
