@@ -87,7 +87,7 @@ workers() {
 # and not waited for.
 # Gives up with 1.
 run_queue() {
-  local status idle=0 restarts=0 failures=0 orphaned=0 answering alive queued last_queued=
+  local status idle=0 restarts=0 failures=0 orphaned=0 answering alive queued running last_queued=
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
   while :; do
@@ -101,14 +101,14 @@ run_queue() {
       continue
     fi
     failures=0
-    grep -qwE 'Queued|Running' <<<"$status" || break
     queued=$(grep -cw Queued <<<"$status" || true)
+    running=$(grep -cw Running <<<"$status" || true)
+    [ $((queued + running)) -gt 0 ] || break
     [ -z "$last_queued" ] || [ "$queued" -ge "$last_queued" ] || restarts=0
     last_queued=$queued
     answering=$(sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p' <<<"$status")
     alive=$(workers | wc -l)
-    if grep -qw Running <<<"$status" && ! grep -qw Queued <<<"$status" && [ -n "$answering" ] && [ $((answering)) -eq 0 ] &&
-      [ "$alive" -eq 0 ]; then
+    if [ "$running" -gt 0 ] && [ "$queued" -eq 0 ] && [ -n "$answering" ] && [ $((answering)) -eq 0 ] && [ "$alive" -eq 0 ]; then
       orphaned=$((orphaned + 1))
       if [ $orphaned -ge 3 ]; then
         echo "error: $(awk '$NF == "Running" {print $2}' <<<"$status" | xargs) still Running with no queue worker alive (killed mid-run?): not waited for; see .dvc/tmp/exps/celery/*.out" >&2
@@ -117,8 +117,8 @@ run_queue() {
     else
       orphaned=0
     fi
-    if { ! grep -qw Running <<<"$status" && grep -q 'Worker status: 0 active' <<<"$status"; } ||
-      { grep -qw Queued <<<"$status" && [ -n "$answering" ] && [ $((answering)) -lt "$JOBS" ] && [ "$alive" -lt "$JOBS" ]; }; then
+    if { [ "$running" -eq 0 ] && grep -q 'Worker status: 0 active' <<<"$status"; } ||
+      { [ "$queued" -gt 0 ] && [ -n "$answering" ] && [ $((answering)) -lt "$JOBS" ] && [ "$alive" -lt "$JOBS" ]; }; then
       idle=$((idle + 1))
     else
       idle=0
