@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -31,6 +33,15 @@ CACHE = ROOT / ".cache" / "bench"
 
 
 COMMIT = commit_name(ROOT)  # taken when the bench starts: the code it imports
+
+
+def workspace_env(repo: Path) -> dict[str, str]:
+    """The environment for commands run in `repo` (a clone, or this tree): its own code first on
+    PYTHONPATH, before the entries already there (an offline machine's installed packages), and this
+    interpreter's folder first on PATH (its `python` and `dvc`)."""
+    paths = [str(repo / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def evaluators_dir(params: Params) -> Path:

@@ -40,7 +40,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
-from common import ROOT, write_result
+from common import ROOT, workspace_env, write_result
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 
@@ -217,8 +217,7 @@ def main() -> None:
         into = args.keep or Path(temporary)
         into.mkdir(parents=True, exist_ok=True)
         repo = ROOT if args.here else workspace(into)
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONPATH": str(repo / "src")}  # the workspace's own code runs
+        env = workspace_env(repo)
         parts, failed, begun_at = {}, [], {}
         started, started_at = time.perf_counter(), time.time()
         with Sampler() as sampler:

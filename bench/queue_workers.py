@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ROOT, write_result
+from common import ROOT, workspace_env, write_result
 
 DVC = [sys.executable, "-m", "dvc"]
 
@@ -44,8 +44,7 @@ def dvc(repo: Path, *args: str, output: bool = True) -> str:
     """`dvc ARGS` in `repo`; its output (`output=False`: none, for a command that leaves daemons
     behind holding its output open, as `dvc queue start` does)."""
     # The clone's own code runs (the package is installed in editable mode from this repository).
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(repo / "src")}
+    env = workspace_env(repo)
     pipes = {"capture_output": True} if output else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     result = subprocess.run([*DVC, *args], cwd=repo, env=env, text=True, **pipes)
     if not output:

@@ -419,3 +419,27 @@ def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_ag
         for size in (16, 32):
             del rows[f"b{size}"]["gpu_busy"], rows[f"b{size}"]["syncs_per_step"]
     assert not any("gpu_busy" in name or "syncs" in name for name in compiled_steps.figures_of(runs, [16, 32])[1])
+
+
+def test_the_workspace_env_keeps_the_packages_pythonpath_holds(tmp_path, monkeypatch):
+    """An offline machine's packages are installed with --target and found through PYTHONPATH: the
+    benches that run a clone's commands put its src/ first and keep them (the comparison bench once
+    dropped them, and its first command failed to import pydantic)."""
+    import subprocess
+
+    site, repo = tmp_path / "site", tmp_path / "clone"
+    (site / "installed_elsewhere").mkdir(parents=True)
+    (site / "installed_elsewhere" / "__init__.py").write_text("WHERE = 'site'\n")
+    (repo / "src" / "installed_elsewhere").mkdir(parents=True)  # the clone's own code wins
+    (repo / "src" / "installed_elsewhere" / "__init__.py").write_text("WHERE = 'clone'\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    env = common.workspace_env(repo)
+    code = "import installed_elsewhere, json; print(installed_elsewhere.WHERE)"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "clone"
+    (repo / "src" / "installed_elsewhere" / "__init__.py").unlink()
+    (repo / "src" / "installed_elsewhere").rmdir()
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "site"
+    monkeypatch.delenv("PYTHONPATH")
+    assert common.workspace_env(repo)["PYTHONPATH"] == str(repo / "src")
