@@ -11,7 +11,7 @@ import yaml
 
 from helpers import DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
-from storyrewrite.report.collect import load_runs, write_bundle
+from storyrewrite.report.collect import load_runs, systems_without_a_run, write_bundle
 from storyrewrite.report.gather import duplicates, gather_run, gathered_before, listed, main as gather
 from storyrewrite.significance.compare import compare
 
@@ -251,6 +251,9 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert "CPO (beta=2): cpo-b" in results
     # The devices the models ran on: not the machine that ran the bootstrap without torch.
     assert "4 runs (experiments of commit abcdef1), devices: cuda:0 (NVIDIA H100 80GB HBM3). Collected" in results
+    # The runs train NLL, CPO and DTO-Score: the page names the registry's other systems.
+    assert ("No run here trained DTO-Delta, DTO-Score+Delta, RLOO-Score, RLOO-Delta, RLOO-Score+Delta: not in these "
+            "tables.") in results
     assert "M(Ŷ, Y_EE) scores the prediction against the edited ending; M + Δ_M = 2·M(Ŷ, Y_EE) − M(Ŷ, X_OE) rewards" in results
     # DTO-Score is above NLL on every instance: p = 0 resampling instances and stories (*†);
     # CPO (cpo-b) is below on every instance: p = 1, no mark.
@@ -580,3 +583,19 @@ def test_runs_with_their_own_nll_seeds_show_the_nll_models_spread_too(tmp_path):
     assert [row.split(" | ")[:2] for row in rows] == [["| DTO-Score", "0/0, 1/0"], ["| NLL (2 models)", "0, 1"]]
     nll = np.array([-1.9, -1.96])
     assert rows[1].split(" | ")[2] == f"{nll.mean():.3f} ± {nll.std(ddof=1):.3f}"
+
+
+def test_the_systems_without_a_run_are_those_the_task_can_train():
+    """ART has no original ending: DTO-Delta, DTO-Score+Delta, CPO and RLOO on those rewards cannot
+    be trained there, so a comparison of ART lacks only what it could have run."""
+    from types import SimpleNamespace
+
+    def run(task, objective, reward="score"):
+        return SimpleNamespace(params={"task": task, "objective": objective, "rl": {"reward": reward}})
+
+    assert systems_without_a_run([run("art", "nll"), run("art", "score")]) == ["RLOO-Score"]
+    assert systems_without_a_run([run("art", "nll"), run("art", "score"), run("art", "rloo")]) == []
+    every = [run("timetravel", o) for o in ("nll", "cpo", "score", "delta", "score_delta")]
+    every += [run("timetravel", "rloo", reward) for reward in ("score", "delta")]
+    assert systems_without_a_run(every) == ["RLOO-Score+Delta"]
+

@@ -26,6 +26,7 @@ from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_js
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
 from storyrewrite.markdown import table
+from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
 from storyrewrite.report.figure import results_figure
@@ -392,6 +393,31 @@ def seeds_markdown(runs: list[Run], alpha: float) -> list[str]:
             f"show one seed per system, the one with the lowest validation NLL."]
 
 
+def systems_without_a_run(runs: list[Run]) -> list[str]:
+    """The registry's trained systems that no run here trained, in the registry's order, so that a
+    partial comparison says what it lacks: "NLL, continued" for `nll`, each RLOO reward apart.
+    Systems the task cannot train (the ones that need an original ending it lacks) are left out."""
+    task = runs[0].params.get("task")
+    has_original = "original_ending" in TASK_COLUMNS.get(task, ())
+    held = set()
+    for run in runs:
+        objective = OBJECTIVES.get(run.params.get("objective"))
+        if objective is not None:
+            setting = (run.params.get(objective.settings) or {}).get(objective.variant) if objective.variant else None
+            held.add((objective.name, setting))
+    missing = []
+    for name, objective in OBJECTIVES.items():
+        if objective.variant:
+            for value, label in objective.variant_labels.items():
+                counterpart = OBJECTIVES.get(objective.counterparts.get(value, ""))
+                usable = has_original or not (counterpart and counterpart.needs_original_ending)
+                if usable and (name, value) not in held:
+                    missing.append(label)
+        elif (has_original or not objective.needs_original_ending) and (name, None) not in held:
+            missing.append(f"{objective.label}, continued" if name == BASELINE else objective.label)
+    return missing
+
+
 def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: str, alpha: float,
                      duels: dict | None = None) -> str:
     reference = entries[0].run
@@ -418,6 +444,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
+        *([f"No run here trained {', '.join(missing)}: not in these tables."] if (missing := systems_without_a_run(runs)) else []),
         *echo_notes({e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}),
         *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha),
         *seeds_markdown(runs, alpha),
