@@ -208,6 +208,76 @@ def results() -> str:
     return "\n".join(table) + f"\n\n{scale} (the default profile, params.yaml: {trained}). From `reports/results.md`."
 
 
+def _markdown_tables(text: str) -> list[list[list[str]]]:
+    """The tables of a markdown page, each a list of rows of cells (header first, rule dropped)."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                current.append([cell.strip() for cell in line.strip("|").split(" | ")])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def _listed(items: list[str], last: str = "and") -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
+def gpu_results() -> str:
+    """What the full-data comparison (reports/gpu/results.md, made by the collector) shows, in
+    three sentences: the trained systems better than NLL at both bootstrap levels, the columns where
+    the copy of the original ending scores as high as trained systems, and the systems not run."""
+    path = ROOT / "reports" / "gpu" / "results.md"
+    if not path.exists():
+        return ("No full-data comparison yet: `bash scripts/comparison.sh -j auto gpu all params/gpu.yaml` on a GPU "
+                "collects it into `reports/gpu/` ([docs/gpu.md](docs/gpu.md)).")
+    text = read_text(path)
+    title = re.search(r"^# Results: (.*)$", text, re.M).group(1)
+    scale = re.search(r"^Task `(\w+)`, (\d+) test instances;.*devices: ([^.]*)\.", text, re.M)
+    main, *_ = _markdown_tables(text)
+    copy = _markdown_tables(text.split("## The copy of the original ending")[1])[0]
+    trained = [row[0] for row in _markdown_tables(text.split("## Training")[1])[0][1:]]
+    header, rows = main[0], {row[0]: row for row in main[1:]}
+
+    def value(cell: str) -> str:
+        return re.sub(r"[*\\†]", "", cell)
+
+    better, none = [], []
+    for system in trained[1:]:  # the first is NLL itself
+        columns = [i for i, cell in enumerate(rows[system][1:], 1) if "\\*" in cell and "†" in cell]
+        if not columns:
+            none.append(system)
+            continue
+        better.append(f"{system} on {_listed([header[i] for i in columns])} "
+                      f"({', '.join(value(rows[system][i]) for i in columns)} against "
+                      f"{', '.join(value(rows[trained[0]][i]) for i in columns)})")
+    if none:
+        better.append(f"{_listed(none)} on none of them")
+    groups: dict[str, list[str]] = {}
+    for column, _, _, beaten in copy[1:]:
+        groups.setdefault(beaten, []).append(column)
+    said = []
+    for beaten, columns in groups.items():
+        count, total = (int(n) for n in re.match(r"(\d+) of (\d+)", beaten).groups())
+        names = beaten[beaten.index("(") + 1:-1].split("; ") if count else []  # "k of n (A; B (x=1))"
+        others = [s for s in trained if s not in names]
+        how = ("every trained system" if count == total else "no trained system" if count == 0
+               else f"{count} of {total} trained systems (all but {_listed(others)})" if len(others) <= len(names)
+               else f"{count} of {total} trained systems ({_listed(names)})")
+        said.append(f"{how} on {_listed(columns)}")
+    missing = re.search(r"^No run here trained (.*): not in these tables\.$", text, re.M)
+    profile = re.search(r"\((.*)\)$", title)
+    return " ".join([
+        f"[reports/gpu/results.md](reports/gpu/results.md), {scale.group(2)} test instances of `{scale.group(1)}` "
+        f"({f'`{profile.group(1)}`' if profile else title}, {scale.group(3)}), column by column, better than NLL at "
+        "p < 0.05 resampling both instances and stories: " + "; ".join(better) + ".",
+        "Copying the original ending matches or beats " + "; ".join(said) + ".",
+        *([f"It holds no run of {_listed(missing.group(1).split(', '), 'or')} yet."] if missing else []),
+    ])
+
+
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(value, dict):
         return [item for key, inner in value.items() for item in _flatten(inner, f"{prefix}.{key}" if prefix else str(key))]
@@ -310,7 +380,7 @@ def test_durations() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "stages": stages, "params": params, "profiles": profiles, "objectives": objectives, "curves": curves, "results": results,
-    "benchmarks": benchmarks, "gpu-speed": gpu_speed, "test-durations": test_durations,
+    "benchmarks": benchmarks, "gpu-results": gpu_results, "gpu-speed": gpu_speed, "test-durations": test_durations,
 }
 
 

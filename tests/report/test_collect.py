@@ -599,3 +599,36 @@ def test_the_systems_without_a_run_are_those_the_task_can_train():
     every += [run("timetravel", "rloo", reward) for reward in ("score", "delta")]
     assert systems_without_a_run(every) == ["RLOO-Score+Delta"]
 
+
+def test_the_readme_says_what_the_collected_comparison_shows(gathered, tmp_path, monkeypatch):
+    """The README's three sentences (storyrewrite.docs, block gpu-results) restate the page the
+    collector wrote: the marks of both bootstrap levels, the copy's column-by-column count and
+    the systems with no run."""
+    from storyrewrite import docs
+
+    write_bundle(load_runs([gathered]), tmp_path / "reports" / "gpu", "gpu (params/gpu.yaml)")
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    said = docs.gpu_results()
+    assert said.startswith("[reports/gpu/results.md](reports/gpu/results.md), 9 test instances of `timetravel` "
+                           "(`params/gpu.yaml`, cuda:0 (NVIDIA H100 80GB HBM3)), column by column, better than NLL at "
+                           "p < 0.05 resampling both instances and stories: DTO-Score on BARTScore (M), ROUGE-L (M), ")
+    # DTO-Score's p = 0 on every column at both levels (its scores beat NLL's on every instance), the
+    # two others' p = 1 (test_the_bundle_compares_the_best_run_of_each_objective_with_nll).
+    assert "(-1.700, 63.0, " in said and "; NLL, continued and CPO (beta=2) on none of them." in said
+    assert "Copying the original ending matches or beats every trained system on BARTScore (M), ROUGE-L (M)" in said
+    assert said.endswith("It holds no run of DTO-Delta, DTO-Score+Delta, RLOO-Score, RLOO-Delta or RLOO-Score+Delta yet.")
+    # Columns where the copy beats some trained systems, grouped by which.
+    page = tmp_path / "reports" / "gpu" / "results.md"
+    text = page.read_text()
+    copy = text.split("## The copy of the original ending")[1].split("## Training")[0]
+    lines = [line for line in copy.splitlines() if line.startswith("| ") and not line.startswith("| Column")]
+    changed = copy
+    for line, beaten in zip(lines[:4], ["3 of 4 (NLL; NLL, continued; CPO (beta=2))", "1 of 4 (CPO (beta=2))",
+                                    "3 of 4 (NLL; NLL, continued; CPO (beta=2))", "0 of 4"], strict=True):
+        changed = changed.replace(line, line.rsplit(" | ", 1)[0] + f" | {beaten} |")
+    page.write_text(text.replace(copy, changed))
+    assert ("matches or beats 3 of 4 trained systems (all but DTO-Score) on BARTScore (M) and SacreBLEU (M); "
+            "1 of 4 trained systems (CPO (beta=2)) on ROUGE-L (M); no trained system on BARTScore (M + Δ_M); every "
+            "trained system on ") in docs.gpu_results()
+    page.unlink()
+    assert docs.gpu_results().startswith("No full-data comparison yet")
