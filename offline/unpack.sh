@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Here, in this repository: what offline/job.sh's polls brought back from a comparison.
-#   bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]
+#   bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]   (each file, or its parts: FILE.part_00, ...)
 # The tar's runs/NAME becomes runs/NAME.<n>, the next free n: a later machine given that folder
 # skips the runs it holds, and `bash scripts/comparison.sh NAME ...` collects them. Its
 # reports/bench/ lands as it is; bench-out/ and the records and curves of experiments that had not
@@ -14,18 +14,32 @@
 set -euo pipefail
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]" >&2; exit 2; }
 NAME=$1 RESULTS=$2 BUNDLE=${3:-}
-for file in "$RESULTS" ${BUNDLE:+"$BUNDLE"}; do [ -f "$file" ] || { echo "error: $file not found" >&2; exit 2; }; done
+STAGING=$(mktemp -d) JOINED=$(mktemp -d)
+trap 'rm -rf "$STAGING" "$JOINED"' EXIT
+joined() {  # joined FILE: FILE, or FILE.part_00, FILE.part_01, ... (job.sh poll's OUT_FILE_MIB)
+  # into a temporary folder, and checked against the sha256 that parts.sha256 beside them holds
+  local file=$1 sums
+  if [ -f "$file" ]; then echo "$file"; return; fi
+  if ! compgen -G "$file.part_*" > /dev/null; then echo "error: $file not found (nor $file.part_*)" >&2; return 2; fi
+  sums=$(dirname "$file")/parts.sha256
+  cat "$file".part_* > "$JOINED/${file##*/}"
+  if ! grep -qx "$(sha256sum < "$JOINED/${file##*/}" | cut -d' ' -f1)  ${file##*/}" "$sums" 2>/dev/null; then
+    echo "error: $file.part_* joined do not match the sha256 of ${file##*/} in $sums (a part missing, or from another poll?)" >&2
+    return 1
+  fi
+  echo "$JOINED/${file##*/}"
+}
+RESULTS=$(joined "$RESULTS") || exit $?
+[ -z "$BUNDLE" ] || BUNDLE=$(joined "$BUNDLE") || exit $?
 n=1
 while [ -e "runs/$NAME.$n" ]; do n=$((n + 1)); done
 INTO=runs/$NAME.$n
-STAGING=$(mktemp -d)
-trap 'rm -rf "$STAGING"' EXIT
 tar xzf "$RESULTS" -C "$STAGING"
 [ -d "$STAGING/runs/$NAME" ] || { echo "error: $RESULTS holds no runs/$NAME (NAME is the comparison's)" >&2; exit 2; }
 refs=()
 if [ -n "$BUNDLE" ]; then
   verified=$(git bundle verify -q "$BUNDLE" 2>&1) || { echo "error: $BUNDLE: $verified" >&2; exit 1; }
-  trap 'rm -rf "$STAGING"; git for-each-ref --format="delete %(refname)" refs/unpacked | git update-ref --stdin' EXIT
+  trap 'rm -rf "$STAGING" "$JOINED"; git for-each-ref --format="delete %(refname)" refs/unpacked | git update-ref --stdin' EXIT
   git fetch -q "$BUNDLE" 'refs/exps/*:refs/unpacked/*'
   source=$(python3 -c 'import glob, json, sys
 print(next((json.load(open(p)).get("source_commit") or "" for p in sorted(glob.glob(sys.argv[1] + "/*.json"))), ""))' \

@@ -872,6 +872,33 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     heads = subprocess.run(["git", "bundle", "list-heads", str(out / "exps.bundle")], capture_output=True, text=True).stdout
     assert [line.split()[1] for line in heads.splitlines()] == ["refs/exps/ab/cdef01/gpu-nll-continued"]
 
+    # A remote command that brings back files up to a size: OUT_FILE_MIB=1 sends the 2.4 MiB tar in
+    # parts, the small bundle whole; offline/unpack.sh joins the parts, checks them and unpacks.
+    blob = os.urandom(2_500_000)
+    (home / "proj" / "runs" / "gpu" / "blob.bin").write_bytes(blob)
+    bad = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": "0.5"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "error: OUT_FILE_MIB must be a whole number of MiB >= 1, got '0.5'" in bad.stderr
+    split = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": "1"},
+                           capture_output=True, text=True, timeout=60)
+    assert split.returncode == 0, split.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["exps.bundle", "log.txt", "parts.sha256", "results.tar.gz.part_00",
+                                                     "results.tar.gz.part_01", "results.tar.gz.part_02"]
+    assert (out / "parts.sha256").read_text().endswith("  results.tar.gz\n")
+    here = tmp_path / "here"
+    here.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=here, check=True)
+    subprocess.run(["git", "-c", "user.name=here", "-c", "user.email=here@localhost", "commit", "-q", "--allow-empty", "-m",
+                    "the project"], cwd=here, check=True)
+    unpack = ["bash", str(ROOT / "offline" / "unpack.sh"), "gpu", str(out / "results.tar.gz"), str(out / "exps.bundle")]
+    unpacked = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert (here / "runs" / "gpu.1" / "blob.bin").read_bytes() == blob
+    (out / "results.tar.gz.part_01").write_bytes(b"a part of another poll")
+    mixed = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
+    assert mixed.returncode == 1 and "joined do not match the sha256 of results.tar.gz" in mixed.stderr
+    assert not (here / "runs" / "gpu.2").exists()
+
 
 def _follow_the_gpu_job(job, results, home, out, log) -> None:
     waiting = job("poll", "4")
