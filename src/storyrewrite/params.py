@@ -147,6 +147,9 @@ class RLConfig(Section):
     # The samples' KV cache: static (fixed-size) lets a GPU replay each decoding step as a CUDA
     # graph (transformers compiles it); the same samples as dynamic, after a compile per row count
     cache: Literal["dynamic", "static"] = "dynamic"
+    # Stop sampling once every sample has ended, which reads the device after each token (false:
+    # always max_new_tokens steps, no read until the end; the same samples)
+    early_stop: bool = True
 
     @field_validator("baseline")
     @classmethod

@@ -380,3 +380,50 @@ def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_pat
         weights[cache] = load_file(tmp_path / cache / "model.safetensors")
     assert runs["static"]["curves"]["reward"] == runs["dynamic"]["curves"]["reward"]
     assert all(torch.equal(weights["static"][k], weights["dynamic"][k]) for k in weights["dynamic"])
+
+
+def _host_reads(call) -> int:
+    """How many times `call` reads a tensor's value on the host (bool, item, tolist): on a GPU,
+    each such read waits for the device."""
+    reads = []
+    originals = {name: getattr(torch.Tensor, name) for name in ("__bool__", "item", "tolist")}
+
+    def counting(name):
+        def read(self, *args, **kwargs):
+            reads.append(name)
+            return originals[name](self, *args, **kwargs)
+        return read
+
+    try:
+        for name in originals:
+            setattr(torch.Tensor, name, counting(name))
+        call()
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return len(reads)
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_sampling_without_early_stop_samples_the_same_without_a_read_per_token(tiny_model_dirs, small_prepared,
+                                                                                         kind):
+    """`rl.early_stop: false`: transformers' loop no longer reads the device after each token to
+    see whether every sample ended. The same samples, with either cache; one host read a token
+    fewer, none left that grows with the tokens for a decoder-only model (the GPU profile's)."""
+    directory = tiny_model_dirs[kind]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    caches = rloo.StaticCaches(rloo.static_cache_length(kind == "bart", 96, MAX_NEW))
+    for cache in (None, caches):
+        for seed in (5, 6):
+            early = rloo.sample(model, batch, 3, seed, MAX_NEW, 1.0, *tokens, caches=cache)
+            assert rloo.sample(model, batch, 3, seed, MAX_NEW, 1.0, *tokens, caches=cache, early_stop=False) == early
+    reads = {(early_stop, steps): _host_reads(lambda s=steps, e=early_stop: rloo.sample(model, batch, 3, 5, s, 1.0, *tokens, early_stop=e))
+             for early_stop in (True, False) for steps in (4, 12)}
+    per_8_tokens = {early_stop: reads[early_stop, 12] - reads[early_stop, 4] for early_stop in (True, False)}
+    assert per_8_tokens[True] - per_8_tokens[False] == 8  # the loop's own read, one a token, gone
+    if kind == "llama":  # (eager BART's attention masks read two values a token: transformers' masking_utils)
+        assert per_8_tokens[False] == 0
+    static = _setup(directory, small_prepared, cache="static", early_stop=False)[1]  # `rl.early_stop`, through the objective
+    with torch.no_grad():
+        assert static(model, batch, 7).loss.item() == loss(model, batch, 7).loss.item()

@@ -33,15 +33,18 @@ drawn with a fixed seed per batch): the best checkpoint is the one whose samples
 GPU transformers compiles the decoding step once per row count and replays it as a CUDA graph:
 the samples of the dynamic cache, without a kernel launch per operator of each new token. The
 run keeps one such cache per row count and reuses it at every step (`StaticCaches`).
+`rl.early_stop: false` decodes `rl.max_new_tokens` steps without the host read per token with
+which transformers checks whether every sample has ended (`stop_at_max_length`): the same samples.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import CompileConfig, EncoderDecoderCache, GenerationConfig, PreTrainedModel, StaticCache
+from transformers.generation import utils as generation_utils
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -123,6 +126,33 @@ def plain_decoding(model: PreTrainedModel):
         model.generation_config = saved
 
 
+@contextmanager
+def stop_at_max_length(max_length: int):
+    """transformers' decoding loop, stopped at `max_length` tokens only: no host read per token.
+
+    Its loop asks after each token whether every sequence has ended (`StopCheck`), reading a
+    device value: the host waits for the device, every token, and queues nothing ahead. With
+    several processes on one GPU, which it runs in turns, each such wait can last until the turn
+    comes back to this process: a sampling waits that long about max_new_tokens times. transformers defers that read a step
+    on Apple's GPUs only (`DeferredStopCheck`, which also needs a cache it can crop, not the static
+    one) and has no option for it, so the loop's check is swapped for one that counts tokens for
+    the length of the call. Samples past their end token get padding, as before: the same samples,
+    after up to max_new_tokens − 1 extra steps where every sample ends early."""
+    library = generation_utils.StopCheck
+
+    class AtMaxLength(library):
+        def __call__(self, unfinished_sequences: torch.Tensor, tokens: torch.Tensor, length: int) -> bool:
+            if self.streamer is not None:  # (a streamer needs the tokens on the host anyway)
+                return super().__call__(unfinished_sequences, tokens, length) or length >= max_length
+            return length >= max_length
+
+    generation_utils.StopCheck = AtMaxLength
+    try:
+        yield
+    finally:
+        generation_utils.StopCheck = library
+
+
 def static_cache_length(seq2seq: bool, max_input_tokens: int, max_new_tokens: int, multiple: int | None = None) -> int:
     """The positions a static KV cache needs for any batch: a causal model's longest source (padded
     to `multiple`, the length buckets) and its new tokens; a seq2seq decoder's start token and its
@@ -167,7 +197,8 @@ class StaticCaches:
 
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
            eos_id: int, pad_id: int, greedy: bool = False, *, caches: StaticCaches | None = None,
-           compile_config: CompileConfig | None = None) -> tuple[list[list[int]], list[bool], list[list[int]]]:
+           compile_config: CompileConfig | None = None, early_stop: bool = True
+           ) -> tuple[list[list[int]], list[bool], list[list[int]]]:
     """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
     are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
     `temperature` (`greedy`: the argmax decode, `count` 1), in eval and inference mode, without
@@ -177,7 +208,8 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
     `caches`: the static KV cache of the batch's row count from those, the same size for every
     call, so that the decoding step keeps one shape (and one set of cache tensors) per row count;
     on a GPU transformers then compiles that step (`compile_config`, default: inductor's
-    reduce-overhead, CUDA graphs). None: the dynamic cache, eager."""
+    reduce-overhead, CUDA graphs). None: the dynamic cache, eager. `early_stop` False: always
+    `max_new_tokens` decoding steps, without a host read per token (`stop_at_max_length`)."""
     seq2seq = bool(generator.config.is_encoder_decoder)
     ids, mask, rows = source_rows(batch, seq2seq)
     options = GenerationConfig(
@@ -196,7 +228,8 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
         # Inference mode, as Lightning validates: a compiled decoding step is then not compiled
         # again for the grad mode of a training step (only the token ids leave, as lists).
         with (torch.inference_mode(), torch.autocast(ids.device.type, enabled=False), torch.random.fork_rng(devices=devices),
-              plain_decoding(generator)):
+              plain_decoding(generator),
+              nullcontext() if early_stop else stop_at_max_length((1 if seq2seq else ids.shape[1]) + max_new_tokens)):
             cache = {} if caches is None else {
                 "past_key_values": caches.get(generator, len(ids) * count, ids.shape[1] if seq2seq else None)}
             torch.manual_seed(seed)
@@ -251,7 +284,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
         completions, ended, sources = sample(generator, batch, count, noise_seed, config.max_new_tokens,
-                                             config.temperature, eos, pad, caches=caches)
+                                             config.temperature, eos, pad, caches=caches, early_stop=config.early_stop)
         sampling = time.perf_counter() - started
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
@@ -260,7 +293,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                                                                     originals, lambda: logps))
         if config.baseline == "greedy":
             greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, config.max_new_tokens, config.temperature,
-                                               eos, pad, greedy=True, caches=caches)
+                                               eos, pad, greedy=True, caches=caches, early_stop=config.early_stop)
 
             def greedy_logps() -> torch.Tensor:  # a generator forward, for the KL term alone
                 with torch.no_grad():
