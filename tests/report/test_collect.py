@@ -200,6 +200,12 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
     assert capsys.readouterr().out == "q5\nq6\n"
     # Key order in the YAML does not matter; any value that differs does.
     assert duplicates(exp_show, gathered=[{"cpo": {"lambda": 1.0, "beta": 2}, "objective": "cpo"}])[1] == ["q1", "q3", "q6"]
+    # But a setting of speed alone does not (a run gathered before `rl.early_stop` existed stands for
+    # one queued with it); another `rl` value does.
+    fast = [{"rev": "abcdef1234", "experiments": [
+        entry("q7", {**params("rloo"), "rl": {"reward": "score", "cache": "static", "early_stop": False}}, "queued"),
+        entry("q8", {**params("rloo"), "rl": {"reward": "delta", "early_stop": False}}, "queued")]}]
+    assert duplicates(fast, gathered=[{**params("rloo"), "rl": {"reward": "score"}}])[:2] == (["q8"], ["q7"])
 
 
 def test_a_poller_gathers_a_run_once_and_again_only_at_another_revision(tmp_path):

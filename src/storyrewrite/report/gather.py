@@ -57,9 +57,18 @@ def listed(exp_show: list[dict]) -> list[dict]:
     return found
 
 
+# Settings that change how fast a run goes, not what it computes (tests check that either value
+# samples and trains the same): they tell no two runs apart, so a run gathered before one of them
+# existed, or with another value of it, stands for the run with this one.
+SPEED_ONLY = {"rl": ("cache", "early_stop")}
+
+
 def params_key(params: dict) -> str:
-    """What tells two runs apart: their params, whatever the order of keys."""
-    return json.dumps(params, sort_keys=True)
+    """What tells two runs apart: their params, whatever the order of keys, without SPEED_ONLY's."""
+    kept = {section: ({k: v for k, v in value.items() if k not in SPEED_ONLY[section]}
+                      if section in SPEED_ONLY and isinstance(value, dict) else value)
+            for section, value in params.items()}
+    return json.dumps(kept, sort_keys=True)
 
 
 def duplicates(exp_show: list[dict], gathered: list[dict], mine: set[str] | None = None
