@@ -5,7 +5,7 @@ one run of this script.
     python bench/objective_step_time.py [--device auto] [--precision 32-true] [--batch-size N]
         [--steps 4] [--repeats 2] [--objectives nll score score_delta] [--profile params/gpu.yaml] [--trace DIR]
         [--profile-steps 4]
-        [--compile] [--name NAME]
+        [--compile] [--side-by-side N] [--name NAME]
 
 Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in bf16-mixed);
 diagnostics <= 5 % of a step; on CUDA, the GPU busy >= 80 % of a step. RLOO (`--objectives nll score score_delta rloo`: the params' `rl`
@@ -39,7 +39,9 @@ floating-point operations of the same step's matrix products and attention (`GFL
 FlopCounterMode): the ratio a step whose GPU is never idle tends to, where the arithmetic, not
 the launches, sets the time. `--compile` runs the steps as `compile: true` trains (torch.compile
 of the transformer bodies); the first step, which the timings leave out, then includes the
-compilation, and its time is printed.
+compilation, and its time is printed. `--side-by-side N` starts N processes of each objective at
+once, as N queue workers share one GPU, and takes the median one's figures (a file of its own,
+`-side-by-sideN`): what a step costs a worker when the device is shared.
 """
 from __future__ import annotations
 
@@ -276,7 +278,8 @@ def result_name(args: argparse.Namespace) -> str:
     """The figures' file in reports/bench/ (without .json): `--name`, else one per precision and
     compilation, each a run of its own."""
     return args.name or ("objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}")
-                         + ("-compiled" if args.compile else "") + ("-reduce-overhead" if args.compile == "reduce-overhead" else ""))
+                         + ("-compiled" if args.compile else "") + ("-reduce-overhead" if args.compile == "reduce-overhead" else "")
+                         + (f"-side-by-side{args.side_by_side}" if args.side_by_side > 1 else ""))
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -332,6 +335,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--compile", nargs="?", const=True, default=False, choices=(True, "reduce-overhead"),
                         help="torch.compile the transformer bodies, as `compile: true` trains (`--compile reduce-overhead`: "
                              "as `compile: reduce-overhead`, CUDA graphs)")
+    parser.add_argument("--side-by-side", type=int, default=1, metavar="N",
+                        help="run N processes of each objective at once, as N queue workers share a GPU: a step time is "
+                             "the median of theirs")
     parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
                         "and -compiled where not 32-true and eager): a run of its own there, each device's last")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
@@ -342,6 +348,8 @@ def main() -> None:
     args = arguments().parse_args()
     if args.profile_steps < 1:
         raise SystemExit(f"error: --profile-steps must be at least 1, not {args.profile_steps}")
+    if args.side_by_side < 1:
+        raise SystemExit(f"error: --side-by-side must be at least 1, not {args.side_by_side}")
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return
@@ -359,17 +367,23 @@ def main() -> None:
             command += ["--trace", args.trace] if args.trace and repeat == 0 else []
             command += ["--compile"] + ([args.compile] if isinstance(args.compile, str) else []) if args.compile else []
             started = time.perf_counter()
-            output = subprocess.run(command, capture_output=True, text=True)
+            # --side-by-side N: N processes at once (the first alone writes the trace), each a
+            # worker's share of the device; the row is the median process by step time.
+            processes = [subprocess.Popen(command if n == 0 else [c for c in command if c != "--trace" and c != args.trace],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         for n in range(args.side_by_side)]
+            outputs = [(p, *p.communicate()) for p in processes]
             seconds = time.perf_counter() - started
-            if output.returncode != 0:
+            if bad := next(((p, err) for p, _, err in outputs if p.returncode != 0), None):
                 # The others are still measured (a GPU's time is not spent for nothing);
                 # without the base objective there is no ratio to give.
-                failed[objective] = output.stderr[-3000:]
-                print(f"{objective}: its process failed (exit {output.returncode}):\n{failed[objective]}", file=sys.stderr)
+                failed[objective] = bad[1][-3000:]
+                print(f"{objective}: its process failed (exit {bad[0].returncode}):\n{failed[objective]}", file=sys.stderr)
                 if objective == args.objectives[0]:
                     raise SystemExit(f"error: {objective}, the base of every ratio, failed")
                 continue
-            runs[objective].append(json.loads(output.stdout.strip().splitlines()[-1]))
+            rows = sorted((json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs), key=lambda r: r["with"])
+            runs[objective].append(rows[len(rows) // 2])
             # A line as each process ends: a run cut short keeps what it
             # measured, and the phases show where a process's time goes (the rest is its start:
             # imports, the device's initialisation).
@@ -386,7 +400,8 @@ def main() -> None:
     base, first = objectives[0], runs[objectives[0]][0]
     busy = "gpu_busy" in first
     print(f"{first['device']}; precision {args.precision}; {'compiled' if args.compile else 'eager'}; the same batch of {first['batch_size']} ({first['tokens']} tokens "
-          f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps")
+          f"for {base}) every step; means over {args.repeats} repeats of per-process medians of {args.steps} steps"
+          + (f"; {args.side_by_side} processes of each objective at once (the median one's)" if args.side_by_side > 1 else ""))
     sampling = any(r["sample_share"] is not None for rows in runs.values() for r in rows)
     width = max(18, 5 * args.repeats + 3)  # the per-repeat column: 5 characters a repeat
     counted = "ops" in first
@@ -442,6 +457,7 @@ def main() -> None:
                   "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   **({"profile_steps": args.profile_steps} if busy else {}),
+                  **({"side_by_side": args.side_by_side} if args.side_by_side > 1 else {}),
                   **overlay_settings(args), **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:
         raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")

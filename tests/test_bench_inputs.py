@@ -360,9 +360,9 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
         row = {"with": 0.2, "without": 0.19, "first": 1.0, "sample_share": None, "peak_memory_gb": 1.0,
                "device": "cuda:0 (stub)", "batch_size": 16, "tokens": 1898, "deterministic": True, "nan_fill": False,
                "gpu_busy": 0.1, "syncs": 3 if command[command.index("--one") + 1] == "rloo" else 0, "phases": {"build_s": 1.0}}
-        return types.SimpleNamespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
+        return types.SimpleNamespace(returncode=0, communicate=lambda: (json.dumps(row) + "\n", ""))
 
-    monkeypatch.setattr(subprocess, "run", process)
+    monkeypatch.setattr(subprocess, "Popen", process)
     monkeypatch.setattr(objective_step_time, "write_result",
                         lambda name, device, figures, settings, targets: written.update(settings, figures=figures, targets=targets))
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--device", "cpu", "--objectives", "nll", "rloo",
@@ -443,3 +443,41 @@ def test_the_workspace_env_keeps_the_packages_pythonpath_holds(tmp_path, monkeyp
                           check=True).stdout.strip() == "site"
     monkeypatch.delenv("PYTHONPATH")
     assert common.workspace_env(repo)["PYTHONPATH"] == str(repo / "src")
+
+
+def test_the_step_bench_side_by_side_runs_n_processes_at_once_and_keeps_the_median_one(monkeypatch):
+    """`--side-by-side N` (the queue workers' sharing of a GPU, measured on steps): each objective's
+    measurement runs in N processes started together; the step time is the median process's, the
+    trace is the first process's alone, and the figures go to a file of their own."""
+    import json
+
+    import objective_step_time
+
+    started, written = [], []
+    times = iter([0.30, 0.10, 0.20, 0.90, 0.70, 0.80])  # nll's three processes, then rloo's
+
+    class Process:
+        def __init__(self, command, **kwargs):
+            started.append(command)
+            self.returncode, self.objective, self.seconds = 0, command[command.index("--one") + 1], next(times)
+
+        def communicate(self):
+            row = {"with": self.seconds, "without": self.seconds, "first": 1.0, "phases": {}, "peak_memory_gb": 1.0,
+                   "sample_share": 0.5 if self.objective == "rloo" else None, "device": "cpu", "batch_size": 16,
+                   "tokens": 100, "deterministic": True, "nan_fill": False}
+            return json.dumps(row) + "\n", ""
+
+    monkeypatch.setattr(objective_step_time.subprocess, "Popen", Process)
+    monkeypatch.setattr(objective_step_time, "write_result", lambda *args: written.append(args))
+    monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--objectives", "nll", "rloo", "--repeats", "1",
+                                      "--side-by-side", "3", "--trace", "traces"])
+    objective_step_time.main()
+    assert [c[c.index("--one") + 1] for c in started] == ["nll"] * 3 + ["rloo"] * 3
+    assert [("--trace" in c) for c in started] == [True, False, False] * 2
+    name, _, figures, settings, _ = written[0]
+    assert name == "objective_step_time-side-by-side3" and settings["side_by_side"] == 3
+    assert figures["nll"]["s_per_step"] == 0.2 and figures["rloo"]["s_per_step"] == 0.8
+    assert figures["rloo"]["ratio"] == 4.0
+    monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--side-by-side", "0"])
+    with pytest.raises(SystemExit, match="--side-by-side must be at least 1, not 0"):
+        objective_step_time.main()
