@@ -188,7 +188,7 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
     assert capsys.readouterr().out.rstrip("\n").endswith("-S train.batch_size=16 -S train.val_batch_size=64 -S train.max_steps=300 "
         "-S train.val_check_interval=100 -S train.checkpoint_every_n_steps=100 -S train.precision=bf16-mixed "
         "-S train.num_workers=4 -S generate.batch_size=512 -S generate.dtype=bfloat16 -S score.batch_size=64 "
-        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S rl.cache=static -S objective=delta -S llm.modes=[rag]")
+        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S rl.cache=static -S rl.early_stop=false -S objective=delta -S llm.modes=[rag]")
 
 
 def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, capsys):
