@@ -362,16 +362,15 @@ def main() -> None:
                        "--steps", str(args.steps), "--profile-steps", str(args.profile_steps), *sum((["--profile", str(p)] for p in args.profile), []),
                        *sum((["--set", pair] for pair in args.set), [])]
             command += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+            command += ["--compile"] + ([args.compile] if isinstance(args.compile, str) else []) if args.compile else []
             # The first repeat's profile is the one written: a Chrome trace of a GPU step is tens of
             # MB, and writing it again costs each later process seconds for the same table.
-            command += ["--trace", args.trace] if args.trace and repeat == 0 else []
-            command += ["--compile"] + ([args.compile] if isinstance(args.compile, str) else []) if args.compile else []
+            trace = ["--trace", args.trace] if args.trace and repeat == 0 else []
             started = time.perf_counter()
             # --side-by-side N: N processes at once (the first alone writes the trace), each a
             # worker's share of the device; the row is the median process by step time.
-            processes = [subprocess.Popen(command if n == 0 else [c for c in command if c != "--trace" and c != args.trace],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                         for n in range(args.side_by_side)]
+            processes = [subprocess.Popen(command + (trace if n == 0 else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True) for n in range(args.side_by_side)]
             outputs = [(p, *p.communicate()) for p in processes]
             seconds = time.perf_counter() - started
             if bad := next(((p, err) for p, _, err in outputs if p.returncode != 0), None):

