@@ -232,18 +232,20 @@ def measure(objective: str, args) -> dict:
     step(module, optimizer, batch, device, args.precision, True)  # allocates the optimiser state (and compiles)
     first_step = clock(device) - started
     times, diagnostics_seconds = [], []
-    sample_shares = []  # an objective that samples (RLOO): its sampling's share of the step
+    sample_shares, read_shares = [], []  # an objective that samples (RLOO): its sampling's share of the step, and its read's
     for _ in range(args.steps):
         started = clock(device)
         step(module, optimizer, batch, device, args.precision, True)
         times.append(clock(device) - started)
         if "sample_seconds" in module.step_logs:
             sample_shares.append(float(module.step_logs["sample_seconds"]) / times[-1])
+            read_shares.append(float(module.step_logs["sample_read_seconds"]) / times[-1])
         step(module, optimizer, batch, device, args.precision, True, timed=diagnostics_seconds)
     phases["steps_s"] = clock(device) - stepping  # the first step, the timed ones and the instrumented ones
     median = statistics.median(times)
     result = {"with": median, "without": median - statistics.median(diagnostics_seconds), "first": first_step,
               "sample_share": statistics.median(sample_shares) if sample_shares else None,
+              "sample_read_share": statistics.median(read_shares) if read_shares else None,
               "peak_memory_gb": peak_memory_gb(device), "device": describe(device),
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"],
               "deterministic": torch.are_deterministic_algorithms_enabled(),
@@ -405,23 +407,25 @@ def main() -> None:
     width = max(18, 5 * args.repeats + 3)  # the per-repeat column: 5 characters a repeat
     counted = "ops" in first
     print(f"{'objective':<12}{'s/step':>9}{'ratio':>8}{'per repeat':>{width}}{'peak mem GB':>13}{'diagnostics':>13}{'first step':>12}"
-          + (f"{'sample share':>14}" if sampling else "") + (f"{'GPU busy':>10}" if busy else "")
+          + (f"{'sample share':>14}{'read share':>12}" if sampling else "") + (f"{'GPU busy':>10}" if busy else "")
           + (f"{'ops/step':>10}{'ops ratio':>11}{'GFLOP/step':>12}{'FLOP ratio':>12}{'TFLOP/s':>9}" if counted else ""))
     # Each figure once, unrounded: the record rounds it to its digits (None: to an integer), the
     # table formats the same value.
     digits = {"s_per_step": 4, "ratio": 3, "ratio_per_repeat": 3, "peak_memory_gb": 2, "diagnostics_ratio": 3,
-              "first_step_s": 2, "sample_share": 3, "gpu_busy": 3, "syncs_per_step": None, "ops_per_step": None, "ops_ratio": 3,
+              "first_step_s": 2, "sample_share": 3, "sample_read_share": 3, "gpu_busy": 3, "syncs_per_step": None, "ops_per_step": None, "ops_ratio": 3,
               "gflop_per_step": 3, "tflop_per_s": 4, "flop_ratio": 3}
     figures = {}
     for objective in objectives:
         share = statistics.mean(r["sample_share"] for r in runs[objective]) if runs[objective][0]["sample_share"] is not None else None
+        # (the time the sampling's last read waited: without early stop, for the decoding the host had queued)
+        read = statistics.mean(r["sample_read_share"] for r in runs[objective]) if share is not None else None
         v = {
             "s_per_step": mean(objective, "with"), "ratio": mean(objective, "with") / mean(base, "with"),
             "ratio_per_repeat": [r["with"] / b["with"] for r, b in zip(runs[objective], runs[base], strict=True)],
             "peak_memory_gb": max(r["peak_memory_gb"] for r in runs[objective]),
             "diagnostics_ratio": mean(objective, "with") / mean(objective, "without"),
             "first_step_s": mean(objective, "first"),
-            **({"sample_share": share} if share is not None else {}),
+            **({"sample_share": share, "sample_read_share": read} if share is not None else {}),
             **({"gpu_busy": mean(objective, "gpu_busy"), "syncs_per_step": max(r["syncs"] for r in runs[objective])} if busy else {}),
             **({"ops_per_step": mean(objective, "ops"), "ops_ratio": mean(objective, "ops") / mean(base, "ops"),
                 "gflop_per_step": mean(objective, "flops") / 1e9,
@@ -434,7 +438,7 @@ def main() -> None:
         print(f"{objective:<12}{v['s_per_step']:>9.3f}{v['ratio']:>7.2f}x"
               f"{' '.join(f'{r:.2f}' for r in v['ratio_per_repeat']):>{width}}{v['peak_memory_gb']:>13.2f}"
               f"{v['diagnostics_ratio']:>12.3f}x{v['first_step_s']:>11.1f}s"
-              + ((f"{share:>13.0%}" if share is not None else f"{'-':>14}") if sampling else "")
+              + ((f"{share:>13.0%}{read:>11.0%}" if share is not None else f"{'-':>14}{'-':>12}") if sampling else "")
               + (f"{v['gpu_busy']:>9.0%}" if busy else "")
               + (f"{v['ops_per_step']:>10.0f}{v['ops_ratio']:>10.2f}x{v['gflop_per_step']:>12.2f}{v['flop_ratio']:>11.2f}x"
                  f"{v['tflop_per_s']:>9.3f}" if counted else ""))

@@ -357,7 +357,7 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
 
     def process(command, **kwargs):
         commands.append(command)
-        row = {"with": 0.2, "without": 0.19, "first": 1.0, "sample_share": None, "peak_memory_gb": 1.0,
+        row = {"with": 0.2, "without": 0.19, "first": 1.0, "sample_share": None, "sample_read_share": None, "peak_memory_gb": 1.0,
                "device": "cuda:0 (stub)", "batch_size": 16, "tokens": 1898, "deterministic": True, "nan_fill": False,
                "gpu_busy": 0.1, "syncs": 3 if command[command.index("--one") + 1] == "rloo" else 0, "phases": {"build_s": 1.0}}
         return types.SimpleNamespace(returncode=0, communicate=lambda: (json.dumps(row) + "\n", ""))
@@ -463,7 +463,8 @@ def test_the_step_bench_side_by_side_runs_n_processes_at_once_and_keeps_the_medi
 
         def communicate(self):
             row = {"with": self.seconds, "without": self.seconds, "first": 1.0, "phases": {}, "peak_memory_gb": 1.0,
-                   "sample_share": 0.5 if self.objective == "rloo" else None, "device": "cpu", "batch_size": 16,
+                   "sample_share": 0.5 if self.objective == "rloo" else None,
+                   "sample_read_share": 0.125 if self.objective == "rloo" else None, "device": "cpu", "batch_size": 16,
                    "tokens": 100, "deterministic": True, "nan_fill": False}
             return json.dumps(row) + "\n", ""
 
@@ -477,7 +478,7 @@ def test_the_step_bench_side_by_side_runs_n_processes_at_once_and_keeps_the_medi
     name, _, figures, settings, _ = written[0]
     assert name == "objective_step_time-side-by-side3" and settings["side_by_side"] == 3
     assert figures["nll"]["s_per_step"] == 0.2 and figures["rloo"]["s_per_step"] == 0.8
-    assert figures["rloo"]["ratio"] == 4.0
+    assert figures["rloo"]["ratio"] == 4.0 and figures["rloo"]["sample_read_share"] == 0.125
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--side-by-side", "0"])
     with pytest.raises(SystemExit, match="--side-by-side must be at least 1, not 0"):
         objective_step_time.main()

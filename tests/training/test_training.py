@@ -300,7 +300,8 @@ def test_dto_score_and_nll_train_on_the_ablated_tasks(tmp_path, tiny_model_dirs,
         assert summary["task"] == task and summary["global_step"] == 1 and summary["best_val_loss"] is not None
 
 
-COMMON = {"train_loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_nll"}
+CLOCK = {"tokens_per_s", "cpu_time_share", "cpu_wait_time_share"}  # wall-time curves: not in the summary
+COMMON = {"train_loss", "lr", "grad_norm", "val_loss", "val_nll"} | CLOCK
 DTO_TRAIN = {"m_target", "gumbel_entropy", "gumbel_max_prob", "nll_target"}
 DTO_VAL = {"val_m_target", "val_m_original", "val_delta", "val_gumbel_entropy", "val_gumbel_max_prob", "val_nll_target"}
 RLOO = {"reward", "reward_std", "kl", "advantage_abs", "completions/mean_length", "completions/clipped_ratio"}
@@ -312,7 +313,7 @@ CPO = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accurac
     ("score", DTO, COMMON | DTO_TRAIN | DTO_VAL),  # m_original needs an extra pass: validation only
     ("score_delta", DTO, COMMON | DTO_TRAIN | {"m_original", "delta"} | DTO_VAL),
     ("cpo", CPOConfig(beta=0.5, lambda_=1.0), COMMON | CPO | {"preference"} | {f"val_{c}" for c in CPO | {"preference"}}),
-    ("rloo", RL, COMMON | RLOO | {"sample_time_share"} | {f"val_{c}" for c in RLOO}),
+    ("rloo", RL, COMMON | RLOO | {"sample_time_share", "sample_read_time_share"} | {f"val_{c}" for c in RLOO}),
 ])
 def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small_prepared, objective, settings, columns):
     kind = "bart" if objective == "cpo" else "llama"  # CPO on the seq2seq path (the paper's generator), the rest causal
@@ -329,7 +330,8 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     assert all(name in documented or name.removeprefix("val_") in documented for name in written), set(written) - documented
     # The summary (DVC metrics) holds every curve but the wall-time ones, and no wall time.
     metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
-    assert set(metrics["curves"]) == columns - {"tokens_per_s", "sample_time_share"} and "tokens_per_s" not in metrics
+    assert set(metrics["curves"]) == columns - CLOCK - {"sample_time_share", "sample_read_time_share"}
+    assert not CLOCK & set(metrics)
     assert "train_seconds" not in metrics and summary["train_seconds"] > 0
     assert all(math.isfinite(v["last"]) for v in summary["curves"].values())
     # What the report's training section shows: logged in training, or (DTO-Score's m_original) in validation.

@@ -132,6 +132,10 @@ COMMON_CURVES: dict[str, str] = {
     "lr": "the learning rate of the step (warm-up visible)",
     "grad_norm": "the gradient norm before clipping: spikes precede divergence",
     "tokens_per_s": "real tokens the generator read per second of the step (a wall-time curve: not in the DVC metrics)",
+    "cpu_time_share": "share of the step's wall time its thread ran on a CPU (on a GPU, a wait for it spins: counted here; "
+                      "a wall-time curve)",
+    "cpu_wait_time_share": "share of the step's wall time its thread was ready but waited for a CPU that other processes "
+                           "held (Linux only; a wall-time curve)",
 }
 _DTO_CURVES = {
     "m_target": "M(Ŷ, Y_EE), the scorer's mean log-probability of the edited ending given the relaxed Ŷ: should rise",
@@ -163,6 +167,8 @@ CURVES: dict[str, dict[str, str]] = {
         "completions/mean_length": "mean sampled length in tokens, end token included",
         "completions/clipped_ratio": "share of samples that hit `rl.max_new_tokens` without ending",
         "sample_time_share": "share of the step's wall time spent sampling (a wall-time curve: not in the DVC metrics)",
+        "sample_read_time_share": "the part of it spent reading the samples: with `rl.early_stop: false`, waiting for the "
+                                  "device to decode what the host had queued (a wall-time curve)",
     },
 }
 

@@ -35,6 +35,9 @@ the samples of the dynamic cache, without a kernel launch per operator of each n
 run keeps one such cache per row count and reuses it at every step (`StaticCaches`).
 `rl.early_stop: false` decodes `rl.max_new_tokens` steps without the host read per token with
 which transformers checks whether every sample has ended (`stop_at_max_length`): the same samples.
+The curves split a step's sampling in two: `sample_time_share`, all of it, and
+`sample_read_time_share`, the read of the samples at its end. Without early stop on a GPU that
+read is where the host waits for the decoding it queued; the rest is the host's own time.
 """
 from __future__ import annotations
 
@@ -133,10 +136,10 @@ def stop_at_max_length(max_length: int):
     Its loop asks after each token whether every sequence has ended (`StopCheck`), reading a
     device value: the host waits for the device, every token, and queues nothing ahead. With
     several processes on one GPU, which it runs in turns, each such wait can last until the turn
-    comes back to this process: a sampling waits that long about max_new_tokens times. transformers defers that read a step
-    on Apple's GPUs only (`DeferredStopCheck`, which also needs a cache it can crop, not the static
-    one) and has no option for it, so the loop's check is swapped for one that counts tokens for
-    the length of the call. Samples past their end token get padding, as before: the same samples,
+    comes back to this process: a sampling waits that long about max_new_tokens times.
+    transformers defers that read a step on Apple's GPUs only (`DeferredStopCheck`, which also
+    needs a cache it can crop, not the static one) and has no option for it, so the loop's check
+    is swapped for one that counts tokens for the length of the call. Samples past their end token get padding, as before: the same samples,
     after up to max_new_tokens − 1 extra steps where every sample ends early."""
     library = generation_utils.StopCheck
 
@@ -200,7 +203,19 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
            compile_config: CompileConfig | None = None, early_stop: bool = True
            ) -> tuple[list[list[int]], list[bool], list[list[int]]]:
     """`count` completions of each source of the batch (instance-major: rows b·count .. b·count+count−1
-    are instance b's), whether each ended, and each one's source ids. Plain ancestral sampling at
+    are instance b's), whether each ended, and each one's source ids: `sample_tokens`, read."""
+    new, sources = sample_tokens(generator, batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy,
+                                 caches=caches, compile_config=compile_config, early_stop=early_stop)
+    return *completion_ids(new, eos_id), sources
+
+
+def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int,
+                  temperature: float, eos_id: int, pad_id: int, greedy: bool = False, *,
+                  caches: StaticCaches | None = None, compile_config: CompileConfig | None = None,
+                  early_stop: bool = True) -> tuple[torch.Tensor, list[list[int]]]:
+    """The new tokens of `count` samples of each source of the batch (rows instance-major, on the
+    generator's device, not yet read: with `early_stop` False, the decoding may still be running
+    there) and each row's source ids. Plain ancestral sampling at
     `temperature` (`greedy`: the argmax decode, `count` 1), in eval and inference mode, without
     autocast, from the global generator seeded with `seed` (forked: the caller's random state is
     left as it was).
@@ -237,8 +252,7 @@ def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_n
     finally:
         generator.train(was_training)
     new = output[:, 1:] if seq2seq else output[:, ids.shape[1]:]  # seq2seq: after the decoder start token
-    completions, ended = completion_ids(new, eos_id)
-    return completions, ended, [row for row in rows for _ in range(count)]
+    return new, [row for row in rows for _ in range(count)]
 
 
 def build(context: ObjectiveContext[RLConfig]) -> Loss:
@@ -283,9 +297,11 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                              "not have; valid here: score")
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
-        completions, ended, sources = sample(generator, batch, count, noise_seed, config.max_new_tokens,
-                                             config.temperature, eos, pad, caches=caches, early_stop=config.early_stop)
-        sampling = time.perf_counter() - started
+        new, sources = sample_tokens(generator, batch, count, noise_seed, config.max_new_tokens, config.temperature, eos,
+                                     pad, caches=caches, early_stop=config.early_stop)
+        launched = time.perf_counter()
+        completions, ended = completion_ids(new, eos)  # (the read: waits for what the device still decodes)
+        sampling, reading = time.perf_counter() - started, time.perf_counter() - launched
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
         logps = sequence_log_probs(generator, encoder, sources, completions, config.temperature)  # B·K, with gradient
@@ -315,7 +331,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
             return {"reward_std": reward.std(dim=1).mean(), "kl": kl.mean(),
                     "advantage_abs": advantages.abs().mean(), "completions/mean_length": lengths.mean(),
                     "completions/clipped_ratio": 1 - torch.tensor(ended, dtype=torch.float32).mean(),
-                    "sample_seconds": torch.tensor(sampling)}
+                    "sample_seconds": torch.tensor(sampling), "sample_read_seconds": torch.tensor(reading)}
         # `reward`: the metric's alone (comparable across kl_beta); the loss's includes the KL term.
         return LossOutput(loss, {"reward": metric.mean().float()}, nll, lambda: {k: v.float() for k, v in diagnostics().items()})
     return Loss(compute, scorer, frozen=(reference,) if reference is not None else ())

@@ -11,7 +11,8 @@ device-to-host copy, one step late: reading them waits for the GPU to finish the
 end of the next step's launches, not before them; before a validation, a checkpoint and the end
 of training every step is read. The progress bar shows the loss so read. Wall-time quantities
 (`tokens_per_s`; a diagnostic in seconds, logged as its share of the step,
-`<name>_time_share`) are curves only, never in the summary:
+`<name>_time_share`; the step's thread on a CPU, `cpu_time_share`, and ready but waiting for
+one, `cpu_wait_time_share`: storyrewrite.threadclock) are curves only, never in the summary:
 `dvc metrics diff` between two runs of the same code lists what the code changed, not the clock.
 
 Exact resume: DVC deletes a stage's outputs before it runs it again, so the curves are copied
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import Callback
 
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.io import InputError, atomic_dir, atomic_path
+from storyrewrite.threadclock import ThreadTimes, thread_times
 
 
 def wall_time(name: str) -> bool:
@@ -81,9 +82,9 @@ class TrainingMonitor(Callback):
         self.log_dir, self.snapshot_dir = Path(log_dir), Path(snapshot_dir)
         self.section, self.objective, self.resumed_step = section, objective, resumed_step
         self.live: Live | None = None
-        self._started = 0.0
-        # The last step's logged tensors, not yet read: (step, tensors, terms, lr, tokens, seconds)
-        self._pending: tuple[int, dict[str, torch.Tensor], tuple[str, ...], float, int, float] | None = None
+        self._started: ThreadTimes | None = None
+        # The last step's logged tensors, not yet read: (step, tensors, terms, lr, tokens, times)
+        self._pending: tuple[int, dict[str, torch.Tensor], tuple[str, ...], float, int, ThreadTimes] | None = None
         self.last_loss: float | None = None  # the latest step's loss read, for the progress bar
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -121,27 +122,28 @@ class TrainingMonitor(Callback):
             shutil.copytree(self.log_dir, staging, dirs_exist_ok=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._started = time.perf_counter()
+        self._started = thread_times()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        seconds = time.perf_counter() - self._started
+        spent = thread_times() - self._started  # the step's wall time, and its thread's time on and waiting for a CPU
         self._read(trainer)
         lr = trainer.optimizers[0].param_groups[0]["lr"]
         self._pending = (trainer.global_step, dict(pl_module.step_logs), pl_module.step_terms, lr,
-                         batch["num_tokens"], seconds)
+                         batch["num_tokens"], spent)
 
     def _read(self, trainer) -> None:
         """Read, check and log the pending step, if any."""
         if self._pending is None:
             return
-        step, logs, terms, lr, tokens, seconds = self._pending
+        step, logs, terms, lr, tokens, spent = self._pending
         self._pending = None
         values = read_logs(logs)
         self.last_loss = values["train_loss"]
         self._check(trainer, {n: values[n] for n in terms}, values.get("grad_norm"), lr, step)
         if trainer.is_global_zero:
-            values |= {"lr": lr, "tokens_per_s": tokens / seconds if seconds > 0 else float("nan")}
-            self._log(step, values, seconds)
+            values |= {"lr": lr, "tokens_per_s": tokens / spent.wall if spent.wall > 0 else float("nan"),
+                       "cpu_seconds": spent.on_cpu, **({"cpu_wait_seconds": spent.cpu_wait} if spent.cpu_wait is not None else {})}
+            self._log(step, values, spent.wall)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._read(trainer)
