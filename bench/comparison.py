@@ -10,8 +10,8 @@ researcher would run them, and collects both. A part after one that succeeded sk
 phase (COMPARISON_SHARED=0): its experiments restore those stages from the run cache. `--parts
 all` queues both at once: the CPO grid fills the workers while core's longest runs go on, and
 core's own wall time is read from the stage records (core_in_all). The GPU's load and
-memory are sampled through the whole run (nvidia-smi, every 0.5 s), or the CPU's busy share
-(/proc/stat) where no NVIDIA GPU is visible. Afterwards every gathered experiment's stage
+memory are sampled through the whole run (nvidia-smi, every 0.5 s), and the host CPUs' busy
+share (/proc/stat) beside them. Afterwards every gathered experiment's stage
 records (device, wall time; the shared stages' too, restored with their first run's record) are
 read back.
 
@@ -46,11 +46,13 @@ TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 
 
 class Sampler:
-    """The GPU's utilisation and memory from nvidia-smi, or the CPU's busy share from /proc/stat,
-    sampled every `interval` seconds until `stop()`."""
+    """The host CPUs' busy share from /proc/stat and, where nvidia-smi is there, the GPU's
+    utilisation and memory, sampled every `interval` seconds until `stop()`. Both on a GPU: a GPU
+    left idle by experiments side by side may wait for the host's cores."""
 
     def __init__(self, interval: float = 0.5):
-        self.interval, self.samples, self.kind = interval, [], "gpu" if shutil.which("nvidia-smi") else "cpu"
+        self.interval, self.gpu = interval, shutil.which("nvidia-smi") is not None
+        self.samples: list[tuple[float | None, float | None, float | None]] = []  # (CPU busy %, GPU busy %, GPU memory GB)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -62,29 +64,28 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
+    def _gpu(self) -> tuple[float | None, float | None]:
+        result = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True)
+        fields = result.stdout.splitlines()[0].split(",") if result.returncode == 0 and result.stdout.strip() else []
+        return (float(fields[0]), float(fields[1]) * 2**20 / 1e9) if len(fields) == 2 else (None, None)
+
     def _run(self) -> None:
-        previous = _cpu_times() if self.kind == "cpu" else None
+        previous = _cpu_times()
         while not self._stop.wait(self.interval):
-            if self.kind == "gpu":
-                result = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                                        capture_output=True, text=True)
-                fields = result.stdout.splitlines()[0].split(",") if result.returncode == 0 and result.stdout.strip() else []
-                if len(fields) == 2:
-                    self.samples.append((float(fields[0]), float(fields[1]) * 2**20 / 1e9))
-            else:
-                now = _cpu_times()
-                busy, total = now[0] - previous[0], now[1] - previous[1]
-                previous = now
-                if total > 0:
-                    self.samples.append((100.0 * busy / total, None))
+            now = _cpu_times()
+            busy, total = now[0] - previous[0], now[1] - previous[1]
+            previous = now
+            self.samples.append((100.0 * busy / total if total > 0 else None, *(self._gpu() if self.gpu else (None, None))))
 
     def figures(self) -> dict:
-        if not self.samples:
-            return {"samples": 0}
-        busy = [b for b, _ in self.samples]
-        memory = [m for _, m in self.samples if m is not None]
-        return {"samples": len(self.samples), f"{self.kind}_busy_pct_mean": round(sum(busy) / len(busy), 1),
-                **({"gpu_memory_gb_peak": round(max(memory), 2)} if memory else {})}
+        figures: dict = {"samples": len(self.samples)}
+        for index, name in enumerate(("cpu_busy_pct_mean", "gpu_busy_pct_mean")):
+            values = [sample[index] for sample in self.samples if sample[index] is not None]
+            if values:
+                figures[name] = round(sum(values) / len(values), 1)
+        memory = [sample[2] for sample in self.samples if sample[2] is not None]
+        return figures | ({"gpu_memory_gb_peak": round(max(memory), 2)} if memory else {})
 
 
 def _cpu_times() -> tuple[int, int]:

@@ -177,7 +177,8 @@ for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.
         r, parts = json.load(open(path)), path.split("/")
         if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json; the curves of the clock are in their TSVs only
             shown = {"train_loss": r.get("train_loss"), **{k: recent(path.replace("metrics.json", "plots/metrics/" + k + ".tsv"))
-                                                         for k in ("sample_time_share", "tokens_per_s")}}
+                                                         for k in ("sample_time_share", "sample_read_time_share",
+                                                                   "cpu_wait_time_share", "tokens_per_s")}}
             shown = ", ".join("{} {:.4g}".format(k, v) for k, v in shown.items() if v is not None)
             done.append((parts[-5], "~", "{} trained to step {} ({})".format(parts[-2], r["step"], shown)))
         else:  # <workspace>/reports/stages/<stage>.json

@@ -1,5 +1,7 @@
-"""The whole-comparison bench's account of the time between stages (bench/comparison.py)."""
+"""The whole-comparison bench's account of the time between stages and of the load (bench/comparison.py)."""
+import os
 import sys
+import time
 
 from helpers import ROOT
 
@@ -58,3 +60,24 @@ def test_what_torch_compile_did_is_summed_by_stage_and_objective_with_the_first_
         "generate-finetuned": {"runs": 1, "compiled_graphs": 1, "graph_breaks": 0, "cudagraph_skips": 0},
         "train (rloo)": {"runs": 2, "compiled_graphs": 5, "graph_breaks": 1, "cudagraph_skips": 1,
                          "cudagraph_skip_reason": "skipping cudagraphs due to mutated inputs"}}
+
+
+def test_the_load_holds_the_hosts_cpus_beside_the_gpus_nvidia_smi(tmp_path, monkeypatch):
+    """With nvidia-smi on the PATH (here a script that answers as it does), the GPU's busy share
+    and peak memory come beside the host CPUs' busy share; without it, the CPUs' alone."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '37, 2048'\n")
+    smi.chmod(0o755)
+    for path, gpu in ((f"{smi.parent}{os.pathsep}{os.environ['PATH']}", True), (str(tmp_path / "none"), False)):
+        monkeypatch.setenv("PATH", path)
+        with comparison.Sampler(interval=0.05) as sampler:
+            end = time.perf_counter() + 0.5
+            while time.perf_counter() < end:  # a busy host
+                pass
+        figures = sampler.figures()
+        assert figures["samples"] >= 3 and 0 < figures["cpu_busy_pct_mean"] <= 100
+        if gpu:
+            assert figures["gpu_busy_pct_mean"] == 37.0 and figures["gpu_memory_gb_peak"] == round(2048 * 2**20 / 1e9, 2)
+        else:
+            assert "gpu_busy_pct_mean" not in figures and "gpu_memory_gb_peak" not in figures

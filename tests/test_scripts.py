@@ -826,6 +826,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """printf 'step\\ttrain_loss\\n120\\t1.0312\\n' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv\n"""
         """(printf 'step\\tsample_time_share\\n'; for s in $(seq 101 120); do printf '%s\\t0.%s\\n' $s $((s < 111 ? 5 : 8)); done) """
         """> .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/sample_time_share.tsv\n"""
+        """printf 'step\\tcpu_wait_time_share\\n120\\t0.25\\n' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/cpu_wait_time_share.tsv\n"""
         'exit 3\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
@@ -862,7 +863,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     # The stages of the unfinished experiment, a record not yet whole left out.
     assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
                                 "tmpcd34: train on cuda:0 in 61 s\n"
-                                "tmpcd34: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8)\n"), done.stdout
+                                "tmpcd34: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8, cpu_wait_time_share 0.25)\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts all --profile params/gpu.yaml\n"
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
