@@ -427,3 +427,15 @@ def test_sampling_without_early_stop_samples_the_same_without_a_read_per_token(t
     static = _setup(directory, small_prepared, cache="static", early_stop=False)[1]  # `rl.early_stop`, through the objective
     with torch.no_grad():
         assert static(model, batch, 7).loss.item() == loss(model, batch, 7).loss.item()
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_the_sources_are_read_in_one_host_read_as_the_mask_keeps_them(tiny_model_dirs, small_prepared, kind):
+    """Each host read waits for the device; the batch's sources take one. Their rows are the
+    tokens the mask keeps, position by position."""
+    batch = _setup(tiny_model_dirs[kind], small_prepared)[3]
+    rows = []
+    assert _host_reads(lambda: rows.extend(rloo.source_rows(batch, kind == "bart")[2])) == 1
+    ids, mask = rloo.source_rows(batch, kind == "bart")[:2]
+    assert rows == [[int(ids[r, c]) for c in range(ids.shape[1]) if mask[r, c] == 1] for r in range(ids.shape[0])]
+    assert all(len(row) == int(mask[r].sum()) > 0 for r, row in enumerate(rows))

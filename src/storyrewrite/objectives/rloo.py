@@ -108,7 +108,8 @@ def source_rows(batch: dict, seq2seq: bool) -> tuple[torch.Tensor, torch.Tensor,
     for a causal model, as the batch holds them) and as unpadded token-id lists."""
     width = batch["input_ids"].shape[1] - (0 if seq2seq else batch["target_ids"].shape[1])
     ids, mask = batch["input_ids"][:, :width], batch["attention_mask"][:, :width]
-    rows = [[token for token, keep in zip(row, keeps, strict=True) if keep] for row, keeps in zip(ids.tolist(), mask.tolist(), strict=True)]
+    # One read of the device (each waits for it): padding marked −1, never a token id.
+    rows = [[token for token in row if token >= 0] for row in torch.where(mask.bool(), ids, -1).tolist()]
     return ids, mask, rows
 
 
@@ -139,8 +140,9 @@ def stop_at_max_length(max_length: int):
     comes back to this process: a sampling waits that long about max_new_tokens times.
     transformers defers that read a step on Apple's GPUs only (`DeferredStopCheck`, which also
     needs a cache it can crop, not the static one) and has no option for it, so the loop's check
-    is swapped for one that counts tokens for the length of the call. Samples past their end token get padding, as before: the same samples,
-    after up to max_new_tokens − 1 extra steps where every sample ends early."""
+    is swapped for one that counts tokens for the length of the call. Samples past their end token
+    get padding, as before: the same samples, after up to max_new_tokens − 1 extra steps where
+    every sample ends early."""
     library = generation_utils.StopCheck
 
     class AtMaxLength(library):
@@ -287,8 +289,9 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         kl = torch.zeros_like(metric)
         if reference is not None:
             with torch.no_grad():
-                kl = logps().detach().double().cpu() - sequence_log_probs(reference, encoder, sources, completions,
-                                                                          config.temperature).double().cpu()
+                # (float64 on the device, then one read: the difference the host would compute)
+                kl = (logps().detach().double() - sequence_log_probs(reference, encoder, sources, completions,
+                                                                     config.temperature).double()).cpu()
         return metric - config.kl_beta * kl, metric, kl
 
     def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:
