@@ -18,9 +18,10 @@ read back.
 Figures: each part's wall time and the whole run's, the GPU's mean busy share and peak memory
 over the run, the stages' wall times summed by stage, and each experiment's, when each experiment's
 last stage ended (seconds from the start: the last one holds the run back), and the time between
-stages: in their processes before the work (imports) and outside them (exit, DVC), and what
-torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA graphs). Targets on one
-H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
+stages: in their processes before the work (imports) and outside them (exit, DVC), what
+torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA graphs), and where
+each fine-tuning's steps spent their time (`step_time`: the means of its wall-time curves).
+Targets on one H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
 """
 from __future__ import annotations
@@ -114,7 +115,7 @@ def workspace(into: Path) -> Path:
 def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     """The gathered experiments' stage records: figures (`stage_wall_s`, seconds summed by stage,
     each stage run once however many experiments restored it; `experiment_wall_s`, each
-    experiment's own, restored ones included; `between_stages`; `compiled`), when each
+    experiment's own, restored ones included; `between_stages`; `compiled`; `step_time`), when each
     experiment's last stage ended (experiment_ends), and the names of the experiments of `core`
     (every objective but CPO's)."""
     sys.path.insert(0, str(repo / "src"))
@@ -135,8 +136,30 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
                 by_stage[record["stage"]] += record["wall_s"]
     core = {run.name for run in runs if run.params.get("objective") != "cpo"}
     figures = {"stage_wall_s": {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())},
-               "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values())}
+               "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values()),
+               "step_time": step_time(runs)}
     return figures, experiment_ends(records_of), core
+
+
+# The fine-tuning's wall-time curves (docs/training.md): where its steps' time went.
+CLOCK_CURVES = ("cpu_time_share", "cpu_wait_time_share", "sample_time_share", "sample_read_time_share")
+
+
+def step_time(runs: Iterable) -> dict[str, dict[str, float]]:
+    """Each experiment's fine-tuning: the mean over its steps of each wall-time share it logged
+    (CLOCK_CURVES), as its run holds the curves; experiments with none are left out."""
+    found: dict[str, dict[str, float]] = {}
+    for run in runs:
+        shares = {}
+        for name in CLOCK_CURVES:
+            path = f"reports/train/finetuned/plots/metrics/{name}.tsv"
+            if run.has(path):  # DVCLive's TSV: a header, then `step<TAB>value` rows
+                values = [float(row.split("\t")[1]) for row in run.text(path).splitlines()[1:] if row.count("\t") == 1]
+                if values:
+                    shares[name] = round(sum(values) / len(values), 3)
+        if shares:
+            found[run.name] = shares
+    return found
 
 
 def compiled(records: Iterable[dict]) -> dict:
@@ -267,6 +290,8 @@ def main() -> None:
           f"{overheads['between_s']:.1f} s outside them (exit, DVC), summed over the stages that ran")
     for stage, facts in figures["compiled"].items():
         print(f"compiled in {stage}: {facts}")
+    for name, shares in figures["step_time"].items():
+        print(f"steps of {name}: " + ", ".join(f"{curve.removesuffix('_time_share')} {share:.0%}" for curve, share in shares.items()))
     if failed:
         raise SystemExit(f"error: part(s) failed: {', '.join(failed)}")
 

@@ -81,3 +81,27 @@ def test_the_load_holds_the_hosts_cpus_beside_the_gpus_nvidia_smi(tmp_path, monk
             assert figures["gpu_busy_pct_mean"] == 37.0 and figures["gpu_memory_gb_peak"] == round(2048 * 2**20 / 1e9, 2)
         else:
             assert "gpu_busy_pct_mean" not in figures and "gpu_memory_gb_peak" not in figures
+
+
+class _Run:
+    """A gathered run's files, as storyrewrite.report.collect.Run serves them."""
+
+    def __init__(self, name, files):
+        self.name, self.files = name, files
+
+    def has(self, path):
+        return path in self.files
+
+    def text(self, path):
+        return self.files[path]
+
+
+def test_each_fine_tuning_says_where_its_steps_time_went():
+    """The means over the steps of each wall-time curve the run holds; a run without any (its
+    training logged none) is left out."""
+    curves = "reports/train/finetuned/plots/metrics/"
+    rloo = _Run("rloo-a", {curves + "sample_time_share.tsv": "step\tsample_time_share\n1\t0.8\n2\t0.7\n3\t0.75\n",
+                           curves + "cpu_wait_time_share.tsv": "step\tcpu_wait_time_share\n1\t0.1\n2\t0.3\n",
+                           curves + "train_loss.tsv": "step\ttrain_loss\n1\t2.0\n"})
+    older = _Run("older", {curves + "train_loss.tsv": "step\ttrain_loss\n1\t2.0\n"})
+    assert comparison.step_time([rloo, older]) == {"rloo-a": {"cpu_wait_time_share": 0.2, "sample_time_share": 0.75}}
