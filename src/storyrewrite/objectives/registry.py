@@ -108,6 +108,13 @@ class Objective:
         name = self.counterparts.get(getattr(settings, self.variant)) if self.variant else None
         return OBJECTIVES[name].label if name else None
 
+    def serves(self, task: str, variant: str | None = None) -> bool:
+        """Whether `task` has what this objective needs, in `variant` as its counterpart needs it
+        (RLOO on the delta reward, as DTO-Delta): the original ending, where it needs one."""
+        counterpart = OBJECTIVES.get(self.counterparts.get(variant, "")) if variant is not None else None
+        needs = self.needs_original_ending or (counterpart is not None and counterpart.needs_original_ending)
+        return not needs or "original_ending" in TASK_COLUMNS[task]
+
     @property
     def module_name(self) -> str:
         return f"storyrewrite.objectives.{self.module}"
@@ -200,8 +207,8 @@ def get_objective(name: str, task: str) -> Objective:
     if name not in OBJECTIVES:
         raise InputError(f"params: `objective` = {name!r} is not valid; valid values: {', '.join(OBJECTIVES)}")
     objective = OBJECTIVES[name]
-    if objective.needs_original_ending and "original_ending" not in TASK_COLUMNS[task]:
-        usable = [n for n, o in OBJECTIVES.items() if not o.needs_original_ending]
+    if not objective.serves(task):
+        usable = [n for n, o in OBJECTIVES.items() if o.serves(task)]
         raise InputError(f"params: `objective` = {name!r} needs the original ending, which task {task!r} does not have; "
                          f"objectives for this task: {', '.join(usable)}")
     return objective

@@ -304,7 +304,8 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                                      pad, caches=caches, early_stop=config.early_stop)
         launched = time.perf_counter()
         completions, ended = completion_ids(new, eos)  # (the read: waits for what the device still decodes)
-        sampling, reading = time.perf_counter() - started, time.perf_counter() - launched
+        finished = time.perf_counter()
+        sampling, reading = finished - started, finished - launched
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
         logps = sequence_log_probs(generator, encoder, sources, completions, config.temperature)  # B·K, with gradient

@@ -398,7 +398,6 @@ def systems_without_a_run(runs: list[Run]) -> list[str]:
     partial comparison says what it lacks: "NLL, continued" for `nll`, each RLOO reward apart.
     Systems the task cannot train (the ones that need an original ending it lacks) are left out."""
     task = runs[0].params.get("task")
-    has_original = "original_ending" in TASK_COLUMNS.get(task, ())
     held = set()
     for run in runs:
         objective = OBJECTIVES.get(run.params.get("objective"))
@@ -409,11 +408,9 @@ def systems_without_a_run(runs: list[Run]) -> list[str]:
     for name, objective in OBJECTIVES.items():
         if objective.variant:
             for value, label in objective.variant_labels.items():
-                counterpart = OBJECTIVES.get(objective.counterparts.get(value, ""))
-                usable = has_original or not (counterpart and counterpart.needs_original_ending)
-                if usable and (name, value) not in held:
+                if objective.serves(task, value) and (name, value) not in held:
                     missing.append(label)
-        elif (has_original or not objective.needs_original_ending) and (name, None) not in held:
+        elif objective.serves(task) and (name, None) not in held:
             missing.append(f"{objective.label}, continued" if name == BASELINE else objective.label)
     return missing
 
