@@ -14,10 +14,10 @@
 # again with each fine-tuning seed of COMPARISON_SEEDS (a DVC sweep value, default `range(1,3)`).
 #
 # The sweeps are DVC's own, run by `dvc queue start -j N`; docs/gpu.md says how they share the GPU
-# and DVC's run cache. A queued experiment whose params equal those of one that finished or runs
-# (here, or gathered before into runs/NAME or runs/NAME.<anything>) leaves the queue, so the same
-# command goes on where an interrupted one stopped; one that other sweeps left queued runs, named,
-# but is not gathered. A failed experiment does not stop the others: what ran is gathered and
+# and DVC's run cache. A run whose params equal those of one that finished, runs or is queued here,
+# or was gathered before into runs/NAME or runs/NAME.<anything>, is not queued, so the same command
+# goes on where an interrupted one stopped; one that other sweeps left queued runs, named, but is
+# not gathered. A failed experiment does not stop the others: what ran is gathered and
 # collected, the failures are named, and the exit code is 1.
 set -euo pipefail
 
@@ -85,9 +85,12 @@ workers() {
 # worker was killed mid-run shows Running for ever (its result never comes): with nothing queued, no
 # worker answering and none of this repository's alive, seen on three polls in a row, it is named
 # and not waited for.
+# run_queue NAME: waits only until the experiment NAME has left the queue and ended (polls 5 s apart).
 # Gives up with 1.
 run_queue() {
+  local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-15}
   local status idle=0 restarts=0 failures=0 orphaned=0 answering alive queued running last_queued=
+  [ -z "$until" ] || poll=${COMPARISON_POLL_SECONDS:-5}
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
   while :; do
@@ -97,10 +100,14 @@ run_queue() {
         echo "error: \`dvc queue status\` failed $failures times in a row, the last with: $(tail -n 1 "$KEPT/status.err")" >&2
         return 1
       fi
-      sleep "${COMPARISON_POLL_SECONDS:-15}"
+      sleep "$poll"
       continue
     fi
     failures=0
+    if [ -n "$until" ]; then
+      state=$(awk -v name="$until" '$2 == name {print $NF; exit}' <<<"$status")
+      [ "$state" = Queued ] || [ "$state" = Running ] || break
+    fi
     queued=$(grep -cw Queued <<<"$status" || true)
     running=$(grep -cw Running <<<"$status" || true)
     [ $((queued + running)) -gt 0 ] || break
@@ -133,7 +140,7 @@ run_queue() {
       dvc queue start -j "$JOBS"
       idle=0
     fi
-    sleep "${COMPARISON_POLL_SECONDS:-15}"
+    sleep "$poll"
   done
 }
 
@@ -167,13 +174,25 @@ queue() {
   [ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock
   return $rc
 }
+# The sweeps' runs to queue, planned before any worker starts: a run whose params equal those of one
+# gathered before (runs/NAME, runs/NAME.*) or one here (finished, running or queued) is left out
+# before it is queued, as the workers are running by then and would take it at once. A sweep that
+# leaves nothing out is queued as it is; else each of its runs on its own. The experiments here that
+# stand in for runs left out are gathered with the rest.
+: > "$KEPT/standins"
+for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
+  python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" > "$KEPT/plan"
+mapfile -t PLAN < "$KEPT/plan"
 SHARED=()  # the shared stages' experiments, removed at the end (their stages are in the run cache)
 # remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
 remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
 if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
-  # The shared stages an experiment reaches before its `train` (DVC's order) run first, each group
-  # an experiment of its own targets; the NLL model's scores come after `train`, queued first beside
-  # the sweeps. A group that failed is run again by each experiment that needs it.
+  # The stages every run shares run first, side by side, each group an experiment of its own
+  # targets: the NLL model (with what comes before it), each LLM mode, the copy baselines and the
+  # metric check. The sweeps are queued as soon as the NLL model's group ends, the other groups still
+  # running: in DVC's order (dvc.yaml's) an experiment reaches their stages only after its `train`,
+  # when they have ended and are in the run cache. The NLL model's scores come after `train` too:
+  # queued first beside the sweeps. A group that failed is run again by each experiment that needs it.
   # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py).
   # shellcheck disable=SC2207  # the modes are words without spaces
   MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
@@ -184,17 +203,18 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   remove_shared  # what an interrupted comparison left
   for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
-  run_queue && stop_workers  # (workers of a queue given up on are left to end what they run)
+  run_queue "$NAME.shared-nll" || true  # (a queue given up on: the sweeps still go in, their workers started again)
+  echo "== the NLL model's group ended ($(date -u +%H:%M:%S))"
   queue -n "$NAME.shared-${SCORES%%|*}" "${OVERRIDES[@]}" "${SCORES#*|}"
 fi
-for sweep in "${SWEEPS[@]}"; do
-  # shellcheck disable=SC2206  # the settings are words without spaces
-  settings=($sweep)
-  echo "== queued: ${settings[*]}"
-  queue "${OVERRIDES[@]}" "${settings[@]}"
+for call in "${PLAN[@]}"; do
+  echo "== queued: $call"
+  # shellcheck disable=SC2086  # the settings are words without spaces
+  queue $call
 done
+cat "$KEPT/standins" >> "$KEPT/mine"
 # shellcheck disable=SC2207  # experiment names are words without spaces
-RUNS=($(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"))
+RUNS=($( { python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"; cat "$KEPT/standins"; } | awk '!seen[$0]++'))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue && stop_workers
 remove_shared

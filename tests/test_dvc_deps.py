@@ -85,7 +85,7 @@ def test_the_closure_command_rewrites_stale_deps_and_names_a_missing_file(tmp_pa
     copy.write_text(original.replace("\n      - src/storyrewrite/models/encoding.py\n", "\n", 1))  # a whole line
     result = run("--update", str(copy))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["score_sanity: code deps updated"]  # the first stage that lists it at that indent
+    assert result.stdout.splitlines() == ["train_nll: code deps updated"]  # the first stage that lists it at that indent
     assert copy.read_text() == original
 
     bad = original.replace("- stages/score.py\n", "- stages/scores.py\n", 1)

@@ -47,11 +47,12 @@ CORE = ["-S objective=rloo -S rl.reward=score,delta,score_delta", "-S objective=
 CPO = "-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2"
 
 
-def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED):
+def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED, plan: str = "cat"):
     """A `dvc` that logs its calls (and whether dvc.lock is in the workspace as it queues), says
     the name it gives each queued experiment as DVC does, and has experiments queued from then
-    until its queue is started; a `python` that logs its calls, prints `dedupe` for `gather
-    --dedupe`, and runs `python` (a bash snippet)."""
+    until its queue is started; a `python` that logs its calls, runs `plan` (a bash snippet; `cat`:
+    every sweep queued as it is) for `gather --plan`, prints `dedupe` for `gather --dedupe`, and runs
+    `python` (a bash snippet)."""
     log, queued, running = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "running"
     bin_dir = _write_stubs(tmp_path, {
         "dvc": f"""echo "dvc $*$(if [ "$3" = --queue ] && [ -f dvc.lock ]; then echo ' WITH-LOCK'; fi)" >> {log}
@@ -64,6 +65,7 @@ exit 0""",  # (more lines than a pipe holds: a `dvc queue status | grep -q` woul
         "python": f"""echo "python $*" >> {log}
 if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 if [ "$3" = get ]; then echo "zero_shot rag"; fi
+if [ "$2 $3" = "storyrewrite.report.gather --plan" ]; then {plan}; fi
 if [ "$2 $3" = "storyrewrite.report.gather --dedupe" ]; then echo {dedupe}; echo "mine: $(xargs < "${{@: -1}}")" >> {log}; fi
 {python}
 exit 0""",
@@ -172,7 +174,7 @@ def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
 
 
 def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
-    left = _worker(tmp_path)  # a worker left once the shared stages ran (its monitor thread died): stopped before the sweeps
+    left = _worker(tmp_path)  # one of the queue's workers: it runs on while the sweeps are queued, stopped at the end
     try:
         result, calls = _run(tmp_path, "-j", "2", "grid", "core", env={"COMPARISON_WORKER_WAIT": "30"},
                              python=f"""echo "WORKERS=$STORYREWRITE_WORKERS" >> {tmp_path / "calls.log"}
@@ -182,18 +184,20 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     finally:
         left.kill()
     assert result.returncode == 0, result.stderr
-    assert "worker alive as the sweeps are queued" not in calls
+    assert "worker alive as the sweeps are queued" in calls
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
     assert not any(c == "WORKERS=" for c in calls)
-    # The shared stages an experiment reaches before its `train` first, side by side, each group its
-    # own targets (an LLM mode each, from the profile's llm.modes); then the NLL model's scores, queued
-    # first beside the sweeps. Their workers end by themselves, never sent `dvc queue stop`, whose
-    # message the next workers would take.
+    # The stages every run shares first, side by side, each group its own targets (an LLM mode each,
+    # from the profile's llm.modes); then the NLL model's scores, queued first beside the sweeps. The
+    # sweeps were planned before any of it; their workers end by themselves, never sent `dvc queue
+    # stop`, whose message the next workers would take.
     shared = ["nll train_nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
     queued = _queued(calls)
     assert queued == [f"-n grid.shared-{group}" for group in shared] + ["-n grid.shared-nll-scores score@nll"] + CORE
+    plan = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
     start, scores = calls.index("dvc queue start -j 2"), calls.index("dvc exp run --queue -n grid.shared-nll-scores score@nll")
-    assert start < scores < calls.index("dvc exp run --queue " + CORE[0])
+    assert plan < calls.index("dvc exp run --queue -n grid.shared-nll train_nll") < start < scores < calls.index(
+        "dvc exp run --queue " + CORE[0])
     # Removed before (what an interrupted run left) and at the end, each on its own (DVC removes none
     # of several names when one is unknown: a group that failed).
     removes = [i for i, c in enumerate(calls) if c.startswith("dvc exp remove")]
@@ -213,6 +217,43 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
 
 
+def test_the_sweeps_are_queued_once_the_nll_models_group_ends_while_the_others_run(tmp_path):
+    """The sweeps wait for the NLL model's group alone: queued on the first poll that shows it ended
+    (here Failed: each run then trains it itself), while another group still runs, with no worker
+    stopped or started in between; then the whole queue is waited for."""
+    log, polls = tmp_path / "calls.log", tmp_path / "polls"
+    states = ["Running Running", "Running Running", "Failed Running", "- Running", "- -"]  # the nll group, an LLM group: per poll
+    table = " ".join(f'"{state}"' for state in states)
+    stubs = {
+        "dvc": f"""echo "dvc $*" >> {log}
+if [ "$3" = --queue ]; then echo "Queued experiment 'exp-$(wc -l < {log})' for future execution."; fi
+[ "$1 $2" = "queue status" ] || exit 0
+n=$(($(cat {polls} 2>/dev/null || echo 0) + 1)); echo $n > {polls}
+states=({table})
+read -r nll llm <<< "${{states[$(( n <= {len(states)} ? n - 1 : {len(states) - 1} ))]}}"
+[ "$nll" = - ] || printf 'abc  grid.shared-nll  05:28 PM  %s\\n' "$nll"
+[ "$llm" = - ] || printf 'def  grid.shared-llm-rag  05:28 PM  %s\\n' "$llm"
+printf '\\nWorker status: 2 active, 0 idle\\n'
+exit 0""",
+        "python": f"""echo "python $*" >> {log}
+if [ "$3" = get ]; then echo rag; fi
+if [ "$3" = --plan ]; then cat; fi
+if [ "$3" = --dedupe ]; then echo exp-a; fi
+{GATHERED}""",
+    }
+    env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
+    result = subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    scores = calls.index("dvc exp run --queue -n grid.shared-nll-scores score@nll")
+    assert calls[:scores].count("dvc queue status") == 3 and calls.index("dvc exp run --queue " + CORE[0]) > scores
+    assert "== the NLL model's group ended" in result.stdout
+    assert not any(c.startswith(("dvc queue start", "dvc queue stop")) for c in calls[calls.index("dvc queue status"):scores])
+    gather = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --out"))
+    assert calls[scores:gather].count("dvc queue status") == 2  # the LLM group still running, then an empty queue
+
+
 def _dvc_order(workspace: Path, *targets: str) -> list[str]:
     """The stages `dvc repro` runs for `targets` (all: the whole pipeline), in its order (a dry run)."""
     out = subprocess.run([sys.executable, "-m", "dvc", "repro", "--dry", "-f", *targets], cwd=workspace, capture_output=True,
@@ -220,27 +261,26 @@ def _dvc_order(workspace: Path, *targets: str) -> list[str]:
     return re.findall(r"^Running stage '([^']+)':", out, flags=re.MULTILINE)
 
 
-def test_the_shared_groups_hold_every_stage_an_experiment_reaches_before_training(tmp_path):
-    """The sweeps wait only for the shared groups: in DVC's own order (this dvc.yaml), every stage an
-    experiment runs before its `train` is one of theirs, and the NLL model's predictions and scores,
-    queued beside the sweeps, come after `train`."""
+def test_an_experiment_reaches_only_the_nll_models_group_before_training(tmp_path):
+    """The sweeps wait only for the NLL model's group: in DVC's own order (this dvc.yaml), every stage
+    an experiment runs before its `train` is that group's, and every stage of the other groups (still
+    running as the sweeps start) and of the NLL model's predictions and scores comes after `train`."""
     result, calls = _run(tmp_path, "-j", "2", "grid", "core", python=GATHERED)
     assert result.returncode == 0, result.stderr
-    groups = [c.split()[1:] for c in _queued(calls) if c.startswith("-n grid.shared-")]
-    barrier = [t for name, *targets in groups if name != "grid.shared-nll-scores" for t in targets]
-    scores = next(targets for name, *targets in groups if name == "grid.shared-nll-scores")
+    groups = {name: targets for name, *targets in (c.split()[1:] for c in _queued(calls) if c.startswith("-n grid.shared-"))}
     # One group an LLM mode of the profile (the stub's: zero_shot, rag); here the default's modes.
     modes = yaml.safe_load((ROOT / "params.yaml").read_text())["llm"]["modes"]
-    barrier = [t for t in barrier if not t.startswith("score_llm@")] + [f"score_llm@{mode}" for mode in modes]
+    later = [t for name, targets in groups.items() if name != "grid.shared-nll" for t in targets if not t.startswith("score_llm@")]
+    later += [f"score_llm@{mode}" for mode in modes]
     workspace = tmp_path / "dvc"
     workspace.mkdir()
     for name in ("dvc.yaml", "params.yaml"):
         shutil.copy(ROOT / name, workspace / name)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=workspace, check=True)
-    order, shared = _dvc_order(workspace), set(_dvc_order(workspace, *barrier))
-    assert "train" not in shared and set(order[:order.index("train")]) == shared
-    assert all(order.index(stage) > order.index("train") for stage in set(_dvc_order(workspace, *scores)) - shared)
-    assert {"generate@nll", "score@nll"} <= set(_dvc_order(workspace, *scores)) - shared
+    order, barrier = _dvc_order(workspace), _dvc_order(workspace, *groups["grid.shared-nll"])
+    assert "train" not in barrier and order[:order.index("train")] == barrier
+    assert all(order.index(stage) > order.index("train") for stage in set(_dvc_order(workspace, *later)) - set(barrier))
+    assert {"generate@nll", "score@nll", "llm@rag", "score_sanity", "validity"} <= set(_dvc_order(workspace, *later))
 
 
 def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):

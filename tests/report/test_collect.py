@@ -4,15 +4,16 @@ baseline's comparison, the stage records and the files of the bundle."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 
 import pytest
 import yaml
 
-from helpers import DictFS, system_metrics, training_summary
+from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, systems_without_a_run, write_bundle
-from storyrewrite.report.gather import duplicates, gather_run, gathered_before, listed, main as gather
+from storyrewrite.report.gather import duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -638,3 +639,60 @@ def test_the_readme_says_what_the_collected_comparison_shows(gathered, tmp_path,
             "trained system on ") in docs.gpu_results()
     page.unlink()
     assert docs.gpu_results().startswith("No full-data comparison yet")
+
+
+def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_path, monkeypatch, capsys):
+    """The plan expands a sweep as DVC does and applies each run to params.yaml with DVC's own code;
+    a run with the params of one gathered before, or of one here that finished, runs or is queued,
+    is left out, and the experiments here that stand in for runs are named. A sweep that leaves
+    nothing out is queued as it is."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((ROOT / "params.yaml").read_text())
+    base = yaml.safe_load(params_file.read_text())
+
+    def run(**changes) -> dict:  # params.yaml with `section.key` values changed, computed without DVC
+        params = json.loads(json.dumps(base))
+        for key, value in changes.items():
+            section, _, name = key.partition("__")
+            if name:
+                params[section][name] = value
+            else:
+                params[section] = value
+        return params
+
+    def entry(name, params, state=None):
+        return {"executor": None if state is None else {"state": state}, "name": name,
+                "revs": [{"rev": name * 4, "name": name, "data": {"params": {"params.yaml": {"data": params}}}}]}
+    cpo = ["device=cuda", "objective=cpo", "cpo.beta=0.1,0.5,2", "cpo.lambda=1,2"]
+    dto = ["device=cuda", "objective=score,delta"]
+    exp_show = [{"rev": "abcdef1234", "experiments": [
+        entry("done", run(device="cuda", objective="cpo", cpo__beta=0.5, cpo__lambda=2)),
+        entry("waiting", run(device="cuda", objective="cpo", cpo__beta=2, cpo__lambda=1), "queued"),
+        entry("broke", run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=1), "failed")]}]
+    gathered = [run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=2)]
+    calls, stand_ins, left_out = plan([cpo, dto], params_file, exp_show, gathered)
+    assert (stand_ins, left_out) == (["done", "waiting"], 3)
+    # 0.1 x 1 failed here: queued again; 0.1 x 2 was gathered; 0.5 x 2 and 2 x 1 are here.
+    expected = [["device=cuda", "objective=cpo", f"cpo.beta={beta}", f"cpo.lambda={lam}"]
+                for beta, lam in (("0.1", "1"), ("0.5", "1"), ("2", "2"))]
+    assert calls == [*expected, dto]
+    # Each planned run's params, as DVC writes them, equal the ones computed here (a float stays one).
+    assert [params for _, params in sweep_runs(expected[1], params_file)] == [run(device="cuda", objective="cpo", cpo__beta=0.5,
+                                                                                  cpo__lambda=1)]
+    # A setting of speed alone tells no runs apart (as in the dedupe).
+    fast = ["objective=rloo", "rl.early_stop=false"]
+    assert plan([fast], params_file, [], [run(objective="rloo")])[:2] == ([], [])
+
+    # On the command line: sweeps on stdin, the calls on stdout, the stand-ins in a file.
+    show, folder = tmp_path / "show.json", tmp_path / "runs" / "gpu.2"
+    show.write_text(json.dumps(exp_show))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO(" ".join(f"-S {w}" for w in cpo) + "\n\n" + " ".join(f"-S {w}" for w in dto) + "\n"))
+    gather(["--json", str(show), "--plan", str(folder), "--stand-ins", "names"])  # (a folder not there: none gathered)
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "-S device=cuda -S objective=score,delta" and len(out.splitlines()) == 5
+    assert (tmp_path / "names").read_text() == "done\nwaiting\n"
+    assert "2 run(s) of these sweeps have the params of one that ran or is queued: not queued (here: done, waiting)" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("-S objective=cpo\nobjective=cpo\n"))
+    with pytest.raises(InputError, match=r"stdin, line 2: not a line of `-S key=value` pairs: 'objective=cpo'"):
+        gather(["--json", str(show), "--plan"])

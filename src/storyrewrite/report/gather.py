@@ -9,7 +9,7 @@ system, at the experiment's revision, the params, dvc.lock and every report its 
 (GATHERED; models and predictions stay behind). Files are stored once by content
 (`blobs/<sha256>.gz`: the NLL model's scores are the same in every run), and each run gets a
 manifest `<name>.json` {path: sha256}. Experiments still queued or running, and failed ones,
-are named, not gathered. `--dedupe` serves scripts/comparison.sh.
+are named, not gathered. `--plan` and `--dedupe` serve scripts/comparison.sh.
 """
 from __future__ import annotations
 
@@ -103,6 +103,68 @@ def duplicates(exp_show: list[dict], gathered: list[dict], mine: set[str] | None
             [name for name, key in keep.items() if key not in ours])
 
 
+def sweep_runs(settings: list[str], params_file: Path) -> list[tuple[list[str], dict]]:
+    """The runs of one `dvc exp run --queue -S ...` call (`settings`: its `key=value` words, a sweep
+    where a value lists several), expanded as DVC expands them, each with its own words and the
+    params.yaml DVC queues it with: DVC's own functions, on a copy of `params_file`."""
+    import shutil
+    import tempfile
+
+    from dvc.utils.cli_parse import to_path_overrides
+    from dvc.utils.hydra import apply_overrides, get_hydra_sweeps
+    from dvc.utils.serialize import parse_yaml
+
+    runs = []
+    for point in get_hydra_sweeps(to_path_overrides(settings)):
+        words = [override if path == "params.yaml" else f"{path}:{override}" for path, overrides in point.items()
+                 for override in overrides]
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "params.yaml"
+            shutil.copyfile(params_file, copy)
+            apply_overrides(copy, point.get("params.yaml", []))
+            runs.append((words, parse_yaml(copy.read_text(encoding="utf-8"), "params.yaml")))
+    return runs
+
+
+def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathered: list[dict]
+         ) -> tuple[list[list[str]], list[str], int]:
+    """What to queue of `sweeps` (each the `key=value` words of one `dvc exp run --queue` call),
+    leaving out each run whose params equal those of one gathered before (params dicts), of one
+    here that finished, runs or is queued (`dvc exp show --json` output), or of one planned before
+    it. Returns the words of each call to make: a sweep as given where it leaves nothing out, else
+    each of its runs to queue on its own; the names of the experiments here that stand in for runs
+    left out; and how many runs it left out.
+
+    scripts/comparison.sh queues the sweeps while queue workers run, and a worker takes a queued
+    experiment at once: a duplicate has to be left out before it is queued, not removed after."""
+    here: dict[str, str] = {}
+    for run in listed(exp_show):
+        if run["state"] in (None, "running", "queued") and run["params"] is not None:
+            here.setdefault(params_key(run["params"]), run["name"])
+    seen = {params_key(params) for params in gathered}
+    calls, stand_ins, left_out = [], [], 0
+    for settings in sweeps:
+        runs, kept = sweep_runs(settings, params_file), []
+        for words, params in runs:
+            key = params_key(params)
+            if key in here:
+                stand_ins.append(here[key])
+            elif key not in seen:
+                kept.append(words)
+            seen.add(key)
+        calls += [settings] if len(kept) == len(runs) else kept
+        left_out += len(runs) - len(kept)
+    return calls, sorted(set(stand_ins)), left_out
+
+
+def sweep_settings(line: str, where: str) -> list[str]:
+    """The `key=value` words of a line of `-S key=value` pairs."""
+    words = line.split()
+    if not words or len(words) % 2 or any(flag != "-S" for flag in words[::2]) or any("=" not in w for w in words[1::2]):
+        raise InputError(f"{where}: not a line of `-S key=value` pairs: {line.strip()!r}")
+    return words[1::2]
+
+
 def gathered_before(out: Path, run: dict) -> bool:
     """Whether `out` holds the manifest of this run at this revision."""
     path = Path(out) / f"{run['name']}.json"
@@ -168,6 +230,14 @@ def manifests(root: Path) -> list[dict]:
     return list(found.values())
 
 
+def gathered_params(folders: list[Path]) -> list[dict]:
+    """The params of every run gathered into `folders` (those that exist)."""
+    from dvc.utils.serialize import parse_yaml  # DVC's reading of params.yaml (YAML 1.2), as in `exp show`
+
+    return [parse_yaml(read_blob(folder, manifest["files"]["params.yaml"]).decode(), "params.yaml")
+            for folder in folders if folder.is_dir() for manifest in manifests(folder)]
+
+
 def exp_show_output(command: list[str], attempts: int = 5, wait_s: float = 3.0) -> str:
     """The output of `dvc exp show --json`, asked again after a failure. While a queue worker sets
     up or removes its temporary workspace, `dvc exp show` can fail for a moment ("failed to show
@@ -197,6 +267,15 @@ def main(argv: list[str] | None = None) -> None:
                              "queued experiments kept and of the finished ones that stand in for removed ones")
     parser.add_argument("--mine", type=Path, help="with --dedupe: a file of the names of the experiments the caller "
                         "queued; of the others still queued, only those with the params of one of these are printed")
+    parser.add_argument("--plan", type=Path, nargs="*", metavar="FOLDER",
+                        help="instead of gathering: read sweeps from stdin, a line of `-S key=value` pairs each (the "
+                             "arguments of one `dvc exp run --queue`), and print the calls to make, one a line: a sweep as "
+                             "it is, or each of its runs on its own where some have the params of one gathered into a "
+                             "FOLDER, of one here (finished, running or queued), or of one planned before")
+    parser.add_argument("--stand-ins", type=Path, help="with --plan: write here the names of the experiments here that "
+                        "stand in for runs left out")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="with --plan: the params file the "
+                        "sweeps change (default: params.yaml)")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
     args = parser.parse_args(argv)
@@ -206,11 +285,21 @@ def main(argv: list[str] | None = None) -> None:
         # DVC as a module of this interpreter: also where it has no `dvc` command on PATH (the GPU machine).
         command = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
         exp_show = json.loads(exp_show_output(command))
+    if args.plan is not None:
+        sweeps = [sweep_settings(line, f"stdin, line {number}") for number, line in enumerate(sys.stdin, 1) if line.strip()]
+        if not args.params.is_file():
+            raise InputError(f"--params {args.params}: no such file")
+        calls, stand_ins, left_out = plan(sweeps, args.params, exp_show, gathered_params(args.plan))
+        if args.stand_ins is not None:
+            with atomic_path(args.stand_ins) as tmp:
+                tmp.write_text("".join(f"{name}\n" for name in stand_ins), encoding="utf-8")
+        if left_out:
+            print(f"{left_out} run(s) of these sweeps have the params of one that ran or is queued: not queued"
+                  + (f" (here: {', '.join(stand_ins)})" if stand_ins else ""), file=sys.stderr)
+        print("\n".join(" ".join(f"-S {word}" for word in call) for call in calls))
+        return
     if args.dedupe is not None:
-        from dvc.utils.serialize import parse_yaml  # DVC's reading of params.yaml (YAML 1.2), as in `exp show`
-
-        gathered = [parse_yaml(read_blob(folder, manifest["files"]["params.yaml"]).decode(), "params.yaml")
-                    for folder in args.dedupe if folder.is_dir() for manifest in manifests(folder)]
+        gathered = gathered_params(args.dedupe)
         if args.mine is not None and not args.mine.is_file():
             raise InputError(f"--mine {args.mine}: no such file")
         # (An empty file: DVC printed no names, as another version of it might; every queued one counts.)
