@@ -208,6 +208,7 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   queue -n "$NAME.shared-${SCORES%%|*}" "${OVERRIDES[@]}" "${SCORES#*|}"
 fi
 for call in "${PLAN[@]}"; do
+  [ -n "$call" ] || continue
   echo "== queued: $call"
   # shellcheck disable=SC2086  # the settings are words without spaces
   queue $call

@@ -693,6 +693,12 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
     assert out.splitlines()[-1] == "-S device=cuda -S objective=score,delta" and len(out.splitlines()) == 5
     assert (tmp_path / "names").read_text() == "done\nwaiting\n"
     assert "2 run(s) of these sweeps have the params of one that ran or is queued: not queued (here: done, waiting)" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("-S device=cuda -S objective=cpo -S cpo.beta=0.5 -S cpo.lambda=2\n"))
+    gather(["--json", str(show), "--plan"])
+    assert capsys.readouterr().out == ""  # all left out: no call at all, not an empty one
     monkeypatch.setattr("sys.stdin", io.StringIO("-S objective=cpo\nobjective=cpo\n"))
     with pytest.raises(InputError, match=r"stdin, line 2: not a line of `-S key=value` pairs: 'objective=cpo'"):
+        gather(["--json", str(show), "--plan"])
+    monkeypatch.setattr("sys.stdin", io.StringIO("-S objective=cpo -S cpo.betta=0.1,0.5\n"))
+    with pytest.raises(InputError, match=r"-S objective=cpo -S cpo.betta=0.1,0.5: .*Could not override 'cpo.betta'"):
         gather(["--json", str(show), "--plan"])

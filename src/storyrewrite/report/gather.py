@@ -110,19 +110,24 @@ def sweep_runs(settings: list[str], params_file: Path) -> list[tuple[list[str], 
     import shutil
     import tempfile
 
+    from dvc.exceptions import DvcException
     from dvc.utils.cli_parse import to_path_overrides
     from dvc.utils.hydra import apply_overrides, get_hydra_sweeps
     from dvc.utils.serialize import parse_yaml
 
     runs = []
-    for point in get_hydra_sweeps(to_path_overrides(settings)):
-        words = [override if path == "params.yaml" else f"{path}:{override}" for path, overrides in point.items()
-                 for override in overrides]
-        with tempfile.TemporaryDirectory() as folder:
-            copy = Path(folder) / "params.yaml"
-            shutil.copyfile(params_file, copy)
-            apply_overrides(copy, point.get("params.yaml", []))
-            runs.append((words, parse_yaml(copy.read_text(encoding="utf-8"), "params.yaml")))
+    try:
+        for point in get_hydra_sweeps(to_path_overrides(settings)):
+            words = [override if path == "params.yaml" else f"{path}:{override}" for path, overrides in point.items()
+                     for override in overrides]
+            with tempfile.TemporaryDirectory() as folder:
+                copy = Path(folder) / "params.yaml"
+                shutil.copyfile(params_file, copy)
+                apply_overrides(copy, point.get("params.yaml", []))
+                runs.append((words, parse_yaml(copy.read_text(encoding="utf-8"), "params.yaml")))
+    except DvcException as error:  # (DVC's message; the cause names the setting, e.g. a key params.yaml lacks)
+        cause = f": {error.__cause__}" if error.__cause__ else ""
+        raise InputError(f"-S {' -S '.join(settings)}: {error}{cause}") from error
     return runs
 
 
@@ -296,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         if left_out:
             print(f"{left_out} run(s) of these sweeps have the params of one that ran or is queued: not queued"
                   + (f" (here: {', '.join(stand_ins)})" if stand_ins else ""), file=sys.stderr)
-        print("\n".join(" ".join(f"-S {word}" for word in call) for call in calls))
+        for call in calls:
+            print(" ".join(f"-S {word}" for word in call))
         return
     if args.dedupe is not None:
         gathered = gathered_params(args.dedupe)
