@@ -182,18 +182,19 @@ queue() {
 : > "$KEPT/standins"
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
   python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" > "$KEPT/plan"
-mapfile -t PLAN < "$KEPT/plan"
+mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
 SHARED=()  # the shared stages' experiments, removed at the end (their stages are in the run cache)
 # remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
 remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
-if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
+if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 0 ]; then
   # The stages every run shares run first, side by side, each group an experiment of its own
   # targets: the NLL model (with what comes before it), each LLM mode, the copy baselines and the
   # metric check. The sweeps are queued as soon as the NLL model's group ends, the other groups still
   # running: in DVC's order (dvc.yaml's) an experiment reaches their stages only after its `train`,
   # when they have ended and are in the run cache. The NLL model's scores come after `train` too:
   # queued first beside the sweeps. A group that failed is run again by each experiment that needs it.
-  # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py).
+  # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py),
+  # and so does a plan that queues nothing (every run ran before).
   # shellcheck disable=SC2207  # the modes are words without spaces
   MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
   GROUPS_=("nll|train_nll" "sanity|score_sanity" "validity|validity")
@@ -207,15 +208,20 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ]; then
   echo "== the NLL model's group ended ($(date -u +%H:%M:%S))"
   queue -n "$NAME.shared-${SCORES%%|*}" "${OVERRIDES[@]}" "${SCORES#*|}"
 fi
+QUEUED=0
 for call in "${PLAN[@]}"; do
-  [ -n "$call" ] || continue
   echo "== queued: $call"
   # shellcheck disable=SC2086  # the settings are words without spaces
   queue $call
+  QUEUED=$((QUEUED + 1))
 done
-cat "$KEPT/standins" >> "$KEPT/mine"
-# shellcheck disable=SC2207  # experiment names are words without spaces
-RUNS=($( { python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"; cat "$KEPT/standins"; } | awk '!seen[$0]++'))
+RUNS=()
+if [ "$QUEUED" -gt 0 ] || [ -s "$KEPT/standins" ]; then
+  # The stand-ins count as queued by this comparison (where DVC printed no names, every queued one does).
+  [ ! -s "$KEPT/mine" ] || cat "$KEPT/standins" >> "$KEPT/mine"
+  # shellcheck disable=SC2207  # experiment names are words without spaces
+  RUNS=($( { python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"; cat "$KEPT/standins"; } | awk '!seen[$0]++'))
+fi
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue && stop_workers
 remove_shared

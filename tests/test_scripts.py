@@ -45,6 +45,7 @@ def _write_stubs(tmp_path, stubs: dict[str, str]):
 GATHERED = 'if [ "$2 $3" = "storyrewrite.report.gather --out" ]; then mkdir -p "$4" && echo {} > "$4/a-run.json"; fi'
 CORE = ["-S objective=rloo -S rl.reward=score,delta,score_delta", "-S objective=nll,score,delta,score_delta"]  # the longest first
 CPO = "-S objective=cpo -S cpo.beta=0.1,0.5,1,2 -S cpo.lambda=0.5,1,2"
+PLAN_AS_IS = 'if [ "$3" = --plan ]; then cat; fi\n'  # a stub's `gather --plan`: every sweep queued as it is
 
 
 def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED, plan: str = "cat"):
@@ -278,7 +279,8 @@ def test_an_experiment_reaches_only_the_nll_models_group_before_training(tmp_pat
         shutil.copy(ROOT / name, workspace / name)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=workspace, check=True)
     order, barrier = _dvc_order(workspace), _dvc_order(workspace, *groups["grid.shared-nll"])
-    assert "train" not in barrier and order[:order.index("train")] == barrier
+    # (Sets: DVC orders a target's independent predecessors, here `models` and `prepare`, either way.)
+    assert "train" not in barrier and set(order[:order.index("train")]) == set(barrier)
     assert all(order.index(stage) > order.index("train") for stage in set(_dvc_order(workspace, *later)) - set(barrier))
     assert {"generate@nll", "score@nll", "llm@rag", "score_sanity", "validity"} <= set(_dvc_order(workspace, *later))
 
@@ -361,6 +363,25 @@ def test_when_everything_ran_before_it_only_collects_and_with_nothing_at_all_it_
     assert result.returncode == 1 and not any("report.collect" in c for c in calls)
     assert "error: nothing of grid ran here or was gathered before (runs/grid, runs/grid.*): no tables to collect" in result.stderr
 
+
+def test_a_plan_that_leaves_every_run_out_queues_nothing_and_gathers_the_stand_ins(tmp_path):
+    """Every run ran before: no sweep is queued, no shared stage runs and no worker starts; the
+    experiments here that stand in for the runs are gathered, and everything is collected."""
+    standins = 'for ((i = 1; i <= $#; i++)); do if [ "${!i}" = --stand-ins ]; then j=$((i + 1)); echo done-a > "${!j}"; fi; done'
+    result, calls = _run(tmp_path, "-j", "2", "grid", "core", plan=standins, dedupe="")
+    assert result.returncode == 0, result.stderr
+    assert not any(c.startswith(("dvc exp run --queue", "dvc queue start")) for c in calls), calls
+    assert "python -m storyrewrite.report.gather --out runs/grid --names done-a" in calls
+    assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid --out reports/grid")
+    # Nothing to queue and nothing standing in: nothing to gather either.
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "runs" / "grid.1").mkdir(parents=True)
+    (tmp_path / "none" / "runs" / "grid.1" / "a-run.json").write_text("{}")
+    result, calls = _run(tmp_path / "none", "-j", "2", "grid", "core", plan="true", dedupe="")
+    assert result.returncode == 0, result.stderr
+    assert not any(c.startswith(("dvc exp run --queue", "python -m storyrewrite.report.gather --dedupe",
+                                 "python -m storyrewrite.report.gather --out")) for c in calls)
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/grid.1 --out reports/grid --title grid (params.yaml)"
 
 def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     result, calls = _run(tmp_path, "gpu", "dto")
@@ -486,7 +507,7 @@ if [ "$1 $2" = "queue status" ] && [ "$n" -lt "${{UNTIL:-2}}" ]; then
   printf '\\nWorker status: 0 active, 0 idle\\n'
 fi
 exit 0""",
-        "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
+        "python": f'echo "python $*" >> {log}\n{PLAN_AS_IS}if [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
     }
     env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
     result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
@@ -538,7 +559,7 @@ if [ "$n" -le 4 ]; then
   printf 'abc  exp-a  05:28 PM  Running\\ndef  exp-b  05:28 PM  Queued\\n\\nWorker status: %s active, 0 idle\\n' "$(cat {answering})"
 fi
 exit 0""",
-        "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a exp-b; fi\n{GATHERED}',
+        "python": f'echo "python $*" >> {log}\n{PLAN_AS_IS}if [ "$3" = --dedupe ]; then echo exp-a exp-b; fi\n{GATHERED}',
     }
     env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0",
            "COMPARISON_SHARED": "0", "COMPARISON_WORKER_WAIT": "30"}
@@ -589,7 +610,7 @@ if [ "$n" = 3 ] || [ "$n" = 4 ] || [ "$n" -gt "${{FAIL_FROM:-99}}" ]; then
 fi
 if [ "$n" -le 5 ]; then printf 'abc  exp-a  05:28 PM  Running\\n\\nWorker status: 1 active, 0 idle\\n'; fi
 exit 0""",
-        "python": f'echo "python $*" >> {log}\nif [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
+        "python": f'echo "python $*" >> {log}\n{PLAN_AS_IS}if [ "$3" = --dedupe ]; then echo exp-a; fi\n{GATHERED}',
     }
     env = {**os.environ, "PATH": f"{_write_stubs(tmp_path, stubs)}{os.pathsep}{os.environ['PATH']}", "COMPARISON_POLL_SECONDS": "0"}
     result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
