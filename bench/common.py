@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,28 @@ def workspace_env(repo: Path) -> dict[str, str]:
     paths = [str(repo / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
             "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def dvc(repo: Path, *args: str, output: bool = True, interpreter: tuple[str, ...] = ()) -> str:
+    """`dvc ARGS` in `repo` (this interpreter's DVC, the repository's own code first:
+    workspace_env); its output (`output=False`: none, for a command that leaves daemons behind
+    holding its output open, as `dvc queue start` does). `interpreter`: options of the Python that
+    runs it (e.g. `-m cProfile -o FILE`). A failure ends the bench, naming the command."""
+    pipes = {"capture_output": True} if output else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    result = subprocess.run([sys.executable, *interpreter, "-m", "dvc", *args], cwd=repo, env=workspace_env(repo), text=True,
+                            **pipes)
+    if result.returncode != 0:
+        detail = f":\n{result.stdout[-2000:]}{result.stderr[-2000:]}" if output else ""
+        raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}{detail}")
+    return result.stdout if output else ""
+
+
+def clone_with_cache(into: Path) -> Path:
+    """A fresh clone of this repository's HEAD at `into` that uses this repository's DVC cache (and
+    so its run cache: what `dvc repro` built here)."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(into)], check=True)
+    dvc(into, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
+    return into
 
 
 def evaluators_dir(params: Params) -> Path:

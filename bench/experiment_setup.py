@@ -25,14 +25,12 @@ import pstats
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import ROOT, workspace_env, write_result
+from common import ROOT, clone_with_cache, dvc, write_result
 
 LINKS = {"copy": "copy", "hardlink": "hardlink,copy"}
 # Where DVC's time goes, by (file ending, function): its rewrite of dvc.lock after each stage, and
@@ -40,20 +38,12 @@ LINKS = {"copy": "copy", "hardlink": "hardlink,copy"}
 PROFILED = {"lock_dump": ("dvc/dvcfile.py", "_dump_lockfile"), "checkout": ("dvc/output.py", "checkout")}
 
 
-def dvc(repo: Path, *args: str, prefix: tuple[str, ...] = ()) -> str:
-    result = subprocess.run([sys.executable, *prefix, "-m", "dvc", *args], cwd=repo, env=workspace_env(repo),
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    return result.stdout
-
-
 def run_once(repo: Path, link: str, name: str, profile: Path | None = None) -> tuple[float, list[str]]:
     """One experiment with the link type `link`: its wall time and the stages it ran."""
     dvc(repo, "config", "--local", "cache.type", link)
-    prefix = ("-m", "cProfile", "-o", str(profile)) if profile else ()
+    interpreter = ("-m", "cProfile", "-o", str(profile)) if profile else ()
     started = time.perf_counter()
-    out = dvc(repo, "exp", "run", "--temp", "-n", name, prefix=prefix)
+    out = dvc(repo, "exp", "run", "--temp", "-n", name, interpreter=interpreter)
     return time.perf_counter() - started, sorted(set(re.findall(r"Running stage '([^']+)'", out)))
 
 
@@ -80,9 +70,7 @@ def main() -> None:
     walls: dict[str, list[float]] = {link: [] for link in LINKS}
     ran: dict[str, set[tuple[str, ...]]] = {link: set() for link in LINKS}
     try:
-        repo = workdir / "repo"
-        subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-        dvc(repo, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
+        repo = clone_with_cache(workdir / "repo")
         (repo / "dvc.lock").unlink(missing_ok=True)
         for repeat in range(args.repeats):
             for link, value in LINKS.items():
@@ -106,6 +94,7 @@ def main() -> None:
     figures = {"wall_s": medians, "hardlink_over_copy": ratio, "stages_run": sorted(next(iter(ran["copy"]))),
                "profiled": profiled}
     write_result("experiment_setup", torch.device("cpu"), figures, {"repeats": args.repeats, "cores": os.cpu_count()})
+
 
 if __name__ == "__main__":
     main()

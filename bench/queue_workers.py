@@ -28,38 +28,15 @@ import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import ROOT, workspace_env, write_result
-
-DVC = [sys.executable, "-m", "dvc"]
-
-
-def dvc(repo: Path, *args: str, output: bool = True) -> str:
-    """`dvc ARGS` in `repo`; its output (`output=False`: none, for a command that leaves daemons
-    behind holding its output open, as `dvc queue start` does)."""
-    # The clone's own code runs (the package is installed in editable mode from this repository).
-    env = workspace_env(repo)
-    pipes = {"capture_output": True} if output else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    result = subprocess.run([*DVC, *args], cwd=repo, env=env, text=True, **pipes)
-    if not output:
-        if result.returncode != 0:
-            raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}")
-        return ""
-    if result.returncode != 0:
-        raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    return result.stdout
-
+from common import ROOT, clone_with_cache, dvc, write_result
 
 def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
-    repo = workdir / f"j{jobs}"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-    dvc(repo, "cache", "dir", "--local", str(ROOT / ".dvc" / "cache"))
+    repo = clone_with_cache(workdir / f"j{jobs}")
     names = [f"lr-{number}-j{jobs}" for number in range(len(lrs))]
     for name, lr in zip(names, lrs, strict=True):
         dvc(repo, "exp", "run", "--queue", "--force-downstream", "-n", name, "-S", f"train.lr={lr}")

@@ -306,7 +306,7 @@ def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_
 
     (tmp_path / ".dvc" / "cache" / "runs").mkdir(parents=True)
     monkeypatch.setattr(queue_workers, "ROOT", tmp_path)
-    monkeypatch.setattr(queue_workers.subprocess, "run", lambda *args, **kwargs: None)  # the clone
+    monkeypatch.setattr(queue_workers, "clone_with_cache", lambda into: into)  # the clone
     full = ["generate@finetuned", "report", "score@finetuned", "significance", "train"]
     stages = {"lr-0-j1": full, "lr-1-j1": full, "lr-0-j2": full, "lr-1-j2": full}
     queued, written = [], []
