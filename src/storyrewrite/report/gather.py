@@ -71,6 +71,16 @@ def params_key(params: dict) -> str:
     return json.dumps(kept, sort_keys=True)
 
 
+def named_by_params(runs: list[dict], states: tuple) -> dict[str, str]:
+    """params_key -> the name of the first of `runs` (listed) with those params, of the runs in one
+    of `states` (None: ran to the end)."""
+    names: dict[str, str] = {}
+    for run in runs:
+        if run["state"] in states and run["params"] is not None:
+            names.setdefault(params_key(run["params"]), run["name"])
+    return names
+
+
 def duplicates(exp_show: list[dict], gathered: list[dict], mine: set[str] | None = None
                ) -> tuple[list[str], list[str], list[str], list[str]]:
     """An experiment is its params. Of the queued experiments in `dvc exp show --json` output,
@@ -80,10 +90,8 @@ def duplicates(exp_show: list[dict], gathered: list[dict], mine: set[str] | None
     running ones here that stand in for removed ones, the kept ones that are none of `mine`'s: the
     names a comparison queued, None: all are). A kept one with the params of one of `mine` (left
     queued by an interrupted comparison) counts as `mine`."""
-    runs, finished = listed(exp_show), {}
-    for run in runs:
-        if run["state"] in (None, "running") and run["params"] is not None:
-            finished.setdefault(params_key(run["params"]), run["name"])
+    runs = listed(exp_show)
+    finished = named_by_params(runs, (None, "running"))
     seen = {params_key(params) for params in gathered}
     keep, remove, done = {}, [], []
     for run in runs:
@@ -117,12 +125,12 @@ def sweep_runs(settings: list[str], params_file: Path) -> list[tuple[list[str], 
 
     runs = []
     try:
-        for point in get_hydra_sweeps(to_path_overrides(settings)):
-            words = [override if path == "params.yaml" else f"{path}:{override}" for path, overrides in point.items()
-                     for override in overrides]
-            with tempfile.TemporaryDirectory() as folder:
-                copy = Path(folder) / "params.yaml"
-                shutil.copyfile(params_file, copy)
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "params.yaml"
+            for point in get_hydra_sweeps(to_path_overrides(settings)):
+                words = [override if path == "params.yaml" else f"{path}:{override}" for path, overrides in point.items()
+                         for override in overrides]
+                shutil.copyfile(params_file, copy)  # (each run from the file as it is: DVC changes the copy in place)
                 apply_overrides(copy, point.get("params.yaml", []))
                 runs.append((words, parse_yaml(copy.read_text(encoding="utf-8"), "params.yaml")))
     except DvcException as error:  # (DVC's message; the cause names the setting, e.g. a key params.yaml lacks)
@@ -142,10 +150,7 @@ def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathe
 
     scripts/comparison.sh queues the sweeps while queue workers run, and a worker takes a queued
     experiment at once: a duplicate has to be left out before it is queued, not removed after."""
-    here: dict[str, str] = {}
-    for run in listed(exp_show):
-        if run["state"] in (None, "running", "queued") and run["params"] is not None:
-            here.setdefault(params_key(run["params"]), run["name"])
+    here = named_by_params(listed(exp_show), (None, "running", "queued"))
     seen = {params_key(params) for params in gathered}
     calls, stand_ins, left_out = [], [], 0
     for settings in sweeps:
