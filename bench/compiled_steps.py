@@ -28,10 +28,9 @@ import sys
 import time
 
 import torch
-from common import clock, describe, peak_memory_gb, train_run, write_result
+from common import clock, count_syncs, describe, gpu_busy, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from objective_step_time import (add_build_arguments, add_objectives_argument, count_flops, count_syncs, gpu_busy, overlay_settings,
-                                 stage_flags, step)
+from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, overlay_settings, stage_flags, step
 
 from storyrewrite.models.device import resolve_device
 from storyrewrite.training.compile import compile_body

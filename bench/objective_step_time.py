@@ -57,10 +57,9 @@ import time
 from pathlib import Path
 
 import torch
-from common import clock, describe, nan_fill, peak_memory_gb, train_run, write_result
+from common import clock, count_syncs, describe, gpu_busy, nan_fill, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
-from torch.autograd import DeviceType
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -141,42 +140,6 @@ def count_flops(work) -> int:
     with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
         work()
     return counter.get_total_flops()
-
-
-def device_seconds(events, device_type) -> float:
-    """The seconds of work a profiler recorded on one kind of device (CUDA: its kernels, copies
-    and fills), summed from its raw events. Not `key_averages()`, which parses every event into
-    Python objects first: seconds for a CPU step's 60,000 (7 s for two NLL steps on the 2-core
-    CPU, 0.3 s this way), and a GPU step has its kernels' events too."""
-    return sum(event.duration_ns() for event in events if event.device_type() == device_type) / 1e9
-
-
-def count_syncs(work) -> int:
-    """The times `work()` makes the host wait for a CUDA device (a tensor read back, a blocking
-    copy, an operator whose output size depends on values), by torch's own sync debug mode,
-    which warns at each."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            work()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(warning.message) for warning in caught)
-
-
-def gpu_busy(work, device: torch.device, steps: int):
-    """(the share of the wall time of `steps` calls of `work()` during which the GPU ran work, by
-    torch's profiler; the profiler, for its tables and trace)."""
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as profiler:
-        started = clock(device)
-        for _ in range(steps):
-            work()
-        wall = clock(device) - started
-    return device_seconds(profiler.profiler.kineto_results.events(), DeviceType.CUDA) / wall, profiler
 
 
 def step(module, optimizer, batch, device: torch.device, precision: str, diagnostics: bool, timed: list | None = None,

@@ -21,7 +21,8 @@ BENCHES=(
   "steps objective_step_time.txt $STEPS --batch-size 16 --objectives nll score score_delta --trace $OUT/traces"
   "nan-fill nan_fill.txt bench/nan_fill.py $TRAINING --batch-size 16"
   "generation-static nll_throughput_static.txt $GENERATION --steps 1 --cache static"
-  "scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64"
+  "scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
+   --trace $OUT/traces-scorer"
   "llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024 --repeats 2"
   "steps-batch64 objective_step_time_batch64.txt $STEPS --batch-size 64 --objectives nll score score_delta
    --name objective_step_time-bf16-mixed-batch64 --trace $OUT/traces-batch64"

@@ -198,14 +198,13 @@ def test_the_training_check_trains_an_objective_through_the_stages_fit(tmp_path,
     assert (result["device"], result["steps"], result["precision"]) == ("cpu", 2, "32-true")
 
 
-def test_the_step_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
-    """bench/objective_step_time.py's GPU busy reads the profiler's raw events (key_averages()
+def test_the_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
+    """The benches' GPU busy (bench/common.py) reads the profiler's raw events (key_averages()
     parses them all in Python first, seconds a step): summed for one kind of device, two timed
     regions on the CPU give the seconds a wall clock measured around them, a device that did no
     work none. (Not key_averages()'s sum: it drops an operator nested in one of the same name.)"""
     import time
 
-    import objective_step_time
     import torch
     from torch.autograd import DeviceType
 
@@ -217,8 +216,8 @@ def test_the_step_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
                 time.sleep(seconds)
                 spans.append(time.perf_counter() - started)
     events = profiler.profiler.kineto_results.events()
-    assert sum(spans) <= objective_step_time.device_seconds(events, DeviceType.CPU) < 1.5 * sum(spans)
-    assert objective_step_time.device_seconds(events, DeviceType.CUDA) == 0
+    assert sum(spans) <= common.device_seconds(events, DeviceType.CPU) < 1.5 * sum(spans)
+    assert common.device_seconds(events, DeviceType.CUDA) == 0
 
 
 def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch):
