@@ -5,8 +5,10 @@ sacrebleu's BLEU objects kept) against the libraries' plain calls (a new stemmin
 one process, the median of `--repeats`. The values must be equal.
 
 The work is `score_system`'s: per instance and per corpus against the edited ending, again
-against the original ending, and corpus BLEU once more for HMean. The predictions are the copy of
-the original ending (the lengths of a real system's). It runs on the CPU (one torch thread does
+against the original ending, and corpus BLEU for HMean (the plain calls compute it once more; the
+score stage takes the one it has, and computes a pair that repeats once). The predictions are the
+copy of the original ending: the lengths of a real system's, and as a generator's, one prediction
+for a story's three instances. It runs on the CPU (one torch thread does
 not matter: neither library uses torch), beside the GPU in every `score` stage.
 
     python bench/lexical_metrics.py [--profile params/gpu.yaml] [--instances N] [--repeats 3]
@@ -51,7 +53,7 @@ def kept(predictions: list[str], reference_sets: list[list[str]]) -> list:
         values.append(lexical.rouge_l(predictions, references))
         values.append(lexical.sentence_bleu(predictions, references))
         values.append(lexical.corpus_bleu(predictions, references))
-    values.append(lexical.corpus_bleu(predictions, reference_sets[0]))
+    values.append(values[2])  # HMean's: score_system takes the edited ending's corpus BLEU computed above
     return values
 
 

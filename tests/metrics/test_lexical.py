@@ -41,6 +41,21 @@ def test_a_prediction_without_its_reference_is_an_error_not_a_shorter_score(func
         function(PREDICTIONS[:-1], references)
 
 
+def test_a_pair_that_repeats_is_scored_once(monkeypatch):
+    """A story's three instances share one prediction and one original ending: each metric calls
+    its library once per distinct pair, and every instance gets its pair's value."""
+    calls = []
+    rouge, bleu = lexical._rouge(), lexical._sentence_bleu()
+    monkeypatch.setattr(rouge, "score", lambda ref, pred: calls.append((pred, ref)) or {"rougeL": type("S", (), {"fmeasure": len(pred) / 100})})
+    monkeypatch.setattr(bleu, "sentence_score", lambda pred, refs: calls.append((pred, refs[0])) or type("S", (), {"score": len(refs[0])}))
+    predictions, references = ["a b", "a b", "a b", "c"], ["x", "x", "yy", "x"]
+    assert lexical.rouge_l(predictions, references) == pytest.approx([3, 3, 3, 1])
+    assert calls == [("a b", "x"), ("a b", "yy"), ("c", "x")]
+    calls.clear()
+    assert lexical.sentence_bleu(predictions, references) == [1, 1, 2, 1]
+    assert calls == [("a b", "x"), ("a b", "yy"), ("c", "x")]
+
+
 def test_kept_objects_give_the_libraries_values_on_real_stories():
     """rouge-score with each word stemmed once and sacrebleu's BLEU objects kept for the process
     (storyrewrite.metrics.lexical) give exactly the values of the libraries' plain calls, on 900

@@ -131,15 +131,18 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     if not all(column in instances[0] for column in COHERENCE_INPUTS):
         metrics["coherence_metrics"] = "not available: the task has no counterfactual event"
     elif evaluators is not None:
-        # HMean is defined on corpus BLEU (EDUCAT), whichever overlap metrics are registered.
-        bleu = lexical.corpus_bleu(outputs, references["edited"])
+        # HMean is defined on corpus BLEU (EDUCAT), whichever overlap metrics are registered; it
+        # needs EntScore's NLI model.
+        bleu = (None if evaluators.nli is None else corpus["edited"]["sacrebleu"] if "sacrebleu" in corpus["edited"]
+                else lexical.corpus_bleu(outputs, references["edited"]))
         metrics |= score_coherence(outputs, instances, rows, evaluators, bleu, batch_size)
     return rows, metrics
 
 
 def score_coherence(outputs: list[str], instances: list[dict], rows: list[dict], evaluators: Evaluators,
-                    bleu: float, batch_size: int) -> dict:
-    """Adds each coherence metric's per-instance value to `rows`; returns their corpus values."""
+                    bleu: float | None, batch_size: int) -> dict:
+    """Adds each coherence metric's per-instance value to `rows`; returns their corpus values.
+    `bleu`: the corpus SacreBLEU that HMean combines with EntScore (None without an NLI model)."""
     per_instance = {}
     if evaluators.judge is not None:
         per_instance["cf_pmi"] = coherence.cf_pmi(evaluators.judge, instances, outputs, batch_size)

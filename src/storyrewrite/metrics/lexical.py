@@ -1,8 +1,9 @@
 """ROUGE-L (rouge-score, with stemming) and SacreBLEU, per sentence and per corpus, in 0-100.
 
-Both libraries compute every number; the module only keeps their objects for the process. The
-values are those of `rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)` and of
-`sacrebleu.sentence_bleu` / `sacrebleu.corpus_bleu`, which tests check on the bundled test split.
+Both libraries compute every number; the module keeps their objects for the process and computes
+a pair that repeats once. The values are those of `rouge_scorer.RougeScorer(["rougeL"],
+use_stemmer=True)` and of `sacrebleu.sentence_bleu` / `sacrebleu.corpus_bleu`, which tests check on
+the bundled test split.
 """
 from __future__ import annotations
 
@@ -45,9 +46,18 @@ def _corpus_bleu() -> BLEU:
     return BLEU()
 
 
+def _each_pair_once(score, predictions: list[str], references: list[str]) -> list[float]:
+    """score(prediction, reference) of each pair, each distinct pair computed once: a story's
+    three instances share one input, so a system's predictions repeat, and with them their pairs
+    with the story's one original ending (a third of the test split's pairs are distinct)."""
+    pairs = list(zip(predictions, references, strict=True))
+    values = {pair: score(*pair) for pair in dict.fromkeys(pairs)}
+    return [values[pair] for pair in pairs]
+
+
 def rouge_l(predictions: list[str], references: list[str]) -> list[float]:
     """Sentence-level ROUGE-L F1 × 100 of each prediction against its reference."""
-    return [100 * _rouge().score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
+    return _each_pair_once(lambda pred, ref: 100 * _rouge().score(ref, pred)["rougeL"].fmeasure, predictions, references)
 
 
 def corpus_rouge_l(predictions: list[str], references: list[str]) -> float:
@@ -58,7 +68,7 @@ def corpus_rouge_l(predictions: list[str], references: list[str]) -> float:
 
 def sentence_bleu(predictions: list[str], references: list[str]) -> list[float]:
     """SacreBLEU sentence BLEU (exp-smoothed, sacrebleu's default for sentences)."""
-    return [_sentence_bleu().sentence_score(pred, [ref]).score for pred, ref in zip(predictions, references, strict=True)]
+    return _each_pair_once(lambda pred, ref: _sentence_bleu().sentence_score(pred, [ref]).score, predictions, references)
 
 
 def corpus_bleu(predictions: list[str], references: list[str]) -> float:
