@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 from common import ROOT, workspace_env, write_result
 
+from storyrewrite.curves import parse_curve
+
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 
 
@@ -153,8 +155,8 @@ def step_time(runs: Iterable) -> dict[str, dict[str, float]]:
         shares = {}
         for name in CLOCK_CURVES:
             path = f"reports/train/finetuned/plots/metrics/{name}.tsv"
-            if run.has(path):  # DVCLive's TSV: a header, then `step<TAB>value` rows
-                values = [float(row.split("\t")[1]) for row in run.text(path).splitlines()[1:] if row.count("\t") == 1]
+            if run.has(path):
+                values = [row["value"] for row in parse_curve(run.text(path), name, f"{run.name}: {path}")]
                 if values:
                     shares[name] = round(sum(values) / len(values), 3)
         if shares:

@@ -1,6 +1,7 @@
 """Every text input is read through storyrewrite.io, so a bad byte or bad JSON names file:line."""
 import pytest
 
+from storyrewrite.curves import parse_curve, read_curve
 from storyrewrite.io import InputError, read_json, read_jsonl, read_text
 from storyrewrite.llm.prompts import Template
 from storyrewrite.metrics.evaluate import read_predictions
@@ -39,6 +40,16 @@ def test_prompts_params_and_predictions_name_the_bad_line(tmp_path, reader, name
     path.write_bytes(b"# first\n# second\n\xff\n")
     with pytest.raises(InputError, match=rf"{name.replace('.', '[.]')}:3: not valid UTF-8"):
         reader(path)
+
+
+def test_a_curve_drops_a_last_line_cut_short_and_names_a_malformed_one(tmp_path):
+    """DVCLive's TSV, from a file or from the text of a gathered run: a last line without its
+    newline (a kill during the write) is dropped; a bad row before it names where and its line."""
+    path = tmp_path / "loss.tsv"
+    path.write_text("step\tloss\n0\t2.5\n1\t2.25\n2\t2.")
+    assert read_curve(path) == [{"step": 0, "value": 2.5}, {"step": 1, "value": 2.25}]
+    with pytest.raises(InputError, match=r"^run-a: loss.tsv:3: not a `step<TAB>loss` row$"):
+        parse_curve("step\tloss\n0\t2.5\n1\tnan?\n2\t2.0\n", "loss", "run-a: loss.tsv")
 
 
 def test_atomic_dir_swaps_a_directory_in_whole_or_leaves_the_old_one(tmp_path):

@@ -15,14 +15,19 @@ def curve_files(directory: Path) -> dict[str, Path]:
 
 
 def read_curve(path: Path) -> list[dict]:
-    """The rows of a DVCLive curve: {"step": int, "value": float}. A last line cut short (a kill
-    during the write: no newline at its end) is dropped; a malformed line before it is an error
-    naming file:line."""
-    complete = path.read_text(encoding="utf-8").split("\n")[:-1]
+    """The rows of a DVCLive curve file: {"step": int, "value": float} (see parse_curve)."""
+    return parse_curve(path.read_text(encoding="utf-8"), path.stem, str(path))
+
+
+def parse_curve(text: str, column: str, where: str) -> list[dict]:
+    """The rows of a DVCLive curve's text (its value column named `column`, the file's stem):
+    {"step": int, "value": float}. A last line cut short (a kill during the write: no newline at
+    its end) is dropped; a malformed line before it is an error naming `where`:line."""
+    complete = text.split("\n")[:-1]
     rows = []
     for number, row in enumerate(csv.DictReader(complete, delimiter="\t"), start=2):
         try:
-            rows.append({"step": int(row["step"]), "value": float(row[path.stem])})
+            rows.append({"step": int(row["step"]), "value": float(row[column])})
         except (KeyError, TypeError, ValueError):
-            raise InputError(f"{path}:{number}: not a `step<TAB>{path.stem}` row") from None
+            raise InputError(f"{where}:{number}: not a `step<TAB>{column}` row") from None
     return rows
