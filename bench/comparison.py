@@ -11,12 +11,13 @@ phase (COMPARISON_SHARED=0): its experiments restore those stages from the run c
 all` queues both at once: the CPO grid fills the workers while core's longest runs go on, and
 core's own wall time is read from the stage records (core_in_all). The GPU's load and
 memory are sampled through the whole run (nvidia-smi, every 0.5 s), and the host CPUs' busy
-share (/proc/stat) beside them. Afterwards every gathered experiment's stage
+share (/proc/stat) beside them (`--timeline FILE`: every sample, as CSV). Afterwards every gathered experiment's stage
 records (device, wall time; the shared stages' too, restored with their first run's record) are
 read back.
 
 Figures: each part's wall time and the whole run's, the GPU's mean busy share and peak memory
-over the run, the stages' wall times summed by stage, and each experiment's, when each experiment's
+over the run, the seconds it sat idle in stretches of 10 s or more and the longest five of them
+(`gpu_idle_windows`, from when), the stages' wall times summed by stage, and each experiment's, when each experiment's
 last stage ended (seconds from the start: the last one holds the run back), and the time between
 stages: in their processes before the work (imports) and outside them (exit, DVC), what
 torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA graphs), and where
@@ -36,7 +37,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
 
@@ -44,8 +45,16 @@ import torch
 from common import ROOT, workspace_env, write_result
 
 from storyrewrite.curves import parse_curve
+from storyrewrite.io import write_text_atomic
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
+
+
+# A GPU counts as idle below this utilisation (nvidia-smi's share of the last sample period with a
+# kernel running), and an idle stretch as a window from this long: the wait between stages or
+# experiments that the run's record names (seconds from its start, as experiment_end_s).
+IDLE_BELOW_PCT, IDLE_WINDOW_S, IDLE_WINDOWS_KEPT = 5.0, 10.0, 5
+TIMELINE_EVERY = 20  # samples between two rewrites of the --timeline file
 
 
 class Sampler:
@@ -53,19 +62,23 @@ class Sampler:
     utilisation and memory, sampled every `interval` seconds until `stop()`. Both on a GPU: a GPU
     left idle by experiments side by side may wait for the host's cores."""
 
-    def __init__(self, interval: float = 0.5):
-        self.interval, self.gpu = interval, shutil.which("nvidia-smi") is not None
-        self.samples: list[tuple[float | None, float | None, float | None]] = []  # (CPU busy %, GPU busy %, GPU memory GB)
+    def __init__(self, interval: float = 0.5, timeline: Path | None = None):
+        self.interval, self.gpu, self.timeline = interval, shutil.which("nvidia-smi") is not None, timeline
+        # (seconds from the start, CPU busy %, GPU busy %, GPU memory GB)
+        self.samples: list[tuple[float, float | None, float | None, float | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "Sampler":
+        self._started, self._started_at = time.perf_counter(), time.time()
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self.timeline:
+            self.write_timeline(self.timeline)
 
     def _gpu(self) -> tuple[float | None, float | None]:
         result = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
@@ -79,16 +92,48 @@ class Sampler:
             now = _cpu_times()
             busy, total = now[0] - previous[0], now[1] - previous[1]
             previous = now
-            self.samples.append((100.0 * busy / total if total > 0 else None, *(self._gpu() if self.gpu else (None, None))))
+            self.samples.append((round(time.perf_counter() - self._started, 2), 100.0 * busy / total if total > 0 else None,
+                                 *(self._gpu() if self.gpu else (None, None))))
+            if self.timeline and len(self.samples) % TIMELINE_EVERY == 0:  # a run cut short keeps its timeline
+                self.write_timeline(self.timeline)
 
     def figures(self) -> dict:
         figures: dict = {"samples": len(self.samples)}
-        for index, name in enumerate(("cpu_busy_pct_mean", "gpu_busy_pct_mean")):
+        for index, name in enumerate(("cpu_busy_pct_mean", "gpu_busy_pct_mean"), start=1):
             values = [sample[index] for sample in self.samples if sample[index] is not None]
             if values:
                 figures[name] = round(sum(values) / len(values), 1)
-        memory = [sample[2] for sample in self.samples if sample[2] is not None]
-        return figures | ({"gpu_memory_gb_peak": round(max(memory), 2)} if memory else {})
+        memory = [sample[3] for sample in self.samples if sample[3] is not None]
+        if not memory:
+            return figures
+        windows = idle_windows([(sample[0], sample[2]) for sample in self.samples], self.interval)
+        longest = sorted(sorted(windows, key=lambda w: -w["s"])[:IDLE_WINDOWS_KEPT], key=lambda w: w["from_s"])
+        return figures | {"gpu_memory_gb_peak": round(max(memory), 2), "gpu_idle_s": round(sum(w["s"] for w in windows), 1),
+                          "gpu_idle_windows": longest}
+
+    def write_timeline(self, path: Path) -> None:
+        """The samples so far as CSV, one row each (an empty field: not sampled there), written
+        atomically (the sampler rewrites its `timeline` every TIMELINE_EVERY samples and at its end)."""
+        rows = ["utc,seconds,cpu_busy_pct,gpu_busy_pct,gpu_memory_gb"]  # utc: to set beside the stage records' times
+        rows += [",".join([datetime.fromtimestamp(self._started_at + sample[0], timezone.utc).isoformat(timespec="milliseconds"),
+                           *("" if value is None else f"{value:.2f}" for value in sample)]) for sample in self.samples]
+        write_text_atomic(path, "\n".join(rows) + "\n")
+
+
+def idle_windows(samples: list[tuple[float, float | None]], interval: float) -> list[dict]:
+    """The stretches of at least IDLE_WINDOW_S during which the GPU stayed below IDLE_BELOW_PCT:
+    {"from_s", "s"} each, from (seconds, GPU busy %) samples taken every `interval` seconds (a
+    sample speaks for the period before it; a sample without a reading ends a stretch)."""
+    windows, start, last = [], None, None
+    for seconds, busy in [*samples, (None, None)]:
+        if busy is not None and busy < IDLE_BELOW_PCT:
+            start = seconds - interval if start is None else start
+            last = seconds
+            continue
+        if start is not None and last - start >= IDLE_WINDOW_S:
+            windows.append({"from_s": round(start, 1), "s": round(last - start, 1)})
+        start = None
+    return windows
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -227,6 +272,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--here", action="store_true", help="run in this repository, not in a fresh workspace")
     parser.add_argument("--variant", default="", help="a suffix for the figures file (comparison-VARIANT.json)")
     parser.add_argument("--keep", type=Path, help="the fresh workspace's folder, kept (default: a temporary one, removed)")
+    parser.add_argument("--timeline", type=Path, help="keep the load's samples here as CSV (UTC, seconds from the start, "
+                                                      "CPU busy %%, GPU busy %%, GPU memory GB), rewritten every 10 s")
     return parser
 
 
@@ -246,7 +293,7 @@ def main() -> None:
         env = workspace_env(repo)
         parts, failed, begun_at = {}, [], {}
         started, started_at = time.perf_counter(), time.time()
-        with Sampler() as sampler:
+        with Sampler(timeline=args.timeline) as sampler:
             for part in args.parts:
                 begun, begun_at[part] = time.perf_counter(), time.time()
                 print(f"== {part}: scripts/comparison.sh -j {args.jobs} {args.name} {part} {' '.join(map(str, args.profile))}",

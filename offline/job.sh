@@ -107,18 +107,14 @@ run | run-comparison)  # (internal: the detached job)
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
     wait_for_packages
-    # The GPU's load and memory through the whole run, every second (brought back in bench-out/).
-    mkdir -p bench-out
-    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -l 1 \
-      > bench-out/comparison-nvidia-smi.csv 2>/dev/null &
-    sampler=$!
     echo "== comparison -j $jobs $* $(date +%T)"
     # Timed as the whole-comparison bench (bench/comparison.py --here): runs/NAME and reports/NAME
-    # as comparison.sh makes them, and reports/bench/comparison.json beside them.
+    # as comparison.sh makes them, and reports/bench/comparison.json beside them; the GPU's and
+    # the host's load through the whole run, every half second, in bench-out/ (brought back).
     # `all` queues core and the CPO grid at once: the grid fills the workers while RLOO runs.
-    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" --profile "${@:3}"
+    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" \
+      --timeline bench-out/comparison-timeline.csv --profile "${@:3}"
     rc=$?
-    kill $sampler 2>/dev/null
     echo "== end $(date +%T)"
     echo "done$([ $rc = 0 ] || echo " (failed: comparison, exit $rc)")" > "$JOB/state"
     exit 0

@@ -2,6 +2,8 @@
 import os
 import sys
 import time
+from datetime import datetime
+from itertools import pairwise
 
 from helpers import ROOT
 
@@ -71,16 +73,43 @@ def test_the_load_holds_the_hosts_cpus_beside_the_gpus_nvidia_smi(tmp_path, monk
     smi.chmod(0o755)
     for path, gpu in ((f"{smi.parent}{os.pathsep}{os.environ['PATH']}", True), (str(tmp_path / "none"), False)):
         monkeypatch.setenv("PATH", path)
-        with comparison.Sampler(interval=0.05) as sampler:
+        monkeypatch.setattr(comparison, "TIMELINE_EVERY", 2)
+        timeline = tmp_path / "out" / f"timeline-{gpu}.csv"
+        with comparison.Sampler(interval=0.05, timeline=timeline) as sampler:
             end = time.perf_counter() + 0.5
             while time.perf_counter() < end:  # a busy host
                 pass
+            while not timeline.exists() and time.perf_counter() < end + 5:
+                time.sleep(0.01)
+            assert timeline.exists()  # written while the run goes on, not only at its end
         figures = sampler.figures()
         assert figures["samples"] >= 3 and 0 < figures["cpu_busy_pct_mean"] <= 100
         if gpu:
             assert figures["gpu_busy_pct_mean"] == 37.0 and figures["gpu_memory_gb_peak"] == round(2048 * 2**20 / 1e9, 2)
+            assert figures["gpu_idle_s"] == 0 and figures["gpu_idle_windows"] == []
+            header, *rows = timeline.read_text().splitlines()  # the whole run's, at its end
+            assert header == "utc,seconds,cpu_busy_pct,gpu_busy_pct,gpu_memory_gb" and len(rows) == figures["samples"]
+            seconds = [float(row.split(",")[1]) for row in rows]
+            assert seconds == sorted(seconds) and 0 < seconds[0] < seconds[-1] < 5
+            utc = [datetime.fromisoformat(row.split(",")[0]).timestamp() for row in rows]
+            assert [round(b - a, 2) for a, b in pairwise(utc)] == [round(b - a, 2) for a, b in pairwise(seconds)]
+            assert abs(utc[-1] - time.time()) < 5
+            assert {row.split(",", 3)[3] for row in rows} == {f"37.00,{2048 * 2**20 / 1e9:.2f}"}
         else:
-            assert "gpu_busy_pct_mean" not in figures and "gpu_memory_gb_peak" not in figures
+            assert not {"gpu_busy_pct_mean", "gpu_memory_gb_peak", "gpu_idle_s"} & figures.keys()
+
+
+def test_an_idle_gpu_is_named_where_it_waited_ten_seconds_or_more():
+    """Stretches of samples below 5 % lasting 10 s or more, each from the start of the period its
+    first sample speaks for; shorter dips, and samples without a reading, are not idle windows."""
+    busy = [(t / 2, 90.0) for t in range(1, 21)]  # 0.5 .. 10 s
+    idle = [(t / 2, 0.0) for t in range(21, 45)]  # 10.5 .. 22 s: from 10 s, 12 s long
+    dip = [(22.5, 50.0), (23.0, 1.0), (23.5, 2.0), (24.0, 80.0)]
+    unread = [(24.5 + t / 2, None) for t in range(30)]  # nvidia-smi gave nothing: not idle
+    tail = [(40.0 + t / 2, 3.0) for t in range(1, 22)]  # 40.5 .. 50.5: from 40 s, 10.5 s long, the run's end
+    assert comparison.idle_windows(busy + idle + dip + unread + tail, 0.5) == [
+        {"from_s": 10.0, "s": 12.0}, {"from_s": 40.0, "s": 10.5}]
+    assert comparison.idle_windows([(t / 2, 0.0) for t in range(1, 20)], 0.5) == []  # 9.5 s
 
 
 class _Run:

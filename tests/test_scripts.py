@@ -926,7 +926,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
                                 "tmpcd34: train on cuda:0 in 61 s\n"
                                 "tmpcd34: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8, cpu_wait_time_share 0.25)\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
-    assert (home / "proj" / "bench.log").read_text() == "--here --name gpu --jobs 3 --parts all --profile params/gpu.yaml\n"
+    assert (home / "proj" / "bench.log").read_text() == (
+        "--here --name gpu --jobs 3 --parts all --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
     assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
