@@ -7,7 +7,7 @@
 #       once `.device/machine.sh assemble` has unpacked the model packages (so the training check runs
 #       while the parts are still being carried). BENCH as scripts/gpu_bench.sh takes them, run
 #       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
-#       steps-others steps-rloo-static generation generation-cudnn generation-static scorer llm, the questions still
+#       steps-others steps-rloo-static generation generation-cudnn generation-static scorer llm startup, the questions still
 #       open first), each into bench-out/BENCH.
 #   bash offline/job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
 #       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
@@ -122,7 +122,7 @@ run | run-comparison)  # (internal: the detached job)
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   benches=("$@") failed=()
-  [ ${#benches[@]} -gt 0 ] || benches=(training pairs steps nan-fill steps-batch64 steps-others steps-rloo-static generation generation-cudnn generation-static scorer llm)
+  [ ${#benches[@]} -gt 0 ] || benches=(training pairs steps nan-fill steps-batch64 steps-others steps-rloo-static generation generation-cudnn generation-static scorer llm startup)
   for bench in "${benches[@]}"; do
     [ "$bench" = training ] || wait_for_packages  # (the training check's tiny models need none)
     echo "== $bench $(date +%T)"

@@ -481,3 +481,32 @@ def test_the_step_bench_side_by_side_runs_n_processes_at_once_and_keeps_the_medi
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--side-by-side", "0"])
     with pytest.raises(SystemExit, match="--side-by-side must be at least 1, not 0"):
         objective_step_time.main()
+
+
+def test_the_startup_bench_sums_the_outermost_imports_and_each_packages_own_time():
+    """`python -X importtime`'s report: the imports' total is the outermost ones' cumulative times
+    (a nested import is inside its parent's), a package's time the sum of its modules' own; on a
+    real report, the total holds the imported module's time and less than the process's."""
+    import subprocess
+    import time
+
+    import stage_startup
+
+    report = ("import time: self [us] | cumulative | imported package\n"
+              "import time:    100000 |     100000 | zipimport\n"
+              "import time:    300000 |    1300000 | torch\n"
+              "import time:    700000 |     700000 |   torch._C\n"
+              "import time:    200000 |     200000 |   numpy\n"
+              "import time:     50000 |     250000 | storyrewrite.io\n"
+              "import time:    200000 |     200000 |   storyrewrite\n"
+              "not a report line\n")
+    total, packages = stage_startup.import_times(report)
+    assert total == pytest.approx(0.1 + 1.3 + 0.25)
+    assert packages == {"torch": 1.0, "storyrewrite": 0.25, "numpy": 0.2, "zipimport": 0.1}
+
+    started = time.perf_counter()
+    real = subprocess.run([sys.executable, "-X", "importtime", "-c", "import json"], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - started
+    total, packages = stage_startup.import_times(real.stderr)
+    json_line = next(line for line in real.stderr.splitlines() if line.endswith("| json"))
+    assert int(json_line.split("|")[1]) / 1e6 <= total < wall and packages["json"] > 0
