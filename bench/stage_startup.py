@@ -49,14 +49,20 @@ def start(stage: str, *flags: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+def finished(process: subprocess.Popen) -> str:
+    """The process's stderr once it has exited; a failure ends the bench naming it."""
+    _, stderr = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"error: {' '.join(process.args)} exited {process.returncode}: {stderr.strip()[-500:]}")
+    return stderr
+
+
 def timed(processes: list[subprocess.Popen], started: float) -> list[float]:
-    """Each process's seconds from `started` to its exit; a failure ends the bench naming it."""
+    """Each process's seconds from `started` to its exit."""
     seconds = []
     for process in processes:
-        _, stderr = process.communicate()
+        finished(process)
         seconds.append(time.perf_counter() - started)
-        if process.returncode != 0:
-            raise SystemExit(f"error: {' '.join(process.args)} exited {process.returncode}: {stderr.strip()[-500:]}")
     return seconds
 
 
@@ -78,12 +84,7 @@ def main() -> None:
         raise SystemExit("error: --repeats and --side-by-side must be at least 1")
     figures = {}
     for stage in args.stages:
-        started = time.perf_counter()
-        report = start(stage, "-X", "importtime")
-        _, stderr = report.communicate()
-        if report.returncode != 0:
-            raise SystemExit(f"error: stages/{stage}.py --help exited {report.returncode}: {stderr.strip()[-500:]}")
-        imports_s, packages = import_times(stderr)
+        imports_s, packages = import_times(finished(start(stage, "-X", "importtime")))
         alone = []
         for _ in range(args.repeats):
             started = time.perf_counter()
