@@ -83,13 +83,17 @@ class LMScorer:
         pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids, strict=True)]
         unique = list(dict.fromkeys(pairs))
         order = sorted(range(len(unique)), key=lambda i: -(len(unique[i][0]) + len(unique[i][1])))
-        values_of: dict[tuple, float] = {}
+        # The values stay on the device until every batch is queued, read back in one copy: a read
+        # per batch would make the host wait for each batch's kernels (and, beside other processes
+        # on the GPU, for the GPU's turn to come back) before it pads the next one.
+        values = []
         for start in range(0, len(order), batch_size):
             chunk = [unique[i] for i in order[start : start + batch_size]]
             batch = self.encoder.batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
-            batch = {k: v.to(self.device) for k, v in batch.items()}
-            values = mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
-            values_of.update(zip(chunk, values.tolist(), strict=True))
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            values.append(mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"]))
+        scored = torch.cat(values).tolist() if values else []
+        values_of = dict(zip((unique[i] for i in order), scored, strict=True))
         return [values_of[pair] for pair in pairs]
 
     def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:
