@@ -162,7 +162,8 @@ def workspace(into: Path) -> Path:
 def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     """The gathered experiments' stage records: figures (`stage_wall_s`, seconds summed by stage,
     each stage run once however many experiments restored it; `experiment_wall_s`, each
-    experiment's own, restored ones included; `between_stages`; `compiled`; `step_time`), when each
+    experiment's own, restored ones included; `between_stages`; `compiled`; `step_time`;
+    `scoring_s`), when each
     experiment's last stage ended (experiment_ends), and the names of the experiments of `core`
     (every objective but CPO's)."""
     sys.path.insert(0, str(repo / "src"))
@@ -184,8 +185,18 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     core = {run.name for run in runs if run.params.get("objective") != "cpo"}
     figures = {"stage_wall_s": {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())},
                "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values()),
-               "step_time": step_time(runs)}
+               "step_time": step_time(runs), "scoring_s": scoring_seconds(ran.values())}
     return figures, experiment_ends(records_of), core
+
+
+def scoring_seconds(records: Iterable[dict]) -> dict[str, float]:
+    """Where the scoring stages' time went (score, validity: their records' `seconds`, loading
+    the models and each metric), summed over the stages that ran, largest first."""
+    found: dict[str, float] = defaultdict(float)
+    for record in records:
+        for part, seconds in (record.get("seconds") or {}).items():
+            found[part] += seconds
+    return {part: round(seconds, 1) for part, seconds in sorted(found.items(), key=lambda item: -item[1])}
 
 
 # The fine-tuning's wall-time curves (docs/training.md): where its steps' time went.
@@ -337,6 +348,8 @@ def main() -> None:
         print(f"  {stage:<28} {seconds:>8.1f} s (each run once)")
     print(f"between stages: {overheads['startup_s']:.1f} s in the stages' processes before their work (imports, arguments), "
           f"{overheads['between_s']:.1f} s outside them (exit, DVC), summed over the stages that ran")
+    if figures["scoring_s"]:
+        print("scoring stages, by part: " + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in figures["scoring_s"].items()))
     for stage, facts in figures["compiled"].items():
         print(f"compiled in {stage}: {facts}")
     for name, shares in figures["step_time"].items():

@@ -4,6 +4,7 @@ SacreBLEU, and BERTScore where `models.bertscore` names its encoder; predictive 
 counterfactual) and, where the task has a counterfactual event, the coherence metrics (CF-PMI,
 drift, EntScore)."""
 import argparse
+import time
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
@@ -34,23 +35,26 @@ def main() -> None:
     config, models = params.score, params.models
     instances = load_instances(args.data, params.task, params.generate.split)
     device = resolve_device(params.device)
+    started = time.perf_counter()
     scorer_dir = resolve_model_dir(args.scorer, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
     evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
                                  models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale,
                                  coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
+    seconds = {"load_models": time.perf_counter() - started}  # then each metric's, over all systems
     print(f"scorer on {device} ({config.dtype})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
           + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
     scored = 0
     for path in files:
-        rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size, evaluators)
+        rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size, evaluators, seconds)
         write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
         artifacts.write(args.metrics_dir / f"{path.stem}.json", artifacts.SystemMetrics.model_validate(metrics))
         scored += len(rows)
         print(path.stem, {k: v for k, v in metrics.items() if k in (*METRICS, "cf_pmi", "drift", "ents")})
     if record:
-        record.finish(device, config.dtype, scored, "predictions", systems=len(files))
+        record.finish(device, config.dtype, scored, "predictions", systems=len(files),
+                      seconds={name: round(value, 2) for name, value in seconds.items()})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 Per metric, the share of test instances where Y_EE beats the copy of X_OE, with bootstrap
 intervals (storyrewrite.metrics.validity)."""
 import argparse
+import time
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
@@ -37,16 +38,19 @@ def main() -> None:
         return
     instances = load_instances(args.data, params.task, params.generate.split)
     device = resolve_device(params.device)
+    started = time.perf_counter()
     scorer_dir = resolve_model_dir(args.scorer, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
     evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
                                  models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
-    pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size)
+    seconds = {"load_models": time.perf_counter() - started}  # then each metric's
+    pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
     artifacts.write(args.out, artifacts.Validity.model_validate(result))
     print(markdown(result))
     if record:
-        record.finish(device, config.dtype, len(instances), "instances")
+        record.finish(device, config.dtype, len(instances), "instances",
+                      seconds={name: round(value, 2) for name, value in seconds.items()})
 
 
 if __name__ == "__main__":

@@ -134,3 +134,13 @@ def test_each_fine_tuning_says_where_its_steps_time_went():
                            curves + "train_loss.tsv": "step\ttrain_loss\n1\t2.0\n"})
     older = _Run("older", {curves + "train_loss.tsv": "step\ttrain_loss\n1\t2.0\n"})
     assert comparison.step_time([rloo, older]) == {"rloo-a": {"cpu_wait_time_share": 0.2, "sample_time_share": 0.75}}
+
+
+def test_the_scoring_stages_time_is_summed_by_part_over_the_stages_that_ran():
+    records = [
+        {**record("a", None, 30.0, stage="score-finetuned"), "seconds": {"load_models": 2.0, "bartscore": 10.5, "rouge_l": 1.5}},
+        {**record("b", None, 40.0, stage="validity"), "seconds": {"load_models": 3.0, "bartscore": 20.0, "cf_pmi": 12.0}},
+        record("c", None, 9.0),  # a stage without the breakdown
+    ]
+    assert comparison.scoring_seconds(records) == {"bartscore": 30.5, "cf_pmi": 12.0, "load_models": 5.0, "rouge_l": 1.5}
+    assert list(comparison.scoring_seconds(records)) == ["bartscore", "cf_pmi", "load_models", "rouge_l"]

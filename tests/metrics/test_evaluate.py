@@ -80,3 +80,17 @@ def test_a_task_without_original_ending_has_only_predictive_metrics(tiny_model_d
     rows, metrics = score_system({"a:0": "He cried."}, art, LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=1)
     assert set(metrics["rougeL"]) == {"predictive"} and "rougeL_original" not in rows[0]
     assert metrics["counterfactual_metrics"] == "not available: the task has no original ending"
+
+
+def test_each_metrics_seconds_are_added_to_what_the_dict_holds(tiny_model_dirs):
+    """A stage scoring several systems passes one dict: each computed metric's wall time (both
+    references) is added to it, and what was there stays."""
+    predictions = {"s1:0": "He stayed out.", "s1:1": "He went home."}
+    scorer = LMScorer.from_dir(tiny_model_dirs["bart"])
+    seconds = {"load_models": 1.5}
+    score_system(predictions, INSTANCES, scorer, 2, seconds=seconds)
+    once = dict(seconds)
+    assert set(once) == {"load_models", "bartscore", "rougeL", "sacrebleu"} and once["load_models"] == 1.5
+    assert all(value > 0 for value in once.values())
+    score_system(predictions, INSTANCES, scorer, 2, seconds=seconds)
+    assert all(seconds[name] > once[name] for name in ("bartscore", "rougeL", "sacrebleu"))

@@ -13,6 +13,8 @@ share with cf_pmi > 0); HMean combines corpus BLEU with mean EntScore.
 from __future__ import annotations
 
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,10 +96,22 @@ def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     return predictions
 
 
+@contextmanager
+def timed(seconds: dict[str, float] | None, name: str):
+    """Adds the wall time of the block to seconds[name] (nothing where `seconds` is None)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if seconds is not None:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started
+
+
 def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMScorer, batch_size: int,
-                 evaluators: Evaluators | None = None) -> tuple[list[dict], dict]:
+                 evaluators: Evaluators | None = None, seconds: dict[str, float] | None = None) -> tuple[list[dict], dict]:
     """(per-instance rows, corpus metrics) for one system; the coherence metrics and BERTScore
-    of the `evaluators` given (none without)."""
+    of the `evaluators` given (none without). `seconds`, if given, receives each metric's wall
+    time, added to what it holds (a stage scoring several systems sums them)."""
     outputs = [predictions[row["id"]] for row in instances]
     references = {"edited": [row["target"] for row in instances]}
     if all("original_ending" in row for row in instances):
@@ -108,8 +122,9 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     corpus: dict[str, dict[str, float]] = {name: {} for name in references}
     for name, refs in references.items():
         for metric in computed:
-            values = per_instance[name][metric.name] = metric.values(outputs, refs, scoring)
-            corpus[name][metric.name] = metric.corpus_value(outputs, refs, values)
+            with timed(seconds, metric.name):
+                values = per_instance[name][metric.name] = metric.values(outputs, refs, scoring)
+                corpus[name][metric.name] = metric.corpus_value(outputs, refs, values)
 
     rows = []
     for i, row in enumerate(instances):
@@ -135,21 +150,25 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
         # needs EntScore's NLI model.
         bleu = (None if evaluators.nli is None else corpus["edited"]["sacrebleu"] if "sacrebleu" in corpus["edited"]
                 else lexical.corpus_bleu(outputs, references["edited"]))
-        metrics |= score_coherence(outputs, instances, rows, evaluators, bleu, batch_size)
+        metrics |= score_coherence(outputs, instances, rows, evaluators, bleu, batch_size, seconds)
     return rows, metrics
 
 
 def score_coherence(outputs: list[str], instances: list[dict], rows: list[dict], evaluators: Evaluators,
-                    bleu: float | None, batch_size: int) -> dict:
+                    bleu: float | None, batch_size: int, seconds: dict[str, float] | None = None) -> dict:
     """Adds each coherence metric's per-instance value to `rows`; returns their corpus values.
-    `bleu`: the corpus SacreBLEU that HMean combines with EntScore (None without an NLI model)."""
+    `bleu`: the corpus SacreBLEU that HMean combines with EntScore (None without an NLI model);
+    `seconds` as score_system's."""
     per_instance = {}
     if evaluators.judge is not None:
-        per_instance["cf_pmi"] = coherence.cf_pmi(evaluators.judge, instances, outputs, batch_size)
+        with timed(seconds, "cf_pmi"):
+            per_instance["cf_pmi"] = coherence.cf_pmi(evaluators.judge, instances, outputs, batch_size)
     if evaluators.encoder is not None:
-        per_instance["drift"] = coherence.drift_similarity(evaluators.encoder, instances, outputs)
+        with timed(seconds, "drift"):
+            per_instance["drift"] = coherence.drift_similarity(evaluators.encoder, instances, outputs)
     if evaluators.nli is not None:
-        per_instance["ents"] = coherence.entailment(evaluators.nli, instances, outputs, batch_size)
+        with timed(seconds, "ents"):
+            per_instance["ents"] = coherence.entailment(evaluators.nli, instances, outputs, batch_size)
     for name, values in per_instance.items():
         for row, value in zip(rows, values, strict=True):
             row[name] = value
