@@ -1,6 +1,6 @@
 """The score stage's lexical metrics for one system on the whole test split: ROUGE-L and SacreBLEU
 through `storyrewrite.metrics.lexical` (rouge-score's tokenizer with each word stemmed once,
-sacrebleu's BLEU objects kept) against the libraries' plain calls (a new stemming of every token,
+sacrebleu's BLEU objects kept, corpus BLEU summed from the pairs' sentence statistics) against the libraries' plain calls (a new stemming of every token,
 `sacrebleu.sentence_bleu` and `corpus_bleu` building their objects on every call), alternating in
 one process, the median of `--repeats`. The values must be equal.
 
@@ -46,7 +46,7 @@ def plain(predictions: list[str], reference_sets: list[list[str]]) -> list:
 def kept(predictions: list[str], reference_sets: list[list[str]]) -> list:
     """The same calls through `storyrewrite.metrics.lexical`, as `score_system` makes them, from
     empty caches (a `score` stage is a process of its own)."""
-    for make in (lexical._rouge, lexical._sentence_bleu, lexical._corpus_bleu):
+    for make in (lexical._rouge, lexical._sentence_bleu, lexical._corpus_bleu, lexical._pair_bleu):
         make.cache_clear()
     values = []
     for references in reference_sets:

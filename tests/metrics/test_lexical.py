@@ -46,14 +46,36 @@ def test_a_pair_that_repeats_is_scored_once(monkeypatch):
     its library once per distinct pair, and every instance gets its pair's value."""
     calls = []
     rouge, bleu = lexical._rouge(), lexical._sentence_bleu()
+    lexical._pair_bleu.cache_clear()
     monkeypatch.setattr(rouge, "score", lambda ref, pred: calls.append((pred, ref)) or {"rougeL": type("S", (), {"fmeasure": len(pred) / 100})})
     monkeypatch.setattr(bleu, "sentence_score", lambda pred, refs: calls.append((pred, refs[0])) or type("S", (), {"score": len(refs[0])}))
     predictions, references = ["a b", "a b", "a b", "c"], ["x", "x", "yy", "x"]
     assert lexical.rouge_l(predictions, references) == pytest.approx([3, 3, 3, 1])
     assert calls == [("a b", "x"), ("a b", "yy"), ("c", "x")]
     calls.clear()
-    assert lexical.sentence_bleu(predictions, references) == [1, 1, 2, 1]
-    assert calls == [("a b", "x"), ("a b", "yy"), ("c", "x")]
+    try:
+        assert lexical.sentence_bleu(predictions, references) == [1, 1, 2, 1]
+        assert calls == [("a b", "x"), ("a b", "yy"), ("c", "x")]
+    finally:
+        lexical._pair_bleu.cache_clear()  # it holds the stand-ins
+
+
+def test_corpus_bleu_sums_the_sentence_statistics_without_counting_a_pair_again(monkeypatch):
+    """The score stage asks for sentence BLEU, then corpus BLEU of the same pairs: the second
+    counts no n-gram again, and gives sacrebleu.corpus_bleu's value (a repeated pair counted as
+    often as it occurs; pairs without a 4-gram in common; a reference longer than its prediction)."""
+    lexical._pair_bleu.cache_clear()
+    predictions = ["the cat sat on the mat today", "the cat sat on the mat today", "a dog", "he went home and slept"]
+    references = ["the cat sat on a mat", "the cat sat on a mat", "a dog barked at the moon all night", "he went home and slept"]
+    sentences = lexical.sentence_bleu(predictions, references)
+    assert sentences == [sacrebleu.sentence_bleu(p, [r]).score for p, r in zip(predictions, references, strict=True)]
+    calls = []
+    bleu = lexical._sentence_bleu()
+    original = bleu.sentence_score
+    monkeypatch.setattr(bleu, "sentence_score", lambda pred, refs: calls.append(pred) or original(pred, refs))
+    assert lexical.corpus_bleu(predictions, references) == sacrebleu.corpus_bleu(predictions, [references]).score
+    assert calls == []
+    assert lexical.corpus_bleu(predictions[2:], references[2:]) == sacrebleu.corpus_bleu(predictions[2:], [references[2:]]).score
 
 
 def test_kept_objects_give_the_libraries_values_on_real_stories():

@@ -1,7 +1,7 @@
 """ROUGE-L (rouge-score, with stemming) and SacreBLEU, per sentence and per corpus, in 0-100.
 
-Both libraries compute every number; the module keeps their objects for the process and computes
-a pair that repeats once. The values are those of `rouge_scorer.RougeScorer(["rougeL"],
+Both libraries compute every number; the module keeps their objects for the process, computes
+a pair that repeats once, and sums corpus BLEU from the sentence statistics it has. The values are those of `rouge_scorer.RougeScorer(["rougeL"],
 use_stemmer=True)` and of `sacrebleu.sentence_bleu` / `sacrebleu.corpus_bleu`, which tests check on
 the bundled test split.
 """
@@ -12,6 +12,7 @@ from functools import lru_cache
 from nltk.stem import porter
 from rouge_score import rouge_scorer, tokenize, tokenizers
 from sacrebleu.metrics import BLEU
+from sacrebleu.metrics.bleu import BLEUScore
 
 
 class _StemmedTokenizer(tokenizers.Tokenizer):
@@ -66,13 +67,33 @@ def corpus_rouge_l(predictions: list[str], references: list[str]) -> float:
     return sum(scores) / len(scores)
 
 
+@lru_cache(maxsize=2**16)
+def _pair_bleu(prediction: str, reference: str) -> BLEUScore:
+    """sacrebleu's sentence score of one pair, with its n-gram counts and lengths: kept, so that
+    the corpus BLEU of the same pairs (`corpus_bleu`, which a `score` stage asks for next) sums
+    them instead of tokenising and counting every pair again."""
+    return _sentence_bleu().sentence_score(prediction, [reference])
+
+
 def sentence_bleu(predictions: list[str], references: list[str]) -> list[float]:
     """SacreBLEU sentence BLEU (exp-smoothed, sacrebleu's default for sentences)."""
-    return _each_pair_once(lambda pred, ref: _sentence_bleu().sentence_score(pred, [ref]).score, predictions, references)
+    return _each_pair_once(lambda pred, ref: _pair_bleu(pred, ref).score, predictions, references)
 
 
 def corpus_bleu(predictions: list[str], references: list[str]) -> float:
-    return _corpus_bleu().corpus_score(predictions, [references]).score
+    """SacreBLEU corpus BLEU, as `sacrebleu.corpus_bleu(predictions, [references])` computes it:
+    from the n-gram counts and lengths summed over the pairs (each pair as often as it occurs),
+    which are each pair's sentence statistics, the same whatever the smoothing."""
+    order = _corpus_bleu().max_ngram_order
+    correct, total, sys_len, ref_len = [0] * order, [0] * order, 0, 0
+    for prediction, reference in zip(predictions, references, strict=True):
+        pair = _pair_bleu(prediction, reference)
+        correct = [c + n for c, n in zip(correct, pair.counts, strict=True)]
+        total = [t + n for t, n in zip(total, pair.totals, strict=True)]
+        sys_len, ref_len = sys_len + pair.sys_len, ref_len + pair.ref_len
+    bleu = _corpus_bleu()
+    return BLEU.compute_bleu(correct, total, sys_len, ref_len, bleu.smooth_method, bleu.smooth_value,
+                             bleu.effective_order, order).score
 
 
 def best_rouge_l(predictions: list[str], references: list[list[str]]) -> list[float]:
