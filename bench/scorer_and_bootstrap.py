@@ -1,7 +1,8 @@
 """LM scorer throughput: `LMScorer.score` (length-sorted batches) against a plain loop scoring one
 pair at a time, on the same model and the same pairs, in one run; the fp32 scores must agree.
-Then the batched rate in bf16 (and its largest difference from fp32), and the paired bootstrap:
-10,000 resamples over 5,613 instances and 6 metrics.
+Then the batched rate in bf16, and on CUDA with float32 products on TF32 tensor cores
+(`score.fp32_matmul: tf32`), each with its largest difference from fp32 and the shift of the mean
+(a corpus BARTScore's); and the paired bootstrap: 10,000 resamples over 5,613 instances and 6 metrics.
 
     python bench/scorer_and_bootstrap.py [--device auto] [--pairs 200] [--batch-size 16] [--profile params/gpu.yaml]
         [--trace DIR]
@@ -29,7 +30,7 @@ from common import clock, count_syncs, describe, gpu_busy, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.device import resolve_device
+from storyrewrite.models.device import resolve_device, set_fp32_matmul
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.significance import paired_bootstrap_many
 
@@ -50,6 +51,14 @@ def one_pair_at_a_time(scorer: LMScorer, sources: list[str], targets: list[str])
             log_probs = F.log_softmax(logits.float(), dim=-1)[torch.arange(len(target_ids)), torch.tensor(target_ids, device=device)]
             scores.append(log_probs.mean().item())
     return scores
+
+
+def differences(name: str, values: list[float], exact: list[float]) -> dict[str, float]:
+    """How far `values` are from the fp32 scores `exact`: the largest difference of a pair, and
+    the shift of their mean (what a corpus BARTScore would move by)."""
+    values, exact = np.array(values), np.array(exact)
+    return {f"largest_{name}_difference": float(np.max(np.abs(values - exact))),
+            f"mean_{name}_shift": float(abs(values.mean() - exact.mean()))}
 
 
 def timed(device: torch.device, function, *args, **kwargs):
@@ -92,6 +101,22 @@ def where_time_goes(scorer: LMScorer, sources: list[str], targets: list[str], ba
     return figures
 
 
+def tf32_pass(scorer: LMScorer, sources: list[str], targets: list[str], batch_size: int, batched: list[float],
+              batched_seconds: float, device: torch.device, trace: Path | None) -> dict:
+    """The batched pass again with float32 products on TF32 tensor cores (`score.fp32_matmul:
+    tf32`; a CPU has none and runs fp32): its rate, its speed-up over the fp32 pass (`batched`,
+    `batched_seconds`), how far its scores move, where its time goes. Leaves products in fp32."""
+    set_fp32_matmul(device, "float32", "tf32")
+    try:
+        scorer.score(sources, targets, batch_size=batch_size)  # every batch shape once, on TF32's kernels
+        tf32, seconds = timed(device, scorer.score, sources, targets, batch_size=batch_size)
+        return {"batched_tf32_pairs_per_s": round(len(sources) / seconds, 2),
+                "tf32_speedup_over_fp32": round(batched_seconds / seconds, 3), **differences("tf32", tf32, batched),
+                "tf32": where_time_goes(scorer, sources, targets, batch_size, seconds, device, trace, "tf32")}
+    finally:
+        set_fp32_matmul(device, "float32", "ieee")
+
+
 def main() -> None:
     args = arguments().parse_args()
     params, pretrained, prepared = inputs(args.profile)
@@ -106,6 +131,8 @@ def main() -> None:
     scorer.score(sources, targets, batch_size=args.batch_size)  # every batch shape once
     batched, batched_seconds = timed(device, scorer.score, sources, targets, batch_size=args.batch_size)
     fp32 = where_time_goes(scorer, sources, targets, args.batch_size, batched_seconds, device, args.trace, "fp32")
+    reduced = (tf32_pass(scorer, sources, targets, args.batch_size, batched, batched_seconds, device, args.trace)
+               if device.type == "cuda" else {})
     one_pair_at_a_time(scorer, sources[:4], targets[:4])
     looped, looped_seconds = timed(device, one_pair_at_a_time, scorer, sources, targets)
     max_diff = float(np.max(np.abs(np.array(batched) - np.array(looped))))
@@ -113,7 +140,7 @@ def main() -> None:
     half = LMScorer.from_dir(directory, models.max_input_tokens, models.max_output_tokens, dtype="bfloat16", device=device)
     half.score(sources, targets, batch_size=args.batch_size)
     bf16, bf16_seconds = timed(device, half.score, sources, targets, batch_size=args.batch_size)
-    bf16_diff = float(np.max(np.abs(np.array(bf16) - np.array(batched))))
+    bf16_diff = differences("bf16", bf16, batched)
     bf16_where = where_time_goes(half, sources, targets, args.batch_size, bf16_seconds, device, args.trace, "bf16")
 
     print(f"{describe(device)}; scorer {models.scorer}; {len(sources)} distinct pairs")
@@ -121,9 +148,15 @@ def main() -> None:
     print(f"one pair at a time, fp32:          {len(sources) / looped_seconds:.1f} pairs/s")
     print(f"speed-up: {looped_seconds / batched_seconds:.2f}x; largest fp32 score difference {max_diff:.2e}")
     print(f"LMScorer.score, bf16 (batch {args.batch_size}): {len(sources) / bf16_seconds:.1f} pairs/s "
-          f"({looped_seconds / bf16_seconds:.2f}x the fp32 loop); largest difference from fp32 {bf16_diff:.2e}")
-    for name, where in (("fp32", fp32), ("bf16", bf16_where)):
-        print(f"batched {name}: " + ", ".join(f"{key} {value}" for key, value in where.items()))
+          f"({looped_seconds / bf16_seconds:.2f}x the fp32 loop); from fp32: largest difference "
+          f"{bf16_diff['largest_bf16_difference']:.2e}, mean shifted {bf16_diff['mean_bf16_shift']:.2e}")
+    if reduced:
+        print(f"LMScorer.score, fp32 on TF32 (batch {args.batch_size}): {reduced['batched_tf32_pairs_per_s']:.1f} pairs/s "
+              f"({reduced['tf32_speedup_over_fp32']:.2f}x fp32); from fp32: largest difference "
+              f"{reduced['largest_tf32_difference']:.2e}, mean shifted {reduced['mean_tf32_shift']:.2e}")
+    for name, where in (("fp32", fp32), ("tf32", reduced.get("tf32")), ("bf16", bf16_where)):
+        if where:
+            print(f"batched {name}: " + ", ".join(f"{key} {value}" for key, value in where.items()))
 
     rng = np.random.default_rng(0)
     a, b = rng.normal(0.01, 1, (5613, 6)), rng.normal(0, 1, (5613, 6))
@@ -135,8 +168,8 @@ def main() -> None:
         "batched_fp32_pairs_per_s": round(len(sources) / batched_seconds, 2), "loop_fp32_pairs_per_s": round(len(sources) / looped_seconds, 2),
         "batched_speedup": round(looped_seconds / batched_seconds, 3), "largest_fp32_difference": max_diff,
         "batched_bf16_pairs_per_s": round(len(sources) / bf16_seconds, 2), "bf16_speedup": round(looped_seconds / bf16_seconds, 3),
-        "largest_bf16_difference": bf16_diff, "bootstrap_seconds_cpu": round(bootstrap_seconds, 3),
-        "fp32": fp32, "bf16": bf16_where,
+        **bf16_diff, "bootstrap_seconds_cpu": round(bootstrap_seconds, 3),
+        "fp32": fp32, "bf16": bf16_where, **reduced,
     }, {"scorer": models.scorer, "pairs": len(sources), "batch_size": args.batch_size, "profiles": [str(p) for p in args.profile],
         "warm_up": "one untimed pass over the pairs", "bootstrap": "10,000 resamples x 5,613 instances x 6 metrics"},
         {"largest_fp32_difference": {"max": 1e-4}, **({"batched_speedup": {"min": 3.0}} if device.type == "cuda" else {})})

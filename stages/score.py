@@ -14,7 +14,7 @@ from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.device import resolve_device
+from storyrewrite.models.device import resolve_device, set_fp32_matmul
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
@@ -35,6 +35,7 @@ def main() -> None:
     config, models = params.score, params.models
     instances = load_instances(args.data, params.task, params.generate.split)
     device = resolve_device(params.device)
+    precision = set_fp32_matmul(device, config.dtype, config.fp32_matmul)
     started = time.perf_counter()
     scorer_dir = resolve_model_dir(args.scorer, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
@@ -42,7 +43,7 @@ def main() -> None:
                                  models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale,
                                  coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
     seconds = {"load_models": time.perf_counter() - started}  # then each metric's, over all systems
-    print(f"scorer on {device} ({config.dtype})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
+    print(f"scorer on {device} ({precision})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
           + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
     scored = 0
@@ -53,7 +54,7 @@ def main() -> None:
         scored += len(rows)
         print(path.stem, {k: v for k, v in metrics.items() if k in (*METRICS, "cf_pmi", "drift", "ents")})
     if record:
-        record.finish(device, config.dtype, scored, "predictions", systems=len(files),
+        record.finish(device, precision, scored, "predictions", systems=len(files),
                       seconds={name: round(value, 2) for name, value in seconds.items()})
 
 

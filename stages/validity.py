@@ -12,7 +12,7 @@ from storyrewrite.io import run_stage
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.validity import gold_and_copy
-from storyrewrite.models.device import resolve_device
+from storyrewrite.models.device import resolve_device, set_fp32_matmul
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
@@ -38,6 +38,7 @@ def main() -> None:
         return
     instances = load_instances(args.data, params.task, params.generate.split)
     device = resolve_device(params.device)
+    precision = set_fp32_matmul(device, config.dtype, config.fp32_matmul)
     started = time.perf_counter()
     scorer_dir = resolve_model_dir(args.scorer, "scorer")
     scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
@@ -49,7 +50,7 @@ def main() -> None:
     artifacts.write(args.out, artifacts.Validity.model_validate(result))
     print(markdown(result))
     if record:
-        record.finish(device, config.dtype, len(instances), "instances",
+        record.finish(device, precision, len(instances), "instances",
                       seconds={name: round(value, 2) for name, value in seconds.items()})
 
 

@@ -46,12 +46,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _attention_kernels_restored():
+def _cuda_settings_restored():
     """A test that resolves a (faked) CUDA device turns cuDNN attention off process-wide
-    (storyrewrite.models.device.attention_off_cudnn): the next test starts as torch does."""
-    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    (storyrewrite.models.device.attention_off_cudnn), or sets the precision of float32 products
+    (set_fp32_matmul): the next test starts as torch does."""
+    enabled, precision = torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.matmul.fp32_precision
     yield
     torch.backends.cuda.enable_cudnn_sdp(enabled)
+    torch.backends.cuda.matmul.fp32_precision = precision
 
 
 @pytest.fixture(scope="session")

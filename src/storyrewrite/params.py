@@ -173,6 +173,9 @@ class ScoreConfig(Section):
     """`score`: the LM scorer (BARTScore), the judge of CF-PMI and BERTScore."""
     batch_size: Positive  # pairs per forward pass
     dtype: Dtype = "float32"  # the scorer's and the judge's weights
+    # float32 matrix products on a CUDA GPU (models.device.set_fp32_matmul): ieee, exact; tf32,
+    # TensorFloat-32 tensor cores (Ampere and newer), inputs rounded to 10 mantissa bits
+    fp32_matmul: Literal["ieee", "tf32"] = "ieee"
     bertscore_layer: Positive | None = None  # BERTScore's layer; None: bert_score's default for the model
     bertscore_rescale: bool = False  # rescale BERTScore with bert_score's baseline for the model
 

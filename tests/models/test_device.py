@@ -2,7 +2,7 @@
 import torch
 
 from storyrewrite.models import device as device_module
-from storyrewrite.models.device import attention_off_cudnn, resolve_device
+from storyrewrite.models.device import attention_off_cudnn, resolve_device, set_fp32_matmul
 
 
 def test_a_cuda_device_keeps_attention_off_cudnn_and_a_cpu_leaves_it(monkeypatch):
@@ -17,3 +17,16 @@ def test_a_cuda_device_keeps_attention_off_cudnn_and_a_cpu_leaves_it(monkeypatch
     torch.backends.cuda.enable_cudnn_sdp(True)
     attention_off_cudnn(torch.device("cuda:0"))
     assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_tf32_products_are_set_on_a_cuda_device_only_and_named_in_the_record():
+    """`score.fp32_matmul`: on CUDA torch's flag is set (either way) and the stage record names TF32
+    where it applies to float32 weights; a CPU has no TF32 and its setting is left as it is."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    assert set_fp32_matmul(torch.device("cpu"), "float32", "tf32") == "float32"
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    assert set_fp32_matmul(torch.device("cuda:0"), "float32", "tf32") == "float32 (tf32 matmul)"
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert set_fp32_matmul(torch.device("cuda:0"), "bfloat16", "tf32") == "bfloat16"  # no float32 weights to round
+    assert set_fp32_matmul(torch.device("cuda"), "float32", "ieee") == "float32"
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"

@@ -33,6 +33,18 @@ def attention_off_cudnn(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def set_fp32_matmul(device: torch.device, dtype: str, precision: str) -> str:
+    """Process-wide, the precision of float32 matrix products on a CUDA `device` (torch's
+    `backends.cuda.matmul.fp32_precision`): `ieee`, float32 throughout; `tf32`, TensorFloat-32
+    tensor cores on Ampere and newer GPUs (inputs rounded to 10 mantissa bits, sums in float32).
+    Returns the weights' precision as a stage record names it: `dtype`, or `float32 (tf32
+    matmul)` where TF32 applies (float32 weights on a GPU); a CPU has no TF32 and is left as it is."""
+    if device.type != "cuda":
+        return dtype
+    torch.backends.cuda.matmul.fp32_precision = precision
+    return f"{dtype} (tf32 matmul)" if precision == "tf32" and dtype == "float32" else dtype
+
+
 def _resolve(spec: str) -> torch.device:
     if spec == "auto":
         if not torch.cuda.is_available():
