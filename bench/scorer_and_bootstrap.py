@@ -5,7 +5,7 @@ Then the batched rate in bf16, and on CUDA with float32 products on TF32 tensor 
 (a corpus BARTScore's); and the paired bootstrap: 10,000 resamples over 5,613 instances and 6 metrics.
 
     python bench/scorer_and_bootstrap.py [--device auto] [--pairs 200] [--batch-size 16] [--profile params/gpu.yaml]
-        [--trace DIR]
+        [--trace DIR] [--batch-sizes 64 128 256]
 
 Each batched pass is timed after one untimed pass over the same pairs, so that every batch shape
 has run once (kernel choice, the allocator's blocks). Where the batched pass spends its time:
@@ -13,7 +13,9 @@ has run once (kernel choice, the allocator's blocks). Where the batched pass spe
 bf16), the share of a pass's wall time during which GPU kernels ran, by torch's profiler, and the
 host's waits for the device per batch (`syncs_per_batch`): a low share with a host that waits once
 a batch says that the host, not the GPU's arithmetic, sets the scorer's rate. `--trace DIR` writes
-the profiler's operator tables of both passes (by device time and by host time).
+the profiler's operator tables of both passes (by device time and by host time). `--batch-sizes`:
+the batched fp32 rate at each size (and on CUDA the TF32 rate), each after a pass of its own
+shapes: what `score.batch_size` should be.
 
 Target (H100, SmolLM2-135M): batched >= 3x the one-pair loop, fp32 scores within 1e-4.
 """
@@ -75,6 +77,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--profile", type=Path, action="append", default=[], help="params overlay(s), e.g. params/gpu.yaml")
     parser.add_argument("--trace", type=Path, help="write the profiler's operator tables of the batched passes here (CUDA)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[], help="also the batched rate at each of these sizes")
     return parser
 
 
@@ -117,6 +120,25 @@ def tf32_pass(scorer: LMScorer, sources: list[str], targets: list[str], batch_si
         set_fp32_matmul(device, "float32", "ieee")
 
 
+def by_batch_size(scorer: LMScorer, sources: list[str], targets: list[str], sizes: list[int],
+                  device: torch.device) -> dict[str, dict[str, float]]:
+    """{size: {fp32_pairs_per_s, and on CUDA tf32_pairs_per_s}}: the batched pass at each batch
+    size, timed after an untimed pass of the same shapes."""
+    found = {}
+    for size in sizes:
+        rates = {}
+        for precision in ("ieee", "tf32") if device.type == "cuda" else ("ieee",):
+            set_fp32_matmul(device, "float32", precision)
+            try:
+                scorer.score(sources, targets, batch_size=size)
+                _, seconds = timed(device, scorer.score, sources, targets, batch_size=size)
+            finally:
+                set_fp32_matmul(device, "float32", "ieee")
+            rates[f"{'fp32' if precision == 'ieee' else 'tf32'}_pairs_per_s"] = round(len(sources) / seconds, 2)
+        found[str(size)] = rates
+    return found
+
+
 def main() -> None:
     args = arguments().parse_args()
     params, pretrained, prepared = inputs(args.profile)
@@ -133,6 +155,7 @@ def main() -> None:
     fp32 = where_time_goes(scorer, sources, targets, args.batch_size, batched_seconds, device, args.trace, "fp32")
     reduced = (tf32_pass(scorer, sources, targets, args.batch_size, batched, batched_seconds, device, args.trace)
                if device.type == "cuda" else {})
+    sizes = by_batch_size(scorer, sources, targets, args.batch_sizes, device)
     one_pair_at_a_time(scorer, sources[:4], targets[:4])
     looped, looped_seconds = timed(device, one_pair_at_a_time, scorer, sources, targets)
     max_diff = float(np.max(np.abs(np.array(batched) - np.array(looped))))
@@ -154,6 +177,8 @@ def main() -> None:
         print(f"LMScorer.score, fp32 on TF32 (batch {args.batch_size}): {reduced['batched_tf32_pairs_per_s']:.1f} pairs/s "
               f"({reduced['tf32_speedup_over_fp32']:.2f}x fp32); from fp32: largest difference "
               f"{reduced['largest_tf32_difference']:.2e}, mean shifted {reduced['mean_tf32_shift']:.2e}")
+    for size, rates in sizes.items():
+        print(f"batch {size}: " + ", ".join(f"{name.removesuffix('_pairs_per_s')} {rate:.1f} pairs/s" for name, rate in rates.items()))
     for name, where in (("fp32", fp32), ("tf32", reduced.get("tf32")), ("bf16", bf16_where)):
         if where:
             print(f"batched {name}: " + ", ".join(f"{key} {value}" for key, value in where.items()))
@@ -169,7 +194,7 @@ def main() -> None:
         "batched_speedup": round(looped_seconds / batched_seconds, 3), "largest_fp32_difference": max_diff,
         "batched_bf16_pairs_per_s": round(len(sources) / bf16_seconds, 2), "bf16_speedup": round(looped_seconds / bf16_seconds, 3),
         **bf16_diff, "bootstrap_seconds_cpu": round(bootstrap_seconds, 3),
-        "fp32": fp32, "bf16": bf16_where, **reduced,
+        "fp32": fp32, "bf16": bf16_where, **reduced, **({"by_batch_size": sizes} if sizes else {}),
     }, {"scorer": models.scorer, "pairs": len(sources), "batch_size": args.batch_size, "profiles": [str(p) for p in args.profile],
         "warm_up": "one untimed pass over the pairs", "bootstrap": "10,000 resamples x 5,613 instances x 6 metrics"},
         {"largest_fp32_difference": {"max": 1e-4}, **({"batched_speedup": {"min": 3.0}} if device.type == "cuda" else {})})

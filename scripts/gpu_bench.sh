@@ -22,7 +22,7 @@ BENCHES=(
   "nan-fill nan_fill.txt bench/nan_fill.py $TRAINING --batch-size 16"
   "generation-static nll_throughput_static.txt $GENERATION --steps 1 --cache static"
   "scorer scorer_and_bootstrap.txt bench/scorer_and_bootstrap.py --device cuda --profile params/gpu.yaml --pairs 1000 --batch-size 64
-   --trace $OUT/traces-scorer"
+   --trace $OUT/traces-scorer --batch-sizes 128 256"
   "llm llm_batching.txt bench/llm_batching.py --device cuda --profile params/gpu.yaml --mode one_shot_random --prompts 1024 --repeats 2"
   "steps-batch64 objective_step_time_batch64.txt $STEPS --batch-size 64 --objectives nll score score_delta
    --name objective_step_time-bf16-mixed-batch64 --trace $OUT/traces-batch64"

@@ -29,3 +29,13 @@ def test_the_tf32_pass_on_a_cpu_runs_fp32_and_gives_its_figures(tiny_model_dirs)
     assert figures["largest_tf32_difference"] == 0.0 and figures["mean_tf32_shift"] == 0.0
     assert figures["batched_tf32_pairs_per_s"] > 0 and figures["tf32_speedup_over_fp32"] > 0
     assert set(figures["tf32"]) == {"tokenise_share"}
+
+
+def test_each_batch_size_gets_its_fp32_rate_and_on_a_cpu_no_tf32_rate(tiny_model_dirs):
+    import torch
+
+    scorer = LMScorer.from_dir(tiny_model_dirs["bart"])
+    sources, targets = ["He went home.", "She sang a song to them.", "It rained."], ["He stayed out.", "She sang.", "Sun."]
+    found = bench.by_batch_size(scorer, sources, targets, [1, 3], torch.device("cpu"))
+    assert list(found) == ["1", "3"] and all(set(rates) == {"fp32_pairs_per_s"} and rates["fp32_pairs_per_s"] > 0
+                                             for rates in found.values())
