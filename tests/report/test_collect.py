@@ -13,7 +13,8 @@ import yaml
 from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import load_runs, systems_without_a_run, write_bundle
-from storyrewrite.report.gather import duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
+from storyrewrite.params import ScoreConfig
+from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -207,6 +208,14 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
         entry("q7", {**params("rloo"), "rl": {"reward": "score", "cache": "static", "early_stop": False}}, "queued"),
         entry("q8", {**params("rloo"), "rl": {"reward": "delta", "early_stop": False}}, "queued")]}]
     assert duplicates(fast, gathered=[{**params("rloo"), "rl": {"reward": "score"}}])[:2] == (["q8"], ["q7"])
+    # A setting added later stands, where a gathered run lacks it, at the value that computes what
+    # the run did (`score.fp32_matmul: ieee`), and at no other value.
+    scored = [{"rev": "abcdef1234", "experiments": [
+        entry("q9", {**params("score"), "score": {"batch_size": 64, "fp32_matmul": "ieee"}}, "queued"),
+        entry("q10", {**params("delta"), "score": {"batch_size": 64, "fp32_matmul": "tf32"}}, "queued")]}]
+    before = [{**params("score"), "score": {"batch_size": 64}}, {**params("delta"), "score": {"batch_size": 64}}]
+    assert duplicates(scored, gathered=before)[:2] == (["q10"], ["q9"])
+    assert all(ScoreConfig.model_fields[key].default == value for key, value in ADDED_LATER["score"].items())
 
 
 def test_a_poller_gathers_a_run_once_and_again_only_at_another_revision(tmp_path):

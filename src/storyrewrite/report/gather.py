@@ -61,13 +61,20 @@ def listed(exp_show: list[dict]) -> list[dict]:
 # samples and trains the same): they tell no two runs apart, so a run gathered before one of them
 # existed, or with another value of it, stands for the run with this one.
 SPEED_ONLY = {"rl": ("cache", "early_stop")}
+# Settings added after runs were gathered, each with the value that computes what those runs did:
+# a run gathered without the key stands for a run with this value, and for no other.
+ADDED_LATER = {"score": {"fp32_matmul": "ieee"}}
 
 
 def params_key(params: dict) -> str:
-    """What tells two runs apart: their params, whatever the order of keys, without SPEED_ONLY's."""
-    kept = {section: ({k: v for k, v in value.items() if k not in SPEED_ONLY[section]}
-                      if section in SPEED_ONLY and isinstance(value, dict) else value)
-            for section, value in params.items()}
+    """What tells two runs apart: their params, whatever the order of keys, without SPEED_ONLY's,
+    and with ADDED_LATER's value where a run has no such key."""
+    kept = {}
+    for section, value in params.items():
+        if isinstance(value, dict):
+            value = {**ADDED_LATER.get(section, {}), **value}
+            value = {k: v for k, v in value.items() if k not in SPEED_ONLY.get(section, ())}
+        kept[section] = value
     return json.dumps(kept, sort_keys=True)
 
 
