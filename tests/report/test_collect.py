@@ -711,3 +711,24 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
     monkeypatch.setattr("sys.stdin", io.StringIO("-S objective=cpo -S cpo.betta=0.1,0.5\n"))
     with pytest.raises(InputError, match=r"-S objective=cpo -S cpo.betta=0.1,0.5: .*Could not override 'cpo.betta'"):
         gather(["--json", str(show), "--plan"])
+
+
+def test_the_gpu_runs_gathered_before_are_not_planned_again():
+    """The GPU comparison gathered four runs into runs/gpu.2 (NLL continued, DTO-Score, -Delta,
+    -Score+Delta): planned again with the GPU profile's overrides, core's DTO sweep leaves all
+    four out. A setting added since (params.yaml) must not make them differ, or the next GPU run
+    trains them again: a setting of speed alone goes in gather.SPEED_ONLY, one whose value would
+    change the numbers in gather.ADDED_LATER with the value those runs had. A change that does
+    alter what they compute fails here on purpose: then they have to run again."""
+    import subprocess
+    import sys
+
+    from storyrewrite.report.gather import gathered_params
+
+    overrides = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "overrides", "params/gpu.yaml"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+    words = [word for word in overrides if word != "-S"]
+    gathered = gathered_params([ROOT / "runs" / "gpu.2"])
+    assert sorted(params["objective"] for params in gathered) == ["delta", "nll", "score", "score_delta"]
+    calls, stand_ins, left_out = plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [], gathered)
+    assert (calls, stand_ins, left_out) == ([], [], 4)
