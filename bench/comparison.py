@@ -21,7 +21,8 @@ over the run, the seconds it sat idle in stretches of 10 s or more and the longe
 last stage ended (seconds from the start: the last one holds the run back), and the time between
 stages: in their processes before the work (imports) and outside them (exit, DVC), what
 torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA graphs), and where
-each fine-tuning's steps spent their time (`step_time`: the means of its wall-time curves).
+each fine-tuning's steps spent their time (`step_time`: the means of its wall-time curves), and
+the scoring stages' time by part (`scoring_s`: loading the models, each metric).
 Targets on one H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
 """
