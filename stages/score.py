@@ -4,7 +4,6 @@ SacreBLEU, and BERTScore where `models.bertscore` names its encoder; predictive 
 counterfactual) and, where the task has a counterfactual event, the coherence metrics (CF-PMI,
 drift, EntScore)."""
 import argparse
-import time
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
@@ -12,7 +11,7 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.metrics.counterfactual import METRICS
-from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, read_predictions, score_system
+from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, read_predictions, score_system, timed
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
 from storyrewrite.models.store import resolve_model_dir
@@ -36,13 +35,13 @@ def main() -> None:
     instances = load_instances(args.data, params.task, params.generate.split)
     device = resolve_device(params.device)
     precision = set_fp32_matmul(device, config.dtype, config.fp32_matmul)
-    started = time.perf_counter()
-    scorer_dir = resolve_model_dir(args.scorer, "scorer")
-    scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
-    evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
-                                 models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale,
-                                 coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
-    seconds = {"load_models": time.perf_counter() - started}  # then each metric's, over all systems
+    seconds: dict[str, float] = {}  # loading the models, then each metric's, over all systems
+    with timed(seconds, "load_models"):
+        scorer_dir = resolve_model_dir(args.scorer, "scorer")
+        scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
+        evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
+                                     models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale,
+                                     coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
     print(f"scorer on {device} ({precision})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
           + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]

@@ -2,14 +2,13 @@
 Per metric, the share of test instances where Y_EE beats the copy of X_OE, with bootstrap
 intervals (storyrewrite.metrics.validity)."""
 import argparse
-import time
 from pathlib import Path
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.io import run_stage
-from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators
+from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, timed
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.validity import gold_and_copy
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
@@ -39,12 +38,12 @@ def main() -> None:
     instances = load_instances(args.data, params.task, params.generate.split)
     device = resolve_device(params.device)
     precision = set_fp32_matmul(device, config.dtype, config.fp32_matmul)
-    started = time.perf_counter()
-    scorer_dir = resolve_model_dir(args.scorer, "scorer")
-    scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
-    evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
-                                 models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
-    seconds = {"load_models": time.perf_counter() - started}  # then each metric's
+    seconds: dict[str, float] = {}  # loading the models, then each metric's
+    with timed(seconds, "load_models"):
+        scorer_dir = resolve_model_dir(args.scorer, "scorer")
+        scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
+        evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
+                                     models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
     artifacts.write(args.out, artifacts.Validity.model_validate(result))

@@ -12,10 +12,10 @@ per test instance.
 """
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 from storyrewrite.metrics import coherence
+from storyrewrite.metrics.evaluate import timed
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.registry import OVERLAP_METRICS, Scoring
 
@@ -33,15 +33,13 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
     """({metric: (values of Y_EE, values of the copy of X_OE, story ids)}, {metric: why it was
     not measured}) for every metric the models given can compute (`evaluators`:
     storyrewrite.metrics.evaluate.Evaluators; `scorer` for the overlap metric that needs one,
-    BARTScore). `seconds`, if given, receives each metric's wall time."""
-    seconds = {} if seconds is None else seconds
+    BARTScore). `seconds`, if given, receives each metric's wall time (evaluate.timed)."""
     gold, copy = [row["target"] for row in instances], [row["original_ending"] for row in instances]
     pairs: dict[str, tuple[list[float], list[float], list[str]]] = {}
 
     def measure(name: str, score, rows: list[dict], endings: tuple[list[str], list[str]]) -> None:
-        started = time.perf_counter()
-        pairs[name] = (score(rows, endings[0]), score(rows, endings[1]), [row["story_id"] for row in rows])
-        seconds[name] = time.perf_counter() - started
+        with timed(seconds, name):
+            pairs[name] = (score(rows, endings[0]), score(rows, endings[1]), [row["story_id"] for row in rows])
 
     if evaluators.judge is not None:
         measure("cf_pmi", lambda rows, ends: coherence.cf_pmi(evaluators.judge, rows, ends, batch_size), instances, (gold, copy))
