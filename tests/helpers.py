@@ -139,3 +139,28 @@ def installed_dependencies(extras: tuple[str, ...] = (), root: str = "storyrewri
             if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra}) for extra in wanted):
                 todo.append((requirement.name, ("", *requirement.extras)))
     return found
+
+
+# aten operators that read a tensor's values back to the host: `.item()` and `bool(tensor)`
+# (_local_scalar_dense), and operators whose output size depends on the values.
+HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2")
+
+
+def host_reads(work) -> list[str]:
+    """The operators by which `work()` reads tensor values back to the host, each of which makes the
+    host wait for a GPU. Counted as they are dispatched, so on the CPU too, where torch's sync
+    debug mode (bench/common.count_syncs) sees nothing. `.tolist()` is not an operator: not
+    counted."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name in HOST_READS:
+                reads.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with Reads():
+        work()
+    return reads

@@ -6,6 +6,8 @@ from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.store import load_model, load_tokenizer
 
+from helpers import host_reads
+
 SOURCES = ["Tom lost his keys. He found them.", "A short one.", "", "The cat sat on the mat and then it slept all day long."]
 TARGETS = ["He was happy.", "Then it rained all afternoon in the town.", "Nothing.", "It woke up."]
 
@@ -43,6 +45,15 @@ def test_score_equals_step_by_step_formula(scorer_and_parts):
     expected = [step_by_step(model, tokenizer, s, t, seq2seq) for s, t in zip(sources, TARGETS, strict=True)]
     assert scores == pytest.approx(expected, abs=1e-4)
     assert scorer.score(sources[::-1], TARGETS[::-1], batch_size=1) == pytest.approx(scores[::-1], abs=1e-5)
+
+
+def test_scoring_reads_the_device_once(scorer_and_parts):
+    """Every batch is queued before the values come back in one copy (`.tolist()`, not an
+    operator): no read per batch."""
+    scorer, _, _, seq2seq = scorer_and_parts
+    if seq2seq:
+        pytest.skip("a seq2seq model's encoder takes transformers' 2D mask (reads in each forward)")
+    assert host_reads(lambda: scorer.score(SOURCES, TARGETS, batch_size=1)) == []
 
 
 def _one_hot_sources(scorer, sources):

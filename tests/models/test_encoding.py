@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
-from storyrewrite.models.encoding import Encoder, target_logits
+from storyrewrite.models.encoding import Encoder, causal_mask, target_logits
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.objectives.nll import nll_loss
+
+from helpers import host_reads
 
 SOURCES = ["Premise: A short one.\nEdited ending:", "Premise: A much longer prompt with many more words in it.\nEdited ending:"]
 TARGETS = [" It ended well, after all.", " No."]
@@ -74,3 +76,44 @@ def test_tail_logits_of_a_soft_capped_model_match_its_own_forward():
         uncapped = model.get_output_embeddings()(model.base_model(input_ids=input_ids).last_hidden_state)
     assert not torch.allclose(uncapped[:, -3:], full[:, -3:], atol=1e-3)  # the cap changes these logits
     torch.testing.assert_close(tail, full[:, -3:], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("sources", [SOURCES, [SOURCES[1], SOURCES[1]]], ids=["padded", "no padding"])
+def test_causal_mask_gives_the_logits_of_transformers_own_mask(tiny_model_dirs, implementation, sources):
+    """causal_tail_logits passes a 4D mask (causal_mask): at every real position, the hidden
+    states transformers computes from the 2D mask, bit for bit where the batch holds padding (the
+    same masked attention), within rounding where it does not (transformers then asks SDPA for its
+    causal kernel)."""
+    directory = tiny_model_dirs["llama"]
+    model = load_model(directory).eval()
+    model.config._attn_implementation = implementation
+    batch = Encoder(load_tokenizer(directory), False, 64, 32).batch(sources, [TARGETS[0], TARGETS[0]])
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        ours = model.base_model(**inputs | {"attention_mask": causal_mask(model, batch["attention_mask"])}).last_hidden_state
+        theirs = model.base_model(**inputs).last_hidden_state
+    real = batch["attention_mask"].bool()
+    if real.all():
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    else:
+        assert torch.equal(ours[real], theirs[real])
+
+
+def test_causal_mask_leaves_sliding_window_models_their_2d_mask(tiny_model_dirs):
+    model = load_model(tiny_model_dirs["llama"])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert causal_mask(model, mask).shape == (2, 1, 3, 3)
+    model.config.sliding_window = 2  # transformers masks such layers itself, per layer
+    assert causal_mask(model, mask) is mask
+
+
+def test_a_causal_forward_never_reads_the_device(tiny_model_dirs):
+    """The generator and scorer forwards of training and scoring run without a host read (on a GPU,
+    the host would wait for the GPU there); transformers' 2D-mask path reads once or twice."""
+    directory = tiny_model_dirs["llama"]
+    model = load_model(directory).eval()
+    batch = Encoder(load_tokenizer(directory), False, 64, 32).batch(SOURCES, TARGETS)
+    with torch.no_grad():
+        assert host_reads(lambda: target_logits(model, batch)) == []
+        assert host_reads(lambda: model.base_model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}))

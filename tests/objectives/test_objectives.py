@@ -14,7 +14,7 @@ from storyrewrite.objectives.nll import nll_loss
 from storyrewrite.params import CPOConfig, DTOConfig
 from storyrewrite.training.data import Collate
 
-from helpers import read_jsonl
+from helpers import host_reads, read_jsonl
 
 
 def test_cpo_loss_hand_computed():
@@ -177,6 +177,17 @@ def test_dto_diagnostics_against_the_scorer_and_the_samples(dto_setup):
             maxima.append(float(p.max()))
     assert logged["gumbel_entropy"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-4)
     assert logged["gumbel_max_prob"] == pytest.approx(sum(maxima) / len(maxima), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["nll", "score", "score_delta"])
+def test_a_training_step_never_reads_the_device(dto_setup, name):
+    """Loss and backward of a step (its logged values left on the device, as the monitor reads
+    them a step later) without a host read: on a GPU none makes the host wait mid-step."""
+    generator, directory, batch = dto_setup
+    loss = get_objective("nll", "timetravel").build(ObjectiveContext()) if name == "nll" else _dto(name, directory)
+    if generator.config.is_encoder_decoder:
+        pytest.skip("a seq2seq model's encoder takes transformers' 2D mask (one read a forward)")
+    assert host_reads(lambda: loss(generator, batch, 5).loss.backward()) == []
 
 
 def test_dto_score_scores_the_original_ending_in_validation_only(dto_setup):

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
-from storyrewrite.models.encoding import Encoder, output_logits, pad_rows, position_ids, target_logits
+from storyrewrite.models.encoding import Encoder, causal_mask, model_form, output_logits, pad_rows, position_ids, target_logits
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -169,7 +169,7 @@ class LMScorer:
         target_positions = (lengths.unsqueeze(1) + torch.arange(steps, device=self.device)).repeat(1, sets)
         input_mask = target_mask[:, :-1].reshape(batch, sets * steps)
         if sets == 1:
-            attention_mask = torch.cat([left_mask, input_mask], dim=1)
+            attention_mask = causal_mask(self.model, torch.cat([left_mask, input_mask], dim=1))
         else:
             attention_mask = self._target_sets_mask(left_mask.bool(), input_mask.bool(), sets, embeds.dtype)
         hidden = self.model.base_model(
@@ -204,11 +204,8 @@ class LMScorer:
         real_keys = torch.cat([source_mask, input_mask], dim=1).unsqueeze(1)  # B×1×Q
         allowed = ((causal & same_set_or_source).unsqueeze(0) & real_keys) | torch.eye(length, dtype=torch.bool, device=self.device)
         implementation = self.model.config._attn_implementation
-        if implementation == "sdpa":
-            return allowed.unsqueeze(1)
-        if implementation == "eager":
-            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(
-                ~allowed, torch.finfo(dtype).min).unsqueeze(1)
+        if implementation in ("sdpa", "eager"):
+            return model_form(allowed, implementation, dtype)
         raise InputError(f"scorer: DTO with two target sets (delta, score_delta) scores them in one pass under a block "
                          f"attention mask, which the scorer's attention implementation {implementation!r} does not take; "
                          "valid implementations: sdpa (the default), eager")

@@ -127,7 +127,41 @@ def causal_tail_logits(model: PreTrainedModel, width: int, **inputs) -> torch.Te
     The vocabulary projection runs on those positions alone, on a contiguous copy of their
     hidden states: `logits_to_keep` would project a strided slice, which PyTorch turns into a
     batched matmul that copies the whole output matrix once per row (measured: 3/4 of a scoring
-    forward in bf16).
+    forward in bf16). The 2D attention mask goes in as the 4D one (`causal_mask`).
     """
+    if "attention_mask" in inputs:
+        inputs["attention_mask"] = causal_mask(model, inputs["attention_mask"])
     hidden = model.base_model(**inputs).last_hidden_state
     return output_logits(model, hidden[:, -width:].contiguous())
+
+
+def causal_mask(model: PreTrainedModel, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The B×1×L×L attention mask of a padded batch for a causal LM (`attention_mask` B×L, 1 for
+    real tokens): each query sees the real tokens up to itself (a padding query sees itself
+    alone, so that no row is empty), in the form the model's attention takes (`model_form`).
+    Built on the device without reading it back: given the 2D mask, transformers (5.x,
+    masking_utils._ignore_causal_mask_sdpa) tests in an `if` whether the batch holds padding,
+    a read of the device that makes the host wait for the GPU once or twice a forward (and,
+    beside other processes on the GPU, for the GPU's turn to come back). Real positions get
+    the values transformers' own mask gives them. Models with sliding-window layers, whose
+    masks transformers builds per layer, and attention implementations other than SDPA and
+    eager take the 2D mask as it is."""
+    config = model.config
+    if (config._attn_implementation not in ("sdpa", "eager") or getattr(config, "sliding_window", None) is not None
+            or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ())):
+        return attention_mask
+    keys = attention_mask.bool()
+    index = torch.arange(keys.shape[1], device=keys.device)
+    causal = index.unsqueeze(1) >= index.unsqueeze(0)  # query (row) sees key (column)
+    allowed = (causal.unsqueeze(0) & keys.unsqueeze(1)) | torch.eye(keys.shape[1], dtype=torch.bool, device=keys.device)
+    return model_form(allowed, config._attn_implementation, model.dtype)
+
+
+def model_form(allowed: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """A B×Q×K boolean mask (True: the query sees the key) as the B×1×Q×K mask an attention
+    implementation takes: boolean for SDPA, additive in `dtype` for eager."""
+    if implementation == "sdpa":
+        return allowed.unsqueeze(1)
+    if implementation == "eager":
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
+    raise ValueError(f"model_form: no 4D mask form for attention implementation {implementation!r}; valid: sdpa, eager")
