@@ -188,8 +188,8 @@ SHARED=()  # the shared stages' experiments, removed at the end (their stages ar
 remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
 if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 0 ]; then
   # The stages every run shares run first, side by side, each group an experiment of its own
-  # targets: the NLL model (with what comes before it), each LLM mode, the copy baselines and the
-  # metric check. The sweeps are queued as soon as the NLL model's group ends, the other groups still
+  # targets: the NLL model (with what comes before it), each LLM mode, and the copy baselines' scores
+  # with the metric check that reads them (`validity`, after `score_sanity`). The sweeps are queued as soon as the NLL model's group ends, the other groups still
   # running: in DVC's order (dvc.yaml's) an experiment reaches their stages only after its `train`,
   # when they have ended and are in the run cache. The NLL model's scores come after `train` too:
   # queued first beside the sweeps. A group that failed is run again by each experiment that needs it.
@@ -197,7 +197,7 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 
   # and so does a plan that queues nothing (every run ran before).
   # shellcheck disable=SC2207  # the modes are words without spaces
   MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
-  GROUPS_=("nll|train_nll" "sanity|score_sanity" "validity|validity")
+  GROUPS_=("nll|train_nll" "sanity|validity")
   for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
   SCORES="nll-scores|score@nll"  # after `train` in DVC's order: queued beside the sweeps
   for group in "${GROUPS_[@]}" "$SCORES"; do SHARED+=("$NAME.shared-${group%%|*}"); done

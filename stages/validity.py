@@ -1,6 +1,7 @@
 """validity: does each metric tell the reference rewrite from a copy of the original ending?
 Per metric, the share of test instances where Y_EE beats the copy of X_OE, with bootstrap
-intervals (storyrewrite.metrics.validity)."""
+intervals (storyrewrite.metrics.validity). `--copy-scores`: the score stage's per-instance scores
+of the copy baselines, whose values are read rather than computed again."""
 import argparse
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from storyrewrite import artifacts
 from storyrewrite.io import run_stage
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, timed
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.metrics.validity import gold_and_copy
+from storyrewrite.metrics.validity import gold_and_copy, read_copy_scores
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import Params
@@ -24,6 +25,7 @@ def main() -> None:
     parser.add_argument("--scorer", type=Path, required=True, help="the models stage's dir")
     parser.add_argument("--evaluators", type=Path, required=True, help="the eval_models stage's dir")
     parser.add_argument("--out", type=Path, required=True, help="the figures, .json (DVC metrics)")
+    parser.add_argument("--copy-scores", type=Path, help="the copy baselines' per-instance scores (score_sanity's scores dir)")
     StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
@@ -44,7 +46,8 @@ def main() -> None:
         scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
         evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
                                      models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
-    pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds)
+    copy_scores = read_copy_scores(args.copy_scores, instances) if args.copy_scores else None
+    pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds, copy_scores)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
     artifacts.write(args.out, artifacts.Validity.model_validate(result))
     print(markdown(result))

@@ -192,7 +192,7 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     # from the profile's llm.modes); then the NLL model's scores, queued first beside the sweeps. The
     # sweeps were planned before any of it; their workers end by themselves, never sent `dvc queue
     # stop`, whose message the next workers would take.
-    shared = ["nll train_nll", "sanity score_sanity", "validity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
+    shared = ["nll train_nll", "sanity validity", "llm-zero_shot score_llm@zero_shot", "llm-rag score_llm@rag"]
     queued = _queued(calls)
     assert queued == [f"-n grid.shared-{group}" for group in shared] + ["-n grid.shared-nll-scores score@nll"] + CORE
     plan = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))

@@ -7,11 +7,13 @@ import pytest
 from storyrewrite.metrics import coherence, lexical
 from storyrewrite.metrics.bertscore import BERTScore
 from storyrewrite.metrics.counterfactual import METRICS
-from storyrewrite.metrics.evaluate import Evaluators
+from storyrewrite.io import InputError, write_jsonl_atomic
+from storyrewrite.metrics.evaluate import Evaluators, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.metrics.validity import gold_and_copy, other_references
+from storyrewrite.metrics.validity import gold_and_copy, other_references, read_copy_scores
 from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.systems import COPY_BASELINES
 from storyrewrite.significance.validity import markdown, outcomes, summarise, validity
 
 
@@ -71,3 +73,41 @@ def test_reference_based_metrics_score_both_endings_against_the_other_references
     gold_drift = pairs["drift"][0]
     assert max(gold_drift) < 1.0 - 1e-6  # never a reference against itself
     assert pairs["bartscore"][0][0] == pytest.approx(judge.score(["She threw it away."], ["She won no prize."])[0], abs=1e-6)
+
+
+def test_the_copy_baselines_scores_are_read_not_computed_again(tiny_evaluators, tmp_path):
+    """Given the score stage's rows of the two copy baselines, the validity values equal those it
+    computes without them; CF-PMI is not computed, and the copy's BARTScore is not scored again."""
+    judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
+    bertscore = BERTScore(resolve_model_dir(tiny_evaluators, "embedder"), "tiny:roberta", layer=2)
+    evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")), bertscore=bertscore)
+    computed, not_measured = gold_and_copy(STORIES, evaluators, scorer=judge, batch_size=2)
+    for system, (column, _) in COPY_BASELINES.items():
+        rows, _ = score_system({row["id"]: row[column] for row in STORIES}, STORIES, judge, 2, evaluators)
+        write_jsonl_atomic(tmp_path / f"{system}.jsonl", rows)
+    scored_pairs = []
+    judge.score = lambda sources, targets, batch_size=16: scored_pairs.extend(zip(sources, targets, strict=True)) or judge.score_ids(
+        judge.encoder.source_ids(sources), targets, batch_size)
+    seconds = {}
+    read, read_not_measured = gold_and_copy(STORIES, evaluators, judge, 2, seconds, read_copy_scores(tmp_path, STORIES))
+    assert set(read) == set(computed) and read_not_measured == not_measured
+    for name, (gold, copy, stories) in computed.items():
+        assert read[name][0] == pytest.approx(gold, abs=1e-5) and read[name][1] == pytest.approx(copy, abs=1e-5), name
+        assert read[name][2] == stories
+    assert "cf_pmi" not in seconds and "bartscore" in seconds
+    assert scored_pairs and not any(source == "She won a prize." for source, _ in scored_pairs)  # the copy of X_OE
+
+
+def test_copy_scores_of_other_instances_are_an_error_naming_the_line(tmp_path):
+    for system in COPY_BASELINES:
+        write_jsonl_atomic(tmp_path / f"{system}.jsonl", [{"id": row["id"]} for row in STORIES])
+    assert len(read_copy_scores(tmp_path, STORIES)["copy_original"]) == 3
+    write_jsonl_atomic(tmp_path / "copy_original.jsonl", [{"id": "s1:0"}, {"id": "s9:9"}])
+    with pytest.raises(InputError, match=r"copy_original.jsonl:2: holds id 's9:9' where the evaluated split has id s1:1"):
+        read_copy_scores(tmp_path, STORIES)
+    write_jsonl_atomic(tmp_path / "copy_original.jsonl", [{"id": "s1:0"}])
+    with pytest.raises(InputError, match=r"copy_original.jsonl: 1 rows for 3 instances; run score_sanity again"):
+        read_copy_scores(tmp_path, STORIES)
+    (tmp_path / "copy_reference.jsonl").unlink()
+    with pytest.raises(InputError, match=r"copy_reference.jsonl: no such file"):
+        read_copy_scores(tmp_path, STORIES)

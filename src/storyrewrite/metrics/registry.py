@@ -51,6 +51,10 @@ class OverlapMetric:
     # param): they then take the Scoring, and the metric is computed only where that model is loaded.
     needs: str | None = None
     instance_label: str | None = None  # what one instance's value is called, where it is not `label` (the figure)
+    # Whether `best_of` is the largest of the `per_instance` values against each reference (not so
+    # for BLEU, which counts n-grams against every reference at once): the validity stage then takes
+    # the copy baseline's best from the score stage's per-instance values (storyrewrite.metrics.validity).
+    best_is_max: bool = False
 
     def computable(self, scoring: Scoring) -> bool:
         return self.needs is None or getattr(scoring, self.needs) is not None
@@ -87,9 +91,9 @@ def bertscore(predictions: list[str], references: list[str] | list[list[str]], s
 
 
 OVERLAP_METRICS: dict[str, OverlapMetric] = {metric.name: metric for metric in (
-    OverlapMetric("bartscore", "BARTScore", bartscore, best_bartscore, decimals=3, needs="scorer"),
-    OverlapMetric("rougeL", "ROUGE-L", lexical.rouge_l, lexical.best_rouge_l),
+    OverlapMetric("bartscore", "BARTScore", bartscore, best_bartscore, decimals=3, needs="scorer", best_is_max=True),
+    OverlapMetric("rougeL", "ROUGE-L", lexical.rouge_l, lexical.best_rouge_l, best_is_max=True),
     OverlapMetric("sacrebleu", "SacreBLEU", lexical.sentence_bleu, lexical.multi_reference_bleu,
                   corpus=lexical.corpus_bleu, instance_label="sentence BLEU"),
-    OverlapMetric("bertscore", "BERTScore", bertscore, bertscore, decimals=3, needs="bertscore"),
+    OverlapMetric("bertscore", "BERTScore", bertscore, bertscore, decimals=3, needs="bertscore", best_is_max=True),
 )}

@@ -9,51 +9,106 @@ per test instance.
   rewrites per test story), the best of them (the multi-reference form, each overlap metric's
   `best_of`: Qin et al.'s drift takes the best of a story's references, ROUGE-L the best, BLEU
   counts n-grams against all). Instances of a story with a single reference are left out of these.
+
+Much of it the score stage has computed already for the two copy baselines (storyrewrite.systems:
+the copy of Y_EE and the copy of X_OE): both endings' CF-PMI, and the copy of X_OE against every
+reference of its story. Given those rows (`copy_scores`), they are read, not computed again.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
+from storyrewrite.io import InputError, read_jsonl
 from storyrewrite.metrics import coherence
 from storyrewrite.metrics.evaluate import timed
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.registry import OVERLAP_METRICS, Scoring
 
+# The copy baselines (storyrewrite.systems.COPY_BASELINES) that score the two endings.
+GOLD, COPY = "copy_reference", "copy_original"
 
-def other_references(instances: list[dict]) -> list[list[str]]:
-    """Per instance, the references of the other instances of its story."""
+
+def other_instances(instances: list[dict]) -> list[list[int]]:
+    """Per instance, the indices of the other instances of its story."""
     by_story: dict[str, list[int]] = defaultdict(list)
     for i, row in enumerate(instances):
         by_story[row["story_id"]].append(i)
-    return [[instances[j]["target"] for j in by_story[row["story_id"]] if j != i] for i, row in enumerate(instances)]
+    return [[j for j in by_story[row["story_id"]] if j != i] for i, row in enumerate(instances)]
+
+
+def other_references(instances: list[dict]) -> list[list[str]]:
+    """Per instance, the references of the other instances of its story."""
+    return [[instances[j]["target"] for j in others] for others in other_instances(instances)]
+
+
+def read_copy_scores(directory: Path, instances: list[dict]) -> dict[str, list[dict]]:
+    """{GOLD, COPY: the score stage's per-instance rows of that copy baseline
+    (`<directory>/<system>.jsonl`)}, checked to hold the instances, in their order."""
+    scores = {}
+    for system in (GOLD, COPY):
+        path = directory / f"{system}.jsonl"
+        if not path.is_file():
+            raise InputError(f"{path}: no such file; the score stage writes it for the copy baselines (score_sanity)")
+        rows = []
+        for line, row in read_jsonl(path):
+            if len(rows) == len(instances) or row.get("id") != instances[len(rows)]["id"]:
+                expected = f"id {instances[len(rows)]['id']}" if len(rows) < len(instances) else "no more rows"
+                raise InputError(f"{path}:{line}: holds id {row.get('id')!r} where the evaluated split has {expected}: "
+                                 "scores of another split or data; run score_sanity again")
+            rows.append(row)
+        if len(rows) < len(instances):
+            raise InputError(f"{path}: {len(rows)} rows for {len(instances)} instances; run score_sanity again")
+        scores[system] = rows
+    return scores
 
 
 def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = None, batch_size: int = 16,
-                  seconds: dict[str, float] | None = None) -> tuple[dict[str, tuple[list[float], list[float], list[str]]], dict[str, str]]:
+                  seconds: dict[str, float] | None = None, copy_scores: dict[str, list[dict]] | None = None,
+                  ) -> tuple[dict[str, tuple[list[float], list[float], list[str]]], dict[str, str]]:
     """({metric: (values of Y_EE, values of the copy of X_OE, story ids)}, {metric: why it was
     not measured}) for every metric the models given can compute (`evaluators`:
     storyrewrite.metrics.evaluate.Evaluators; `scorer` for the overlap metric that needs one,
-    BARTScore). `seconds`, if given, receives each metric's wall time (evaluate.timed)."""
+    BARTScore). `seconds`, if given, receives the wall time of each metric computed
+    (evaluate.timed). `copy_scores` (read_copy_scores), if given: the values its rows hold are
+    taken from them, CF-PMI whole and, for each metric whose best of several references is the
+    largest single value (`OverlapMetric.best_is_max`), the copy's side: the copy of X_OE scored
+    against instance j's reference is the copy baseline's value at j."""
     gold, copy = [row["target"] for row in instances], [row["original_ending"] for row in instances]
+    stories = [row["story_id"] for row in instances]
+    scored = copy_scores or {GOLD: [{}] * len(instances), COPY: [{}] * len(instances)}
     pairs: dict[str, tuple[list[float], list[float], list[str]]] = {}
 
     def measure(name: str, score, rows: list[dict], endings: tuple[list[str], list[str]]) -> None:
         with timed(seconds, name):
             pairs[name] = (score(rows, endings[0]), score(rows, endings[1]), [row["story_id"] for row in rows])
 
+    def held(name: str, system: str) -> bool:
+        return all(name in row for row in scored[system])
+
     if evaluators.judge is not None:
-        measure("cf_pmi", lambda rows, ends: coherence.cf_pmi(evaluators.judge, rows, ends, batch_size), instances, (gold, copy))
+        if held("cf_pmi", GOLD) and held("cf_pmi", COPY):
+            pairs["cf_pmi"] = ([row["cf_pmi"] for row in scored[GOLD]], [row["cf_pmi"] for row in scored[COPY]], stories)
+        else:
+            measure("cf_pmi", lambda rows, ends: coherence.cf_pmi(evaluators.judge, rows, ends, batch_size), instances, (gold, copy))
     if evaluators.nli is not None:
         measure("ents", lambda rows, ends: coherence.entailment(evaluators.nli, rows, ends, batch_size), instances, (gold, copy))
-    others = other_references(instances)
-    kept = [i for i, refs in enumerate(others) if refs]
-    rows, refs = [instances[i] for i in kept], [others[i] for i in kept]
+    others = other_instances(instances)
+    kept = [i for i, js in enumerate(others) if js]
+    rows, refs = [instances[i] for i in kept], [[gold[j] for j in others[i]] for i in kept]
     endings = ([gold[i] for i in kept], [copy[i] for i in kept])
     if kept and evaluators.encoder is not None:
         measure("drift", lambda rows, ends: coherence.drift_similarity(evaluators.encoder, rows, ends, refs), rows, endings)
     scoring = Scoring(scorer, batch_size, bertscore=evaluators.bertscore)
     for metric in OVERLAP_METRICS.values():
-        if kept and metric.computable(scoring):
+        if not (kept and metric.computable(scoring)):
+            continue
+        if metric.best_is_max and held(metric.name, COPY):
+            with timed(seconds, metric.name):
+                gold_values = metric.best_values(endings[0], refs, scoring)
+            copy_values = [max(scored[COPY][j][metric.name] for j in others[i]) for i in kept]
+            pairs[metric.name] = (gold_values, copy_values, [stories[i] for i in kept])
+        else:
             measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings)
     models = {"cf_pmi": ("judge", evaluators.judge), "drift": ("embedder", evaluators.encoder), "ents": ("nli", evaluators.nli),
               **{metric.name: (metric.needs, getattr(scoring, metric.needs)) for metric in OVERLAP_METRICS.values() if metric.needs}}
