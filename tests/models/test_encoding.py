@@ -108,12 +108,32 @@ def test_causal_mask_leaves_sliding_window_models_their_2d_mask(tiny_model_dirs)
     assert causal_mask(model, mask) is mask
 
 
-def test_a_causal_forward_never_reads_the_device(tiny_model_dirs):
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_a_forward_never_reads_the_device(tiny_model_dirs, kind):
     """The generator and scorer forwards of training and scoring run without a host read (on a GPU,
-    the host would wait for the GPU there); transformers' 2D-mask path reads once or twice."""
-    directory = tiny_model_dirs["llama"]
+    the host would wait for the GPU there); transformers' 2D-mask path reads once or more."""
+    directory = tiny_model_dirs[kind]
     model = load_model(directory).eval()
-    batch = Encoder(load_tokenizer(directory), False, 64, 32).batch(SOURCES, TARGETS)
+    batch = Encoder(load_tokenizer(directory), kind == "bart", 64, 32).batch(SOURCES, TARGETS)
+    inputs = ({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+               "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=batch["target_ids"])} if kind == "bart"
+              else {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")})
     with torch.no_grad():
         assert host_reads(lambda: target_logits(model, batch)) == []
-        assert host_reads(lambda: model.base_model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}))
+        assert host_reads(lambda: model(**inputs))
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_seq2seq_masks_give_the_logits_of_transformers_own(tiny_model_dirs, implementation):
+    """key_mask and decoder_mask (BART): the logits transformers computes from the 2D source mask
+    and no decoder mask, at every position."""
+    directory = tiny_model_dirs["bart"]
+    model = load_model(directory).eval()
+    model.config._attn_implementation = implementation
+    batch = Encoder(load_tokenizer(directory), True, 64, 32).batch(SOURCES, TARGETS)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=batch["target_ids"])
+    with torch.no_grad():
+        ours = target_logits(model, batch)
+        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids).logits
+    assert batch["attention_mask"].min() == 0  # the sources are padded
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)

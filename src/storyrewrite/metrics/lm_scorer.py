@@ -15,7 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
-from storyrewrite.models.encoding import Encoder, causal_mask, model_form, output_logits, pad_rows, position_ids, target_logits
+from storyrewrite.models.encoding import (Encoder, causal_mask, decoder_mask, key_mask, model_form, output_logits, pad_rows,
+                                         position_ids, target_logits)
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -117,13 +118,15 @@ class LMScorer:
         embeds = self.soft_embeddings(source_probs)  # B×S×d
         source_mask = source_mask.to(self.device)
         if self.seq2seq:
-            encoded = self.model.get_encoder()(inputs_embeds=embeds, attention_mask=source_mask)
+            keys = key_mask(self.model, source_mask)
+            encoded = self.model.get_encoder()(inputs_embeds=embeds, attention_mask=keys)
             results = []
             for targets in target_sets:
                 target_ids, target_mask = self._padded_targets([targets])
+                decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(labels=target_ids)
                 logits = self.model(
-                    encoder_outputs=encoded, attention_mask=source_mask,
-                    decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels=target_ids), use_cache=False,
+                    encoder_outputs=encoded, attention_mask=keys, decoder_input_ids=decoder_input_ids,
+                    decoder_attention_mask=decoder_mask(self.model, decoder_input_ids), use_cache=False,
                 ).logits
                 results.append(mean_target_log_prob(logits, target_ids, target_mask))
             return results

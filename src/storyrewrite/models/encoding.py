@@ -100,9 +100,8 @@ def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
     if model.config.is_encoder_decoder:
         decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=target)
         return model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            decoder_input_ids=decoder_input_ids, use_cache=False,
+            input_ids=batch["input_ids"], attention_mask=key_mask(model, batch["attention_mask"]),
+            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_mask(model, decoder_input_ids), use_cache=False,
         ).logits
     # Drop the last column: positions prompt_width-1 .. end-1, the last T of what remains, predict
     # the target tokens.
@@ -146,15 +145,37 @@ def causal_mask(model: PreTrainedModel, attention_mask: torch.Tensor) -> torch.T
     the values transformers' own mask gives them. Models with sliding-window layers, whose
     masks transformers builds per layer, and attention implementations other than SDPA and
     eager take the 2D mask as it is."""
-    config = model.config
-    if (config._attn_implementation not in ("sdpa", "eager") or getattr(config, "sliding_window", None) is not None
-            or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ())):
+    if not takes_4d_masks(model.config):
         return attention_mask
     keys = attention_mask.bool()
     index = torch.arange(keys.shape[1], device=keys.device)
     causal = index.unsqueeze(1) >= index.unsqueeze(0)  # query (row) sees key (column)
     allowed = (causal.unsqueeze(0) & keys.unsqueeze(1)) | torch.eye(keys.shape[1], dtype=torch.bool, device=keys.device)
-    return model_form(allowed, config._attn_implementation, model.dtype)
+    return model_form(allowed, model.config._attn_implementation, model.dtype)
+
+
+def key_mask(model: PreTrainedModel, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A seq2seq model's B×1×1×S mask over its source (`attention_mask` B×S, 1 for real tokens):
+    every query of its encoder, and of its decoder over the encoder's states, sees the real source
+    tokens. As `causal_mask`, without the read of the device that transformers makes for a 2D mask
+    (masking_utils._ignore_bidirectional_mask_sdpa), and the 2D mask where 4D ones do not serve."""
+    if not takes_4d_masks(model.config):
+        return attention_mask
+    return model_form(attention_mask.bool().unsqueeze(1), model.config._attn_implementation, model.dtype)
+
+
+def decoder_mask(model: PreTrainedModel, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+    """A seq2seq decoder's causal mask over its (teacher-forced) inputs, every position real: what
+    transformers builds when given none, after a read of the device to find no padding."""
+    return causal_mask(model, torch.ones_like(decoder_input_ids))
+
+
+def takes_4d_masks(config) -> bool:
+    """Whether a model takes a 4D attention mask in place of its 2D one, with the same values:
+    SDPA or eager attention, and no sliding-window layers (transformers builds theirs per layer
+    from the 2D mask)."""
+    return (config._attn_implementation in ("sdpa", "eager") and getattr(config, "sliding_window", None) is None
+            and all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ()))
 
 
 def model_form(allowed: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
