@@ -60,6 +60,11 @@ def test_cpo_objective_uses_one_forward_for_chosen_and_rejected(tiny_model_dirs,
     assert out.loss.item() == pytest.approx(cpo_loss(chosen, rejected, chosen_nll, 0.5, 2.0)[0].item(), abs=1e-4)
 
 
+def test_a_cpo_step_never_reads_the_device(tiny_model_dirs, small_prepared):
+    model, batch, loss, *_ = _cpo_setup(tiny_model_dirs, small_prepared)
+    assert host_reads(lambda: loss(model, batch, 0).loss.backward()) == []
+
+
 def test_cpo_diagnostics_against_separate_forwards(tiny_model_dirs, small_prepared):
     beta = 0.5
     model, batch, loss, chosen, rejected, chosen_nll = _cpo_setup(tiny_model_dirs, small_prepared, beta=beta)
