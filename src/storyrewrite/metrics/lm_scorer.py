@@ -15,8 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
-from storyrewrite.models.encoding import (Encoder, causal_mask, decoder_mask, key_mask, model_form, output_logits, pad_rows,
-                                         position_ids, target_logits)
+from storyrewrite.models.encoding import (Encoder, causal_allowed, causal_mask, decoder_mask, key_mask, model_form, output_logits,
+                                         pad_rows, position_ids, target_logits)
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -195,17 +195,13 @@ class LMScorer:
         tokens up to themselves. Every query also sees itself, so that a padding position has
         something to attend to (its output is never read). In the form the scorer's attention
         implementation takes: boolean for SDPA, additive for eager."""
-        batch, width = source_mask.shape
-        length = width + input_mask.shape[1]
+        width = source_mask.shape[1]
         steps = input_mask.shape[1] // sets
         # Segment of each column: 0 for the source, k + 1 for target set k.
         segment = torch.cat([torch.zeros(width, dtype=torch.long, device=self.device),
                              torch.arange(1, sets + 1, device=self.device).repeat_interleave(steps)])
-        index = torch.arange(length, device=self.device)
-        causal = index.unsqueeze(1) >= index.unsqueeze(0)  # query (row) sees key (column)
         same_set_or_source = (segment.unsqueeze(0) == 0) | (segment.unsqueeze(0) == segment.unsqueeze(1))
-        real_keys = torch.cat([source_mask, input_mask], dim=1).unsqueeze(1)  # B×1×Q
-        allowed = ((causal & same_set_or_source).unsqueeze(0) & real_keys) | torch.eye(length, dtype=torch.bool, device=self.device)
+        allowed = causal_allowed(torch.cat([source_mask, input_mask], dim=1), same_set_or_source)
         implementation = self.model.config._attn_implementation
         if implementation in ("sdpa", "eager"):
             return model_form(allowed, implementation, dtype)

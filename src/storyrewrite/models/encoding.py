@@ -147,11 +147,19 @@ def causal_mask(model: PreTrainedModel, attention_mask: torch.Tensor) -> torch.T
     eager take the 2D mask as it is."""
     if not takes_4d_masks(model.config):
         return attention_mask
-    keys = attention_mask.bool()
-    index = torch.arange(keys.shape[1], device=keys.device)
-    causal = index.unsqueeze(1) >= index.unsqueeze(0)  # query (row) sees key (column)
-    allowed = (causal.unsqueeze(0) & keys.unsqueeze(1)) | torch.eye(keys.shape[1], dtype=torch.bool, device=keys.device)
-    return model_form(allowed, model.config._attn_implementation, model.dtype)
+    return model_form(causal_allowed(attention_mask.bool()), model.config._attn_implementation, model.dtype)
+
+
+def causal_allowed(real: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """The B×L×L boolean mask (True: the query, a row, sees the key, a column) of rows whose real
+    tokens are `real` (B×L, boolean): each query sees the real keys up to itself, of those the L×L
+    `visible` lets it see (None: all), and itself, so that a padding query's row is never empty
+    (its output is never read)."""
+    index = torch.arange(real.shape[1], device=real.device)
+    allowed = index.unsqueeze(1) >= index.unsqueeze(0)
+    if visible is not None:
+        allowed = allowed & visible
+    return (allowed.unsqueeze(0) & real.unsqueeze(1)) | torch.eye(real.shape[1], dtype=torch.bool, device=real.device)
 
 
 def key_mask(model: PreTrainedModel, attention_mask: torch.Tensor) -> torch.Tensor:
