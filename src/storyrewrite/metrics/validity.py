@@ -76,7 +76,6 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
     against instance j's reference is the copy baseline's value at j."""
     gold, copy = [row["target"] for row in instances], [row["original_ending"] for row in instances]
     stories = [row["story_id"] for row in instances]
-    scored = copy_scores or {GOLD: [{}] * len(instances), COPY: [{}] * len(instances)}
     pairs: dict[str, tuple[list[float], list[float], list[str]]] = {}
 
     def measure(name: str, score, rows: list[dict], endings: tuple[list[str], list[str]]) -> None:
@@ -84,11 +83,11 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
             pairs[name] = (score(rows, endings[0]), score(rows, endings[1]), [row["story_id"] for row in rows])
 
     def held(name: str, system: str) -> bool:
-        return all(name in row for row in scored[system])
+        return copy_scores is not None and all(name in row for row in copy_scores[system])
 
     if evaluators.judge is not None:
         if held("cf_pmi", GOLD) and held("cf_pmi", COPY):
-            pairs["cf_pmi"] = ([row["cf_pmi"] for row in scored[GOLD]], [row["cf_pmi"] for row in scored[COPY]], stories)
+            pairs["cf_pmi"] = ([row["cf_pmi"] for row in copy_scores[GOLD]], [row["cf_pmi"] for row in copy_scores[COPY]], stories)
         else:
             measure("cf_pmi", lambda rows, ends: coherence.cf_pmi(evaluators.judge, rows, ends, batch_size), instances, (gold, copy))
     if evaluators.nli is not None:
@@ -106,7 +105,7 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
         if metric.best_is_max and held(metric.name, COPY):
             with timed(seconds, metric.name):
                 gold_values = metric.best_values(endings[0], refs, scoring)
-            copy_values = [max(scored[COPY][j][metric.name] for j in others[i]) for i in kept]
+            copy_values = [max(copy_scores[COPY][j][metric.name] for j in others[i]) for i in kept]
             pairs[metric.name] = (gold_values, copy_values, [stories[i] for i in kept])
         else:
             measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings)
