@@ -24,7 +24,7 @@ from common import clock, describe, evaluators_dir, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.metrics.coherence import cf_pmi, judge_contexts
-from storyrewrite.metrics.evaluate import Evaluators, read_predictions, score_system
+from storyrewrite.metrics.evaluate import load_scoring_models, read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
@@ -47,10 +47,7 @@ def stage_work(params, pretrained: Path, evaluators: Path | None, predictions: d
     """Seconds for what the score stage does after its imports: load, then score one system."""
     models, config = params.models, params.score
     started = clock(device)
-    scorer = LMScorer.from_dir(resolve_model_dir(pretrained, "scorer"), models.max_input_tokens, models.max_output_tokens, config.dtype, device)
-    loaded = None if evaluators is None else Evaluators.load(evaluators, scorer, pretrained, device, config.dtype,
-                                                             models.max_input_tokens, models.max_output_tokens,
-                                                             config.bertscore_layer, config.bertscore_rescale)
+    scorer, loaded = load_scoring_models(pretrained, evaluators, models, config, device)
     score_system(predictions, instances, scorer, config.batch_size, loaded)
     return clock(device) - started
 

@@ -18,11 +18,9 @@ from common import ROOT, clock, evaluators_dir, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.io import read_json, write_text_atomic
-from storyrewrite.metrics.evaluate import Evaluators
-from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.evaluate import load_scoring_models
 from storyrewrite.metrics.validity import gold_and_copy
 from storyrewrite.models.device import resolve_device
-from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.records import where_ran
 from storyrewrite.significance.validity import markdown, validity
 
@@ -41,10 +39,7 @@ def main() -> None:
     models, config = params.models, params.score
     instances = load_instances(prepared, params.task, "test")
     started = clock(device)
-    scorer_dir = resolve_model_dir(pretrained, "scorer")
-    scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, config.dtype, device)
-    evaluators = Evaluators.load(evaluators_dir(params), scorer, pretrained, device, config.dtype, models.max_input_tokens,
-                                 models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
+    scorer, evaluators = load_scoring_models(pretrained, evaluators_dir(params), models, config, device)
     loading = clock(device) - started
     seconds: dict[str, float] = {}
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds)

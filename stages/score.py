@@ -11,10 +11,8 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.metrics.counterfactual import METRICS
-from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, read_predictions, score_system, timed
-from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, load_scoring_models, read_predictions, score_system, timed
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
-from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 
@@ -37,11 +35,8 @@ def main() -> None:
     precision = set_fp32_matmul(device, config.dtype, config.fp32_matmul)
     seconds: dict[str, float] = {}  # loading the models, then each metric's, over all systems
     with timed(seconds, "load_models"):
-        scorer_dir = resolve_model_dir(args.scorer, "scorer")
-        scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
-        evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
-                                     models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale,
-                                     coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
+        scorer, evaluators = load_scoring_models(args.scorer, args.evaluators, models, config, device,
+                                                 coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
     print(f"scorer on {device} ({precision})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
           + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]

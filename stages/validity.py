@@ -9,11 +9,9 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.io import run_stage
-from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, Evaluators, timed
-from storyrewrite.metrics.lm_scorer import LMScorer
+from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, load_scoring_models, timed
 from storyrewrite.metrics.validity import gold_and_copy, read_copy_scores
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
-from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 from storyrewrite.significance.validity import markdown, validity
@@ -42,10 +40,7 @@ def main() -> None:
     precision = set_fp32_matmul(device, config.dtype, config.fp32_matmul)
     seconds: dict[str, float] = {}  # loading the models, then each metric's
     with timed(seconds, "load_models"):
-        scorer_dir = resolve_model_dir(args.scorer, "scorer")
-        scorer = LMScorer.from_dir(scorer_dir, models.max_input_tokens, models.max_output_tokens, dtype=config.dtype, device=device)
-        evaluators = Evaluators.load(args.evaluators, scorer, args.scorer, device, config.dtype, models.max_input_tokens,
-                                     models.max_output_tokens, config.bertscore_layer, config.bertscore_rescale)
+        scorer, evaluators = load_scoring_models(args.scorer, args.evaluators, models, config, device)
     copy_scores = read_copy_scores(args.copy_scores, instances) if args.copy_scores else None
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds, copy_scores)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)

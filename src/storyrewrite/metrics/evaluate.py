@@ -69,6 +69,20 @@ class Evaluators:
             bertscore=bertscore,
         )
 
+def load_scoring_models(scorer_models: Path, evaluators_dir: Path | None, models, config, device: torch.device,
+                        coherence_models: bool = True) -> tuple[LMScorer, Evaluators | None]:
+    """(the LM scorer of the models stage's directory `scorer_models`, the eval_models stage's models
+    in `evaluators_dir`, None without it), on `device`, as the score and validity stages load them:
+    `models` (params' ModelsConfig) gives the token limits, `config` (ScoreConfig) the dtype and
+    BERTScore's settings; `coherence_models` as Evaluators.load's."""
+    scorer = LMScorer.from_dir(resolve_model_dir(scorer_models, "scorer"), models.max_input_tokens, models.max_output_tokens,
+                               dtype=config.dtype, device=device)
+    evaluators = None if evaluators_dir is None else Evaluators.load(
+        evaluators_dir, scorer, scorer_models, device, config.dtype, models.max_input_tokens, models.max_output_tokens,
+        config.bertscore_layer, config.bertscore_rescale, coherence_models)
+    return scorer, evaluators
+
+
 def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     """id -> prediction, checked against the instances: a missing, duplicated or unknown id or a
     malformed row is an error naming it; an empty prediction is reported and scored as it is."""
