@@ -45,7 +45,6 @@ from pathlib import Path
 import torch
 from common import ROOT, workspace_env, write_result
 
-from storyrewrite.curves import parse_curve
 from storyrewrite.io import write_text_atomic
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
@@ -209,13 +208,9 @@ def step_time(runs: Iterable) -> dict[str, dict[str, float]]:
     (CLOCK_CURVES), as its run holds the curves; experiments with none are left out."""
     found: dict[str, dict[str, float]] = {}
     for run in runs:
-        shares = {}
-        for name in CLOCK_CURVES:
-            path = f"reports/train/finetuned/plots/metrics/{name}.tsv"
-            if run.has(path):
-                values = [row["value"] for row in parse_curve(run.text(path), name, f"{run.name}: {path}")]
-                if values:
-                    shares[name] = round(sum(values) / len(values), 3)
+        curves = run.curves("finetuned")
+        shares = {name: round(sum(row["value"] for row in rows) / len(rows), 3)
+                  for name in CLOCK_CURVES if (rows := curves.get(name))}
         if shares:
             found[run.name] = shares
     return found

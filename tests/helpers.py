@@ -62,15 +62,11 @@ def system_metrics(bart: float, rouge: float = 60.0, bleu: float = 30.0, **extra
             "counterfactual_metrics": "available", "prompt_echo": 0.0, **extra}
 
 
-def curve(first: float, last: float) -> dict:
-    return {"first": first, "last": last, "first_step": 1, "last_step": 10}
-
-
 def training_summary(**changes) -> dict:
     """A training run's summary (artifacts.TrainingSummary)."""
     return {"objective": "nll", "label": "NLL", "settings": None, "task": "timetravel", "global_step": 3, "world_size": 1,
             "device": "cpu", "precision": "32-true", "resumed_from_step": None, "best_val_loss": 2.0, "best_step": 3,
-            "best_val_nll": 2.0, "start_val_loss": 2.5, "main_diagnostics": [], "curves": {}, **changes}
+            "best_val_nll": 2.0, "start_val_loss": 2.5, "main_diagnostics": [], **changes}
 
 
 def record(stage: str, wall: float = 10.0, **changes) -> dict:

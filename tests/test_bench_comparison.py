@@ -4,8 +4,11 @@ import sys
 import time
 from datetime import datetime
 from itertools import pairwise
+from pathlib import Path
 
 from helpers import ROOT
+
+from storyrewrite.report.collect import Run
 
 sys.path.insert(0, str(ROOT / "bench"))
 import comparison  # noqa: E402  (bench/ is a folder of scripts, not a package)
@@ -113,10 +116,12 @@ def test_an_idle_gpu_is_named_where_it_waited_ten_seconds_or_more():
 
 
 class _Run:
-    """A gathered run's files, as storyrewrite.report.collect.Run serves them."""
+    """A gathered run's files, as storyrewrite.report.collect.Run serves them; its curves by Run's own code."""
 
     def __init__(self, name, files):
-        self.name, self.files = name, files
+        self.name, self.files, self.root = name, files, Path("runs/test")
+
+    curves = Run.curves
 
     def has(self, path):
         return path in self.files

@@ -68,13 +68,6 @@ class SystemMetrics(Artifact):
     evaluators: EvaluatorSpecs | None = None
 
 
-class CurveEnds(Artifact):
-    first: float
-    last: float
-    first_step: int
-    last_step: int
-
-
 class TrainingSummary(Open):
     """The training run's facts; DVCLive's latest value of every curve sits beside them."""
     objective: str
@@ -91,7 +84,6 @@ class TrainingSummary(Open):
     best_val_nll: float | None
     start_val_loss: float | None
     main_diagnostics: list[str]
-    curves: dict[str, CurveEnds]
     counterpart: str | None = None  # the system it is tested against head to head (RLOO: DTO of its reward)
 
 

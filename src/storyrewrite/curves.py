@@ -14,6 +14,11 @@ def curve_files(directory: Path) -> dict[str, Path]:
     return {path.relative_to(root).with_suffix("").as_posix(): path for path in sorted(root.rglob("*.tsv"))}
 
 
+def read_curves(directory: Path) -> dict[str, list[dict]]:
+    """name -> the rows of each curve under a DVCLive directory (curve_files, read_curve)."""
+    return {name: read_curve(path) for name, path in curve_files(directory).items()}
+
+
 def read_curve(path: Path) -> list[dict]:
     """The rows of a DVCLive curve file: {"step": int, "value": float} (see parse_curve)."""
     return parse_curve(path.read_text(encoding="utf-8"), path.stem, str(path))

@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 from transformers import CompileConfig
 
 from helpers import RL, ROOT, read_jsonl, tiny_run
+from storyrewrite.curves import read_curve
 from storyrewrite.models.encoding import Encoder, target_logits
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -224,7 +225,8 @@ def test_an_interrupted_rloo_run_resumes_to_the_weights_of_an_uninterrupted_one(
         fit(run, tmp_path / "resumed", tmp_path / "ckpt", tmp_path / "logs", callbacks=(Crash(),))
     resumed = fit(run, tmp_path / "resumed", tmp_path / "ckpt", tmp_path / "logs")
     assert resumed["resumed_from_step"] == 2 and resumed["global_step"] == whole["global_step"] == 4
-    assert resumed["curves"]["reward"] == whole["curves"]["reward"]
+    assert read_curve(tmp_path / "logs" / "plots" / "metrics" / "reward.tsv") == \
+        read_curve(tmp_path / "whole_logs" / "plots" / "metrics" / "reward.tsv")
     first, second = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "resumed"))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
@@ -372,13 +374,14 @@ def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_pat
     """Through Lightning's fit in the GPU profile's bf16-mixed (the KL term's reference model beside
     the generator, validation in batches of another size): the same reward curve and the same
     trained weights."""
-    directory, runs, weights = tiny_model_dirs["llama"], {}, {}
+    directory, weights = tiny_model_dirs["llama"], {}
     for cache in ("dynamic", "static"):
         run = tiny_run(directory, small_prepared, "rloo", RL.model_copy(update={"cache": cache}), directory, section="train",
                        max_steps=3, val_check_interval=3, val_batch_size=4, precision="bf16-mixed")
-        runs[cache] = fit(run, tmp_path / cache, tmp_path / f"{cache}_ckpt", tmp_path / f"{cache}_logs")
+        fit(run, tmp_path / cache, tmp_path / f"{cache}_ckpt", tmp_path / f"{cache}_logs")
         weights[cache] = load_file(tmp_path / cache / "model.safetensors")
-    assert runs["static"]["curves"]["reward"] == runs["dynamic"]["curves"]["reward"]
+    assert read_curve(tmp_path / "static_logs" / "plots" / "metrics" / "reward.tsv") == \
+        read_curve(tmp_path / "dynamic_logs" / "plots" / "metrics" / "reward.tsv")
     assert all(torch.equal(weights["static"][k], weights["dynamic"][k]) for k in weights["dynamic"])
 
 

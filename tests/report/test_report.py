@@ -1,6 +1,6 @@
 import json
 
-from helpers import curve, system_metrics, training_summary
+from helpers import system_metrics, training_summary
 from storyrewrite.report.examples import word_diff
 from storyrewrite.report.tables import Row, latex_table, markdown_table
 
@@ -93,16 +93,20 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
 
 
 def test_the_training_section_reads_the_runs_summaries_and_the_wall_time_from_the_stage_record(tmp_path):
+    from storyrewrite.curves import read_curves
     from storyrewrite.report.build import read_summaries, train_seconds, training_section
 
-    (tmp_path / "finetuned").mkdir()
+    (tmp_path / "finetuned" / "plots" / "metrics").mkdir(parents=True)
     (tmp_path / "finetuned" / "metrics.json").write_text(json.dumps(training_summary(
-        global_step=10, best_step=10, main_diagnostics=["m_target", "m_original", "delta"], start_val_loss=3.1, best_val_loss=2.75,
-        curves={"train_loss": curve(3.2, 2.9), "val_loss": curve(3.1, 2.8), "m_target": curve(-3.21, -2.95),
-                "val_m_original": curve(-2.5, -2.6), "delta": curve(0.1, 0.3), "val_delta": curve(0.2, 0.25)})))
+        global_step=10, best_step=10, main_diagnostics=["m_target", "m_original", "delta"], start_val_loss=3.1, best_val_loss=2.75)))
+    # DVCLive's files: the first and the last row of each are what the table shows.
+    for name, (first, last) in {"train_loss": (3.2, 2.9), "val_loss": (3.1, 2.8), "m_target": (-3.21, -2.95),
+                                "val_m_original": (-2.5, -2.6), "delta": (0.1, 0.3), "val_delta": (0.2, 0.25)}.items():
+        (tmp_path / "finetuned" / "plots" / "metrics" / f"{name}.tsv").write_text(f"step\t{name}\n1\t{first}\n5\t7.0\n10\t{last}\n")
+    curves = {s: read_curves(tmp_path / s) for s in ("nll", "finetuned")}
     seconds = train_seconds([{"stage": "train", "train_s": 42.4}, {"stage": "generate-finetuned", "wall_s": 3.0}])
     assert seconds == {"finetuned": 42.4}
-    table = training_section(read_summaries(["nll", "finetuned"], tmp_path), {"nll": "NLL", "finetuned": "DTO-Score"},
+    table = training_section(read_summaries(["nll", "finetuned"], tmp_path), curves, {"nll": "NLL", "finetuned": "DTO-Score"},
                              seconds).splitlines()
     assert len(table) == 3  # no summary for nll here: no row
     # The validation loss of the starting weights → that of the exported checkpoint (not the last
@@ -113,7 +117,7 @@ def test_the_training_section_reads_the_runs_summaries_and_the_wall_time_from_th
     summary = json.loads((tmp_path / "finetuned" / "metrics.json").read_text())
     summary["start_val_loss"] = None
     (tmp_path / "finetuned" / "metrics.json").write_text(json.dumps(summary))
-    table = training_section(read_summaries(["finetuned"], tmp_path), {"finetuned": "DTO-Score"}, {}).splitlines()
+    table = training_section(read_summaries(["finetuned"], tmp_path), curves, {"finetuned": "DTO-Score"}, {}).splitlines()
     assert "| DTO-Score | 10 | n/a | 10 | 2.9 | n/a → 2.75 |" in table[2]
 
 

@@ -8,7 +8,7 @@ from storyrewrite import artifacts
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.params import ReportConfig
 from storyrewrite.records import read_records, stages_table
-from storyrewrite.curves import curve_files, read_curve
+from storyrewrite.curves import read_curves
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
 from storyrewrite.markdown import table
@@ -81,23 +81,25 @@ def _value(number: float) -> str:
     return f"{number:.4g}"
 
 
-def training_section(summaries: dict[str, dict], labels: dict[str, str], seconds: dict[str, float]) -> str:
-    """A table of the trained systems from their runs' summaries: steps, wall time, the step of
-    the exported (best-on-validation) checkpoint, the final training loss, the validation loss of
-    the starting weights and of the exported checkpoint (did training improve its own objective on
-    validation?), and the first → last values of the objective's main diagnostics: on validation
-    where it logs them (the same instances each time, from the starting weights at step 0 with
-    `validate_at_start`), else from training (one batch a step: noisy at small batch sizes)."""
+def training_section(summaries: dict[str, dict], curves: dict[str, dict[str, list[dict]]], labels: dict[str, str],
+                     seconds: dict[str, float]) -> str:
+    """A table of the trained systems from their runs' summaries and curves (system -> name ->
+    rows, storyrewrite.curves): steps, wall time, the step of the exported (best-on-validation)
+    checkpoint, the final training loss, the validation loss of the starting weights and of the
+    exported checkpoint (did training improve its own objective on validation?), and the first →
+    last values of the objective's main diagnostics: on validation where it logs them (the same
+    instances each time, from the starting weights at step 0 with `validate_at_start`), else from
+    training (one batch a step: noisy at small batch sizes)."""
     rows = []
     for system, info in summaries.items():
-        curves = info.get("curves", {})
+        logged = {name: values for name, values in curves.get(system, {}).items() if values}
         shown = []
         for name in info.get("main_diagnostics", []):
             for key, where in ((f"val_{name}", " (val)"), (name, "")):
-                if key in curves:
-                    shown.append(f"{name}{where} {_value(curves[key]['first'])} → {_value(curves[key]['last'])}")
+                if key in logged:
+                    shown.append(f"{name}{where} {_value(logged[key][0]['value'])} → {_value(logged[key][-1]['value'])}")
                     break
-        train = _value(curves["train_loss"]["last"]) if "train_loss" in curves else "n/a"
+        train = _value(logged["train_loss"][-1]["value"]) if "train_loss" in logged else "n/a"
         start, best = info.get("start_val_loss"), info.get("best_val_loss")
         val = " → ".join(_value(v) if v is not None else "n/a" for v in (start, best))
         wall = f"{seconds[system]:.0f} s" if system in seconds else "n/a"
@@ -158,6 +160,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     records = [r for r in read_records(stage_records) if of_the_run(r["stage"], systems)]
     order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
     summaries = read_summaries(order, train_logs)
+    curves = {s: read_curves(train_logs / s) for s in summaries}
     labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
     usages = {labels[s]: usage for s in order if (usage := read_llm_usage(s, llm_usage)) is not None}
     rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
@@ -194,8 +197,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
                        seed=seed)
         shown_figure = [f"![Each system's mean per test instance with its bootstrap 95 % interval]({figure.name})"]
         for system, summary in summaries.items():
-            curves = {name: read_curve(path) for name, path in curve_files(train_logs / system).items()}
-            training_figure(train_logs / f"{system}.png", curves, training_panels(summary.get("main_diagnostics", [])),
+            training_figure(train_logs / f"{system}.png", curves[system], training_panels(summary.get("main_diagnostics", [])),
                             f"{labels[system]}: training (line) and validation (points)")
 
     markdown = "\n\n".join([
@@ -204,7 +206,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         *coherence_notes(metrics[baseline], usages),
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
         *validity_section,
-        "## Training", training_section(summaries, labels, train_seconds(records)),
+        "## Training", training_section(summaries, curves, labels, train_seconds(records)),
         *([f"Main curves: {', '.join(f'`{train_logs.name}/{s}.png`' for s in summaries)}."] if shown_figure else []),
         "Every logged quantity over the steps: `dvc plots show reports/train/<system>/plots/metrics` "
         "(`dvc plots diff <experiment>` to compare runs); docs/training.md says what each curve tells.",

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from storyrewrite.curves import parse_curve
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves
@@ -93,6 +94,13 @@ class Run:
 
     def summary(self, system: str) -> dict | None:
         return self.artifact(f"reports/train/{system}/metrics.json", artifacts.TrainingSummary, optional=True)
+
+    def curves(self, system: str) -> dict[str, list[dict]]:
+        """name -> the rows of each training curve of `system` the run holds (storyrewrite.curves:
+        `rewards/chosen` from plots/metrics/rewards/chosen.tsv); empty for a system not trained."""
+        root = f"reports/train/{system}/plots/metrics/"
+        return {path.removeprefix(root).removesuffix(".tsv"): parse_curve(self.text(path), Path(path).stem, f"{self.root}/{self.name}: {path}")
+                for path in sorted(self.files) if path.startswith(root) and path.endswith(".tsv")}
 
     def systems(self) -> list[str]:
         """The systems of the run's pipeline, named by its own params as the report stage names
@@ -426,6 +434,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     devices = where_models_ran(runs)
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
     summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
+    curves = {e.label: e.run.curves(e.system) for e in entries if e.label in summaries}
     seconds = {e.label: wall for e in entries if (wall := train_seconds(e.run.records).get(e.system)) is not None}
     n_resamples = reference.params.get("significance", {}).get("n_resamples")
     return "\n\n".join([
@@ -449,7 +458,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
         *coherence_notes(base_metrics, usages),
         "## The copy of the original ending", copy_against_trained(entries),
-        "## Training", training_section(summaries, {label: label for label in summaries}, seconds),
+        "## Training", training_section(summaries, curves, {label: label for label in summaries}, seconds),
         "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
         "time: stages.md; each system's per-instance scores: `scores/<run>/<system>.jsonl.gz` (`python -m "
         "storyrewrite.significance.compare A B` tests any two again).",

@@ -29,8 +29,8 @@ from storyrewrite.training.checkpointing import AtomicCheckpointIO, resume_point
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import AUTOCAST_DTYPES, RewriteModule
-from storyrewrite.curves import curve_files, read_curve
-from storyrewrite.training.monitor import TrainingMonitor, wall_time
+from storyrewrite.curves import read_curves
+from storyrewrite.training.monitor import TrainingMonitor
 
 # Keys that only say how long to train: an interrupted run resumed with a larger budget continues
 # (everything else changes the run and invalidates its checkpoints).
@@ -280,7 +280,6 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     elapsed = time.perf_counter() - started
     best_checkpoint = _load_best(best)
-    curves = {name: read_curve(path) for name, path in curve_files(log_dir).items()}
     summary = artifacts.TrainingSummary(
         **monitor.latest(), objective=run.objective, label=objective.system_label(run.settings),
         counterpart=objective.counterpart_label(run.settings),
@@ -288,20 +287,13 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         task=run.task, global_step=trainer.global_step, world_size=trainer.world_size,
         device=str(device), precision=str(run.config.precision), resumed_from_step=resumed_step,
         best_val_loss=round(float(best.best_model_score), 6) if best.best_model_score is not None else None,
-        **_best_step(best_checkpoint, curves), main_diagnostics=list(objective.main_diagnostics),
-        curves={name: _first_last(rows) for name, rows in curves.items() if rows and not wall_time(name)},
+        **_best_step(best_checkpoint, read_curves(log_dir)), main_diagnostics=list(objective.main_diagnostics),
     )
     if trainer.is_global_zero:
         _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir)
         artifacts.write(log_dir / "metrics.json", summary)
         write_text_atomic(finished, f"{trainer.global_step}\n")
     return {**summary.model_dump(), "train_seconds": round(elapsed, 1)}
-
-
-def _first_last(rows: list[dict]) -> artifacts.CurveEnds:
-    """The first and last logged values of a curve, with their steps."""
-    return artifacts.CurveEnds(first=rows[0]["value"], last=rows[-1]["value"], first_step=rows[0]["step"],
-                               last_step=rows[-1]["step"])
 
 
 def _load_best(best: ModelCheckpoint) -> dict | None:

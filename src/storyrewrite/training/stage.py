@@ -30,7 +30,7 @@ def main(section: str, description: str, objective: str | None = None) -> None:
     run = Run.from_params(params, section, objective, resolve_model_dir(args.init), args.data,
                           resolve_model_dir(args.scorer, "scorer") if args.scorer else None)
     summary = fit(run, args.out, args.checkpoints, args.logs)
-    print(json.dumps({k: v for k, v in summary.items() if k != "curves"}, indent=2))
+    print(json.dumps(summary, indent=2))
     if record:
         record.finish(summary["device"], summary["precision"], summary["global_step"], "steps",
                       train_s=summary["train_seconds"], objective=objective)
