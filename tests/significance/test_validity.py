@@ -10,7 +10,7 @@ from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.io import InputError, write_jsonl_atomic
 from storyrewrite.metrics.evaluate import Evaluators, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.metrics.validity import gold_and_copy, other_references, read_copy_scores
+from storyrewrite.metrics.validity import gold_and_copy, other_instances, read_copy_scores
 from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.systems import COPY_BASELINES
@@ -52,7 +52,8 @@ STORIES = [
 
 
 def test_reference_based_metrics_score_both_endings_against_the_other_references(tiny_evaluators):
-    assert other_references(STORIES) == [["She won no prize."], ["She threw it away."], []]
+    assert [[STORIES[j]["target"] for j in others] for others in other_instances(STORIES)] == [
+        ["She won no prize."], ["She threw it away."], []]
     judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
     bertscore = BERTScore(resolve_model_dir(tiny_evaluators, "embedder"), "tiny:roberta", layer=2)
     evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")), bertscore=bertscore)

@@ -37,11 +37,6 @@ def other_instances(instances: list[dict]) -> list[list[int]]:
     return [[j for j in by_story[row["story_id"]] if j != i] for i, row in enumerate(instances)]
 
 
-def other_references(instances: list[dict]) -> list[list[str]]:
-    """Per instance, the references of the other instances of its story."""
-    return [[instances[j]["target"] for j in others] for others in other_instances(instances)]
-
-
 def read_copy_scores(directory: Path, instances: list[dict]) -> dict[str, list[dict]]:
     """{GOLD, COPY: the score stage's per-instance rows of that copy baseline
     (`<directory>/<system>.jsonl`)}, checked to hold the instances, in their order."""
