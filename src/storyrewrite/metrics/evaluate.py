@@ -69,6 +69,7 @@ class Evaluators:
             bertscore=bertscore,
         )
 
+
 def load_scoring_models(scorer_models: Path, evaluators_dir: Path | None, models, config, device: torch.device,
                         coherence_models: bool = True) -> tuple[LMScorer, Evaluators | None]:
     """(the LM scorer of the models stage's directory `scorer_models`, the eval_models stage's models
