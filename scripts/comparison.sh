@@ -190,9 +190,10 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 
   # The stages every run shares run first, side by side, each group an experiment of its own
   # targets: the NLL model (with what comes before it), each LLM mode, and the copy baselines' scores
   # with the metric check that reads them (`validity`, after `score_sanity`). The sweeps are queued
-  # as soon as the NLL model's group ends, the other groups still running: in DVC's order (dvc.yaml's) an experiment reaches their stages only after its `train`,
-  # when they have ended and are in the run cache. The NLL model's scores come after `train` too:
-  # queued first beside the sweeps. A group that failed is run again by each experiment that needs it.
+  # as soon as the NLL model's group ends, the other groups still running: in DVC's order
+  # (dvc.yaml's) an experiment reaches their stages only after its `train`, when they have ended
+  # and are in the run cache. The NLL model's scores come after `train` too: queued first beside
+  # the sweeps. A group that failed is run again by each experiment that needs it.
   # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py),
   # and so does a plan that queues nothing (every run ran before).
   # shellcheck disable=SC2207  # the modes are words without spaces
