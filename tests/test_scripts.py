@@ -753,8 +753,8 @@ def test_the_gpu_pack_keeps_only_the_model_packages_named(tmp_path):
 
 def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_path):
     """Wheels that do not fit beside the tree in one call go to further calls, installed before the
-    kit's own install call; packing again starts from all of them; a wheel too large for any call
-    is named."""
+    kit's own install call; the model bytes fill the room they leave there first, in the order the
+    calls run; packing again starts from all of them; a wheel too large for any call is named."""
     kit, repo = _kit_and_repo(tmp_path)
     sizes = {"3000", "2500", "2000", "1500", "700"}  # KiB: 9.5 MiB in all, 5.99 MiB left a call of 8 MiB
     for _ in range(2):  # the second pack finds the wheels in two folders and splits them again alike
@@ -769,9 +769,18 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
             assert carried + 1024 * 1024 <= 8 * 1024 * 1024, folder.name
         assert {w.name.split("-")[0][1:] for f in folders for w in f.iterdir()} == sizes
         calls = [line for line in result.stdout.splitlines() if line.startswith("  carry")]
-        assert calls[0].endswith("bash .device/machine.sh wheels") and '".device/whl.2"]' in calls[0]
-        assert calls[1].endswith("bash .device/machine.sh install") and '".device/whl"]' in calls[1]
-        assert all(".device/parts/part_" in line for line in calls[2:])
+        # whl.2 (4.1 MiB) leaves 1.9 MiB of its call: the first part; whl (5.4 MiB) under 1 MiB: none.
+        assert calls[0] == ('  carry [".device/machine.sh", ".device/whl.2", ".device/parts/part_00", ".device/parts/sha256"]: '
+                            "bash .device/machine.sh wheels && bash .device/machine.sh part")
+        assert calls[1] == '  carry [".device/machine.sh", ".device/whl"]: bash .device/machine.sh install'
+        parts = sorted((device / "parts").glob("part_*"))
+        assert re.findall(r'"\.device/parts/(part_\w+)"', "\n".join(calls)) == [part.name for part in parts]
+        assert all(line.endswith(": bash .device/machine.sh part") for line in calls[2:]) and len(calls) == 2 + len(parts) - 1
+        sha256 = (device / "parts" / "sha256").stat().st_size
+        whl2 = sum(w.stat().st_size for w in (device / "whl.2").iterdir())
+        first = tree + (device / "machine.sh").stat().st_size + whl2 + parts[0].stat().st_size + sha256
+        assert 8 * 1024 * 1024 - 1024 * 1024 - first < 1024  # the first call filled to the limit but for the margin
+        assert hashlib.sha256(b"".join(part.read_bytes() for part in parts)).hexdigest() == (device / "parts" / "sha256").read_text().strip()
     too_large = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="6500")
     assert too_large.returncode == 1 and "w6500-1.0-py3-none-any.whl (6.3 MiB) does not fit beside the working tree" in too_large.stderr
 
