@@ -433,7 +433,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     bases = sorted({run.base[:7] for run in runs if run.base})
     devices = where_models_ran(runs)
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
-    summaries = {e.label: e.run.summary(e.system) for e in entries if e.kind in ("baseline", "trained") and e.run.summary(e.system)}
+    summaries = {e.label: summary for e in entries if e.kind in ("baseline", "trained") and (summary := e.run.summary(e.system))}
     curves = {e.label: e.run.curves(e.system) for e in entries if e.label in summaries}
     seconds = {e.label: wall for e in entries if (wall := train_seconds(e.run.records).get(e.system)) is not None}
     n_resamples = reference.params.get("significance", {}).get("n_resamples")
