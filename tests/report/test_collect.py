@@ -18,7 +18,20 @@ from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gath
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
-PNG = b"\x89PNG\r\n\x1a\n\xff\x00 not text"  # a figure: bytes that are not UTF-8
+
+
+def _png() -> bytes:
+    """A figure: bytes that are not UTF-8, an RGB PNG of 4,096 colours that the collector saves as a palette PNG."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.arange(64, dtype=np.uint8) * 4
+    buffer = io.BytesIO()
+    Image.fromarray(np.stack(np.broadcast_arrays(ramp[:, None], ramp[None, :], 255 - ramp[:, None]), axis=-1)).save(buffer, format="png")
+    return buffer.getvalue()
+
+
+PNG = _png()
 
 
 def _scores(shift: float) -> list[dict]:
@@ -262,7 +275,10 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
     assert [line.split(" | ")[0] for line in table[1:]] == [
         "| NLL", "| NLL, continued", "| CPO (beta=2)", "| DTO-Score", "| SmolLM2 zero-shot (local)", "| Copy of the reference (upper bound)",
         "| Copy of the original ending"]  # the systems of the runs' params: not llm_rag, whose metrics lie in their commits
-    assert (out / "train" / "dto" / "finetuned.png").read_bytes() == PNG and (out / "results.png").exists()
+    from PIL import Image
+
+    with Image.open(out / "train" / "dto" / "finetuned.png") as figure:  # the gathered figure, with 256 colours
+        assert figure.mode == "P" and figure.size == (64, 64) and (out / "results.png").exists()
     # cpo-b (val NLL 1.40) is chosen over cpo-a (1.60), although cpo-a scores higher on test.
     assert "CPO (beta=2): cpo-b" in results
     # The devices the models ran on: not the machine that ran the bootstrap without torch.

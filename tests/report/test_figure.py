@@ -31,3 +31,32 @@ def test_a_training_figure_draws_the_panels_that_have_curves(tmp_path):
     assert drawn == ["loss", "NLL of Y_EE", "m_target"]
     with Image.open(tmp_path / "nll.png") as image:
         assert image.format == "PNG"
+
+
+def test_figures_are_saved_with_256_colours_their_drawn_colours_exact(tmp_path, monkeypatch):
+    import io
+
+    from storyrewrite.report import figure
+
+    curves = {"train_loss": [{"step": s, "value": 2.0 + np.sin(s / 5)} for s in range(1, 200)],
+              "val_loss": [{"step": s, "value": 2.1 - s / 400} for s in range(0, 200, 50)], "m_target": [{"step": 1, "value": -3.0}]}
+    training_figure(tmp_path / "compact.png", curves, training_panels(["m_target"]), "DTO-Score")
+    monkeypatch.setattr(figure, "compact_png", lambda data: data)  # matplotlib's own RGBA bytes, for reference
+    training_figure(tmp_path / "rgba.png", curves, training_panels(["m_target"]), "DTO-Score")
+    with Image.open(tmp_path / "rgba.png") as rgba, Image.open(tmp_path / "compact.png") as compact:
+        assert rgba.mode == "RGBA" and compact.mode == "P" and compact.size == rgba.size
+        drawn, shown = np.asarray(rgba.convert("RGB")).astype(int), np.asarray(compact.convert("RGB")).astype(int)
+    colours, counts = np.unique(drawn.reshape(-1, 3), axis=0, return_counts=True)
+    assert len(colours) > 256  # antialiased: more colours than a palette holds
+    for colour in colours[np.argsort(-counts)[:8]]:  # the background, the lines, the grid and the text: exact
+        assert (shown[(drawn == colour).all(-1)] == colour).all()
+    assert (shown == drawn).all(-1).mean() > 0.95 and np.abs(shown - drawn).mean() < 0.5
+    assert (tmp_path / "compact.png").stat().st_size < 0.7 * (tmp_path / "rgba.png").stat().st_size
+    # A palette PNG, one with transparency, and bytes that are no PNG come back as they are.
+    compacted = (tmp_path / "compact.png").read_bytes()
+    monkeypatch.undo()
+    assert figure.compact_png(compacted) == compacted
+    buffer = io.BytesIO()
+    Image.new("RGBA", (8, 8), (10, 20, 30, 128)).save(buffer, format="png")
+    assert figure.compact_png(buffer.getvalue()) == buffer.getvalue()
+    assert figure.compact_png(b"\x89PNG\r\n\x1a\n\xff\x00 not a whole PNG") == b"\x89PNG\r\n\x1a\n\xff\x00 not a whole PNG"

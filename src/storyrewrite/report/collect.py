@@ -30,7 +30,7 @@ from storyrewrite.markdown import table
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
-from storyrewrite.report.figure import results_figure
+from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
@@ -582,10 +582,11 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
             write_bytes_atomic(staging / "scores" / e.run.name / f"{e.system}.jsonl.gz", gzip.compress(data, mtime=0))
         for run in runs:
             write_text_atomic(staging / "params" / f"{run.name}.yaml", run.text("params.yaml"))
-            for path, digest in run.files.items():  # the figures too: bytes as gathered
+            for path, digest in run.files.items():  # the figures too, as 256-colour PNGs (compact_png)
                 parts = Path(path).parts
                 if parts[:2] == ("reports", "train"):
-                    write_bytes_atomic(staging / "train" / run.name / Path(*parts[2:]), read_blob(run.root, digest))
+                    data = read_blob(run.root, digest)
+                    write_bytes_atomic(staging / "train" / run.name / Path(*parts[2:]), compact_png(data) if path.endswith(".png") else data)
                 elif parts[0] == "reports" and parts[-2] in ("stages", "metrics"):  # reports/stages/, [sanity/]metrics/
                     write_bytes_atomic(staging / parts[-2] / run.name / parts[-1], read_blob(run.root, digest))
 
