@@ -71,33 +71,39 @@ workers() {
   done
 }
 
-# run_queue: starts the queue's workers and waits until nothing is queued or running. DVC's
-# workers can stop with experiments still queued: one that reads a message of its file broker
-# mid-write exits with a JSONDecodeError once its experiment ends (.dvc/tmp/exps/celery/*.out;
-# kombu writes a message file after creating it, and reads it without the lock: celery/kombu#1551,
-# treeverse/dvc#10428). All of them, or some: with experiments queued, fewer workers answering
-# than started and fewer of this repository's workers alive, seen on two polls in a row, the
-# missing ones are started again (`dvc queue start` starts those of its numbers that do not answer).
-# The more workers, the more often: the script gives up only after COMPARISON_MAX_RESTARTS restarts
-# in a row with no experiment leaving the queue in between (a worker that cannot start at all).
-# `dvc queue status` reads the workers' answers through the same broker, and can fail the same way:
-# a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most. An experiment whose
-# worker was killed mid-run shows Running for ever (its result never comes): with nothing queued, no
-# worker answering and none of this repository's alive, seen on three polls in a row, it is named
-# and not waited for.
+# run_queue: starts the queue's workers and waits until nothing is queued or running. DVC's workers
+# can stop with experiments still queued: one that reads a message of its file broker mid-write
+# exits with a JSONDecodeError once its experiment ends (.dvc/tmp/exps/celery/*.out; kombu writes a
+# message file after creating it, and reads it without the lock: celery/kombu#1551,
+# treeverse/dvc#10428). The polls read the queue without a message to the workers (`python -m
+# storyrewrite.queue`): `dvc queue status` asks them through that broker (a broadcast), one
+# more chance for the race beside the three questions each worker's own monitor asks every 10 s
+# (dvc-task's TemporaryWorker; a monitor that meets the race dies, its worker runs on). The workers
+# are asked only where the answer decides something: with experiments queued, where fewer of this
+# repository's workers are alive than started or none runs an experiment; and where none is alive.
+# All of them, or some: with experiments queued, fewer workers answering than started and fewer
+# alive, seen on two polls in a row, the missing ones are started again (`dvc queue start` starts
+# those of its numbers that do not answer). The more workers, the more often: the script gives up
+# only after COMPARISON_MAX_RESTARTS restarts in a row with no experiment leaving the queue in
+# between (a worker that cannot start at all). A poll reads the broker's files too, and can fail the
+# same way: a failed poll is tried again, COMPARISON_STATUS_TRIES times in a row at most. An
+# experiment whose worker was killed mid-run shows Running for ever (its result never comes): with
+# nothing queued, no worker answering and none of this repository's alive, seen on three polls in a
+# row, it is named and not waited for.
 # run_queue NAME: waits only until the experiment NAME has left the queue and ended (polls 5 s apart).
 # Gives up with 1.
+queue_state() { python -m storyrewrite.queue "$@"; }  # [--workers]: the workers' line too
 run_queue() {
   local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-15}
-  local status idle=0 restarts=0 failures=0 orphaned=0 answering alive queued running last_queued=
+  local status idle=0 restarts=0 failures=0 orphaned=0 answering active alive queued running last_queued=
   [ -z "$until" ] || poll=${COMPARISON_POLL_SECONDS:-5}
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
-  ! grep -qw Queued <<<"$(dvc queue status 2>/dev/null)" || dvc queue start -j "$JOBS"
+  ! grep -qw Queued <<<"$(queue_state 2>/dev/null)" || dvc queue start -j "$JOBS"
   while :; do
-    if ! status=$(dvc queue status 2>"$KEPT/status.err"); then
+    if ! status=$(queue_state 2>"$KEPT/status.err"); then
       failures=$((failures + 1))
       if [ $failures -ge "${COMPARISON_STATUS_TRIES:-5}" ]; then
-        echo "error: \`dvc queue status\` failed $failures times in a row, the last with: $(tail -n 1 "$KEPT/status.err")" >&2
+        echo "error: reading DVC's queue failed $failures times in a row, the last with: $(tail -n 1 "$KEPT/status.err")" >&2
         return 1
       fi
       sleep "$poll"
@@ -113,8 +119,13 @@ run_queue() {
     [ $((queued + running)) -gt 0 ] || break
     [ -z "$last_queued" ] || [ "$queued" -ge "$last_queued" ] || restarts=0
     last_queued=$queued
-    answering=$(sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p' <<<"$status")
     alive=$(workers | wc -l)
+    answering= active=
+    if { [ "$queued" -gt 0 ] && { [ "$alive" -lt "$JOBS" ] || [ "$running" -eq 0 ]; }; } || [ "$alive" -eq 0 ]; then
+      # "A + I": the workers that answer, active and idle (none where the broadcast fails)
+      answering=$(queue_state --workers 2>/dev/null | sed -n 's/^Worker status: \([0-9]*\) active, \([0-9]*\) idle$/\1 + \2/p')
+      active=${answering%% *}
+    fi
     if [ "$running" -gt 0 ] && [ "$queued" -eq 0 ] && [ -n "$answering" ] && [ $((answering)) -eq 0 ] && [ "$alive" -eq 0 ]; then
       orphaned=$((orphaned + 1))
       if [ $orphaned -ge 3 ]; then
@@ -124,7 +135,7 @@ run_queue() {
     else
       orphaned=0
     fi
-    if { [ "$running" -eq 0 ] && grep -q 'Worker status: 0 active' <<<"$status"; } ||
+    if { [ "$running" -eq 0 ] && [ "$active" = 0 ]; } ||
       { [ "$queued" -gt 0 ] && [ -n "$answering" ] && [ $((answering)) -lt "$JOBS" ] && [ "$alive" -lt "$JOBS" ]; }; then
       idle=$((idle + 1))
     else
