@@ -28,6 +28,9 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
         lines = run("dvc", "queue", "status").splitlines()[1:]
         return [fields if not fields or fields[0] == "Worker" else [*fields[:2], fields[-1]] for fields in map(str.split, lines)]
 
+    outside = subprocess.run([sys.executable, "-m", "storyrewrite.queue"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert outside.returncode == 2 and outside.stderr == (f"error: {tmp_path}: not in a DVC repository (`dvc init` makes one); "
+                                                          "run this where `dvc queue status` runs\n")
     run("git", "init", "-q")
     run("dvc", "init", "-q")
     (tmp_path / "params.yaml").write_text("objective: nll\n")

@@ -16,13 +16,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from storyrewrite.io import InputError
+
 
 def status(repo: Path, ask_workers: bool = False) -> list[str]:
     """A line per experiment task of the DVC repository at `repo` (its revision, name and status:
     Queued, Running, Success or Failed), then, with `ask_workers`, a blank line and the workers'."""
+    from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
-    with Repo(str(repo)) as dvc_repo:
+    try:
+        dvc_repo = Repo(str(repo))
+    except NotDvcRepoError:
+        raise InputError(f"{repo}: not in a DVC repository (`dvc init` makes one); run this where `dvc queue status` runs") from None
+    with dvc_repo:
         queue = dvc_repo.experiments.celery_queue
         lines = [f"{task['rev'][:7]}  {task.get('name') or '-'}  {task['status']}" for task in queue.status()]
         if ask_workers:
@@ -41,4 +48,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from storyrewrite.io import run_cli
+
+    run_cli(main)
