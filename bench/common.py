@@ -98,14 +98,15 @@ def rekeyed(runs: dict) -> dict:
 
 
 def write_result(script: str, device: torch.device, figures: dict, settings: dict,
-                 targets: dict[str, dict[str, float]] | None = None) -> Path:
+                 targets: dict[str, dict[str, float]] | None = None, quiet: bool = False) -> Path:
     """reports/bench/<script>.json: this run's figures with where they were measured (machine,
     device, versions, commit), kept per device (record_key): a run replaces the previous one of
     its device.
     `script`: the script's name, with a variant (e.g. "-bf16-mixed") where its options measure
     something else; the record names the script that ran and its command line as given.
     `targets`: a figure's dotted path in `figures` -> {"max": x} or {"min": x} (docs/benchmarks.md
-    marks each figure against its target)."""
+    marks each figure against its target). `quiet`: no line saying where the figures went (a
+    record rewritten as a run goes on)."""
     import sys
     from datetime import datetime, timezone
 
@@ -132,7 +133,8 @@ def write_result(script: str, device: torch.device, figures: dict, settings: dic
         "targets": targets or {},
     }
     write_json_atomic(path, runs)
-    print(f"figures written to {path.relative_to(ROOT)}")
+    if not quiet:
+        print(f"figures written to {path.relative_to(ROOT)}")
     return path
 
 

@@ -25,10 +25,21 @@ each fine-tuning's steps spent their time (`step_time`: the means of its wall-ti
 the scoring stages' time by part (`scoring_s`: loading the models, each metric).
 Targets on one H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
+
+While the parts run, the record is written every `--interim-every` seconds (default 60) with
+`complete: false`: the time so far (`elapsed_s`), the load, the experiments gathered by then
+(offline/job.sh's polls gather them as they finish) and those still running, each with the stages
+it has ended and the step its training has reached. A run cut short (a machine taken back) so
+leaves a record of where its time went; the run's end replaces it. An interim record is held to
+a target only once its time so far exceeds it (the whole run can but take longer). A comparison
+that resumes one gathered before (runs/NAME or runs/NAME.<n> hold runs at its start: the parts
+run only the rest) names those runs (`settings.gathered_before`) and is held to no target: its
+wall times are not the whole comparison's.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -37,7 +48,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
@@ -166,14 +177,11 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     `scoring_s`), when each
     experiment's last stage ended (experiment_ends), and the names of the experiments of `core`
     (every objective but CPO's)."""
-    sys.path.insert(0, str(repo / "src"))
-    from storyrewrite.report.collect import load_runs
-
     by_stage: dict[str, float] = defaultdict(float)
     by_experiment: dict[str, float] = {}
     records_of: dict[str, list[dict]] = {}
     ran: dict[tuple, dict] = {}  # a stage restored from the run cache brings its first run's record: counted once
-    runs = load_runs([repo / "runs" / name])
+    runs = gathered_runs([repo / "runs" / name], repo)
     for run in runs:
         records = records_of[run.name] = run.records
         by_experiment[run.name] = round(sum(r["wall_s"] for r in records), 1)
@@ -187,6 +195,114 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
                "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values()),
                "step_time": step_time(runs), "scoring_s": scoring_seconds(ran.values())}
     return figures, experiment_ends(records_of), core
+
+
+def gathered_runs(folders: list[Path], repo: Path) -> list:
+    """The runs gathered into those of `folders` that hold any (storyrewrite.report.collect's
+    Run), one per params as the collector takes them: none where none holds a run yet."""
+    if str(repo / "src") not in sys.path:
+        sys.path.insert(0, str(repo / "src"))
+    from storyrewrite.report.collect import load_runs
+
+    return load_runs([folder for folder in folders if any(folder.glob("*.json"))])
+
+
+def gathered_before(repo: Path, name: str) -> list[str]:
+    """The runs of the comparison NAME gathered before it starts, in the folders scripts/comparison.sh
+    reads (runs/NAME, and runs/NAME.<anything> from other machines): the parts leave out the runs of
+    theirs that these stand for, so the run that follows is not the whole comparison."""
+    folders = [repo / "runs" / name, *sorted((repo / "runs").glob(f"{name}.*"))]
+    return sorted(run.name for run in gathered_runs([f for f in folders if f.is_dir()], repo))
+
+
+# DVC's record of each queued experiment (dvc.repo.experiments.executor.base.ExecutorInfo, one
+# JSON file per experiment, .dvc/tmp/exps/run/<rev>/<rev>.run): its name and its workspace.
+EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
+
+
+def running(repo: Path) -> dict[str, dict]:
+    """The experiments whose temporary workspace is still there (running, or ending): per
+    experiment, the stages it ran itself and ended (its stage records naming it: those restored
+    from the run cache name the experiment that ran them), and each training's step so far
+    (DVCLive's metrics.json, rewritten at every step). A file read while it is written is skipped."""
+    found: dict[str, dict] = {}
+    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
+        try:
+            info = json.loads(infofile.read_text())
+            workspace, name = Path(info["root_dir"]), info.get("name") or infofile.stem
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not workspace.is_dir():
+            continue
+        ended = []
+        for path in sorted((workspace / "reports" / "stages").glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("experiment") == name:
+                ended.append((record.get("started_at") or "", record.get("stage", path.stem)))
+        steps = {}
+        for path in sorted((workspace / "reports" / "train").glob("*/metrics.json")):
+            try:
+                steps[path.parent.name] = json.loads(path.read_text())["step"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        found[name] = {"stages_ended": [stage for _, stage in sorted(ended)], "trained_to_step": steps}
+    return found
+
+
+def targets_for(parts: dict[str, float], gpu: bool, resumed: bool, elapsed: float | None = None,
+                part_now: tuple[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """The wall-time targets a record is held to (TARGETS_S, on a GPU only). A whole run's:
+    `wall_s.core` and `wall_s.core_in_all` (core alone takes no longer than beside cpo) against
+    core's, `wall_s.total` against all's where both parts ran. A resumed comparison's: none.
+    An interim record (`elapsed`: its time so far; `part_now`: the part running and when it
+    began, in seconds from the start): only what it already misses, `elapsed_s` against the
+    target of all or of core, whichever the parts run and the time exceeds."""
+    if not gpu or resumed:
+        return {}
+    if elapsed is None:
+        targets = {f"wall_s.{part}": {"max": TARGETS_S["core"]} for part in ("core", "core_in_all") if part in parts}
+        if {"core", "cpo"} <= set(parts) or "all" in parts:
+            targets["wall_s.total"] = {"max": TARGETS_S["all"]}
+        return targets
+    running_part = part_now[0] if part_now else None
+    if running_part == "all" or (running_part == "cpo" and "core" in parts):
+        bound = TARGETS_S["all"]
+    elif running_part == "core" and not parts:
+        bound = TARGETS_S["core"]
+    else:
+        return {}
+    return {"elapsed_s": {"max": bound}} if elapsed > bound else {}
+
+
+class Interim:
+    """Calls `write` every `every` seconds from a thread of its own, from entering the block to
+    leaving it (`every` 0: never). A write that fails is reported and the next one tried."""
+
+    def __init__(self, every: float, write: Callable[[], None]):
+        self.every, self.write, self.written = every, write, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Interim":
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.write()
+                self.written += 1
+            except Exception as err:  # noqa: BLE001  (an interim record is a convenience: the run goes on)
+                print(f"warning: interim record not written: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
 def scoring_seconds(records: Iterable[dict]) -> dict[str, float]:
@@ -279,6 +395,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--here", action="store_true", help="run in this repository, not in a fresh workspace")
     parser.add_argument("--variant", default="", help="a suffix for the figures file (comparison-VARIANT.json)")
     parser.add_argument("--keep", type=Path, help="the fresh workspace's folder, kept (default: a temporary one, removed)")
+    parser.add_argument("--interim-every", type=float, default=60.0,
+                        help="seconds between two interim records while the parts run (complete: false; 0: none)")
     parser.add_argument("--timeline", type=Path, help="keep the load's samples here as CSV (UTC, seconds from the start, "
                                                       "CPU busy %%, GPU busy %%, GPU memory GB), rewritten every 10 s")
     return parser
@@ -291,23 +409,50 @@ def main() -> None:
             raise SystemExit(f"error: --profile {profile}: no such file")
     if args.name in {"bench", "stages", "train", "metrics", "scores", "llm", "sanity", "tests"}:
         raise SystemExit(f"error: --name {args.name}: reports/{args.name} is the pipeline's own folder; choose another name")
+    if args.interim_every < 0:
+        raise SystemExit(f"error: --interim-every {args.interim_every:g}: seconds >= 0 (0: no interim record)")
     if args.here and not (ROOT / ".git").exists():
         raise SystemExit("error: --here needs this tree to be a git repository (DVC's experiments are commits)")
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    result_name = f"comparison{'-' + args.variant if args.variant else ''}"
     with tempfile.TemporaryDirectory(prefix="comparison-bench-") as temporary:
         into = args.keep or Path(temporary)
         into.mkdir(parents=True, exist_ok=True)
         repo = ROOT if args.here else workspace(into)
         env = workspace_env(repo)
-        parts, failed, begun_at = {}, [], {}
+        before = gathered_before(repo, args.name)
+        if before:
+            print(f"== resuming: {len(before)} run(s) gathered before ({', '.join(before)}); the record is held to no "
+                  "target", flush=True)
+        settings = {"profiles": [str(p) for p in args.profile], "jobs": args.jobs, "parts": args.parts,
+                    **({"gathered_before": before} if before else {})}
+        parts, failed, begun_at, now = {}, [], {}, {}
         started, started_at = time.perf_counter(), time.time()
-        with Sampler(timeline=args.timeline) as sampler:
+
+        def interim() -> None:
+            """The record so far (complete: false), for a run cut short."""
+            elapsed = round(time.perf_counter() - started, 1)
+            walls, ends, _ = stage_walls(repo, args.name)
+            current = dict(now)  # (one read: the parts' loop changes it)
+            part_now = (current["part"], round(current["begun"] - started, 1)) if current else None
+            figures = {"complete": False, "elapsed_s": elapsed, "wall_s": dict(parts),
+                       **({"part_running": {"part": part_now[0], "from_s": part_now[1]}} if part_now else {}),
+                       "load": sampler.figures(), "experiments": len(walls["experiment_wall_s"]), **walls,
+                       "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda i: i[1])},
+                       "running": running(repo), "failed_parts": list(failed)}
+            write_result(result_name, device, figures, settings,
+                         targets_for(parts, device.type == "cuda", bool(before), elapsed, part_now), quiet=True)
+
+        with Sampler(timeline=args.timeline) as sampler, Interim(args.interim_every, interim):
             for part in args.parts:
                 begun, begun_at[part] = time.perf_counter(), time.time()
+                now.update(part=part, begun=begun)
                 print(f"== {part}: scripts/comparison.sh -j {args.jobs} {args.name} {part} {' '.join(map(str, args.profile))}",
                       flush=True)
                 result = subprocess.run(["bash", "scripts/comparison.sh", "-j", str(args.jobs), args.name, part,
                                          *map(str, args.profile)], cwd=repo, env=env)
                 parts[part] = round(time.perf_counter() - begun, 1)
+                now.clear()
                 if result.returncode != 0:
                     failed.append(part)
                 else:  # its shared stages are in the run cache: the next part's experiments restore them
@@ -316,25 +461,16 @@ def main() -> None:
         walls, ends, core = stage_walls(repo, args.name)
     if "all" in parts and (within := core_in_all(ends, core, begun_at["all"])) is not None:
         parts["core_in_all"] = within
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     by_stage, overheads = walls["stage_wall_s"], walls["between_stages"]
-    figures = {"wall_s": {**parts, "total": total}, "load": sampler.figures(), "experiments": len(walls["experiment_wall_s"]),
-               **walls,
+    figures = {"complete": True, "wall_s": {**parts, "total": total}, "load": sampler.figures(),
+               "experiments": len(walls["experiment_wall_s"]), **walls,
                "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda item: item[1])},
                "failed_parts": failed}
-    targets = {}
-    if device.type == "cuda":
-        for part in ("core", "core_in_all"):  # core alone takes no longer than core beside cpo
-            if part in parts:
-                targets[f"wall_s.{part}"] = {"max": TARGETS_S["core"]}
-        if {"core", "cpo"} <= set(parts) or "all" in parts:
-            targets["wall_s.total"] = {"max": TARGETS_S["all"]}
-    settings = {"profiles": [str(p) for p in args.profile], "jobs": args.jobs, "parts": args.parts}
-    write_result(f"comparison{'-' + args.variant if args.variant else ''}", device, figures, settings, targets)
+    write_result(result_name, device, figures, settings, targets_for(parts, device.type == "cuda", bool(before)))
     print(f"{'part':<12} {'wall s':>8}")
     for part, seconds in [*parts.items(), ("total", total)]:
         target = TARGETS_S.get({"total": "all", "core_in_all": "core"}.get(part, part))
-        ratio = f"  {seconds / target:.2f}x of the target {target} s" if device.type == "cuda" and target else ""
+        ratio = f"  {seconds / target:.2f}x of the target {target} s" if device.type == "cuda" and target and not before else ""
         print(f"{part:<12} {seconds:>8.1f}{ratio}")
     if ends:
         last = max(ends, key=ends.get)

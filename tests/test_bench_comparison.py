@@ -1,11 +1,15 @@
 """The whole-comparison bench's account of the time between stages and of the load (bench/comparison.py)."""
+import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
 from helpers import ROOT
 
 from storyrewrite.report.collect import Run
@@ -149,3 +153,153 @@ def test_the_scoring_stages_time_is_summed_by_part_over_the_stages_that_ran():
     ]
     assert comparison.scoring_seconds(records) == {"bartscore": 30.5, "cf_pmi": 12.0, "load_models": 5.0, "rouge_l": 1.5}
     assert list(comparison.scoring_seconds(records)) == ["bartscore", "cf_pmi", "load_models", "rouge_l"]
+
+
+def test_a_resumed_comparison_names_the_runs_gathered_before(tmp_path):
+    """The runs of runs/NAME and runs/NAME.<n> at the start (here the four that one H200 ran,
+    committed in runs/gpu.2), one per params; a folder of records only (runs/gpu.1), an empty one
+    and another comparison's whose name starts the same count for nothing."""
+    runs = tmp_path / "runs"
+    shutil.copytree(ROOT / "runs" / "gpu.2", runs / "gpu.2")
+    shutil.copytree(ROOT / "runs" / "gpu.1", runs / "gpu.1")
+    shutil.copytree(ROOT / "runs" / "gpu.2", runs / "gpux")
+    (runs / "gpu").mkdir()
+    names = sorted(json.loads(path.read_text())["name"] for path in (ROOT / "runs" / "gpu.2").glob("*.json"))
+    assert len(names) == 4
+    assert comparison.gathered_before(tmp_path, "gpu") == names
+    assert comparison.gathered_before(tmp_path, "smoke") == []
+
+
+def test_a_record_is_held_to_the_targets_of_the_parts_it_ran_and_a_resumed_one_to_none():
+    core, all_ = comparison.TARGETS_S["core"], comparison.TARGETS_S["all"]
+    both = {"all": 700.0, "core_in_all": 300.0}
+    assert comparison.targets_for(both, gpu=True, resumed=False) == {"wall_s.core_in_all": {"max": core},
+                                                                     "wall_s.total": {"max": all_}}
+    assert comparison.targets_for({"core": 1.0, "cpo": 2.0}, gpu=True, resumed=False) == {
+        "wall_s.core": {"max": core}, "wall_s.total": {"max": all_}}
+    assert comparison.targets_for({"cpo": 2.0}, gpu=True, resumed=False) == {}
+    assert comparison.targets_for(both, gpu=True, resumed=True) == {}
+    assert comparison.targets_for(both, gpu=False, resumed=False) == {}
+    # An interim record: only a target its time so far already misses.
+    interim = lambda parts, elapsed, part, resumed=False: comparison.targets_for(  # noqa: E731
+        parts, gpu=True, resumed=resumed, elapsed=elapsed, part_now=part)
+    assert interim({}, all_ - 1.0, ("all", 0.0)) == {}
+    assert interim({}, all_ + 1.0, ("all", 0.0)) == {"elapsed_s": {"max": all_}}
+    assert interim({}, core + 1.0, ("core", 0.0)) == {"elapsed_s": {"max": core}}
+    assert interim({"core": 300.0}, core + 1.0, ("cpo", 300.0)) == {}
+    assert interim({"core": 300.0}, all_ + 1.0, ("cpo", 300.0)) == {"elapsed_s": {"max": all_}}
+    assert interim({}, all_ + 1.0, ("cpo", 0.0)) == {}  # the CPO grid alone has no target
+    assert interim({}, all_ + 1.0, ("all", 0.0), resumed=True) == {}
+
+
+def test_interim_records_are_written_while_the_block_runs_and_a_failed_one_is_reported(capsys):
+    calls = []
+
+    def write():
+        calls.append(time.perf_counter())
+        if len(calls) == 1:
+            raise ValueError("a manifest read while it was written")
+
+    with comparison.Interim(0.05, write) as interim:
+        while len(calls) < 3:
+            time.sleep(0.01)
+    count = len(calls)
+    time.sleep(0.2)
+    assert len(calls) == count and interim.written == count - 1  # none after the block
+    assert "warning: interim record not written: ValueError: a manifest read while it was written" in capsys.readouterr().err
+    with comparison.Interim(0, write):
+        time.sleep(0.1)
+    assert len(calls) == count
+
+
+STAGE = '''import json, os, sys, time
+from datetime import datetime, timezone
+name, gate = sys.argv[1], sys.argv[2]
+def record(stage, experiment):
+    os.makedirs("reports/stages", exist_ok=True)
+    with open(f"reports/stages/{stage}.json", "w") as f:
+        json.dump({"stage": stage, "experiment": experiment, "wall_s": 1.0,
+                   "started_at": datetime.now(timezone.utc).isoformat()}, f)
+if name == "first":
+    record("first", os.environ["DVC_EXP_NAME"])
+    record("shared", "gpu.shared-nll")  # as a stage restored from the run cache: another experiment ran it
+else:
+    os.makedirs("reports/train/finetuned", exist_ok=True)
+    with open("reports/train/finetuned/metrics.json", "w") as f:
+        json.dump({"step": 3, "train_loss": 1.5}, f)
+    end = time.time() + 90
+    while not os.path.exists(gate) and time.time() < end:
+        time.sleep(0.1)
+    open("model.txt", "w").write("trained")
+'''
+
+
+@pytest.mark.slow
+def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp_path):
+    """On a real DVC queue and worker: while an experiment's training waits, `running` finds its
+    workspace through DVC's record of the experiment, with the stage it ran itself (not one
+    another experiment ran) and its training's step; once it has ended, nothing runs."""
+    repo, gate = tmp_path / "repo", tmp_path / "gate"
+    repo.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+
+    def run(*args: str) -> str:
+        result = subprocess.run(list(args), cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    run("git", "init", "-q")
+    run("dvc", "init", "-q")
+    (repo / "stage.py").write_text(STAGE)
+    (repo / "params.yaml").write_text("objective: nll\n")
+    (repo / "dvc.yaml").write_text(
+        f"stages:\n  first:\n    cmd: python stage.py first {gate}\n    deps: [stage.py]\n    outs: [reports/stages]\n"
+        f"  train:\n    cmd: python stage.py train {gate}\n    deps: [stage.py, reports/stages]\n    params: [objective]\n"
+        "    outs: [reports/train, model.txt]\n")
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    assert comparison.running(repo) == {}
+    run("dvc", "exp", "run", "--queue", "-n", "exp-a", "-S", "objective=score")
+    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120, check=True)
+    try:
+        found, end = {}, time.time() + 90
+        while not found.get("exp-a", {}).get("trained_to_step") and time.time() < end:
+            time.sleep(0.2)
+            found = comparison.running(repo)
+        assert found == {"exp-a": {"stages_ended": ["first"], "trained_to_step": {"finetuned": 3}}}
+        gate.touch()
+        while comparison.running(repo) and time.time() < end:
+            time.sleep(0.2)
+        assert comparison.running(repo) == {}
+    finally:
+        gate.touch()
+        run("dvc", "queue", "stop")
+
+
+def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_run_holds_to_no_target(tmp_path, monkeypatch):
+    """main() in a workspace whose scripts/comparison.sh (a stand-in) takes a second: records with
+    complete false while it runs, then the whole run's, held to core's target on a GPU; with the
+    runs of runs/gpu.2 gathered before, named and held to none."""
+    written = []
+    monkeypatch.setattr(comparison, "write_result", lambda name, device, figures, settings, targets, quiet=False:
+                        written.append((name, figures, settings, targets, quiet)))
+    monkeypatch.setattr(comparison.torch.cuda, "is_available", lambda: True)
+    for resumed in (False, True):
+        repo = tmp_path / f"repo-{resumed}"
+        (repo / "scripts").mkdir(parents=True)
+        (repo / "scripts" / "comparison.sh").write_text("sleep 1\n")
+        if resumed:
+            shutil.copytree(ROOT / "runs" / "gpu.2", repo / "runs" / "gpu.2")
+        monkeypatch.setattr(comparison, "workspace", lambda into, repo=repo: repo)
+        monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--parts", "core", "--interim-every", "0.2"])
+        written.clear()
+        comparison.main()
+        *interim, (name, figures, settings, targets, quiet) = written
+        assert name == "comparison" and not quiet and figures["complete"] is True and 1 <= figures["wall_s"]["core"] < 5
+        assert interim and all(record[1]["complete"] is False and record[4] for record in interim)
+        assert [record[1]["part_running"]["part"] for record in interim] == ["core"] * len(interim)
+        assert all(record[3] == {} for record in interim)  # less than core's target so far
+        before = sorted(json.loads(path.read_text())["name"] for path in (ROOT / "runs" / "gpu.2").glob("*.json"))
+        assert settings.get("gathered_before") == (before if resumed else None)
+        assert targets == ({} if resumed else {"wall_s.core": {"max": comparison.TARGETS_S["core"]}})

@@ -51,6 +51,34 @@ def test_the_readme_gpu_line_holds_the_gpu_figures_only(tmp_path, monkeypatch):
     assert "Some CPU" not in line and "9×" not in line  # nothing of the CPU entry
 
 
+def test_a_comparison_record_cut_short_or_resumed_is_said_so_and_kept_out_of_the_readme(tmp_path, monkeypatch):
+    """bench/comparison.py's records: the README states the wall times of a whole run only; the
+    benchmarks page says which record is an interim one or a resumed comparison's."""
+    import json
+
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    (tmp_path / "reports" / "bench").mkdir(parents=True)
+
+    def entry(command, figures, settings):
+        return {"script": "bench/comparison.py", "command": command, "device": "cuda:0", "device_name": "NVIDIA X100",
+                "torch_threads": 16, "torch": "2.13.0", "commit": "abc1234", "measured_at": "2026-01-02T03:04:05+00:00",
+                "settings": {"parts": ["all"], **settings}, "figures": figures, "targets": {"wall_s.total": {"max": 720}}}
+    whole = entry("whole", {"complete": True, "wall_s": {"all": 700.0, "total": 700.0}}, {})
+    cut = entry("cut", {"complete": False, "elapsed_s": 540.5, "wall_s": {}}, {})
+    resumed = entry("resumed", {"complete": True, "wall_s": {"all": 300.0, "total": 300.0}}, {"gathered_before": ["a", "b"]})
+    path = tmp_path / "reports" / "bench" / "comparison.json"
+    path.write_text(json.dumps({"NVIDIA X100": whole}))
+    assert "the whole comparison in 700 s (target ≤ 720 ✓)" in docs.gpu_speed()
+    for record in (cut, resumed):
+        path.write_text(json.dumps({"NVIDIA X100": record}))
+        assert docs.gpu_speed().startswith("No GPU figure yet")
+    path.write_text(json.dumps({"NVIDIA X100": cut, "NVIDIA Y100": resumed, "NVIDIA Z100": whole}))
+    page = docs.benchmarks()
+    assert page.count("An interim record: written 540.5 s into a run that had not ended") == 1
+    assert page.count("A resumed comparison: 2 run(s) gathered before were not run again; no target applies.") == 1
+    assert page.index("`cut`") < page.index("An interim record") < page.index("`resumed`") < page.index("A resumed comparison")
+
+
 def test_the_readme_is_short_and_links_pages_that_exist():
     assert len(README.splitlines()) <= 150
     for target in re.findall(r"\]\(([^)#]+)\)", README):

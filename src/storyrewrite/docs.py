@@ -304,6 +304,24 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _record_kind(run: dict) -> list[str]:
+    """A line on a record that is not a whole run's (bench/comparison.py): an interim one,
+    written while its run went on, and one of a comparison resumed from runs gathered before."""
+    lines = []
+    figures, settings = run["figures"], run.get("settings", {})
+    if figures.get("complete") is False:
+        lines.append(f"An interim record: written {figures.get('elapsed_s', '?')} s into a run that had not ended "
+                     "(a target only where that time already exceeds it).")
+    if before := settings.get("gathered_before"):
+        lines.append(f"A resumed comparison: {len(before)} run(s) gathered before were not run again; no target applies.")
+    return ["", " ".join(lines)] if lines else []
+
+
+def _whole_run(run: dict) -> bool:
+    """Whether a record's wall times are its whole run's (see _record_kind)."""
+    return run["figures"].get("complete") is not False and not run.get("settings", {}).get("gathered_before")
+
+
 def benchmarks() -> str:
     """Every reports/bench/<script>.json: per device, where it ran and each figure beside its target."""
     parts = []
@@ -319,6 +337,7 @@ def benchmarks() -> str:
                 + (f" ({cpu_features(run)})" if "cpu_capability" in run else "") + ", "
                 f"{run['torch_threads']} torch threads, torch {run['torch']}"
                 + (f", CUDA {run['cuda']}" if run.get("cuda") else "") + f"; commit {run['commit']}, {run['measured_at']}.",
+                *_record_kind(run),
                 "", _table(["figure", "value", "target"], rows),
                 "", "Settings: " + ", ".join(f"{k} = {_shown(v)}" for k, v in run.get("settings", {}).items()) + ".",
             ]))
@@ -353,7 +372,7 @@ def gpu_speed() -> str:
     for stem, name, words, spec in GPU_FIGURES:
         for where, run in records[stem].items():
             figures = dict(_flatten(run["figures"]))
-            if run["device"] == "cpu" or name not in figures:
+            if run["device"] == "cpu" or name not in figures or not _whole_run(run):
                 continue
             mark = _mark(figures[name], run.get("targets", {}).get(name), spec if spec.endswith("%") else "")
             by_device.setdefault(f"{where} (commit {run['commit']}, {run['measured_at'][:10]})", []).append(
