@@ -220,6 +220,14 @@ def gathered_before(repo: Path, name: str) -> list[str]:
 EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
 
 
+def _read(path: Path) -> str | None:
+    """The text of a file, None where it cannot be read (gone, or never there)."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def running(repo: Path) -> dict[str, dict]:
     """The experiments whose temporary workspace is still there (running, or ending): per
     experiment, the stages it ran itself and ended (its stage records naming it: those restored
@@ -237,16 +245,21 @@ def running(repo: Path) -> dict[str, dict]:
         ended = []
         for path in sorted((workspace / "reports" / "stages").glob("*.json")):
             try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
+                record = json.loads(_read(path) or "")
+            except ValueError:
                 continue
-            if record.get("experiment") == name:
+            if isinstance(record, dict) and record.get("experiment") == name:
                 ended.append((record.get("started_at") or "", record.get("stage", path.stem)))
         steps = {}
         for path in sorted((workspace / "reports" / "train").glob("*/metrics.json")):
+            text = _read(path)
+            # The workspace starts as a copy of the commit, whose own training summaries
+            # (git-tracked) stand until this experiment's training rewrites them.
+            if text is None or text == _read(repo / path.relative_to(workspace)):
+                continue
             try:
-                steps[path.parent.name] = json.loads(path.read_text())["step"]
-            except (OSError, ValueError, KeyError, TypeError):
+                steps[path.parent.name] = json.loads(text)["step"]
+            except (ValueError, KeyError, TypeError):
                 continue
         found[name] = {"stages_ended": [stage for _, stage in sorted(ended)], "trained_to_step": steps}
     return found

@@ -238,7 +238,8 @@ else:
 def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp_path):
     """On a real DVC queue and worker: while an experiment's training waits, `running` finds its
     workspace through DVC's record of the experiment, with the stage it ran itself (not one
-    another experiment ran) and its training's step; once it has ended, nothing runs."""
+    another experiment ran) and its training's step (not the summary the commit holds); once it
+    has ended, nothing runs."""
     repo, gate = tmp_path / "repo", tmp_path / "gate"
     repo.mkdir()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
@@ -255,7 +256,10 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     (repo / "dvc.yaml").write_text(
         f"stages:\n  first:\n    cmd: python stage.py first {gate}\n    deps: [stage.py]\n    outs: [reports/stages]\n"
         f"  train:\n    cmd: python stage.py train {gate}\n    deps: [stage.py, reports/stages]\n    params: [objective]\n"
-        "    outs: [reports/train, model.txt]\n")
+        "    outs: [reports/train/finetuned, model.txt]\n")
+    # A training summary the commit holds (as the pipeline's, in git): copied into the workspace, not written there.
+    (repo / "reports" / "train" / "nll").mkdir(parents=True)
+    (repo / "reports" / "train" / "nll" / "metrics.json").write_text('{"step": 30, "train_loss": 2.5}')
     run("git", "add", "-A")
     run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
     assert comparison.running(repo) == {}
