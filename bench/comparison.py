@@ -57,6 +57,7 @@ import torch
 from common import ROOT, workspace_env, write_result
 
 from storyrewrite.io import write_text_atomic
+from storyrewrite.systems import TRAIN_STAGES  # each system's training stage: reports/train/<system>/
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 
@@ -231,8 +232,9 @@ def _read(path: Path) -> str | None:
 def running(repo: Path) -> dict[str, dict]:
     """The experiments whose temporary workspace is still there (running, or ending): per
     experiment, the stages it ran itself and ended (its stage records naming it: those restored
-    from the run cache name the experiment that ran them), and each training's step so far
-    (DVCLive's metrics.json, rewritten at every step). A file read while it is written is skipped."""
+    from the run cache name the experiment that ran them), and the step each training under way
+    has reached (DVCLive's metrics.json, rewritten at every step). A file read while it is
+    written is skipped."""
     found: dict[str, dict] = {}
     for infofile in sorted(repo.glob(EXECUTOR_INFO)):
         try:
@@ -254,8 +256,11 @@ def running(repo: Path) -> dict[str, dict]:
         for path in sorted((workspace / "reports" / "train").glob("*/metrics.json")):
             text = _read(path)
             # The workspace starts as a copy of the commit, whose own training summaries
-            # (git-tracked) stand until this experiment's training rewrites them.
-            if text is None or text == _read(repo / path.relative_to(workspace)):
+            # (git-tracked) stand until this experiment's training rewrites them; a training
+            # with a stage record has ended (here, or restored from the run cache).
+            stage = TRAIN_STAGES.get(path.parent.name, path.parent.name)
+            if (text is None or text == _read(repo / path.relative_to(workspace))
+                    or (workspace / "reports" / "stages" / f"{stage}.json").exists()):
                 continue
             try:
                 steps[path.parent.name] = json.loads(text)["step"]

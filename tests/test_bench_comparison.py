@@ -222,7 +222,10 @@ def record(stage, experiment):
                    "started_at": datetime.now(timezone.utc).isoformat()}, f)
 if name == "first":
     record("first", os.environ["DVC_EXP_NAME"])
-    record("shared", "gpu.shared-nll")  # as a stage restored from the run cache: another experiment ran it
+    # As the NLL model restored from the run cache: another experiment trained it (to step 4).
+    record("train_nll", "gpu.shared-nll")
+    with open("reports/train/nll/metrics.json", "w") as f:
+        json.dump({"step": 4, "train_loss": 2.0}, f)
 else:
     os.makedirs("reports/train/finetuned", exist_ok=True)
     with open("reports/train/finetuned/metrics.json", "w") as f:
@@ -238,8 +241,8 @@ else:
 def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp_path):
     """On a real DVC queue and worker: while an experiment's training waits, `running` finds its
     workspace through DVC's record of the experiment, with the stage it ran itself (not one
-    another experiment ran) and its training's step (not the summary the commit holds); once it
-    has ended, nothing runs."""
+    another experiment ran) and the step of its training under way (not the summary the commit
+    holds, nor that of a training restored from the run cache); once it has ended, nothing runs."""
     repo, gate = tmp_path / "repo", tmp_path / "gate"
     repo.mkdir()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
