@@ -270,6 +270,28 @@ def running(repo: Path) -> dict[str, dict]:
     return found
 
 
+# DVC's TaskStatus (dvc.repo.experiments.executor.base) of an experiment that has ended.
+ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
+
+
+def ended(repo: Path, since: float) -> dict[str, list[str]]:
+    """The experiments that have ended since `since` (seconds since the epoch), by how, as DVC's
+    record of each says: those a poll has not gathered yet too."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
+        try:
+            if infofile.stat().st_mtime < since:  # (rewritten when its experiment ends)
+                continue
+            info = json.loads(infofile.read_text())
+            how = ENDED.get(int(info.get("status", 0)))
+            name = info.get("name") or infofile.stem
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if how:
+            found[how].append(name)
+    return {how: sorted(names) for how, names in sorted(found.items())}
+
+
 def targets_for(parts: dict[str, float], gpu: bool, resumed: bool, elapsed: float | None = None,
                 part_now: tuple[str, float] | None = None) -> dict[str, dict[str, float]]:
     """The wall-time targets a record is held to (TARGETS_S, on a GPU only). A whole run's:
@@ -457,7 +479,7 @@ def main() -> None:
                        **({"part_running": {"part": part_now[0], "from_s": part_now[1]}} if part_now else {}),
                        "load": sampler.figures(), "experiments": len(walls["experiment_wall_s"]), **walls,
                        "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda i: i[1])},
-                       "running": running(repo), "failed_parts": list(failed)}
+                       "running": running(repo), "ended": ended(repo, started_at), "failed_parts": list(failed)}
             write_result(result_name, device, figures, settings,
                          targets_for(parts, device.type == "cuda", bool(before), elapsed, part_now), quiet=True)
 

@@ -242,7 +242,8 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     """On a real DVC queue and worker: while an experiment's training waits, `running` finds its
     workspace through DVC's record of the experiment, with the stage it ran itself (not one
     another experiment ran) and the step of its training under way (not the summary the commit
-    holds, nor that of a training restored from the run cache); once it has ended, nothing runs."""
+    holds, nor that of a training restored from the run cache); once it has ended, nothing runs
+    and DVC's record says it succeeded."""
     repo, gate = tmp_path / "repo", tmp_path / "gate"
     repo.mkdir()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
@@ -266,6 +267,7 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     run("git", "add", "-A")
     run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
     assert comparison.running(repo) == {}
+    queued_at = time.time()
     run("dvc", "exp", "run", "--queue", "-n", "exp-a", "-S", "objective=score")
     subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=120, check=True)
@@ -276,9 +278,12 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
             found = comparison.running(repo)
         assert found == {"exp-a": {"stages_ended": ["first"], "trained_to_step": {"finetuned": 3}}}
         gate.touch()
-        while comparison.running(repo) and time.time() < end:
+        assert comparison.ended(repo, queued_at) == {}
+        while (comparison.running(repo) or not comparison.ended(repo, queued_at)) and time.time() < end:
             time.sleep(0.2)
         assert comparison.running(repo) == {}
+        assert comparison.ended(repo, queued_at) == {"succeeded": ["exp-a"]}
+        assert comparison.ended(repo, time.time() + 60) == {}  # none since then
     finally:
         gate.touch()
         run("dvc", "queue", "stop")
