@@ -28,8 +28,9 @@ reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment f
 
 While the parts run, the record is written every `--interim-every` seconds (default 60) with
 `complete: false`: the time so far (`elapsed_s`), the load, the experiments gathered by then
-(offline/job.sh's polls gather them as they finish) and those still running, each with the stages
-it has ended and the step its training has reached. A run cut short (a machine taken back) so
+(offline/job.sh's polls gather them as they finish), those DVC's records say have ended (`ended`)
+and those still running, each with the stages it has ended and the step of its training under
+way (`running`). A run cut short (a machine taken back) so
 leaves a record of where its time went; the run's end replaces it. An interim record is held to
 a target only once its time so far exceeds it (the whole run can but take longer). A comparison
 that resumes one gathered before (runs/NAME or runs/NAME.<n> hold runs at its start: the parts
