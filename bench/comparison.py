@@ -230,6 +230,23 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def executor_infos(repo: Path, since: float = 0.0) -> list[tuple[str, dict]]:
+    """(experiment name, DVC's record of it) of each experiment queued in `repo` whose record was
+    last written at `since` (seconds since the epoch) or later; a record read while it is written
+    is skipped."""
+    found = []
+    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
+        try:
+            if infofile.stat().st_mtime < since:
+                continue
+            info = json.loads(infofile.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict):
+            found.append((info.get("name") or infofile.stem, info))
+    return found
+
+
 def running(repo: Path) -> dict[str, dict]:
     """The experiments whose temporary workspace is still there (running, or ending): per
     experiment, the stages it ran itself and ended (its stage records naming it: those restored
@@ -237,13 +254,8 @@ def running(repo: Path) -> dict[str, dict]:
     has reached (DVCLive's metrics.json, rewritten at every step). A file read while it is
     written is skipped."""
     found: dict[str, dict] = {}
-    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
-        try:
-            info = json.loads(infofile.read_text())
-            workspace, name = Path(info["root_dir"]), info.get("name") or infofile.stem
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not workspace.is_dir():
+    for name, info in executor_infos(repo):
+        if not isinstance(info.get("root_dir"), str) or not (workspace := Path(info["root_dir"])).is_dir():
             continue
         ended = []
         for path in sorted((workspace / "reports" / "stages").glob("*.json")):
@@ -279,18 +291,17 @@ def ended(repo: Path, since: float) -> dict[str, list[str]]:
     """The experiments that have ended since `since` (seconds since the epoch), by how, as DVC's
     record of each says: those a poll has not gathered yet too."""
     found: dict[str, list[str]] = defaultdict(list)
-    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
-        try:
-            if infofile.stat().st_mtime < since:  # (rewritten when its experiment ends)
-                continue
-            info = json.loads(infofile.read_text())
-            how = ENDED.get(int(info.get("status", 0)))
-            name = info.get("name") or infofile.stem
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
-        if how:
+    for name, info in executor_infos(repo, since):  # (a record is rewritten when its experiment ends)
+        if how := ENDED.get(info.get("status")):
             found[how].append(name)
     return {how: sorted(names) for how, names in sorted(found.items())}
+
+
+def run_figures(walls: dict, ends: dict[str, float], started_at: float, load: dict) -> dict:
+    """The figures an interim record and the whole run's share: the load, the gathered
+    experiments' stage figures (stage_walls) and when each ended, in seconds from `started_at`."""
+    return {"load": load, "experiments": len(walls["experiment_wall_s"]), **walls,
+            "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda item: item[1])}}
 
 
 def targets_for(parts: dict[str, float], gpu: bool, resumed: bool, elapsed: float | None = None,
@@ -478,8 +489,7 @@ def main() -> None:
             part_now = (current["part"], round(current["begun"] - started, 1)) if current else None
             figures = {"complete": False, "elapsed_s": elapsed, "wall_s": dict(parts),
                        **({"part_running": {"part": part_now[0], "from_s": part_now[1]}} if part_now else {}),
-                       "load": sampler.figures(), "experiments": len(walls["experiment_wall_s"]), **walls,
-                       "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda i: i[1])},
+                       **run_figures(walls, ends, started_at, sampler.figures()),
                        "running": running(repo), "ended": ended(repo, started_at), "failed_parts": list(failed)}
             write_result(result_name, device, figures, settings,
                          targets_for(parts, device.type == "cuda", bool(before), elapsed, part_now), quiet=True)
@@ -503,9 +513,7 @@ def main() -> None:
     if "all" in parts and (within := core_in_all(ends, core, begun_at["all"])) is not None:
         parts["core_in_all"] = within
     by_stage, overheads = walls["stage_wall_s"], walls["between_stages"]
-    figures = {"complete": True, "wall_s": {**parts, "total": total}, "load": sampler.figures(),
-               "experiments": len(walls["experiment_wall_s"]), **walls,
-               "experiment_end_s": {name: round(end - started_at, 1) for name, end in sorted(ends.items(), key=lambda item: item[1])},
+    figures = {"complete": True, "wall_s": {**parts, "total": total}, **run_figures(walls, ends, started_at, sampler.figures()),
                "failed_parts": failed}
     write_result(result_name, device, figures, settings, targets_for(parts, device.type == "cuda", bool(before)))
     print(f"{'part':<12} {'wall s':>8}")

@@ -318,8 +318,8 @@ def _record_kind(run: dict) -> list[str]:
 
 
 def _whole_run(run: dict) -> bool:
-    """Whether a record's wall times are its whole run's (see _record_kind)."""
-    return run["figures"].get("complete") is not False and not run.get("settings", {}).get("gathered_before")
+    """Whether a record's wall times are its whole run's: neither interim nor resumed (_record_kind)."""
+    return not _record_kind(run)
 
 
 def benchmarks() -> str:
