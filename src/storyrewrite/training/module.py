@@ -66,9 +66,10 @@ class RewriteModule(L.LightningModule):
         self.step_terms: tuple[str, ...] = ()
 
     def _place_scorer(self) -> None:
-        # Lightning calls the validation hooks in inference mode, where a tensor moved to the GPU
-        # or cast would be an inference tensor, which autograd refuses to save: a frozen model
-        # placed by the validation of the starting weights would fail the first training step.
+        # Our Trainer validates under no_grad (run.trainer_kwargs), but Lightning's default, as a
+        # Trainer built elsewhere has it, is inference mode, where a tensor moved to the GPU or
+        # cast would be an inference tensor, which autograd refuses to save: a frozen model placed
+        # by the validation of the starting weights would fail the first training step.
         with torch.inference_mode(False):
             for model in self.loss.frozen_models():
                 model.to(self.device)

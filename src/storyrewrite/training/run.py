@@ -187,6 +187,10 @@ def trainer_kwargs(config: TrainConfig) -> dict:
         val_check_interval=config.val_check_interval, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, logger=False, enable_progress_bar=True, log_every_n_steps=1,
         deterministic=True,
+        # `Trainer.validate` (the starting weights' validation) under no_grad, as Lightning runs the
+        # validations inside fit, rather than in inference mode: a compiled body would otherwise
+        # compile its validation graphs twice (inference tensors are guarded apart).
+        inference_mode=False,
     )
 
 
