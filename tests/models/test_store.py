@@ -18,6 +18,36 @@ def test_materialised_tiny_models(tiny_model_dirs):
     assert llama_tok.pad_token == llama_tok.eos_token  # causal LMs get eos as pad
 
 
+def test_a_tiny_tokenizer_is_gpt2s_bpe_with_its_first_merges(tiny_model_dirs):
+    """The tiny models' tokenizer against a hand BPE: GPT-2's byte-level words (its own
+    pre-tokenizer), each merged by rank with the first TINY_MERGES of GPT-2's merges, and numbered
+    as GPT-2 numbers them; the text comes back whole."""
+    from transformers import GPT2Tokenizer
+
+    from storyrewrite.models.tiny import TINY_MERGES, gpt2_bpe_files
+
+    vocab, merges = gpt2_bpe_files()
+    full = GPT2Tokenizer(vocab=vocab, merges=merges)
+    ranks = {pair: rank for rank, pair in enumerate(merges[:TINY_MERGES])}
+
+    def hand_bpe(word: str) -> list[str]:
+        parts = list(word)
+        while len(parts) > 1:
+            rank, at = min((ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(parts, parts[1:])))
+            if rank == len(ranks):
+                break
+            parts[at:at + 2] = [parts[at] + parts[at + 1]]
+        return parts
+
+    text = "Ann baked a cake for her mother's birthday. She burnt it; the kitchen filled with smoke!\nÉclairs, 1984."
+    words = [word for word, _ in full.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    expected = [vocab[token] for word in words for token in hand_bpe(word)]
+    tiny = load_tokenizer(tiny_model_dirs["llama"])
+    assert tiny(text)["input_ids"] == expected and tiny.decode(expected) == text
+    assert len(tiny) == 256 + TINY_MERGES + 1 and tiny.eos_token_id == 256 + TINY_MERGES
+    assert len(expected) > len(full(text)["input_ids"])  # (fewer merges: more tokens)
+
+
 def test_materialise_round_trip_is_exact(tmp_path):
     model, tokenizer = load_from_source("tiny:llama", seed=0)
     materialise(ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16), tmp_path, seed=0)
@@ -52,7 +82,7 @@ def test_a_spec_another_models_stage_holds_is_copied_from_there_and_the_rest_fet
 
 
 def test_generator_and_scorer_must_share_a_vocabulary(tmp_path):
-    with pytest.raises(InputError, match=r"`models.generator` \(tiny:bart, 50262 tokens\) and `models.scorer` \(tiny:llama, 50257 tokens\) do not share a vocabulary"):
+    with pytest.raises(InputError, match=r"`models.generator` \(tiny:bart, 8454 tokens\) and `models.scorer` \(tiny:llama, 8449 tokens\) do not share a vocabulary"):
         materialise(ModelsConfig(generator="tiny:bart", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16), tmp_path, seed=0)
 
 
