@@ -377,7 +377,7 @@ def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_pat
     directory, weights = tiny_model_dirs["llama"], {}
     for cache in ("dynamic", "static"):
         run = tiny_run(directory, small_prepared, "rloo", RL.model_copy(update={"cache": cache}), directory, section="train",
-                       max_steps=3, val_check_interval=3, val_batch_size=4, precision="bf16-mixed")
+                       max_steps=2, val_check_interval=2, val_batch_size=4, precision="bf16-mixed")
         fit(run, tmp_path / cache, tmp_path / f"{cache}_ckpt", tmp_path / f"{cache}_logs")
         weights[cache] = load_file(tmp_path / cache / "model.safetensors")
     assert read_curve(tmp_path / "static_logs" / "plots" / "metrics" / "reward.tsv") == \
