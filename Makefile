@@ -94,7 +94,7 @@ repro: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 # pytest-xdist: one worker per core (tests/conftest.py gives each its share of the threads and
-# starts the two whole-pipeline tests on different workers). `-n 0` in PYTEST_ARGS runs them in one process.
+# deals the longest tests out among them first). `-n 0` in PYTEST_ARGS runs them in one process.
 PYTEST := $(BIN)/python -m pytest -q -n auto --dist worksteal $(PYTEST_ARGS)
 
 test: setup

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import tiny_models_config, write_raw
+from helpers import ROOT, deal, tiny_models_config, write_raw
 from storyrewrite.data.prepare import prepare
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.roles import EVAL_ROLES
@@ -34,15 +34,32 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The two whole-pipeline tests take most of the suite's time: with several workers, the
-    longer one runs first and the other last, so that xdist's `worksteal` (which hands each worker
-    a contiguous share of this order, then moves work from the back of a busy worker's queue)
-    starts them on different workers."""
-    if not os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    """With several workers, the longest tests first, dealt out so that none starts late
+    (helpers.deal). Every worker collects, and orders, the same way."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
         return
-    first = [i for i in items if i.nodeid.endswith("test_pipeline.py::test_default_profile_end_to_end")]
-    last = [i for i in items if i.nodeid.endswith("test_pipeline.py::test_paper_profile_code_path_with_tiny_bart")]
-    items[:] = first + [i for i in items if i not in first and i not in last] + last
+    known = _expected_seconds()
+    expected = {item.nodeid: known.get(item.nodeid, SLOW_TEST_SECONDS if item.get_closest_marker("slow") else 0.0)
+                for item in items}
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[nodeid] for nodeid in deal([item.nodeid for item in items], expected, workers)]
+
+
+DURATIONS = ROOT / "reports" / "tests" / "durations.json"
+# A test marked slow and not among the last run's slowest: less than the slowest's last (8 s
+# on a 2-core AMD EPYC), more than an unmarked test (a second or less).
+SLOW_TEST_SECONDS = 5.0
+
+
+def _expected_seconds() -> dict[str, float]:
+    """test id -> seconds, the slowest tests of the last `make test-durations` (none if unread)."""
+    import json
+
+    try:
+        return {t["test"]: float(t["seconds"]) for t in json.loads(DURATIONS.read_text())["slowest"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 @pytest.fixture(autouse=True)

@@ -160,3 +160,30 @@ def host_reads(work) -> list[str]:
     with Reads():
         work()
     return reads
+
+
+def deal(ids: list[str], expected: dict[str, float], workers: int) -> list[str]:
+    """The order in which pytest-xdist's `worksteal` runs `ids` (with `expected` seconds each,
+    0 where unknown) on `workers` workers with none starting late.
+
+    worksteal hands each worker a contiguous share of the order (as many tests each), which it runs
+    from the front, and moves tests from the back of a busy worker's share to an idle one. A long
+    test at the back of a share starts late and ends the run alone, the other cores idle (the
+    paper-profile pipeline test did, last in its share). So the tests of known length go to the
+    fronts of the shares, longest first, each to the share with the least expected time so far
+    (greedy longest-first), and the others fill the shares behind them in their order: what is
+    stolen is short."""
+    sizes, left = [], len(ids)
+    for share in range(workers):  # worksteal's split: each worker in turn gets left // (workers not yet served)
+        sizes.append(left // (workers - share))
+        left -= sizes[-1]
+    shares: list[list[str]] = [[] for _ in sizes]
+    loads = [0.0] * workers
+    for test in sorted((test for test in ids if expected.get(test)), key=lambda test: -expected[test]):
+        share = min((s for s in range(workers) if len(shares[s]) < sizes[s]), key=lambda s: loads[s])
+        shares[share].append(test)
+        loads[share] += expected[test]
+    short = iter(test for test in ids if not expected.get(test))
+    for share, size in zip(shares, sizes, strict=True):
+        share.extend(next(short) for _ in range(size - len(share)))
+    return [test for share in shares for test in share]
