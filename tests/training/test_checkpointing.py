@@ -51,6 +51,8 @@ def test_a_save_killed_midway_keeps_the_previous_checkpoint_and_the_rerun_ends_w
         tmp_path, tiny_model_dirs, small_prepared, monkeypatch):
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=4, checkpoint_every_n_steps=1, val_check_interval=4)
     _fit(tmp_path / "whole", run)
+    # Saved after every step but the last: a finished run is never resumed.
+    assert torch.load(tmp_path / "whole" / "ckpt" / "last.ckpt", weights_only=False, mmap=True)["global_step"] == 3
 
     saves, fdopen = [], checkpointing.os.fdopen
 

@@ -217,6 +217,18 @@ def bf16_emulation_warning(section: str, precision: str, device: torch.device, h
             f"(docs/benchmarks.md, bench/objective_step_time.py --precision bf16-mixed)")
 
 
+class ResumePoint(ModelCheckpoint):
+    """`last.ckpt`, the full state an interrupted run resumes from, every N steps but the run's
+    last (`max_steps`): a finished run is never resumed (`fit`), so that save would only cost
+    time (weights and optimiser state, 1.6 GB for SmolLM2-135M: 6 s of a 3-minute CPU run). A run
+    killed after its last step but before it is marked finished resumes from the save before."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            return
+        super().on_train_batch_end(trainer, *args, **kwargs)
+
+
 class FreshBest(ModelCheckpoint):
     """The best-on-validation checkpoint of a resumed run whose best.ckpt did not load (set
     aside): last.ckpt's record of the best points at that file, so the best is tracked afresh from
@@ -263,8 +275,8 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     monitor = TrainingMonitor(log_dir, checkpoint_dir / "curves", run.section, run.objective, resumed_step)
     best = (FreshBest if fresh_best else ModelCheckpoint)(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
                                                           save_top_k=1, save_weights_only=True, enable_version_counter=False)
-    latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
-                             every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
+    latest = ResumePoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
+                         every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     without_nan_fill()
     trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(monitor), *callbacks], default_root_dir=str(checkpoint_dir),
                         plugins=[AtomicCheckpointIO()], **trainer_kwargs(run.config))
