@@ -114,10 +114,11 @@ class RewriteModule(L.LightningModule):
 
     def configure_optimizers(self):
         parameters = [p for p in self.generator.parameters() if p.requires_grad]
-        # On a GPU the fused kernel updates every parameter in one launch (the per-tensor loop
-        # launches a dozen kernels per tensor); on the CPU the default implementation stays, so
-        # CPU runs keep their numbers.
-        fused = all(p.is_cuda for p in parameters)
+        # The fused kernel updates every parameter in one pass: on a GPU one launch (the per-tensor
+        # loop launches a dozen kernels per tensor), on a CPU one vectorised loop over each tensor
+        # (0.15 s a step for SmolLM2-135M on 2 cores, against 0.4-0.8 s). Its rounding differs
+        # from the loop's in the last bit of a weight (measured: 2.4e-7 after 5 steps).
+        fused = all(p.device.type in ("cuda", "cpu") for p in parameters)
         optimizer = torch.optim.AdamW(parameters, lr=self.lr, weight_decay=self.weight_decay, fused=fused or None)
         warmup = self.warmup_steps
         # Linear warm-up to lr, then constant (the paper trains at a constant lr).
