@@ -6,8 +6,9 @@ import torch
 from storyrewrite.io import InputError
 from storyrewrite.params import ModelsConfig
 from storyrewrite.models.materialise import materialise
-from storyrewrite.models.specs import load_from_source
+from storyrewrite.models.specs import BUNDLED, load_from_source
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, save_model
+from storyrewrite.models.tiny import package_dir
 
 
 def test_materialised_tiny_models(tiny_model_dirs):
@@ -111,22 +112,32 @@ def test_resolve_model_dir_rejects_a_non_model(tmp_path):
 @pytest.mark.slow
 def test_bundled_smollm2_materialises_exactly(tmp_path, monkeypatch):
     """The GGUF model is de-quantised once, its file parsed once (transformers alone parses it
-    three times); the embeddings are gguf's own de-quantisation of the file's tensor, and the
-    saved copy gives the same logits."""
+    three times) over a plain array, into the fields and tensors gguf's own reader gives; the
+    embeddings are gguf's own de-quantisation of the file's tensor, and the saved copy gives the
+    same logits."""
     import gguf
+    import numpy as np
+    from gguf.gguf_reader import GGUFReader
 
     readers = []
 
-    def reader(*args, **kwargs):
-        readers.append(real(*args, **kwargs))
-        return readers[-1]
+    def init(self, *args, **kwargs):
+        readers.append(self)
+        real_init(self, *args, **kwargs)
 
-    real = gguf.GGUFReader
-    monkeypatch.setattr(gguf, "GGUFReader", reader)
+    real_init, package_reader = GGUFReader.__init__, gguf.GGUFReader
+    monkeypatch.setattr(GGUFReader, "__init__", init)
     model, tokenizer = load_from_source("bundled:smollm2-135m-instruct")
+    monkeypatch.undo()
     assert type(model).__name__ == "LlamaForCausalLM" and len(tokenizer) == 49152
-    assert len(readers) == 1 and gguf.GGUFReader is reader  # parsed once; the patch undone
-    embedding = next(t for t in readers[0].tensors if t.name == "token_embd.weight")
+    assert len(readers) == 1 and gguf.GGUFReader is package_reader  # parsed once; the patch undone
+    assert type(readers[0].data) is np.ndarray and not readers[0].data.flags.writeable
+    bundled = BUNDLED["smollm2-135m-instruct"]
+    own = GGUFReader(package_dir(bundled.package) / bundled.file)
+    assert list(own.fields) == list(readers[0].fields)
+    assert all(np.array_equal(a, b) for name in own.fields for a, b in zip(own.fields[name].parts, readers[0].fields[name].parts,
+                                                                            strict=True))
+    embedding = next(t for t in own.tensors if t.name == "token_embd.weight")
     want = torch.from_numpy(gguf.dequantize(embedding.data, embedding.tensor_type).copy()).float()
     torch.testing.assert_close(model.get_input_embeddings().weight.detach(), want, atol=0, rtol=0)
     save_model(model, tokenizer, tmp_path / "smol")
