@@ -97,6 +97,37 @@ def test_identical_pairs_are_scored_once(scorer_and_parts):
     assert sum(rows) == 2  # two distinct pairs, not six
 
 
+def test_a_repeated_source_is_read_once_for_all_its_targets(tiny_model_dirs):
+    """Causal scorer: pairs whose sources repeat (a prediction against a story's three reference
+    endings) get each pair's own value, as scored alone and step by step, with SDPA, eager
+    attention (an additive mask) and the 2D mask (models whose masks transformers builds);
+    one-token targets (empty endings) and a source whose targets fill more than a batch
+    included. The body reads each distinct source of a batch once, and nothing is read back
+    from the device before the end."""
+    sources = [SOURCES[0]] * 3 + [SOURCES[1]] * 2 + [SOURCES[2]] + [SOURCES[3]] * 5
+    targets = [*TARGETS[:3], "", TARGETS[3], TARGETS[0], TARGETS[1], TARGETS[2], "", TARGETS[3] + " Then more.", TARGETS[0]]
+    directory = tiny_model_dirs["llama"]
+    model, tokenizer = load_model(directory).eval(), load_tokenizer(directory)
+    expected = [step_by_step(model, tokenizer, s, t, seq2seq=False) for s, t in zip(sources, targets, strict=True)]
+    for implementation, window in (("eager", None), ("sdpa", 4096), ("sdpa", None)):
+        scorer = LMScorer.from_dir(directory)
+        scorer.model.config._attn_implementation = implementation
+        # A sliding window (longer than any row: the same values) makes the mask 2D (takes_4d_masks).
+        scorer.model.config.sliding_window = window
+        alone = [scorer.score([s], [t], batch_size=1)[0] for s, t in zip(sources, targets, strict=True)]
+        assert alone == pytest.approx(expected, abs=1e-4)
+        for batch_size in (4, 16):
+            assert scorer.score(sources, targets, batch_size=batch_size) == pytest.approx(alone, abs=1e-5)
+    reads = []  # (of the last scorer: SDPA, 4D masks)
+    handle = scorer.model.base_model.register_forward_hook(
+        lambda module, args, kwargs, output: reads.append((kwargs["input_ids"].shape[0], kwargs.get("past_key_values") is None)),
+        with_kwargs=True)
+    scorer.score(sources, targets, batch_size=16)
+    handle.remove()
+    assert reads == [(4, True), (len(sources), False)]  # the 4 distinct sources, then every target
+    assert host_reads(lambda: scorer.score(sources, targets, batch_size=4)) == []
+
+
 def test_soft_sources_run_once_whatever_the_number_of_target_sets(scorer_and_parts):
     """The scorer's source-reading module (a seq2seq encoder, a causal LM's body) runs once
     whatever the number of target sets: the causal body reads each source followed by all its

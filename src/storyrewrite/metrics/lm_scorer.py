@@ -15,8 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
-from storyrewrite.models.encoding import (Encoder, causal_allowed, causal_mask, decoder_mask, key_mask, model_form, output_logits,
-                                         pad_rows, position_ids, target_logits)
+from storyrewrite.models.encoding import (Encoder, causal_allowed, causal_mask, continuation_mask, decoder_mask, key_mask, model_form,
+                                         output_logits, pad_rows, position_ids, target_logits)
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -83,19 +83,65 @@ class LMScorer:
         # system's prediction, and its score against the original ending, often repeat.
         pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids, strict=True)]
         unique = list(dict.fromkeys(pairs))
-        order = sorted(range(len(unique)), key=lambda i: -(len(unique[i][0]) + len(unique[i][1])))
+        if self.seq2seq:
+            order = sorted(unique, key=lambda pair: -(len(pair[0]) + len(pair[1])))
+        else:
+            # A causal scorer reads a source once for all its targets in a batch
+            # (`_score_shared_source`): a source's pairs go together, longest target first.
+            # Where no source repeats, this is the order above.
+            targets_of: dict[tuple, list[tuple]] = {}
+            for source, target in unique:
+                targets_of.setdefault(source, []).append(target)
+            groups = sorted(((source, sorted(group, key=len, reverse=True)) for source, group in targets_of.items()),
+                            key=lambda item: -(len(item[0]) + len(item[1][0])))
+            order = [(source, target) for source, group in groups for target in group]
         # The values stay on the device until every batch is queued, read back in one copy: a read
         # per batch would make the host wait for each batch's kernels (and, beside other processes
         # on the GPU, for the GPU's turn to come back) before it pads the next one.
         values = []
         for start in range(0, len(order), batch_size):
-            chunk = [unique[i] for i in order[start : start + batch_size]]
+            chunk = order[start : start + batch_size]
+            if not self.seq2seq and len({source for source, _ in chunk}) < len(chunk):
+                values.append(self._score_shared_source(chunk))
+                continue
             batch = self.encoder.batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             values.append(mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"]))
         scored = torch.cat(values).tolist() if values else []
-        values_of = dict(zip((unique[i] for i in order), scored, strict=True))
+        values_of = dict(zip(order, scored, strict=True))
         return [values_of[pair] for pair in pairs]
+
+    def _score_shared_source(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
+        """M(source, target) of a causal scorer for each (source, target) pair of `chunk` (token
+        ids), each distinct source read once: a pass over the sources keeps their keys and
+        values, which each target's row then continues (the cache's rows picked per target),
+        with the positions after its source's. The values of `target_logits` over [source |
+        target] rows, at a fraction of the compute where sources repeat: a story's three
+        reference endings scored against one prediction, or a reference against the others."""
+        pad, multiple = self.encoder.tokenizer.pad_token_id, self.encoder.pad_to_multiple_of
+        sources = list(dict.fromkeys(source for source, _ in chunk))
+        row = {source: i for i, source in enumerate(sources)}
+        source_ids, source_mask = pad_rows([list(s) for s in sources], pad, left=True, multiple=multiple)
+        target_ids, target_mask = pad_rows([list(t) for _, t in chunk], pad, left=False, multiple=multiple)
+        index = torch.tensor([row[source] for source, _ in chunk])
+        source_ids, source_mask, target_ids, target_mask, index = (
+            x.to(self.device, non_blocking=True) for x in (source_ids, source_mask, target_ids, target_mask, index))
+        read = self.model.base_model(input_ids=source_ids, attention_mask=causal_mask(self.model, source_mask),
+                                     position_ids=position_ids(source_mask), use_cache=True)
+        # The last source position (each row's real last token: left padding) predicts the
+        # target's first token; the target's tokens but its last predict the rest.
+        hidden = read.last_hidden_state[index, -1:]
+        inputs, input_mask, past_mask = target_ids[:, :-1], target_mask[:, :-1], source_mask[index]
+        if inputs.shape[1]:
+            cache = read.past_key_values
+            cache.reorder_cache(index)
+            positions = past_mask.sum(dim=1, keepdim=True) + torch.arange(inputs.shape[1], device=self.device)
+            continued = self.model.base_model(
+                input_ids=inputs, attention_mask=continuation_mask(self.model, past_mask, input_mask),
+                position_ids=positions, past_key_values=cache, use_cache=True,
+            ).last_hidden_state
+            hidden = torch.cat([hidden, continued], dim=1)
+        return mean_target_log_prob(output_logits(self.model, hidden), target_ids, target_mask)
 
     def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:
         """probs B×S×V @ E V×d -> B×S×d, scaled as the model scales its own token embeddings."""

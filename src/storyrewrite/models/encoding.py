@@ -150,6 +150,18 @@ def causal_mask(model: PreTrainedModel, attention_mask: torch.Tensor) -> torch.T
     return model_form(causal_allowed(attention_mask.bool()), model.config._attn_implementation, model.dtype)
 
 
+def continuation_mask(model: PreTrainedModel, past_mask: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
+    """The attention mask of a causal LM's inputs (`input_mask` B×Q, 1 for real tokens) that
+    continue its key/value cache of rows whose real tokens are `past_mask` (B×P): the last Q rows
+    of `causal_mask` over [past | inputs], each query seeing the real cached keys and the real
+    inputs up to itself. The 2D mask [past | inputs] where 4D ones do not serve."""
+    mask = torch.cat([past_mask, input_mask], dim=1)
+    if not takes_4d_masks(model.config):
+        return mask
+    allowed = causal_allowed(mask.bool())[:, past_mask.shape[1]:]
+    return model_form(allowed, model.config._attn_implementation, model.dtype)
+
+
 def causal_allowed(real: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
     """The B×L×L boolean mask (True: the query, a row, sees the key, a column) of rows whose real
     tokens are `real` (B×L, boolean): each query sees the real keys up to itself, of those the L×L
