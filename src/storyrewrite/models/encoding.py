@@ -155,11 +155,8 @@ def continuation_mask(model: PreTrainedModel, past_mask: torch.Tensor, input_mas
     continue its key/value cache of rows whose real tokens are `past_mask` (B×P): the last Q rows
     of `causal_mask` over [past | inputs], each query seeing the real cached keys and the real
     inputs up to itself. The 2D mask [past | inputs] where 4D ones do not serve."""
-    mask = torch.cat([past_mask, input_mask], dim=1)
-    if not takes_4d_masks(model.config):
-        return mask
-    allowed = causal_allowed(mask.bool())[:, past_mask.shape[1]:]
-    return model_form(allowed, model.config._attn_implementation, model.dtype)
+    mask = causal_mask(model, torch.cat([past_mask, input_mask], dim=1))
+    return mask if mask.dim() == 2 else mask[:, :, past_mask.shape[1]:]
 
 
 def causal_allowed(real: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
