@@ -128,6 +128,33 @@ def test_a_repeated_source_is_read_once_for_all_its_targets(tiny_model_dirs):
     assert host_reads(lambda: scorer.score(sources, targets, batch_size=4)) == []
 
 
+def test_a_repeated_source_is_encoded_once_for_all_its_targets(tiny_model_dirs):
+    """Seq2seq scorer: pairs whose sources repeat get each pair's own value, as scored alone and
+    step by step, with SDPA and eager attention (an additive mask), in batches that split a
+    source's targets. The encoder reads each distinct source of a batch once; the decoder reads
+    every target; nothing is read back from the device before the end."""
+    sources = [SOURCES[0]] * 3 + [SOURCES[1]] * 2 + [SOURCES[2]] + [SOURCES[3]] * 5
+    targets = [*TARGETS[:3], "", TARGETS[3], TARGETS[0], TARGETS[1], TARGETS[2], "", TARGETS[3] + " Then more.", TARGETS[0]]
+    directory = tiny_model_dirs["bart"]
+    model, tokenizer = load_model(directory).eval(), load_tokenizer(directory)
+    expected = [step_by_step(model, tokenizer, s, t, seq2seq=True) for s, t in zip(sources, targets, strict=True)]
+    for implementation in ("eager", "sdpa"):
+        scorer = LMScorer.from_dir(directory)
+        scorer.model.config._attn_implementation = implementation
+        alone = [scorer.score([s], [t], batch_size=1)[0] for s, t in zip(sources, targets, strict=True)]
+        assert alone == pytest.approx(expected, abs=1e-4)
+        for batch_size in (4, 16):
+            assert scorer.score(sources, targets, batch_size=batch_size) == pytest.approx(alone, abs=1e-5)
+    encoded, decoded = [], []  # rows through the encoder and the decoder (of the last scorer: SDPA)
+    hooks = [scorer.model.get_encoder().register_forward_hook(lambda module, inputs, output: encoded.append(output[0].shape[0])),
+             scorer.model.get_decoder().register_forward_hook(lambda module, inputs, output: decoded.append(output[0].shape[0]))]
+    scorer.score(sources, targets, batch_size=16)
+    for hook in hooks:
+        hook.remove()
+    assert (encoded, decoded) == ([4], [len(sources)])  # the 4 distinct sources, then every target
+    assert host_reads(lambda: scorer.score(sources, targets, batch_size=4)) == []
+
+
 def test_soft_sources_run_once_whatever_the_number_of_target_sets(scorer_and_parts):
     """The scorer's source-reading module (a seq2seq encoder, a causal LM's body) runs once
     whatever the number of target sets: the causal body reads each source followed by all its

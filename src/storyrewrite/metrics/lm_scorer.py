@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_outputs import BaseModelOutput
 
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
@@ -83,25 +84,22 @@ class LMScorer:
         # system's prediction, and its score against the original ending, often repeat.
         pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids, strict=True)]
         unique = list(dict.fromkeys(pairs))
-        if self.seq2seq:
-            order = sorted(unique, key=lambda pair: -(len(pair[0]) + len(pair[1])))
-        else:
-            # A causal scorer reads a source once for all its targets in a batch
-            # (`_score_shared_source`): a source's pairs go together, longest target first.
-            # Where no source repeats, this is the order above.
-            targets_of: dict[tuple, list[tuple]] = {}
-            for source, target in unique:
-                targets_of.setdefault(source, []).append(target)
-            groups = sorted(((source, sorted(group, key=len, reverse=True)) for source, group in targets_of.items()),
-                            key=lambda item: -(len(item[0]) + len(item[1][0])))
-            order = [(source, target) for source, group in groups for target in group]
+        # A source is read once for all its targets in a batch (`_score_shared_source`): a
+        # source's pairs go together, longest target first. Where no source repeats, this is
+        # the order of the longest pairs first.
+        targets_of: dict[tuple, list[tuple]] = {}
+        for source, target in unique:
+            targets_of.setdefault(source, []).append(target)
+        groups = sorted(((source, sorted(group, key=len, reverse=True)) for source, group in targets_of.items()),
+                        key=lambda item: -(len(item[0]) + len(item[1][0])))
+        order = [(source, target) for source, group in groups for target in group]
         # The values stay on the device until every batch is queued, read back in one copy: a read
         # per batch would make the host wait for each batch's kernels (and, beside other processes
         # on the GPU, for the GPU's turn to come back) before it pads the next one.
         values = []
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            if not self.seq2seq and len({source for source, _ in chunk}) < len(chunk):
+            if len({source for source, _ in chunk}) < len(chunk):
                 values.append(self._score_shared_source(chunk))
                 continue
             batch = self.encoder.batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
@@ -112,20 +110,42 @@ class LMScorer:
         return [values_of[pair] for pair in pairs]
 
     def _score_shared_source(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
-        """M(source, target) of a causal scorer for each (source, target) pair of `chunk` (token
-        ids), each distinct source read once: a pass over the sources keeps their keys and
-        values, which each target's row then continues (the cache's rows picked per target),
-        with the positions after its source's. The values of `target_logits` over [source |
-        target] rows, at a fraction of the compute where sources repeat: a story's three
-        reference endings scored against one prediction, or a reference against the others."""
+        """M(source, target) for each (source, target) pair of `chunk` (token ids), each distinct
+        source read once: the values of `target_logits` over the pairs, at a fraction of the
+        compute where sources repeat (a story's three reference endings scored against one
+        prediction, or a reference against the others)."""
+        if self.seq2seq:
+            return self._score_shared_encoder(chunk)
+        return self._score_shared_prefix(chunk)
+
+    def _shared_source_rows(self, chunk: list[tuple[tuple, tuple]], left: bool) -> tuple[torch.Tensor, ...]:
+        """The distinct sources of `chunk` (padded on the left or right) and their masks, its
+        targets (right-padded) and their masks, and each target's source row, on the device."""
         pad, multiple = self.encoder.tokenizer.pad_token_id, self.encoder.pad_to_multiple_of
         sources = list(dict.fromkeys(source for source, _ in chunk))
         row = {source: i for i, source in enumerate(sources)}
-        source_ids, source_mask = pad_rows([list(s) for s in sources], pad, left=True, multiple=multiple)
+        source_ids, source_mask = pad_rows([list(s) for s in sources], pad, left=left, multiple=multiple)
         target_ids, target_mask = pad_rows([list(t) for _, t in chunk], pad, left=False, multiple=multiple)
         index = torch.tensor([row[source] for source, _ in chunk])
-        source_ids, source_mask, target_ids, target_mask, index = (
-            x.to(self.device, non_blocking=True) for x in (source_ids, source_mask, target_ids, target_mask, index))
+        return tuple(x.to(self.device, non_blocking=True) for x in (source_ids, source_mask, target_ids, target_mask, index))
+
+    def _score_shared_encoder(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
+        """`_score_shared_source` of a seq2seq scorer: the encoder runs over the distinct
+        sources; each target's decoder attends to its own source's states (picked per target)."""
+        source_ids, source_mask, target_ids, target_mask, index = self._shared_source_rows(chunk, left=False)
+        encoded = self.model.get_encoder()(input_ids=source_ids, attention_mask=key_mask(self.model, source_mask)).last_hidden_state
+        decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(labels=target_ids)
+        logits = self.model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoded[index]), attention_mask=key_mask(self.model, source_mask[index]),
+            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_mask(self.model, decoder_input_ids), use_cache=False,
+        ).logits
+        return mean_target_log_prob(logits, target_ids, target_mask)
+
+    def _score_shared_prefix(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
+        """`_score_shared_source` of a causal scorer: a pass over the sources keeps their keys
+        and values, which each target's row then continues (the cache's rows picked per
+        target), with the positions after its source's."""
+        source_ids, source_mask, target_ids, target_mask, index = self._shared_source_rows(chunk, left=True)
         read = self.model.base_model(input_ids=source_ids, attention_mask=causal_mask(self.model, source_mask),
                                      position_ids=position_ids(source_mask), use_cache=True)
         # The last source position (each row's real last token: left padding) predicts the
