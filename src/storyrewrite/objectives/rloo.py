@@ -280,11 +280,15 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         """(reward with the KL term, the metric reward alone, the KL): each R, on the CPU, in float64:
         the advantages are small differences of rewards near −10 (float32 would keep 4 digits of them).
         `logps` gives the generator's log π of the completions; it is called only for the KL term."""
-        # All of a step's samples in one scorer forward (a GPU's forward takes the time of its
-        # launches, whatever its rows); the CPU default's 8 samples were one forward already.
+        # All of a step's samples in one scorer batch (a GPU's forward takes the time of its
+        # launches, whatever its rows); with the original endings too, each completion is read
+        # once for both of its targets (LMScorer's shared sources).
         rows = len(completions)
-        m_target = torch.tensor(scorer.score_ids(completions, targets, rows), dtype=torch.float64)
-        m_original = torch.tensor(scorer.score_ids(completions, originals, rows), dtype=torch.float64) if needs_original else None
+        if needs_original:
+            scored = torch.tensor(scorer.score_ids(completions * 2, targets + originals, 2 * rows), dtype=torch.float64)
+            m_target, m_original = scored[:rows], scored[rows:]
+        else:
+            m_target, m_original = torch.tensor(scorer.score_ids(completions, targets, rows), dtype=torch.float64), None
         metric = combine_rewards(m_target, m_original, config.reward)
         kl = torch.zeros_like(metric)
         if reference is not None:
