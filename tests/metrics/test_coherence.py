@@ -94,11 +94,14 @@ def test_a_sentence_transformers_directory_pools_as_its_files_say(tiny_evaluator
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
     model, tokenizer = AutoModel.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
-    texts = ["A short one.", "A much longer sentence, so that the batch has padding in it."]
+    texts = ["A short one.", "A much longer sentence, so that the batch has padding in it.", "Mid-length, this one.", "Hi.",
+             "The longest of them all, so that it comes first in the order of lengths, as the encoder sorts them."]
     with torch.no_grad():
         expected = torch.stack([F.normalize(model(**tokenizer(t, return_tensors="pt")).last_hidden_state[0].mean(0), dim=0)
                                 for t in texts])
-    torch.testing.assert_close(SentenceEncoder(directory).embed(texts), expected, atol=1e-5, rtol=1e-5)
+    # In one batch, and in batches of two (sorted by length): each vector back at its text's place.
+    for batch_size in (64, 2):
+        torch.testing.assert_close(SentenceEncoder(directory, batch_size=batch_size).embed(texts), expected, atol=1e-5, rtol=1e-5)
 
 
 def _classifier_copy(tiny_evaluators, tmp_path, id2label: dict) -> tuple:

@@ -68,7 +68,9 @@ class SentenceEncoder:
             return torch.zeros(0, self.model.config.hidden_size)
         lengths = [len(ids) for ids in self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-        vectors = torch.empty(len(texts), self.model.config.hidden_size)
+        # The vectors stay on the device until every batch is queued, read back in one copy (a
+        # read per batch would make the host wait for each batch before it tokenises the next).
+        batches = []
         for start in range(0, len(order), self.batch_size):
             chosen = order[start : start + self.batch_size]
             inputs = self.tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=self.max_length,
@@ -76,5 +78,7 @@ class SentenceEncoder:
             pooled = pool(self.model(**inputs).last_hidden_state, inputs["attention_mask"], self.pooling).float()
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
-            vectors[chosen] = pooled.cpu()
+            batches.append(pooled)
+        vectors = torch.empty(len(texts), self.model.config.hidden_size)
+        vectors[order] = torch.cat(batches).cpu()
         return vectors
