@@ -1,6 +1,9 @@
+import numpy as np
 import pytest
 
 from storyrewrite.io import InputError
+from storyrewrite.metrics.columns import value
+from storyrewrite.significance.bootstrap import paired_bootstrap_many
 from storyrewrite.significance.compare import compare
 
 
@@ -36,3 +39,31 @@ def test_mismatched_instances_and_missing_baseline_are_errors():
         compare({"nll": _rows([0.0] * 6), "x": _rows([1.0] * 3)}, "nll", 100, 0, by_story=False)
     with pytest.raises(InputError, match=r"`significance.baseline` = 'nll' has no scores; systems: x"):
         compare({"x": _rows([1.0] * 3)}, "nll", 100, 0, by_story=False)
+
+
+@pytest.mark.parametrize("by_story", [False, True])
+def test_systems_tested_together_get_the_p_values_of_their_own_tests(by_story):
+    """compare draws the resamples once for every system: each system's p-values are those of a
+    bootstrap of its own against the baseline (paired_bootstrap_many on the same seed), also for
+    a system whose scores have fewer columns (no original-ending forms)."""
+    rng = np.random.default_rng(3)
+    n = 60
+    base = _rows(list(rng.normal(-2.0, 0.3, n)), original=list(rng.normal(-1.5, 0.3, n)))
+    systems = {"nll": base,
+               "near": _rows([r["bartscore"] + d for r, d in zip(base, rng.normal(0.02, 0.2, n), strict=True)],
+                             original=list(rng.normal(-1.5, 0.3, n))),
+               "worse": _rows([r["bartscore"] + d for r, d in zip(base, rng.normal(-0.05, 0.2, n), strict=True)],
+                              original=list(rng.normal(-1.4, 0.3, n))),
+               "predictive_only": _rows([r["bartscore"] + d for r, d in zip(base, rng.normal(0.0, 0.2, n), strict=True)])}
+    together = compare(systems, "nll", n_resamples=2000, seed=7, by_story=by_story)
+    clusters = [row["story_id"] for row in base] if by_story else None
+    for system in ("near", "worse", "predictive_only"):
+        alone = compare({"nll": base, system: systems[system]}, "nll", n_resamples=2000, seed=7, by_story=by_story)[system]
+        assert together[system] == alone
+        columns = list(alone)
+        a = np.array([[value(row, c) for c in columns] for row in systems[system]])
+        b = np.array([[value(row, c) for c in columns] for row in base])
+        expected = paired_bootstrap_many(a, b, n_resamples=2000, seed=7, clusters=clusters)
+        assert list(alone.values()) == [round(float(p), 4) for p in expected]
+    assert len(together["predictive_only"]) == 3 and len(together["near"]) == 6
+    assert 0.0 < min(together["near"].values()) < max(together["worse"].values()) < 1.0  # p-values that could move
