@@ -749,3 +749,39 @@ def test_the_gpu_runs_gathered_before_are_not_planned_again():
     assert sorted(params["objective"] for params in gathered) == ["delta", "nll", "score", "score_delta"]
     calls, stand_ins, left_out = plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [], gathered)
     assert (calls, stand_ins, left_out) == ([], [], 4)
+
+
+class _ScoredRun:
+    """A run as `p_values` reads it: per-instance scores by system, and its params."""
+
+    def __init__(self, scores: dict[str, list[dict]]):
+        self._scores, self.params = scores, {"significance": {"n_resamples": 500}, "seed": 3}
+
+    def scores(self, system: str) -> list[dict]:
+        return self._scores[system]
+
+
+def test_the_systems_of_a_run_tested_together_get_the_p_values_of_their_own_tests():
+    """p_values tests the systems of one run in one bootstrap per unit: each gets the p-values of
+    its own test against its run's NLL model (`tested`), across two runs of different NLL scores."""
+    import numpy as np
+
+    from storyrewrite.report.collect import BASELINE, Entry, p_values, tested
+
+    rng = np.random.default_rng(5)
+
+    def noisy(shift):
+        return [{**row, "bartscore": row["bartscore"] + float(rng.normal(shift, 0.2)),
+                 "rougeL": row["rougeL"] + float(rng.normal(10 * shift, 2))} for row in _scores(0.0)]
+
+    first = _ScoredRun({BASELINE: noisy(0.0), "finetuned": noisy(0.05), "llm_zero_shot": noisy(-0.1), "copy_original": noisy(0.0)})
+    second = _ScoredRun({BASELINE: noisy(0.02), "finetuned": noisy(0.1)})
+    entries = [Entry("NLL", first, BASELINE, "baseline"), Entry("DTO-Score", first, "finetuned", "trained"),
+               Entry("CPO", second, "finetuned", "trained"), Entry("zero-shot", first, "llm_zero_shot", "llm"),
+               Entry("Copy of the original ending", first, "copy_original", "copy")]
+    found = p_values(entries, first)
+    assert list(found) == ["DTO-Score", "CPO", "zero-shot", "Copy of the original ending"]
+    for e in entries[1:]:
+        assert found[e.label] == tested({BASELINE: e.run.scores(BASELINE), e.label: e.run.scores(e.system)}, e.label, BASELINE, first)
+    values = [p for e in entries[1:] for unit in ("instance", "story") for p in found[e.label][unit].values()]
+    assert len(set(values)) > 4  # p-values that tell the systems apart

@@ -2,7 +2,9 @@
 import numpy as np
 from PIL import Image
 
-from storyrewrite.report.figure import results_figure, training_figure, training_panels
+from storyrewrite.metrics.columns import value
+from storyrewrite.report.figure import intervals, results_figure, training_figure, training_panels
+from storyrewrite.significance.bootstrap import percentile_interval
 
 
 def _rows(shift, n=12):
@@ -22,6 +24,25 @@ def test_the_results_figure_has_every_system_with_its_interval_and_the_copies_as
     assert set(drawn["bartscore/predictive"]) == set(scores)
     mean, low, high = drawn["bartscore/predictive"]["finetuned"]
     assert mean == np.mean([r["bartscore"] for r in _rows(0.2)]) and low < mean < high
+
+
+def test_each_interval_is_that_of_a_bootstrap_of_its_own():
+    """intervals draws the resamples once per number of instances: each system's interval in each
+    column is the percentile interval of that column alone, for systems of different lengths and
+    a system that lacks a column."""
+    rng = np.random.default_rng(2)
+    noisy = lambda rows: [{**row, "bartscore": row["bartscore"] + float(rng.normal(0, 0.3))} for row in rows]  # noqa: E731
+    scores = {"nll": noisy(_rows(0.0)), "finetuned": noisy(_rows(0.2)), "short": noisy(_rows(0.1, n=9)),
+              "no_original": [{k: v for k, v in row.items() if not k.endswith("_original")} for row in noisy(_rows(0.3))]}
+    columns = ["bartscore/predictive", "bartscore/counterfactual", "rougeL/predictive"]
+    found = intervals(scores, columns, n_resamples=400, seed=4)
+    assert set(found["bartscore/counterfactual"]) == {"nll", "finetuned", "short"}
+    assert [(c, s) for c in found for s in found[c]][:4] == [("bartscore/predictive", s) for s in scores]
+    for column in columns:
+        for system, (mean, low, high) in found[column].items():
+            values = np.array([value(row, column) for row in scores[system]])[:, None]
+            assert (low, high) == tuple(percentile_interval(values, 0.95, 400, 4)[0]) and mean == values.mean()
+    assert len({bounds for column in found.values() for bounds in column.values()}) == 11  # none the same
 
 
 def test_a_training_figure_draws_the_panels_that_have_curves(tmp_path):

@@ -34,7 +34,7 @@ from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
-from storyrewrite.significance.compare import UNITS, compare_units
+from storyrewrite.significance.compare import UNITS, compare, compare_units
 from storyrewrite.systems import COPY_BASELINES, pipeline_systems
 
 BASELINE, FINETUNED = "nll", "finetuned"
@@ -221,19 +221,36 @@ def comparison(runs: list[Run]) -> list[Entry]:
     return entries
 
 
+def bootstrap_settings(reference: Run) -> tuple[int, int]:
+    """The reference run's `significance.n_resamples` and `seed`."""
+    return reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
+
+
 def tested(scores: dict[str, list[dict]], system: str, against: str, reference: Run) -> dict[str, dict]:
     """{unit: {column: p}} of the one-tailed paired bootstrap of `system` against `against` (H1:
     it scores higher), resampling instances and, separately, whole stories (a story's endings
     share one input), with the reference run's `significance.n_resamples` and `seed`."""
-    n_resamples, seed = reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
-    return compare_units(scores, system, against, n_resamples, seed)
+    return compare_units(scores, system, against, *bootstrap_settings(reference))
 
 
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
-    """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run."""
-    return {e.label: tested({BASELINE: e.run.scores(BASELINE), e.label: e.run.scores(e.system)}, e.label, BASELINE, reference)
-            for e in entries if e.kind != "baseline"}
-
+    """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run,
+    as `tested` gives them; the systems of one run share one bootstrap per unit (compare)."""
+    n_resamples, seed = bootstrap_settings(reference)
+    tests = [e for e in entries if e.kind != "baseline"]
+    runs = []
+    for entry in tests:
+        if not any(entry.run is run for run in runs):
+            runs.append(entry.run)
+    found = {}
+    for run in runs:
+        systems = {e.label: run.scores(e.system) for e in tests if e.run is run}
+        if BASELINE in systems:
+            raise ValueError(f"collect: a system is labelled `{BASELINE}`, the baseline's name in the bootstrap")
+        by_unit = {unit: compare({BASELINE: run.scores(BASELINE), **systems}, BASELINE, n_resamples, seed, by_story=unit == "story")
+                   for unit in UNITS}
+        found.update({label: {unit: by_unit[unit][label] for unit in UNITS} for label in systems})
+    return {e.label: found[e.label] for e in tests}
 
 def counterpart_run(run: Run, chosen: Run, groups: list[list[Run]]) -> Run:
     """The run to set `run` against for the system whose tables show `chosen`: of the runs that

@@ -50,17 +50,24 @@ def _value(row: dict, column: str) -> float | None:
 
 def intervals(scores: dict[str, list[dict]], columns: list[str], n_resamples: int, seed: int) -> dict[str, dict[str, tuple]]:
     """{column: {system: (mean, low, high)}} over the systems whose every row has the column."""
-    found: dict[str, dict[str, tuple]] = {}
+    wanted = []  # (column, system, values), in the order of the columns, then the systems
     for column in columns:
         for system, rows in scores.items():
             values = [_value(row, column) for row in rows]
-            if not values or any(v is None for v in values):
-                continue
-            array = np.array(values, dtype=np.float64)[:, None]
-            low, high = percentile_interval(array, 0.95, n_resamples, seed)[0]
-            found.setdefault(column, {})[system] = (float(array.mean()), float(low), float(high))
+            if values and all(v is not None for v in values):
+                wanted.append((column, system, np.array(values, dtype=np.float64)))
+    # One bootstrap per number of instances: the resamples depend on the seed and the units alone
+    # (resample_means), so each interval is that of a bootstrap of its own, drawn once for all.
+    bounds = {}
+    for length in dict.fromkeys(len(values) for _, _, values in wanted):
+        group = [(column, system, values) for column, system, values in wanted if len(values) == length]
+        group_bounds = percentile_interval(np.stack([values for _, _, values in group], axis=1), 0.95, n_resamples, seed)
+        bounds.update({(column, system): pair for (column, system, _), pair in zip(group, group_bounds, strict=True)})
+    found: dict[str, dict[str, tuple]] = {}
+    for column, system, values in wanted:
+        low, high = bounds[column, system]
+        found.setdefault(column, {})[system] = (float(values.mean()), float(low), float(high))
     return found
-
 
 def _panels(plt, n: int, width: int, panel_height: float, **kwargs) -> tuple:
     """A figure of `n` panels, `width` to a row, and their axes in reading order (the grid's unused
