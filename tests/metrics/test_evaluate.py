@@ -51,7 +51,11 @@ def test_corpus_metrics_and_counterfactual_forms(tiny_model_dirs):
 
     predictions = {"s1:0": "He stayed out.", "s1:1": "He went home."}
     scorer = LMScorer.from_dir(tiny_model_dirs["bart"])
+    encoded = []  # BARTScore reads each prediction once for both endings: 2 encoder rows, not 4
+    hook = scorer.model.get_encoder().register_forward_hook(lambda module, inputs, output: encoded.append(output[0].shape[0]))
     rows, metrics = score_system(predictions, INSTANCES, scorer, batch_size=2)
+    hook.remove()
+    assert sum(encoded) == 2
     rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
     preds = [predictions[i["id"]] for i in INSTANCES]
     edited, original = [i["target"] for i in INSTANCES], [i["original_ending"] for i in INSTANCES]

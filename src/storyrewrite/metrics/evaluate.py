@@ -135,11 +135,15 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
     computed = [metric for metric in OVERLAP_METRICS.values() if metric.computable(scoring)]
     per_instance: dict[str, dict[str, list[float]]] = {name: {} for name in references}
     corpus: dict[str, dict[str, float]] = {name: {} for name in references}
-    for name, refs in references.items():
-        for metric in computed:
-            with timed(seconds, metric.name):
-                values = per_instance[name][metric.name] = metric.values(outputs, refs, scoring)
-                corpus[name][metric.name] = metric.corpus_value(outputs, refs, values)
+    # Each metric scores every reference set in one call (its values are per pair): a model metric
+    # then reads each prediction once for all its targets (LMScorer's shared sources).
+    sets = list(references.items())
+    for metric in computed:
+        with timed(seconds, metric.name):
+            values = metric.values(outputs * len(sets), [ref for _, refs in sets for ref in refs], scoring)
+            for k, (name, refs) in enumerate(sets):
+                part = per_instance[name][metric.name] = values[k * len(outputs) : (k + 1) * len(outputs)]
+                corpus[name][metric.name] = metric.corpus_value(outputs, refs, part)
 
     rows = []
     for i, row in enumerate(instances):
