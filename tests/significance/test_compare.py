@@ -67,3 +67,25 @@ def test_systems_tested_together_get_the_p_values_of_their_own_tests(by_story):
         assert list(alone.values()) == [round(float(p), 4) for p in expected]
     assert len(together["predictive_only"]) == 3 and len(together["near"]) == 6
     assert 0.0 < min(together["near"].values()) < max(together["worse"].values()) < 1.0  # p-values that could move
+
+
+def test_differences_within_float_rounding_are_ties():
+    """Identical predictions scored in other batches differ by a few 1e-7. Where most predictions
+    are the same (a model continued for a few steps), a resample can draw only those: its mean is
+    then that noise, of either sign. The p-values are those of exact ties, whatever the noise,
+    while a difference of 1e-4 still counts."""
+    rng = np.random.default_rng(11)
+    n = 24
+    base = _rows(list(rng.normal(-2.0, 0.3, n)))
+    real = np.where(np.arange(n) % 6 == 0, rng.uniform(0.01, 0.05, n), 0.0)  # 4 of 24 instances changed, for the better
+    system = lambda noise: _rows([r["bartscore"] + d + e for r, d, e in zip(base, real, noise, strict=True)])  # noqa: E731
+
+    def p(noise):
+        return compare({"nll": base, "x": system(noise)}, "nll", n_resamples=2000, seed=1, by_story=False)["x"]["bartscore/predictive"]
+
+    exact = p(np.zeros(n))
+    assert 0.0 < exact < 0.1  # the resamples that drew none of the 4 (about (20/24)^24 of them)
+    for seed in range(3):
+        noise = np.random.default_rng(seed).uniform(-8e-7, 8e-7, n) * (real == 0)
+        assert p(noise) == exact
+    assert p(np.full(n, 1e-4) * (real == 0)) < exact  # a real (if small) gain on the other 20: no resample ties

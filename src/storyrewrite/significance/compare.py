@@ -23,9 +23,19 @@ from storyrewrite.metrics.columns import available, value
 from storyrewrite.significance.bootstrap import resample_means
 
 
+# Per-instance scores closer than this are one value (a tie). A model metric scores identical
+# predictions up to ~1e-5 apart when they sit in other batches (float32 rounding: another system's
+# batches, another batch size or device). Where two systems share most predictions (a model
+# continued for a few steps), a resample that draws only shared ones has that noise for its mean,
+# of either sign, and the p-value would hang on the batch layout. Between the systems of the
+# full-data comparison (reports/gpu), BARTScore's and CF-PMI's per-instance differences fall below
+# 1e-5 (rounding) or from 1e-4 up (different endings), with few between.
+TIE = 1e-5
+
+
 def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed: int, by_story: bool) -> dict:
     """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
-    the columns both systems' scores have."""
+    the columns both systems' scores have; differences below TIE are ties."""
     if baseline not in scores:
         raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
     base_rows = scores[baseline]
@@ -41,7 +51,9 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
         tested = [c for c in available(base_rows[0]) if c in available(rows[0])]
         base = np.array([[value(row, c) for c in tested] for row in base_rows], dtype=np.float64)
         values = np.array([[value(by_id[i], c) for c in tested] for i in order], dtype=np.float64)
-        differences.append(values - base)
+        difference = values - base
+        difference[np.abs(difference) < TIE] = 0.0
+        differences.append(difference)
         columns[system] = tested
     if not columns:
         return {}
