@@ -284,11 +284,10 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         # launches, whatever its rows); with the original endings too, each completion is read
         # once for both of its targets (LMScorer's shared sources).
         rows = len(completions)
-        if needs_original:
-            scored = torch.tensor(scorer.score_ids(completions * 2, targets + originals, 2 * rows), dtype=torch.float64)
-            m_target, m_original = scored[:rows], scored[rows:]
-        else:
-            m_target, m_original = torch.tensor(scorer.score_ids(completions, targets, rows), dtype=torch.float64), None
+        sets = 2 if needs_original else 1
+        endings = [*targets, *originals] if needs_original else targets
+        scored = torch.tensor(scorer.score_ids(completions * sets, endings, sets * rows), dtype=torch.float64)
+        m_target, m_original = scored[:rows], scored[rows:] if needs_original else None
         metric = combine_rewards(m_target, m_original, config.reward)
         kl = torch.zeros_like(metric)
         if reference is not None:

@@ -252,6 +252,7 @@ def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]
         found.update({label: {unit: by_unit[unit][label] for unit in UNITS} for label in systems})
     return {e.label: found[e.label] for e in tests}
 
+
 def counterpart_run(run: Run, chosen: Run, groups: list[list[Run]]) -> Run:
     """The run to set `run` against for the system whose tables show `chosen`: of the runs that
     differ from `chosen` only in their training seeds (`groups`: seed_groups), the one with

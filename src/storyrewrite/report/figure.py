@@ -69,6 +69,7 @@ def intervals(scores: dict[str, list[dict]], columns: list[str], n_resamples: in
         found.setdefault(column, {})[system] = (float(values.mean()), float(low), float(high))
     return found
 
+
 def _panels(plt, n: int, width: int, panel_height: float, **kwargs) -> tuple:
     """A figure of `n` panels, `width` to a row, and their axes in reading order (the grid's unused
     cells hidden)."""

@@ -21,12 +21,16 @@ def paired_bootstrap(a, b, n_resamples: int = 10_000, seed: int = 0, clusters=No
                                        np.asarray(b, dtype=np.float64)[:, None], n_resamples, seed, clusters)[0])
 
 
-def paired_bootstrap_many(a, b, n_resamples: int = 10_000, seed: int = 0, clusters=None, chunk: int = 250) -> np.ndarray:
-    """p-values for several metrics at once: a, b are n×m (instances × metrics); returns m."""
+def paired_bootstrap_many(a, b, n_resamples: int = 10_000, seed: int = 0, clusters=None, chunk: int = 250,
+                          tie: float = 0.0) -> np.ndarray:
+    """p-values for several metrics at once: a, b are n×m (instances × metrics); returns m.
+    Paired differences smaller than `tie` in size count as 0 (ties)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 2 or a.shape[0] == 0:
         raise ValueError(f"paired_bootstrap: a and b must be the same non-empty n×m shape, got {a.shape} and {b.shape}")
-    means = resample_means(a - b, n_resamples, seed, clusters, chunk)
+    differences = a - b
+    differences[np.abs(differences) < tie] = 0.0
+    means = resample_means(differences, n_resamples, seed, clusters, chunk)
     return (means <= 0).sum(axis=0) / n_resamples
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import available, value
-from storyrewrite.significance.bootstrap import resample_means
+from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
 
 # Per-instance scores closer than this are one value (a tie). A model metric scores identical
@@ -41,7 +41,7 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
     base_rows = scores[baseline]
     order = [row["id"] for row in base_rows]
     clusters = [row["story_id"] for row in base_rows] if by_story else None
-    differences, columns = [], {}
+    systems, bases, columns = [], [], {}
     for system, rows in sorted(scores.items()):
         if system == baseline:
             continue
@@ -49,19 +49,15 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
         if sorted(by_id) != sorted(order):
             raise InputError(f"scores of `{system}` and `{baseline}` cover different instances")
         tested = [c for c in available(base_rows[0]) if c in available(rows[0])]
-        base = np.array([[value(row, c) for c in tested] for row in base_rows], dtype=np.float64)
-        values = np.array([[value(by_id[i], c) for c in tested] for i in order], dtype=np.float64)
-        difference = values - base
-        difference[np.abs(difference) < TIE] = 0.0
-        differences.append(difference)
+        bases.append(np.array([[value(row, c) for c in tested] for row in base_rows], dtype=np.float64))
+        systems.append(np.array([[value(by_id[i], c) for c in tested] for i in order], dtype=np.float64))
         columns[system] = tested
     if not columns:
         return {}
     # Every system in one bootstrap: the resamples depend on the seed and the units alone
-    # (resample_means), so each system's p-values are those of a test of its own
-    # (paired_bootstrap_many), with the draws, most of the test's time, made once for all.
-    means = resample_means(np.hstack(differences), n_resamples, seed, clusters)
-    p_values = iter((means <= 0).sum(axis=0) / n_resamples)
+    # (resample_means), so each system's p-values are those of a test of its own, with the draws,
+    # most of the test's time, made once for all.
+    p_values = iter(paired_bootstrap_many(np.hstack(systems), np.hstack(bases), n_resamples, seed, clusters, tie=TIE))
     return {system: {column: round(float(next(p_values)), 4) for column in tested} for system, tested in columns.items()}
 
 
