@@ -761,12 +761,13 @@ class _ScoredRun:
         return self._scores[system]
 
 
-def test_the_systems_of_a_run_tested_together_get_the_p_values_of_their_own_tests():
-    """p_values tests the systems of one run in one bootstrap per unit: each gets the p-values of
-    its own test against its run's NLL model (`tested`), across two runs of different NLL scores."""
+def test_systems_tested_together_get_the_p_values_of_their_own_tests():
+    """p_values tests every system in one bootstrap per unit: each gets the p-values of its own
+    test against its run's NLL model (compare_units), across two runs of different NLL scores."""
     import numpy as np
 
-    from storyrewrite.report.collect import BASELINE, Entry, p_values, tested
+    from storyrewrite.report.collect import BASELINE, Entry, p_values
+    from storyrewrite.significance.compare import compare_units
 
     rng = np.random.default_rng(5)
 
@@ -782,6 +783,6 @@ def test_the_systems_of_a_run_tested_together_get_the_p_values_of_their_own_test
     found = p_values(entries, first)
     assert list(found) == ["DTO-Score", "CPO", "zero-shot", "Copy of the original ending"]
     for e in entries[1:]:
-        assert found[e.label] == tested({BASELINE: e.run.scores(BASELINE), e.label: e.run.scores(e.system)}, e.label, BASELINE, first)
+        assert found[e.label] == compare_units({BASELINE: e.run.scores(BASELINE), e.label: e.run.scores(e.system)}, e.label, BASELINE, 500, 3)
     values = [p for e in entries[1:] for unit in ("instance", "story") for p in found[e.label][unit].values()]
     assert len(set(values)) > 4  # p-values that tell the systems apart

@@ -89,3 +89,35 @@ def test_differences_within_float_rounding_are_ties():
         noise = np.random.default_rng(seed).uniform(-8e-7, 8e-7, n) * (real == 0)
         assert p(noise) == exact
     assert p(np.full(n, 1e-4) * (real == 0)) < exact  # a real (if small) gain on the other 20: no resample ties
+
+
+def test_tests_of_different_baselines_in_one_call_get_the_p_values_of_their_own_tests():
+    """compare_tests runs one bootstrap per unit for every test whose baseline lists the same
+    instances in the same order, whatever the baseline's scores (another run's NLL model, or a
+    head-to-head both ways), and one per order otherwise: each test's p-values are those of
+    compare_units on its own two score files, and a system's rows are matched by id."""
+    from storyrewrite.significance.compare import Test, compare_tests, compare_units
+
+    rng = np.random.default_rng(8)
+    n = 60
+
+    def noisy(shift, rows=None):
+        return _rows([(r["bartscore"] if rows else -2.0) + d for r, d in zip(rows or [{}] * n, rng.normal(shift, 0.3, n), strict=True)],
+                     original=list(rng.normal(-1.5, 0.3, n)))
+
+    first, second = noisy(0.0), noisy(0.0)
+    a, b = noisy(0.03, first), noisy(0.02, second)
+    reordered = second[::-1]  # the same instances, another order: a bootstrap of its own
+    tests = {"a": Test("a", a, "first", first), "b": Test("b", b, "second", second),
+             ("a", "better"): Test("a", a, "b", b), ("a", "worse"): Test("b", b, "a", a),
+             "b-reordered": Test("b", b[::-1], "second", reordered)}
+    found = compare_tests(tests, n_resamples=1500, seed=4)
+    for key, test in tests.items():
+        alone = compare_units({test.system: test.rows, test.baseline: test.base_rows}, test.system, test.baseline, 1500, 4)
+        for unit in ("instance", "story"):
+            assert found[unit][key] == alone[unit], (key, unit)
+    assert found["instance"]["b-reordered"] != found["instance"]["b"]  # other resamples of the same pairs
+    values = [p for unit in found.values() for columns in unit.values() for p in columns.values()]
+    assert len(set(values)) > 10 and 0.0 < min(values) and max(values) < 1.0  # p-values that could move
+    with pytest.raises(ValueError, match="unknown units"):
+        compare_tests(tests, 100, 0, units=("stories",))

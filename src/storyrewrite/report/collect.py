@@ -34,7 +34,7 @@ from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
-from storyrewrite.significance.compare import UNITS, compare, compare_units
+from storyrewrite.significance.compare import UNITS, Test, compare_tests
 from storyrewrite.systems import COPY_BASELINES, pipeline_systems
 
 BASELINE, FINETUNED = "nll", "finetuned"
@@ -50,6 +50,7 @@ class Run:
         self.base = manifest.get("source_commit") or manifest.get("base")
         self.files, self.root = manifest["files"], Path(root)
         self._texts: dict[str, str] = {}  # each file decompressed and checked once
+        self._scores: dict[str, list[dict]] = {}
 
     def has(self, path: str) -> bool:
         return path in self.files
@@ -90,7 +91,10 @@ class Run:
         return self._metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
 
     def scores(self, system: str) -> list[dict]:
-        return [json.loads(line) for line in self.text(self.scores_path(system)).splitlines() if line.strip()]
+        """`system`'s per-instance score rows, parsed once (the same list each call: read, never changed)."""
+        if system not in self._scores:
+            self._scores[system] = [json.loads(line) for line in self.text(self.scores_path(system)).splitlines() if line.strip()]
+        return self._scores[system]
 
     def summary(self, system: str) -> dict | None:
         return self.artifact(f"reports/train/{system}/metrics.json", artifacts.TrainingSummary, optional=True)
@@ -226,31 +230,14 @@ def bootstrap_settings(reference: Run) -> tuple[int, int]:
     return reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
 
 
-def tested(scores: dict[str, list[dict]], system: str, against: str, reference: Run) -> dict[str, dict]:
-    """{unit: {column: p}} of the one-tailed paired bootstrap of `system` against `against` (H1:
-    it scores higher), resampling instances and, separately, whole stories (a story's endings
-    share one input), with the reference run's `significance.n_resamples` and `seed`."""
-    return compare_units(scores, system, against, *bootstrap_settings(reference))
-
-
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
     """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run,
-    as `tested` gives them; the systems of one run share one bootstrap per unit (compare)."""
-    n_resamples, seed = bootstrap_settings(reference)
-    tests = [e for e in entries if e.kind != "baseline"]
-    runs = []
-    for entry in tests:
-        if not any(entry.run is run for run in runs):
-            runs.append(entry.run)
-    found = {}
-    for run in runs:
-        systems = {e.label: run.scores(e.system) for e in tests if e.run is run}
-        if BASELINE in systems:
-            raise ValueError(f"collect: a system is labelled `{BASELINE}`, the baseline's name in the bootstrap")
-        by_unit = {unit: compare({BASELINE: run.scores(BASELINE), **systems}, BASELINE, n_resamples, seed, by_story=unit == "story")
-                   for unit in UNITS}
-        found.update({label: {unit: by_unit[unit][label] for unit in UNITS} for label in systems})
-    return {e.label: found[e.label] for e in tests}
+    resampling instances and, separately, whole stories (a story's endings share one input), with
+    the reference run's `significance.n_resamples` and `seed`; every system shares one bootstrap
+    per unit (compare_tests)."""
+    tests = {e.label: Test(e.label, e.run.scores(e.system), BASELINE, e.run.scores(BASELINE)) for e in entries if e.kind != "baseline"}
+    found = compare_tests(tests, *bootstrap_settings(reference))
+    return {label: {unit: found[unit][label] for unit in UNITS} for label in tests}
 
 
 def counterpart_run(run: Run, chosen: Run, groups: list[list[Run]]) -> Run:
@@ -268,17 +255,20 @@ def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[
     counterpart's run of the system's training seeds (counterpart_run), with what the two runs do
     not share (start_differences)."""
     by_label = {e.label: e for e in entries if e.kind == "trained"}
-    groups, found = seed_groups(runs), {}
+    groups, found, tests = seed_groups(runs), {}, {}
     for entry in by_label.values():
         against = (entry.run.summary(entry.system) or {}).get("counterpart")
         if against not in by_label:
             continue
         other = by_label[against]
         run = counterpart_run(entry.run, other.run, groups)
-        scores = {entry.label: entry.run.scores(entry.system), against: run.scores(other.system)}
-        better, worse = tested(scores, entry.label, against, reference), tested(scores, against, entry.label, reference)
-        found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run, "differs": start_differences(entry.run, run),
-                              **{unit: {"better": better[unit], "worse": worse[unit]} for unit in UNITS}}
+        own, theirs = entry.run.scores(entry.system), run.scores(other.system)
+        tests[entry.label, "better"] = Test(entry.label, own, against, theirs)
+        tests[entry.label, "worse"] = Test(against, theirs, entry.label, own)
+        found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run, "differs": start_differences(entry.run, run)}
+    p = compare_tests(tests, *bootstrap_settings(reference))  # every duel, both ways, in one bootstrap per unit
+    for label, duel in found.items():
+        duel.update({unit: {way: p[unit][label, way] for way in ("better", "worse")} for unit in UNITS})
     return found
 
 

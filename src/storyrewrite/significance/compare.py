@@ -13,7 +13,9 @@ the p-values against NLL are those of its significance.json.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Hashable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,40 +35,71 @@ from storyrewrite.significance.bootstrap import paired_bootstrap_many
 TIE = 1e-5
 
 
-def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed: int, by_story: bool) -> dict:
-    """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
-    the columns both systems' scores have; differences below TIE are ties."""
-    if baseline not in scores:
-        raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
-    base_rows = scores[baseline]
-    order = [row["id"] for row in base_rows]
-    clusters = [row["story_id"] for row in base_rows] if by_story else None
-    systems, bases, columns = [], [], {}
-    for system, rows in sorted(scores.items()):
-        if system == baseline:
-            continue
-        by_id = {row["id"]: row for row in rows}
-        if sorted(by_id) != sorted(order):
-            raise InputError(f"scores of `{system}` and `{baseline}` cover different instances")
-        tested = [c for c in available(base_rows[0]) if c in available(rows[0])]
-        bases.append(np.array([[value(row, c) for c in tested] for row in base_rows], dtype=np.float64))
-        systems.append(np.array([[value(by_id[i], c) for c in tested] for i in order], dtype=np.float64))
-        columns[system] = tested
-    if not columns:
-        return {}
-    # Every system in one bootstrap: the resamples depend on the seed and the units alone
-    # (resample_means), so each system's p-values are those of a test of its own, with the draws,
-    # most of the test's time, made once for all.
-    p_values = iter(paired_bootstrap_many(np.hstack(systems), np.hstack(bases), n_resamples, seed, clusters, tie=TIE))
-    return {system: {column: round(float(next(p_values)), 4) for column in tested} for system, tested in columns.items()}
+class Test(NamedTuple):
+    """A system's per-instance scores and those of the system it is tested against (H1: it scores higher)."""
+    system: str
+    rows: list[dict]
+    baseline: str
+    base_rows: list[dict]
 
 
 UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, or whole stories (a story's endings share one input)
 
 
+def compare_tests(tests: dict[Hashable, Test], n_resamples: int, seed: int, units: tuple[str, ...] = UNITS) -> dict[str, dict]:
+    """{unit: {key: {column: p-value}}} of each test (H1: its system scores higher than its
+    baseline), resampling each of `units`, on the columns both score files have; differences
+    below TIE are ties. Tests whose baselines list the same instances in the same order share one
+    bootstrap per unit: the resamples depend on the seed and the units alone (resample_means),
+    so each test's p-values are those of a test of its own, with the draws, most of a test's
+    time, made once for all. Each score file's columns are read once."""
+    if unknown := [unit for unit in units if unit not in UNITS]:
+        raise ValueError(f"compare_tests: unknown units {unknown}; valid: {', '.join(UNITS)}")
+    read: dict[tuple[int, str], np.ndarray] = {}  # (id of a score file's rows, column) -> its values, in the file's order
+
+    def values(rows: list[dict], column: str) -> np.ndarray:
+        if (id(rows), column) not in read:
+            read[id(rows), column] = np.array([value(row, column) for row in rows], dtype=np.float64)
+        return read[id(rows), column]
+
+    groups: dict[tuple, list] = {}  # the baseline's (instance ids, story ids) -> [(key, columns, system values, baseline values)]
+    for key, test in tests.items():
+        order = [row["id"] for row in test.base_rows]
+        position = {row["id"]: i for i, row in enumerate(test.rows)}
+        if len(position) != len(test.rows) or sorted(position) != sorted(order):
+            raise InputError(f"scores of `{test.system}` and `{test.baseline}` cover different instances")
+        tested = [c for c in available(test.base_rows[0]) if c in available(test.rows[0])]
+        index = np.array([position[i] for i in order], dtype=np.int64)  # the system's rows in the baseline's order
+        system = np.stack([values(test.rows, c)[index] for c in tested], axis=1) if tested else None
+        base = np.stack([values(test.base_rows, c) for c in tested], axis=1) if tested else None
+        groups.setdefault((tuple(order), tuple(row.get("story_id") for row in test.base_rows)), []).append((key, tested, system, base))
+    found = {unit: {key: {} for key in tests} for unit in units}
+    for (_, stories), members in groups.items():
+        members = [member for member in members if member[1]]  # a test with no column in common has no p-value
+        if not members:
+            continue
+        systems, bases = np.hstack([member[2] for member in members]), np.hstack([member[3] for member in members])
+        for unit in units:
+            p_values = iter(paired_bootstrap_many(systems, bases, n_resamples, seed, list(stories) if unit == "story" else None, tie=TIE))
+            for key, tested, *_ in members:
+                found[unit][key] = {column: round(float(next(p_values)), 4) for column in tested}
+    return found
+
+
+def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed: int, by_story: bool) -> dict:
+    """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
+    the columns both systems' scores have; differences below TIE are ties (compare_tests)."""
+    if baseline not in scores:
+        raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
+    unit = "story" if by_story else "instance"
+    tests = {system: Test(system, rows, baseline, scores[baseline]) for system, rows in sorted(scores.items()) if system != baseline}
+    return compare_tests(tests, n_resamples, seed, (unit,))[unit]
+
+
 def compare_units(scores: dict[str, list[dict]], system: str, against: str, n_resamples: int, seed: int) -> dict[str, dict]:
     """{unit: {column: p}} of `system` against `against` (H1: it scores higher), resampling each of UNITS."""
-    return {unit: compare(scores, against, n_resamples, seed, by_story=unit == "story")[system] for unit in UNITS}
+    found = compare_tests({system: Test(system, scores[system], against, scores[against])}, n_resamples, seed)
+    return {unit: found[unit][system] for unit in UNITS}
 
 
 def read_scores(systems: list[str], directories: list[Path]) -> dict[str, list[dict]]:
