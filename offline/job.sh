@@ -162,8 +162,16 @@ poll)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
   # The stages an unfinished experiment has run so far, each with its device and wall time, and
-  # the step its training has reached (DVCLive's summary: the latest value of each curve).
+  # the step its training under way has reached (DVCLive's summary: the latest value of each
+  # curve). A workspace starts as a copy of the commit, whose git-tracked training summaries (the
+  # default profile's) are not this experiment's progress until its training rewrites them.
   cd "$HOME/proj" && python3 -c 'import glob, json, os, sys
+def read(path):
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return None
 def recent(tsv):  # the mean of the last 10 values of a curve (DVCLive: a header, then step and value per row)
     values = [float(v) for v in open(tsv).read().split()[3::2][-10:]] if os.path.exists(tsv) else []
     return sum(values) / len(values) if values else None
@@ -172,11 +180,13 @@ for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.
     try:
         r, parts = json.load(open(path)), path.split("/")
         if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json; the curves of the clock are in their TSVs only
+            if read(path) == read("/".join(parts[-4:])):  # the summary the commit holds, copied
+                continue
             shown = {"train_loss": r.get("train_loss"), **{k: recent(path.replace("metrics.json", "plots/metrics/" + k + ".tsv"))
                                                          for k in ("sample_time_share", "sample_read_time_share",
                                                                    "cpu_wait_time_share", "tokens_per_s")}}
             shown = ", ".join("{} {:.4g}".format(k, v) for k, v in shown.items() if v is not None)
-            done.append((parts[-5], "~", "{} trained to step {} ({})".format(parts[-2], r["step"], shown)))
+            done.append((parts[-5], "~", "{} trained to step {}{}".format(parts[-2], r["step"], " ({})".format(shown) if shown else "")))
         else:  # <workspace>/reports/stages/<stage>.json
             done.append((parts[-4], r.get("started_at") or "", "{} on {} in {} s".format(r["stage"], r["device"], r["wall_s"])))
     except (OSError, ValueError, KeyError):

@@ -955,7 +955,11 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """(printf 'step\\tsample_time_share\\n'; for s in $(seq 101 120); do printf '%s\\t0.%s\\n' $s $((s < 111 ? 5 : 8)); done) """
         """> .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/sample_time_share.tsv\n"""
         """printf 'step\\tcpu_wait_time_share\\n120\\t0.25\\n' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/cpu_wait_time_share.tsv\n"""
+        # The NLL model's summary as the commit holds it (the default profile's): not this experiment's progress.
+        'mkdir -p .dvc/tmp/exps/tmpcd34/reports/train/nll && cp reports/train/nll/metrics.json .dvc/tmp/exps/tmpcd34/reports/train/nll/\n'
         'exit 3\n')
+    (tree / "reports" / "train" / "nll").mkdir(parents=True)
+    (tree / "reports" / "train" / "nll" / "metrics.json").write_text('{"step": 30, "train_loss": 0.2684}\n')
     (tree / ".device" / "commit").write_text("abc1234\n")
     (tree / ".device" / "part_01").write_text("a part this call carried")
     (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier machine: at home already
@@ -997,9 +1001,9 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         "--here --name gpu --jobs 3 --parts all --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
-    assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "runs/gpu.1/gpu-dto-score.json",
-                         "scripts/comparison.sh", "src/storyrewrite/__init__.py", "src/storyrewrite/report/__init__.py",
-                         "src/storyrewrite/report/gather.py"]  # not what the calls carried for the install
+    assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "reports/train/nll/metrics.json",
+                         "runs/gpu.1/gpu-dto-score.json", "scripts/comparison.sh", "src/storyrewrite/__init__.py",
+                         "src/storyrewrite/report/__init__.py", "src/storyrewrite/report/gather.py"]  # not what the calls carried for the install
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/train.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
