@@ -113,8 +113,8 @@ def test_exponent_without_dot_reads_as_float():
 def test_profiles_compose_and_every_section_stays_valid():
     base = load_yaml(ROOT / "params.yaml")
     gpu, paper = load_yaml(ROOT / "params" / "gpu.yaml"), load_yaml(ROOT / "params" / "paper.yaml")
-    smoke = load_yaml(ROOT / "params" / "smoke.yaml")
-    for layers in ([gpu], [paper], [gpu, paper], [gpu, smoke]):
+    smoke, fp32 = load_yaml(ROOT / "params" / "smoke.yaml"), load_yaml(ROOT / "params" / "fp32.yaml")
+    for layers in ([gpu], [paper], [gpu, paper], [gpu, smoke], [gpu, smoke, fp32], [paper, fp32]):
         merged = base
         for layer in layers:
             merged = overlay(merged, layer)
@@ -128,6 +128,11 @@ def test_profiles_compose_and_every_section_stays_valid():
     rehearsal = Params(overlay(overlay(base, gpu), smoke))
     assert rehearsal.train.precision == "bf16-mixed" and rehearsal.train.num_workers == 0
     assert rehearsal.data.max_train == 24 and rehearsal.train_nll.max_steps == 4
+    # On a CPU without bf16 instructions: the same rehearsal, float32 throughout.
+    in_fp32 = Params(overlay(overlay(overlay(base, gpu), smoke), fp32))
+    assert (in_fp32.train_nll.precision, in_fp32.train.precision, in_fp32.generate.dtype, in_fp32.llm.local_dtype) == (
+        "32-true", "32-true", "float32", "float32")
+    assert in_fp32.data.max_train == 24 and in_fp32.train.max_steps == 4 and in_fp32.generate.batch_size == 8
     result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "overrides", "params/gpu.yaml", "params/paper.yaml"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
