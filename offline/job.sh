@@ -102,8 +102,12 @@ run | run-comparison)  # (internal: the detached job)
     jobs=$1
     shift
     if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy,
-      # without what the calls carried for the install (wheels, model parts), as the checkout ignores it
-      git init -q && echo /.device/ >> .git/info/exclude && git add -A \
+      # without what the calls carried for the install (wheels, model parts), as the checkout ignores it,
+      # and without the runs gathered before (runs/, which the plan reads from disk) and this
+      # comparison's collected folder (reports/NAME/): no stage reads them, and every experiment's
+      # commit, so the bundle each poll brings back, would carry them again (with runs/gpu.2 and
+      # reports/gpu in the tree, the copy's commit bundles to 11.0 MB, 4.2 MB without them).
+      git init -q && printf '%s\n' /.device/ /runs/ "/reports/$1/" >> .git/info/exclude && git add -A \
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
     wait_for_packages

@@ -964,6 +964,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     (tree / ".device" / "part_01").write_text("a part this call carried")
     (tree / "runs" / "gpu.1").mkdir(parents=True)  # gathered on an earlier machine: at home already
     (tree / "runs" / "gpu.1" / "gpu-dto-score.json").write_text("{}")
+    (tree / "reports" / "gpu").mkdir(parents=True)  # collected at home from the runs gathered before
+    (tree / "reports" / "gpu" / "results.md").write_text("# Results: gpu\n")
     (home / "parts" / "part_00").write_text("a part still to be joined")
     # As the kit's install writes it: its `python` (here this one, whatever PATH the tests run with) first.
     (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH GIT_AUTHOR_NAME=device "
@@ -1001,9 +1003,12 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         "--here --name gpu --jobs 3 --parts all --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
+    # Not what the calls carried for the install, nor the runs gathered before (on disk for the
+    # plan) and the comparison's collected folder: each experiment's commit would carry them.
     assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "reports/train/nll/metrics.json",
-                         "runs/gpu.1/gpu-dto-score.json", "scripts/comparison.sh", "src/storyrewrite/__init__.py",
-                         "src/storyrewrite/report/__init__.py", "src/storyrewrite/report/gather.py"]  # not what the calls carried for the install
+                         "scripts/comparison.sh", "src/storyrewrite/__init__.py", "src/storyrewrite/report/__init__.py",
+                         "src/storyrewrite/report/gather.py"]
+    assert (home / "proj" / "runs" / "gpu.1" / "gpu-dto-score.json").exists()
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/train.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
