@@ -182,9 +182,10 @@ def recent(tsv):  # the mean of the last 10 values of a curve (DVCLive: a header
 done = []
 for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.json") + glob.glob(folder + "/*/metrics.json")):
     try:
-        r, parts = json.load(open(path)), path.split("/")
+        text, parts = open(path).read(), path.split("/")
+        r = json.loads(text)
         if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json; the curves of the clock are in their TSVs only
-            if read(path) == read("/".join(parts[-4:])):  # the summary the commit holds, copied
+            if text == read("/".join(parts[-4:])):  # the summary the commit holds, copied
                 continue
             shown = {"train_loss": r.get("train_loss"), **{k: recent(path.replace("metrics.json", "plots/metrics/" + k + ".tsv"))
                                                          for k in ("sample_time_share", "sample_read_time_share",

@@ -4,7 +4,7 @@ import pytest
 from storyrewrite.io import InputError
 from storyrewrite.metrics.columns import value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
-from storyrewrite.significance.compare import compare
+from storyrewrite.significance.compare import Test, compare, compare_tests, compare_units
 
 
 def _rows(values, original=None):
@@ -96,8 +96,6 @@ def test_tests_of_different_baselines_in_one_call_get_the_p_values_of_their_own_
     instances in the same order, whatever the baseline's scores (another run's NLL model, or a
     head-to-head both ways), and one per order otherwise: each test's p-values are those of
     compare_units on its own two score files, and a system's rows are matched by id."""
-    from storyrewrite.significance.compare import Test, compare_tests, compare_units
-
     rng = np.random.default_rng(8)
     n = 60
 
