@@ -4,7 +4,7 @@ import pytest
 from storyrewrite.io import InputError
 from storyrewrite.metrics.columns import value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
-from storyrewrite.significance.compare import Test, compare, compare_tests, compare_units
+from storyrewrite.significance.compare import Pair, compare, compare_tests, compare_units
 
 
 def _rows(values, original=None):
@@ -106,9 +106,9 @@ def test_tests_of_different_baselines_in_one_call_get_the_p_values_of_their_own_
     first, second = noisy(0.0), noisy(0.0)
     a, b = noisy(0.03, first), noisy(0.02, second)
     reordered = second[::-1]  # the same instances, another order: a bootstrap of its own
-    tests = {"a": Test("a", a, "first", first), "b": Test("b", b, "second", second),
-             ("a", "better"): Test("a", a, "b", b), ("a", "worse"): Test("b", b, "a", a),
-             "b-reordered": Test("b", b[::-1], "second", reordered)}
+    tests = {"a": Pair("a", a, "first", first), "b": Pair("b", b, "second", second),
+             ("a", "better"): Pair("a", a, "b", b), ("a", "worse"): Pair("b", b, "a", a),
+             "b-reordered": Pair("b", b[::-1], "second", reordered)}
     found = compare_tests(tests, n_resamples=1500, seed=4)
     for key, test in tests.items():
         alone = compare_units({test.system: test.rows, test.baseline: test.base_rows}, test.system, test.baseline, 1500, 4)

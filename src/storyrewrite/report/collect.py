@@ -34,7 +34,7 @@ from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
-from storyrewrite.significance.compare import UNITS, Test, compare_tests
+from storyrewrite.significance.compare import UNITS, Pair, compare_tests
 from storyrewrite.systems import COPY_BASELINES, pipeline_systems
 
 BASELINE, FINETUNED = "nll", "finetuned"
@@ -235,7 +235,7 @@ def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]
     resampling instances and, separately, whole stories (a story's endings share one input), with
     the reference run's `significance.n_resamples` and `seed`; every system shares one bootstrap
     per unit (compare_tests)."""
-    tests = {e.label: Test(e.label, e.run.scores(e.system), BASELINE, e.run.scores(BASELINE)) for e in entries if e.kind != "baseline"}
+    tests = {e.label: Pair(e.label, e.run.scores(e.system), BASELINE, e.run.scores(BASELINE)) for e in entries if e.kind != "baseline"}
     found = compare_tests(tests, *bootstrap_settings(reference))
     return {label: {unit: found[unit][label] for unit in UNITS} for label in tests}
 
@@ -263,8 +263,8 @@ def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[
         other = by_label[against]
         run = counterpart_run(entry.run, other.run, groups)
         own, theirs = entry.run.scores(entry.system), run.scores(other.system)
-        tests[entry.label, "better"] = Test(entry.label, own, against, theirs)
-        tests[entry.label, "worse"] = Test(against, theirs, entry.label, own)
+        tests[entry.label, "better"] = Pair(entry.label, own, against, theirs)
+        tests[entry.label, "worse"] = Pair(against, theirs, entry.label, own)
         found[entry.label] = {"against": against, "run": run.name, "shown": run is other.run, "differs": start_differences(entry.run, run)}
     p = compare_tests(tests, *bootstrap_settings(reference))  # every duel, both ways, in one bootstrap per unit
     for label, duel in found.items():

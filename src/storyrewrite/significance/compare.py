@@ -35,7 +35,7 @@ from storyrewrite.significance.bootstrap import paired_bootstrap_many
 TIE = 1e-5
 
 
-class Test(NamedTuple):
+class Pair(NamedTuple):
     """A system's per-instance scores and those of the system it is tested against (H1: it scores higher)."""
     system: str
     rows: list[dict]
@@ -46,7 +46,7 @@ class Test(NamedTuple):
 UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, or whole stories (a story's endings share one input)
 
 
-def compare_tests(tests: dict[Hashable, Test], n_resamples: int, seed: int, units: tuple[str, ...] = UNITS) -> dict[str, dict]:
+def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, units: tuple[str, ...] = UNITS) -> dict[str, dict]:
     """{unit: {key: {column: p-value}}} of each test (H1: its system scores higher than its
     baseline), resampling each of `units`, on the columns both score files have; differences
     below TIE are ties. Tests whose baselines list the same instances in the same order share one
@@ -92,13 +92,13 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
     if baseline not in scores:
         raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
     unit = "story" if by_story else "instance"
-    tests = {system: Test(system, rows, baseline, scores[baseline]) for system, rows in sorted(scores.items()) if system != baseline}
+    tests = {system: Pair(system, rows, baseline, scores[baseline]) for system, rows in sorted(scores.items()) if system != baseline}
     return compare_tests(tests, n_resamples, seed, (unit,))[unit]
 
 
 def compare_units(scores: dict[str, list[dict]], system: str, against: str, n_resamples: int, seed: int) -> dict[str, dict]:
     """{unit: {column: p}} of `system` against `against` (H1: it scores higher), resampling each of UNITS."""
-    found = compare_tests({system: Test(system, scores[system], against, scores[against])}, n_resamples, seed)
+    found = compare_tests({system: Pair(system, scores[system], against, scores[against])}, n_resamples, seed)
     return {unit: found[unit][system] for unit in UNITS}
 
 
