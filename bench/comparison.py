@@ -40,7 +40,6 @@ wall times are not the whole comparison's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -58,7 +57,7 @@ import torch
 from common import ROOT, workspace_env, write_result
 
 from storyrewrite.io import write_text_atomic
-from storyrewrite.systems import TRAIN_STAGES  # each system's training stage: reports/train/<system>/
+from storyrewrite.queue import ended, running
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 
@@ -215,86 +214,6 @@ def gathered_before(repo: Path, name: str) -> list[str]:
     theirs that these stand for, so the run that follows is not the whole comparison."""
     folders = [repo / "runs" / name, *sorted((repo / "runs").glob(f"{name}.*"))]
     return sorted(run.name for run in gathered_runs([f for f in folders if f.is_dir()], repo))
-
-
-# DVC's record of each queued experiment (dvc.repo.experiments.executor.base.ExecutorInfo, one
-# JSON file per experiment, .dvc/tmp/exps/run/<rev>/<rev>.run): its name and its workspace.
-EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
-
-
-def _read(path: Path) -> str | None:
-    """The text of a file, None where it cannot be read (gone, or never there)."""
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def executor_infos(repo: Path, since: float = 0.0) -> list[tuple[str, dict]]:
-    """(experiment name, DVC's record of it) of each experiment queued in `repo` whose record was
-    last written at `since` (seconds since the epoch) or later; a record read while it is written
-    is skipped."""
-    found = []
-    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
-        try:
-            if infofile.stat().st_mtime < since:
-                continue
-            info = json.loads(infofile.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(info, dict):
-            found.append((info.get("name") or infofile.stem, info))
-    return found
-
-
-def running(repo: Path) -> dict[str, dict]:
-    """The experiments whose temporary workspace is still there (running, or ending): per
-    experiment, the stages it ran itself and ended (its stage records naming it: those restored
-    from the run cache name the experiment that ran them), and the step each training under way
-    has reached (DVCLive's metrics.json, rewritten at every step). A file read while it is
-    written is skipped."""
-    found: dict[str, dict] = {}
-    for name, info in executor_infos(repo):
-        if not isinstance(info.get("root_dir"), str) or not (workspace := Path(info["root_dir"])).is_dir():
-            continue
-        ended = []
-        for path in sorted((workspace / "reports" / "stages").glob("*.json")):
-            try:
-                record = json.loads(_read(path) or "")
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("experiment") == name:
-                ended.append((record.get("started_at") or "", record.get("stage", path.stem)))
-        steps = {}
-        for path in sorted((workspace / "reports" / "train").glob("*/metrics.json")):
-            text = _read(path)
-            # The workspace starts as a copy of the commit, whose own training summaries
-            # (git-tracked) stand until this experiment's training rewrites them; a training
-            # with a stage record has ended (here, or restored from the run cache).
-            stage = TRAIN_STAGES.get(path.parent.name, path.parent.name)
-            if (text is None or text == _read(repo / path.relative_to(workspace))
-                    or (workspace / "reports" / "stages" / f"{stage}.json").exists()):
-                continue
-            try:
-                steps[path.parent.name] = json.loads(text)["step"]
-            except (ValueError, KeyError, TypeError):
-                continue
-        found[name] = {"stages_ended": [stage for _, stage in sorted(ended)], "trained_to_step": steps}
-    return found
-
-
-# DVC's TaskStatus (dvc.repo.experiments.executor.base) of an experiment that has ended.
-ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
-
-
-def ended(repo: Path, since: float) -> dict[str, list[str]]:
-    """The experiments that have ended since `since` (seconds since the epoch), by how, as DVC's
-    record of each says: those a poll has not gathered yet too."""
-    found: dict[str, list[str]] = defaultdict(list)
-    for name, info in executor_infos(repo, since):  # (a record is rewritten when its experiment ends)
-        if how := ENDED.get(info.get("status")):
-            found[how].append(name)
-    return {how: sorted(names) for how, names in sorted(found.items())}
 
 
 def run_figures(walls: dict, ends: dict[str, float], started_at: float, load: dict) -> dict:

@@ -165,40 +165,10 @@ poll)
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
-  # The stages an unfinished experiment has run so far, each with its device and wall time, and
-  # the step its training under way has reached (DVCLive's summary: the latest value of each
-  # curve). A workspace starts as a copy of the commit, whose git-tracked training summaries (the
-  # default profile's) are not this experiment's progress until its training rewrites them.
-  cd "$HOME/proj" && python3 -c 'import glob, json, os, sys
-def read(path):
-    try:
-        with open(path) as file:
-            return file.read()
-    except OSError:
-        return None
-def recent(tsv):  # the mean of the last 10 values of a curve (DVCLive: a header, then step and value per row)
-    values = [float(v) for v in open(tsv).read().split()[3::2][-10:]] if os.path.exists(tsv) else []
-    return sum(values) / len(values) if values else None
-done = []
-for path in (path for folder in sys.argv[1:] for path in glob.glob(folder + "/*.json") + glob.glob(folder + "/*/metrics.json")):
-    try:
-        text, parts = open(path).read(), path.split("/")
-        r = json.loads(text)
-        if parts[-3] == "train":  # <workspace>/reports/train/<system>/metrics.json; the curves of the clock are in their TSVs only
-            if text == read("/".join(parts[-4:])):  # the summary the commit holds, copied
-                continue
-            shown = {"train_loss": r.get("train_loss"), **{k: recent(path.replace("metrics.json", "plots/metrics/" + k + ".tsv"))
-                                                         for k in ("sample_time_share", "sample_read_time_share",
-                                                                   "cpu_wait_time_share", "tokens_per_s")}}
-            shown = ", ".join("{} {:.4g}".format(k, v) for k, v in shown.items() if v is not None)
-            done.append((parts[-5], "~", "{} trained to step {}{}".format(parts[-2], r["step"], " ({})".format(shown) if shown else "")))
-        else:  # <workspace>/reports/stages/<stage>.json
-            done.append((parts[-4], r.get("started_at") or "", "{} on {} in {} s".format(r["stage"], r["device"], r["wall_s"])))
-    except (OSError, ValueError, KeyError):
-        pass  # removed, or not yet whole, while read
-if done:
-    print("== stages done in experiments still running")
-for workspace, _, what in sorted(done):
-    print("{}: {}".format(workspace, what))' $(running_reports) ;;
+  # A comparison's: the stages each unfinished experiment has run itself so far, with their device
+  # and wall time, and the step its training under way has reached (storyrewrite.queue --running:
+  # what the run cache restored, and the training summaries the commit holds, are not its progress).
+  [ ! -s "$JOB/name" ] || { cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
+    python -m storyrewrite.queue --running; } || true ;;
 *) sed -n 2,30p "$0"; exit 2 ;;
 esac

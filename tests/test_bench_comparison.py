@@ -2,14 +2,12 @@
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
-import pytest
 from helpers import ROOT
 
 from storyrewrite.report.collect import Run
@@ -210,83 +208,6 @@ def test_interim_records_are_written_while_the_block_runs_and_a_failed_one_is_re
     with comparison.Interim(0, write):
         time.sleep(0.1)
     assert len(calls) == count
-
-
-STAGE = '''import json, os, sys, time
-from datetime import datetime, timezone
-name, gate = sys.argv[1], sys.argv[2]
-def record(stage, experiment):
-    os.makedirs("reports/stages", exist_ok=True)
-    with open(f"reports/stages/{stage}.json", "w") as f:
-        json.dump({"stage": stage, "experiment": experiment, "wall_s": 1.0,
-                   "started_at": datetime.now(timezone.utc).isoformat()}, f)
-if name == "first":
-    record("first", os.environ["DVC_EXP_NAME"])
-    # As the NLL model restored from the run cache: another experiment trained it (to step 4).
-    record("train_nll", "gpu.shared-nll")
-    with open("reports/train/nll/metrics.json", "w") as f:
-        json.dump({"step": 4, "train_loss": 2.0}, f)
-else:
-    os.makedirs("reports/train/finetuned", exist_ok=True)
-    with open("reports/train/finetuned/metrics.json", "w") as f:
-        json.dump({"step": 3, "train_loss": 1.5}, f)
-    end = time.time() + 90
-    while not os.path.exists(gate) and time.time() < end:
-        time.sleep(0.1)
-    open("model.txt", "w").write("trained")
-'''
-
-
-@pytest.mark.slow
-def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp_path):
-    """On a real DVC queue and worker: while an experiment's training waits, `running` finds its
-    workspace through DVC's record of the experiment, with the stage it ran itself (not one
-    another experiment ran) and the step of its training under way (not the summary the commit
-    holds, nor that of a training restored from the run cache); once it has ended, nothing runs
-    and DVC's record says it succeeded."""
-    repo, gate = tmp_path / "repo", tmp_path / "gate"
-    repo.mkdir()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-
-    def run(*args: str) -> str:
-        result = subprocess.run(list(args), cwd=repo, env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    run("git", "init", "-q")
-    run("dvc", "init", "-q")
-    (repo / "stage.py").write_text(STAGE)
-    (repo / "params.yaml").write_text("objective: nll\n")
-    (repo / "dvc.yaml").write_text(
-        f"stages:\n  first:\n    cmd: python stage.py first {gate}\n    deps: [stage.py]\n    outs: [reports/stages]\n"
-        f"  train:\n    cmd: python stage.py train {gate}\n    deps: [stage.py, reports/stages]\n    params: [objective]\n"
-        "    outs: [reports/train/finetuned, model.txt]\n")
-    # A training summary the commit holds (as the pipeline's, in git): copied into the workspace, not written there.
-    (repo / "reports" / "train" / "nll").mkdir(parents=True)
-    (repo / "reports" / "train" / "nll" / "metrics.json").write_text('{"step": 30, "train_loss": 2.5}')
-    run("git", "add", "-A")
-    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
-    assert comparison.running(repo) == {}
-    queued_at = time.time()
-    run("dvc", "exp", "run", "--queue", "-n", "exp-a", "-S", "objective=score")
-    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=120, check=True)
-    try:
-        found, end = {}, time.time() + 90
-        while not found.get("exp-a", {}).get("trained_to_step") and time.time() < end:
-            time.sleep(0.2)
-            found = comparison.running(repo)
-        assert found == {"exp-a": {"stages_ended": ["first"], "trained_to_step": {"finetuned": 3}}}
-        gate.touch()
-        assert comparison.ended(repo, queued_at) == {}
-        while (comparison.running(repo) or not comparison.ended(repo, queued_at)) and time.time() < end:
-            time.sleep(0.2)
-        assert comparison.running(repo) == {}
-        assert comparison.ended(repo, queued_at) == {"succeeded": ["exp-a"]}
-        assert comparison.ended(repo, time.time() + 60) == {}  # none since then
-    finally:
-        gate.touch()
-        run("dvc", "queue", "stop")
 
 
 def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_run_holds_to_no_target(tmp_path, monkeypatch):

@@ -919,10 +919,9 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     for folder in (home / "parts", out, tree / "scripts", tree / "offline", tree / ".device", tree / "params"):
         folder.mkdir(parents=True)
     shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
-    # The poller's gather: a stub that logs its arguments.
-    (tree / "src" / "storyrewrite" / "report").mkdir(parents=True)
-    for init in ("src/storyrewrite/__init__.py", "src/storyrewrite/report/__init__.py"):
-        (tree / init).write_text("")
+    # The project's package, for the poller's account of the experiments still running; its gather a
+    # stub that logs its arguments.
+    shutil.copytree(ROOT / "src" / "storyrewrite", tree / "src" / "storyrewrite", ignore=shutil.ignore_patterns("__pycache__"))
     (tree / "src" / "storyrewrite" / "report" / "gather.py").write_text(
         "import sys\nopen('gather.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
@@ -940,11 +939,16 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         '[ "$1" = -j ] && shift 2\n'
         'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\n'
         # Experiments still running in DVC's temporary workspaces (`dvc exp run --temp`'s under
-        # standalone/, a queued one's beside it): stages done, and one record being written.
-        'mkdir -p .dvc/tmp/exps/standalone/tmpab12/reports/stages .dvc/tmp/exps/tmpcd34/reports/stages\n'
-        """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
+        # standalone/, a queued one's beside it), each named by DVC's record of it: stages done,
+        # and one record being written.
+        'mkdir -p .dvc/tmp/exps/standalone/tmpab12/reports/stages .dvc/tmp/exps/tmpcd34/reports/stages .dvc/tmp/exps/run/ab .dvc/tmp/exps/run/cd\n'
+        """echo "{\\"name\\": \\"gpu.shared-nll\\", \\"root_dir\\": \\"$PWD/.dvc/tmp/exps/standalone/tmpab12\\"}" > .dvc/tmp/exps/run/ab/ab.run\n"""
+        """echo "{\\"name\\": \\"gpu-dto-score\\", \\"root_dir\\": \\"$PWD/.dvc/tmp/exps/tmpcd34\\"}" > .dvc/tmp/exps/run/cd/cd.run\n"""
+        """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5, "experiment": "gpu.shared-nll"}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
-        """echo '{"stage": "train", "device": "cuda:0", "wall_s": 61}' > .dvc/tmp/exps/tmpcd34/reports/stages/train.json\n"""
+        """echo '{"stage": "llm_index", "device": "cuda:0", "wall_s": 2.2, "experiment": "gpu-dto-score"}' > .dvc/tmp/exps/tmpcd34/reports/stages/llm_index.json\n"""
+        # Beside them, what the run cache restored: the NLL model's training, which another experiment ran.
+        """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5, "experiment": "gpu.shared-nll"}' > .dvc/tmp/exps/tmpcd34/reports/stages/train_nll.json\n"""
         # A finished experiment (DVC's git ref) and DVC's own refs beside it, which the bundle leaves out.
         'git update-ref refs/exps/ab/cdef01/gpu-nll-continued HEAD && git update-ref refs/exps/exec/EXEC_HEAD HEAD\n'
         # A training under way: DVCLive's summary and curves, written step by step.
@@ -955,8 +959,11 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         """(printf 'step\\tsample_time_share\\n'; for s in $(seq 101 120); do printf '%s\\t0.%s\\n' $s $((s < 111 ? 5 : 8)); done) """
         """> .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/sample_time_share.tsv\n"""
         """printf 'step\\tcpu_wait_time_share\\n120\\t0.25\\n' > .dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/cpu_wait_time_share.tsv\n"""
-        # The NLL model's summary as the commit holds it (the default profile's): not this experiment's progress.
-        'mkdir -p .dvc/tmp/exps/tmpcd34/reports/train/nll && cp reports/train/nll/metrics.json .dvc/tmp/exps/tmpcd34/reports/train/nll/\n'
+        # The NLL model's summary as the commit holds it (the default profile's) in one, as the run
+        # cache restored it in the other: neither is progress of the experiment.
+        'mkdir -p .dvc/tmp/exps/tmpab12/reports/train/nll && cp reports/train/nll/metrics.json .dvc/tmp/exps/tmpab12/reports/train/nll/\n'
+        'mkdir -p .dvc/tmp/exps/tmpcd34/reports/train/nll\n'
+        """echo '{"step": 316, "train_loss": 2.04}' > .dvc/tmp/exps/tmpcd34/reports/train/nll/metrics.json\n"""
         'exit 3\n')
     (tree / "reports" / "train" / "nll").mkdir(parents=True)
     (tree / "reports" / "train" / "nll" / "metrics.json").write_text('{"step": 30, "train_loss": 0.2684}\n')
@@ -994,10 +1001,10 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
     assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
-    # The stages of the unfinished experiment, a record not yet whole left out.
-    assert done.stdout.endswith("== stages done in experiments still running\ntmpab12: train_nll on cuda:0 in 98.5 s\n"
-                                "tmpcd34: train on cuda:0 in 61 s\n"
-                                "tmpcd34: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8, cpu_wait_time_share 0.25)\n"), done.stdout
+    # The stages each unfinished experiment ran itself, a record not yet whole left out.
+    assert done.stdout.endswith("== stages done in experiments still running\ngpu-dto-score: llm_index on cuda:0 in 2.2 s\n"
+                                "gpu-dto-score: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8, "
+                                "cpu_wait_time_share 0.25)\ngpu.shared-nll: train_nll on cuda:0 in 98.5 s\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     assert (home / "proj" / "bench.log").read_text() == (
         "--here --name gpu --jobs 3 --parts all --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
@@ -1005,13 +1012,13 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     committed = subprocess.run(["git", "ls-files"], cwd=home / "proj", capture_output=True, text=True).stdout.split()
     # Not what the calls carried for the install, nor the runs gathered before (on disk for the
     # plan) and the comparison's collected folder: each experiment's commit would carry them.
-    assert committed == ["bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "reports/train/nll/metrics.json",
-                         "scripts/comparison.sh", "src/storyrewrite/__init__.py", "src/storyrewrite/report/__init__.py",
-                         "src/storyrewrite/report/gather.py"]
+    assert [path for path in committed if not path.startswith("src/storyrewrite/")] == [
+        "bench/comparison.py", "offline/job.sh", "params/gpu.yaml", "reports/train/nll/metrics.json", "scripts/comparison.sh"]
+    assert "src/storyrewrite/report/gather.py" in committed
     assert (home / "proj" / "runs" / "gpu.1" / "gpu-dto-score.json").exists()
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
-                ".dvc/tmp/exps/tmpcd34/reports/stages/train.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
+                ".dvc/tmp/exps/tmpcd34/reports/stages/llm_index.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
                 ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv"} <= set(archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison -j 3 gpu all params/gpu.yaml" in (out / "log.txt").read_text()

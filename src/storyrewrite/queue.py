@@ -1,22 +1,38 @@
-"""DVC's experiment queue as scripts/comparison.sh polls it:
+"""DVC's experiment queue as scripts/comparison.sh polls it, and what its experiments have done so far:
 
     python -m storyrewrite.queue             # each experiment task: revision, name, status
     python -m storyrewrite.queue --workers   # then a blank line and `Worker status: A active, I idle`
+    python -m storyrewrite.queue --running   # the stages each running experiment has ended, and its training's step
 
 The lines are those of `dvc queue status` (the time column left out). Our own, as DVC's command
 always asks the workers: a celery broadcast through kombu's file broker, whose workers can read a
 message mid-write and then stop (celery/kombu#1551, treeverse/dvc#10428). Without `--workers` the
 statuses come from the broker's queue and the result backend, as DVC's do, with no message to the
 workers and no wait for their answers. Each worker's own monitor (dvc-task's TemporaryWorker)
-still asks three questions every 10 s; a poll no longer adds one. Not a stage's code: changing
-this module reruns no stage.
+still asks three questions every 10 s; a poll no longer adds one. `--running` reads files only
+(the experiments' workspaces and DVC's record of each), asking neither DVC nor the workers. Not a
+stage's code: changing this module reruns no stage.
 """
 from __future__ import annotations
 
 import argparse
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from storyrewrite.curves import parse_curve
 from storyrewrite.io import InputError
+from storyrewrite.systems import TRAIN_STAGES  # each system's training stage: reports/train/<system>/
+
+# DVC's record of each queued experiment (dvc.repo.experiments.executor.base.ExecutorInfo, one
+# JSON file per experiment, .dvc/tmp/exps/run/<rev>/<rev>.run): its name and its workspace.
+EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
+# DVC's TaskStatus (dvc.repo.experiments.executor.base) of an experiment that has ended.
+ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
+# The curves of a training's clock that `--running` shows beside its step (their means over the
+# last RECENT_STEPS steps): DVCLive's summary leaves them out, their TSVs have them.
+CLOCK_CURVES, RECENT_STEPS = ("sample_time_share", "sample_read_time_share", "cpu_wait_time_share", "tokens_per_s"), 10
 
 
 def status(repo: Path, ask_workers: bool = False) -> list[str]:
@@ -39,11 +55,134 @@ def status(repo: Path, ask_workers: bool = False) -> list[str]:
     return lines
 
 
+def _read(path: Path) -> str | None:
+    """The text of a file, None where it cannot be read (gone, or never there)."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def executor_infos(repo: Path, since: float = 0.0) -> list[tuple[str, dict]]:
+    """(experiment name, DVC's record of it) of each experiment queued in `repo` whose record was
+    last written at `since` (seconds since the epoch) or later; a record read while it is written
+    is skipped."""
+    found = []
+    for infofile in sorted(repo.glob(EXECUTOR_INFO)):
+        try:
+            if infofile.stat().st_mtime < since:
+                continue
+            info = json.loads(infofile.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict):
+            found.append((info.get("name") or infofile.stem, info))
+    return found
+
+
+def ended(repo: Path, since: float) -> dict[str, list[str]]:
+    """The experiments that have ended since `since` (seconds since the epoch), by how, as DVC's
+    record of each says: those a poll has not gathered yet too."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for name, info in executor_infos(repo, since):  # (a record is rewritten when its experiment ends)
+        if how := ENDED.get(info.get("status")):
+            found[how].append(name)
+    return {how: sorted(names) for how, names in sorted(found.items())}
+
+
+@dataclass
+class Progress:
+    """What an experiment still running has done in its temporary workspace."""
+
+    workspace: Path
+    stages: list[dict] = field(default_factory=list)  # the stage records it wrote itself, in the order they started
+    trainings: dict[str, dict] = field(default_factory=dict)  # system -> DVCLive's summary of its training under way
+
+
+def progress(repo: Path) -> dict[str, Progress]:
+    """The experiments whose temporary workspace is still there (running, or ending), by name:
+    the stages each ran itself and ended (its stage records naming it: those restored from the
+    run cache name the experiment that ran them), and the summary of each training under way
+    (DVCLive's metrics.json, rewritten at every step). A file read while it is written is
+    skipped."""
+    found: dict[str, Progress] = {}
+    for name, info in executor_infos(repo):
+        if not isinstance(info.get("root_dir"), str) or not (workspace := Path(info["root_dir"])).is_dir():
+            continue
+        ran = Progress(workspace)
+        for path in sorted((workspace / "reports" / "stages").glob("*.json")):
+            try:
+                record = json.loads(_read(path) or "")
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("experiment") == name:
+                ran.stages.append({"stage": path.stem, **record})
+        ran.stages.sort(key=lambda record: str(record.get("started_at") or ""))
+        for path in sorted((workspace / "reports" / "train").glob("*/metrics.json")):
+            text = _read(path)
+            # The workspace starts as a copy of the commit, whose own training summaries
+            # (git-tracked) stand until this experiment's training rewrites them; a training
+            # with a stage record has ended (here, or restored from the run cache).
+            stage = TRAIN_STAGES.get(path.parent.name, path.parent.name)
+            if (text is None or text == _read(repo / path.relative_to(workspace))
+                    or (workspace / "reports" / "stages" / f"{stage}.json").exists()):
+                continue
+            try:
+                summary = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(summary, dict) and "step" in summary:
+                ran.trainings[path.parent.name] = summary
+        found[name] = ran
+    return found
+
+
+def running(repo: Path) -> dict[str, dict]:
+    """progress() as data: per experiment, the names of the stages it has ended (in the order
+    they started) and the step each training under way has reached."""
+    return {name: {"stages_ended": [record["stage"] for record in ran.stages],
+                   "trained_to_step": {system: summary["step"] for system, summary in ran.trainings.items()}}
+            for name, ran in progress(repo).items()}
+
+
+def _recent(tsv: Path) -> float | None:
+    """The mean of a DVCLive curve's last RECENT_STEPS values (storyrewrite.curves: a last line
+    still being written is left out); None for a curve not there, empty or malformed."""
+    if (text := _read(tsv)) is None:
+        return None
+    try:
+        values = [row["value"] for row in parse_curve(text, tsv.stem, str(tsv))[-RECENT_STEPS:]]
+    except InputError:
+        return None
+    return sum(values) / len(values) if values else None
+
+
+def progress_lines(repo: Path) -> list[str]:
+    """progress() as lines, `NAME: STAGE on DEVICE in S s` for each stage ended and `NAME: SYSTEM
+    trained to step N (train_loss ..., and the clock's curves)` for each training under way."""
+    lines = []
+    for name, ran in sorted(progress(repo).items()):
+        lines += [f"{name}: {record['stage']} on {record.get('device', '?')} in {record.get('wall_s', '?')} s" for record in ran.stages]
+        for system, summary in ran.trainings.items():
+            curves = ran.workspace / "reports" / "train" / system / "plots" / "metrics"
+            shown = {"train_loss": summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
+            shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
+            lines.append(f"{name}: {system} trained to step {summary['step']}" + (f" ({shown})" if shown else ""))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.queue", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", action="store_true", help="ask the workers too (a broadcast), as `dvc queue status` does")
+    asked = parser.add_mutually_exclusive_group()
+    asked.add_argument("--workers", action="store_true", help="ask the workers too (a broadcast), as `dvc queue status` does")
+    asked.add_argument("--running", action="store_true",
+                       help="instead: what each experiment still running has done (nothing where none runs)")
     args = parser.parse_args(argv)
+    if args.running:
+        if lines := progress_lines(Path.cwd()):
+            print("== stages done in experiments still running", *lines, sep="\n")
+        return
     print("\n".join(status(Path.cwd(), args.workers)))
 
 
