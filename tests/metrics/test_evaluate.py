@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import pytest
@@ -40,6 +41,8 @@ def test_empty_prediction_is_scored_not_dropped(tmp_path, tiny_model_dirs, capsy
     rows, metrics = score_system(predictions, INSTANCES, LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=2)
     assert [r["id"] for r in rows] == ["s1:0", "s1:1"] and metrics["empty_predictions"] == 1
     assert rows[0]["rougeL"] == 0.0 and rows[1]["rougeL"] == pytest.approx(100.0)
+    # Each row names its prediction by the start of its SHA-256 (e3b0c442... is the empty string's).
+    assert [r["prediction_digest"] for r in rows] == ["e3b0c44298fc", hashlib.sha256(b"He went out.").hexdigest()[:12]]
 
 
 def test_corpus_metrics_and_counterfactual_forms(tiny_model_dirs):

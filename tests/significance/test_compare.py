@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from storyrewrite.io import InputError
-from storyrewrite.metrics.columns import value
+from storyrewrite.metrics.columns import available, value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 from storyrewrite.significance.compare import Pair, compare, compare_tests, compare_units
 
@@ -89,6 +89,37 @@ def test_differences_within_float_rounding_are_ties():
         noise = np.random.default_rng(seed).uniform(-8e-7, 8e-7, n) * (real == 0)
         assert p(noise) == exact
     assert p(np.full(n, 1e-4) * (real == 0)) < exact  # a real (if small) gain on the other 20: no resample ties
+
+
+def test_the_same_prediction_is_a_tie_whatever_its_scores_rounding():
+    """With a bfloat16 scorer the same prediction scores up to a few 1e-2 apart in other batches,
+    above TIE. Rows that name the same prediction (`prediction_digest`) are ties in every column:
+    the p-values are those of exact ties, row order aside; rows naming other predictions, or none,
+    keep their differences."""
+    rng = np.random.default_rng(12)
+    n = 24
+    base = _rows(list(rng.normal(-2.0, 0.3, n)), list(rng.normal(-1.5, 0.3, n)))
+    changed = np.arange(n) % 6 == 0  # 4 of 24 predictions changed, for the better
+    gain = np.where(changed, rng.uniform(0.01, 0.05, n), 0.0)
+    for i, row in enumerate(base):
+        row["prediction_digest"] = f"{i:012x}"
+
+    def system(noise, digests=True):
+        rows = _rows([r["bartscore"] + g + e for r, g, e in zip(base, gain, noise, strict=True)],
+                     [r["bartscore_original"] + e for r, e in zip(base, noise, strict=True)])
+        if digests:
+            for i, row in enumerate(rows):
+                row["prediction_digest"] = f"{i + 1000 * changed[i]:012x}"
+        return rows[::-1]  # in another order: matched by id
+
+    def p(rows):
+        return compare({"nll": base, "x": rows}, "nll", n_resamples=2000, seed=1, by_story=False)["x"]
+
+    exact = p(system(np.zeros(n)))
+    bf16 = rng.uniform(-3e-2, 3e-2, n) * ~changed
+    assert p(system(bf16)) == exact
+    assert 0.0 < exact["bartscore/predictive"] < 0.1 and list(exact) == available(base[0]) and len(exact) == 6
+    assert p(system(bf16, digests=False))["bartscore/predictive"] != exact["bartscore/predictive"]  # without them, the noise counts
 
 
 def test_tests_of_different_baselines_in_one_call_get_the_p_values_of_their_own_tests():

@@ -9,9 +9,12 @@ BERTScore, an overlap metric too, only where `models.bertscore` names its encode
 Corpus numbers: each overlap metric's own (BARTScore, ROUGE-L and BERTScore the mean over
 instances, SacreBLEU corpus BLEU); the coherence metrics' means over instances (cf_follow the
 share with cf_pmi > 0); HMean combines corpus BLEU with mean EntScore.
+Each per-instance row names the prediction it scores by a digest (`prediction_digest`), so that
+two systems' rows for the same text count as a tie (storyrewrite.significance.compare).
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from contextlib import contextmanager
@@ -111,6 +114,13 @@ def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     return predictions
 
 
+def prediction_digest(text: str) -> str:
+    """The first 12 hex digits of the SHA-256 of `text` (UTF-8): a score row's name for the
+    prediction it scores, without the text (48 bits: two different predictions of one instance
+    share one with odds of 1 in 2.8e14)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 @contextmanager
 def timed(seconds: dict[str, float] | None, name: str):
     """Adds the wall time of the block to seconds[name] (nothing where `seconds` is None)."""
@@ -147,7 +157,7 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
 
     rows = []
     for i, row in enumerate(instances):
-        scored = {"id": row["id"], "story_id": row["story_id"]}
+        scored = {"id": row["id"], "story_id": row["story_id"], "prediction_digest": prediction_digest(outputs[i])}
         for metric in computed:
             scored[metric.name] = per_instance["edited"][metric.name][i]
             if "original" in per_instance:

@@ -25,13 +25,18 @@ from storyrewrite.metrics.columns import available, value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
 
-# Per-instance scores closer than this are one value (a tie). A model metric scores identical
-# predictions up to ~1e-5 apart when they sit in other batches (float32 rounding: another system's
-# batches, another batch size or device). Where two systems share most predictions (a model
-# continued for a few steps), a resample that draws only shared ones has that noise for its mean,
-# of either sign, and the p-value would hang on the batch layout. Between the systems of the
-# full-data comparison (reports/gpu), BARTScore's and CF-PMI's per-instance differences fall below
-# 1e-5 (rounding) or from 1e-4 up (different endings), with few between.
+# Two systems' scores of one instance are a tie where both rows name the same prediction
+# (`prediction_digest`, storyrewrite.metrics.evaluate): every column is a function of the instance
+# and the prediction. A model metric scores identical predictions apart when they sit in other
+# batches (another system's batches, another batch size or device): up to ~2e-6 in float32, up to
+# ~3e-2 with a bfloat16 scorer (SmolLM2-135M, 180 TimeTravel pairs, batches of 16 against 7 beside
+# other pairs; median 2.5e-3). Where two systems share most predictions (a model continued for a
+# few steps), a resample that draws only shared ones would have that noise for its mean, of either
+# sign, and the p-value would hang on the batch layout.
+# Rows without a digest (score files written before it) fall back on TIE: values closer than it
+# are one value, which covers float32 rounding only. Between the systems of the full-data
+# comparison (reports/gpu), BARTScore's and CF-PMI's per-instance differences fall below 1e-5
+# (rounding) or from 1e-4 up (different endings), with few between.
 TIE = 1e-5
 
 
@@ -48,8 +53,9 @@ UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, o
 
 def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, units: tuple[str, ...] = UNITS) -> dict[str, dict]:
     """{unit: {key: {column: p-value}}} of each test (H1: its system scores higher than its
-    baseline), resampling each of `units`, on the columns both score files have; differences
-    below TIE are ties. Tests whose baselines list the same instances in the same order share one
+    baseline), resampling each of `units`, on the columns both score files have; an instance whose
+    rows name the same prediction is a tie in every column, and other differences below TIE are
+    ties too. Tests whose baselines list the same instances in the same order share one
     bootstrap per unit: the resamples depend on the seed and the units alone (resample_means),
     so each test's p-values are those of a test of its own, with the draws, most of a test's
     time, made once for all. Each score file's columns are read once."""
@@ -72,6 +78,10 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
         index = np.array([position[i] for i in order], dtype=np.int64)  # the system's rows in the baseline's order
         system = np.stack([values(test.rows, c)[index] for c in tested], axis=1) if tested else None
         base = np.stack([values(test.base_rows, c) for c in tested], axis=1) if tested else None
+        if tested:
+            same = np.array([(digest := test.rows[j].get("prediction_digest")) is not None
+                             and digest == row.get("prediction_digest") for j, row in zip(index, test.base_rows, strict=True)])
+            system[same] = base[same]  # the same prediction: a difference of exactly 0
         groups.setdefault((tuple(order), tuple(row.get("story_id") for row in test.base_rows)), []).append((key, tested, system, base))
     found = {unit: {key: {} for key in tests} for unit in units}
     for (_, stories), members in groups.items():
@@ -88,7 +98,7 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
 
 def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed: int, by_story: bool) -> dict:
     """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
-    the columns both systems' scores have; differences below TIE are ties (compare_tests)."""
+    the columns both systems' scores have; the same prediction is a tie (compare_tests)."""
     if baseline not in scores:
         raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
     unit = "story" if by_story else "instance"
