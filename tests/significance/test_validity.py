@@ -99,6 +99,24 @@ def test_the_copy_baselines_scores_are_read_not_computed_again(tiny_evaluators, 
     assert scored_pairs and not any(source == "She won a prize." for source, _ in scored_pairs)  # the copy of X_OE
 
 
+def test_a_reference_that_is_the_original_ending_ties_with_the_copy(tiny_evaluators, tmp_path):
+    """Where Y_EE is X_OE unchanged (about 1 % of TimeTravel's test instances), the two endings
+    are one text: every metric's copy value is the reference's, though scored in other batches
+    or read from the copy baseline's rows with another rounding, and the instance is a tie."""
+    stories = [dict(row) for row in STORIES]
+    stories[1]["target"] = stories[1]["original_ending"]  # s1:1 keeps X_OE
+    judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
+    evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")))
+    for system, values in {"copy_reference": [0.1, 0.2, 0.3], "copy_original": [0.0, 0.2 + 3e-2, 0.5]}.items():
+        write_jsonl_atomic(tmp_path / f"{system}.jsonl", [{"id": row["id"], "cf_pmi": v} for row, v in zip(stories, values, strict=True)])
+    pairs, _ = gold_and_copy(stories, evaluators, judge, 2, copy_scores=read_copy_scores(tmp_path, stories))
+    assert pairs["cf_pmi"][:2] == ([0.1, 0.2, 0.3], [0.0, 0.2, 0.5])
+    assert set(pairs) == {"cf_pmi", "drift", *(set(METRICS) - {"bertscore"})}
+    for name, (gold, copy, _) in pairs.items():  # the others: s1:0 and s1:1, each against the other's reference
+        assert copy[1] == gold[1] and copy[0] != gold[0], name
+        assert outcomes(gold, copy)[1].tolist() == [0, 1, 0], name
+
+
 def test_copy_scores_of_other_instances_are_an_error_naming_the_line(tmp_path):
     for system in COPY_BASELINES:
         write_jsonl_atomic(tmp_path / f"{system}.jsonl", [{"id": row["id"]} for row in STORIES])

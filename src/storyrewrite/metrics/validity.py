@@ -68,31 +68,40 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
     (evaluate.timed). `copy_scores` (read_copy_scores), if given: the values its rows hold are
     taken from them, CF-PMI whole and, for each metric whose best of several references is the
     largest single value (`OverlapMetric.best_is_max`), the copy's side: the copy of X_OE scored
-    against instance j's reference is the copy baseline's value at j."""
+    against instance j's reference is the copy baseline's value at j. Where Y_EE is X_OE unchanged,
+    the copy's value is Y_EE's: the same text (scored in other batches, or read from the copy
+    baseline's rows, the two differ by rounding alone, which would settle the tie either way)."""
     gold, copy = [row["target"] for row in instances], [row["original_ending"] for row in instances]
     stories = [row["story_id"] for row in instances]
     pairs: dict[str, tuple[list[float], list[float], list[str]]] = {}
 
-    def measure(name: str, score, rows: list[dict], endings: tuple[list[str], list[str]]) -> None:
+    def record(name: str, gold_values: list[float], copy_values: list[float], indices) -> None:
+        copy_values = [g if gold[i] == copy[i] else c for i, g, c in zip(indices, gold_values, copy_values, strict=True)]
+        pairs[name] = (list(gold_values), copy_values, [stories[i] for i in indices])
+
+    def measure(name: str, score, rows: list[dict], endings: tuple[list[str], list[str]], indices) -> None:
         with timed(seconds, name):
-            pairs[name] = (score(rows, endings[0]), score(rows, endings[1]), [row["story_id"] for row in rows])
+            record(name, score(rows, endings[0]), score(rows, endings[1]), indices)
 
     def held(name: str, system: str) -> bool:
         return copy_scores is not None and all(name in row for row in copy_scores[system])
 
     if evaluators.judge is not None:
         if held("cf_pmi", GOLD) and held("cf_pmi", COPY):
-            pairs["cf_pmi"] = ([row["cf_pmi"] for row in copy_scores[GOLD]], [row["cf_pmi"] for row in copy_scores[COPY]], stories)
+            record("cf_pmi", [row["cf_pmi"] for row in copy_scores[GOLD]], [row["cf_pmi"] for row in copy_scores[COPY]],
+                   range(len(instances)))
         else:
-            measure("cf_pmi", lambda rows, ends: coherence.cf_pmi(evaluators.judge, rows, ends, batch_size), instances, (gold, copy))
+            measure("cf_pmi", lambda rows, ends: coherence.cf_pmi(evaluators.judge, rows, ends, batch_size), instances, (gold, copy),
+                    range(len(instances)))
     if evaluators.nli is not None:
-        measure("ents", lambda rows, ends: coherence.entailment(evaluators.nli, rows, ends, batch_size), instances, (gold, copy))
+        measure("ents", lambda rows, ends: coherence.entailment(evaluators.nli, rows, ends, batch_size), instances, (gold, copy),
+                range(len(instances)))
     others = other_instances(instances)
     kept = [i for i, js in enumerate(others) if js]
     rows, refs = [instances[i] for i in kept], [[gold[j] for j in others[i]] for i in kept]
     endings = ([gold[i] for i in kept], [copy[i] for i in kept])
     if kept and evaluators.encoder is not None:
-        measure("drift", lambda rows, ends: coherence.drift_similarity(evaluators.encoder, rows, ends, refs), rows, endings)
+        measure("drift", lambda rows, ends: coherence.drift_similarity(evaluators.encoder, rows, ends, refs), rows, endings, kept)
     scoring = Scoring(scorer, batch_size, bertscore=evaluators.bertscore)
     for metric in OVERLAP_METRICS.values():
         if not (kept and metric.computable(scoring)):
@@ -100,10 +109,9 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
         if metric.best_is_max and held(metric.name, COPY):
             with timed(seconds, metric.name):
                 gold_values = metric.best_values(endings[0], refs, scoring)
-            copy_values = [max(copy_scores[COPY][j][metric.name] for j in others[i]) for i in kept]
-            pairs[metric.name] = (gold_values, copy_values, [stories[i] for i in kept])
+            record(metric.name, gold_values, [max(copy_scores[COPY][j][metric.name] for j in others[i]) for i in kept], kept)
         else:
-            measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings)
+            measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings, kept)
     models = {"cf_pmi": ("judge", evaluators.judge), "drift": ("embedder", evaluators.encoder), "ents": ("nli", evaluators.nli),
               **{metric.name: (metric.needs, getattr(scoring, metric.needs)) for metric in OVERLAP_METRICS.values() if metric.needs}}
     not_measured = {name: "no LM scorer was given" if role == "scorer" else f"`models.{role}` is null"
