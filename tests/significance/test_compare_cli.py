@@ -15,9 +15,11 @@ from storyrewrite.significance.compare import main
 GRID = ROOT / "reports" / "grid"
 
 
-def _cli_p_values(capsys, *argv) -> dict[str, tuple[float, float]]:
+def _cli_p_values(capsys, *argv, first_line: list | None = None) -> dict[str, tuple[float, float]]:
     main([str(a) for a in argv])
     lines = capsys.readouterr().out.splitlines()
+    if first_line is not None:
+        first_line.append(lines[0])
     return {cells[0]: (float(cells[1]), float(cells[2]))
             for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[3:])}
 
@@ -43,6 +45,18 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
     # Higher on every instance: p = 0 both ways of resampling; the other way round, 1.
     assert _cli_p_values(capsys, tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50) == {"bartscore/predictive": (0.0, 0.0)}
     assert _cli_p_values(capsys, tmp_path / "b.jsonl", tmp_path / "a.jsonl", "--n-resamples", 50) == {"bartscore/predictive": (1.0, 1.0)}
+    # Rows that name their predictions: the count of shared ones, which are ties.
+    named = [{**row, "prediction_digest": f"{i % 4:012x}"} for i, row in enumerate(rows)]
+    half = [{**row, "bartscore": row["bartscore"] + 0.5 * (i % 2), "prediction_digest": f"{i % 4 + 4 * (i % 2):012x}"}
+            for i, row in enumerate(rows)]
+    for name, data in (("named.jsonl", named), ("half.jsonl", half)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in data))
+    first = []
+    assert _cli_p_values(capsys, tmp_path / "half.jsonl", tmp_path / "named.jsonl", "--n-resamples", 50, first_line=first) == {
+        "bartscore/predictive": (0.0, 0.0)}
+    assert first[0].endswith("seed 0; the same prediction on 6 of 12 instances (ties)")
+    _cli_p_values(capsys, tmp_path / "half.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50, first_line=first)
+    assert first[1].endswith("seed 0")  # b.jsonl names none
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "torn.jsonl.gz").write_bytes(gzip.compress(b'{"id": 1}\n')[:-4])
     for argv, message in (([tmp_path / "none.jsonl", tmp_path / "b.jsonl"], r"none.jsonl: no such file"),

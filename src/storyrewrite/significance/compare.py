@@ -48,6 +48,14 @@ class Pair(NamedTuple):
     base_rows: list[dict]
 
 
+def same_predictions(rows: list[dict], base_rows: list[dict]) -> np.ndarray:
+    """Per row of `base_rows`, whether the row of `rows` with its id names the same prediction
+    (both carry a `prediction_digest`, and it is the same)."""
+    digests = {row["id"]: row.get("prediction_digest") for row in rows}
+    return np.array([(digest := row.get("prediction_digest")) is not None and digests.get(row["id"]) == digest
+                     for row in base_rows], dtype=bool)
+
+
 UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, or whole stories (a story's endings share one input)
 
 
@@ -79,8 +87,7 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
         system = np.stack([values(test.rows, c)[index] for c in tested], axis=1) if tested else None
         base = np.stack([values(test.base_rows, c) for c in tested], axis=1) if tested else None
         if tested:
-            same = np.array([(digest := test.rows[j].get("prediction_digest")) is not None
-                             and digest == row.get("prediction_digest") for j, row in zip(index, test.base_rows, strict=True)])
+            same = same_predictions(test.rows, test.base_rows)
             system[same] = base[same]  # the same prediction: a difference of exactly 0
         groups.setdefault((tuple(order), tuple(row.get("story_id") for row in test.base_rows)), []).append((key, tested, system, base))
     found = {unit: {key: {} for key in tests} for unit in units}
@@ -136,8 +143,12 @@ def main(argv: list[str] | None = None) -> None:
         if not scores[role]:
             raise InputError(f"{path}: no scores")
     p = compare_units(scores, "system", "against", args.n_resamples, args.seed)
+    # How much of the comparison is ties by construction, where both files name their predictions.
+    named = all("prediction_digest" in row for rows in scores.values() for row in rows)
+    shared = (f"; the same prediction on {same_predictions(scores['system'], scores['against']).sum()} of "
+              f"{len(scores['against'])} instances (ties)" if named else "")
     print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
-          f"{args.n_resamples} resamples, seed {args.seed}")
+          f"{args.n_resamples} resamples, seed {args.seed}{shared}")
     print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
 
 
