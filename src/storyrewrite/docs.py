@@ -228,7 +228,8 @@ def _listed(items: list[str], last: str = "and") -> str:
 def gpu_results() -> str:
     """What the full-data comparison (reports/gpu/results.md, made by the collector) shows, in
     three sentences: the trained systems better than NLL at both bootstrap levels, the columns where
-    the copy of the original ending scores as high as trained systems, and the systems not run."""
+    the copy of the original ending scores as high as trained systems and how often each keeps it
+    word for word, and the systems not run."""
     path = ROOT / "reports" / "gpu" / "results.md"
     if not path.exists():
         return ("No full-data comparison yet: `bash scripts/comparison.sh -j auto gpu all params/gpu.yaml` on a GPU "
@@ -237,7 +238,7 @@ def gpu_results() -> str:
     title = re.search(r"^# Results: (.*)$", text, re.M).group(1)
     scale = re.search(r"^Task `(\w+)`, (\d+) test instances;.*devices: ([^.]*)\.", text, re.M)
     main, *_ = _markdown_tables(text)
-    copy = _markdown_tables(text.split("## The copy of the original ending")[1])[0]
+    copy, *kept = _markdown_tables(text.split("## The copy of the original ending")[1].split("## Training")[0])
     trained = [row[0] for row in _markdown_tables(text.split("## Training")[1])[0][1:]]
     header, rows = main[0], {row[0]: row for row in main[1:]}
 
@@ -267,6 +268,13 @@ def gpu_results() -> str:
                else f"{count} of {total} trained systems (all but {_listed(others)})" if len(others) <= len(names)
                else f"{count} of {total} trained systems ({_listed(names)})")
         said.append(f"{how} on {_listed(columns)}")
+    if kept:  # how often each system keeps X_OE word for word (the collector's kept_original)
+        shares = {row[0]: row[1] for row in kept[0][1:]}
+        ranked = sorted((float(shares[s]), s) for s in trained[1:] if s in shares)
+        reference = next((share for system, share in shares.items() if system.startswith("Copy of the reference")), None)
+        said[-1] += (f"; the fine-tuned systems keep X_OE word for word in {ranked[0][0]:.1f} % ({ranked[0][1]}) to "
+                     f"{ranked[-1][0]:.1f} % ({ranked[-1][1]}) of their endings, NLL in {shares[trained[0]]} %"
+                     + (f", the reference rewrites in {reference} %" if reference else "")) if ranked else ""
     missing = re.search(r"^No run here trained (.*): not in these tables\.$", text, re.M)
     profile = re.search(r"\((.*)\)$", title)
     return " ".join([

@@ -12,7 +12,7 @@ import yaml
 
 from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
-from storyrewrite.report.collect import load_runs, systems_without_a_run, write_bundle
+from storyrewrite.report.collect import Entry, kept_original, load_runs, systems_without_a_run, write_bundle
 from storyrewrite.params import ScoreConfig
 from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
@@ -663,8 +663,48 @@ def test_the_readme_says_what_the_collected_comparison_shows(gathered, tmp_path,
     assert ("matches or beats 3 of 4 trained systems (all but DTO-Score) on BARTScore (M) and SacreBLEU (M); "
             "1 of 4 trained systems (CPO (beta=2)) on ROUGE-L (M); no trained system on BARTScore (M + Δ_M); every "
             "trained system on ") in docs.gpu_results()
+    # How often each keeps X_OE word for word (0 % in every row of these runs: set here).
+    kept = page.read_text().split("| System | endings that keep X_OE word for word (%) |")[1].split("\n\n")[0]
+    shares = {"NLL": "66.3", "NLL, continued": "66.6", "CPO (beta=2)": "12.0", "DTO-Score": "86.8", "SmolLM2 zero-shot (local)": "0.4",
+              "Copy of the reference (upper bound)": "1.0"}
+    assert [line.split(" | ")[0].removeprefix("| ") for line in kept.splitlines()[2:]] == list(shares)
+    page.write_text(page.read_text().replace(kept, "\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in shares.items())))
+    assert ("; the fine-tuned systems keep X_OE word for word in 12.0 % (CPO (beta=2)) to 86.8 % (DTO-Score) of their "
+            "endings, NLL in 66.3 %, the reference rewrites in 1.0 %. It holds no run") in docs.gpu_results()
     page.unlink()
     assert docs.gpu_results().startswith("No full-data comparison yet")
+
+
+def test_how_often_each_system_keeps_the_original_ending_word_for_word():
+    """An ending keeps X_OE where the score stage's ROUGE-L against X_OE is 100: the same words
+    in the same order, case and punctuation aside, as counted here by comparing the words. The
+    copy of X_OE itself is left out; a task without an original ending gets nothing."""
+    import re
+
+    from storyrewrite.metrics.columns import keeps_original
+    from storyrewrite.metrics.lexical import rouge_l
+
+    x_oe = ["She won a prize.", "He ate the trout.", "They went home.", "It rained all day."]
+    endings = {"nll": ["she won a prize", "He ate the trout!", "They went home at last.", "It rained all day."],
+               "finetuned": ["She won no prize.", "He ate the trout.", "Home they went.", "It snowed all day."],
+               "copy_original": x_oe}
+
+    class Scored:  # a run's per-instance rows, as the score stage writes them
+        def scores(self, system):
+            return [{"rougeL_original": value} for value in rouge_l(endings[system], x_oe)]
+
+    def words(text):
+        return re.findall(r"[a-z0-9]+", text.lower())
+
+    counted = {system: 100 * sum(words(e) == words(o) for e, o in zip(found, x_oe, strict=True)) / len(x_oe)
+               for system, found in endings.items()}
+    assert counted == {"nll": 75.0, "finetuned": 25.0, "copy_original": 100.0}
+    assert {system: keeps_original(Scored().scores(system)) for system in endings} == counted
+    entries = [Entry("NLL", Scored(), "nll", "baseline"), Entry("DTO-Score", Scored(), "finetuned", "trained"),
+               Entry("Copy of the original ending", Scored(), "copy_original", "copy")]
+    table, meaning = kept_original(entries)
+    assert table.splitlines()[2:] == ["| NLL | 75.0 |", "| DTO-Score | 25.0 |"] and "ROUGE-L against X_OE is 100" in meaning
+    assert keeps_original([{"rougeL": 50.0}]) is None and keeps_original([]) is None  # ART: no original ending
 
 
 def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_path, monkeypatch, capsys):

@@ -40,3 +40,13 @@ def available(row: dict) -> list[str]:
     overlap = [c for c in OVERLAP if (metric := c.split("/")[0]) in row and (c.endswith("/predictive") or f"{metric}_original" in row)]
     source = {"cf_follow": "cf_pmi"}
     return overlap + [c for c in COHERENCE if source.get(c, c) in row]
+
+
+def keeps_original(rows: list[dict]) -> float | None:
+    """The share (%) of the rows whose prediction keeps the original ending X_OE word for word:
+    ROUGE-L of 100 against it, the same words in the same order once ROUGE's tokeniser has
+    dropped case and punctuation and stemmed them. None where the rows hold no ROUGE-L against
+    X_OE (a task without an original ending)."""
+    if not rows or any("rougeL_original" not in row for row in rows):
+        return None
+    return 100 * sum(row["rougeL_original"] >= 100 - 1e-9 for row in rows) / len(rows)

@@ -27,6 +27,7 @@ from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_js
 from storyrewrite.params import leaves
 from storyrewrite import artifacts
 from storyrewrite.markdown import table
+from storyrewrite.metrics.columns import keeps_original
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
@@ -297,6 +298,21 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
             f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}.{named}"]
 
 
+def kept_original(entries: list[Entry]) -> list[str]:
+    """How often each system (the copy of X_OE aside) keeps the original ending word for word
+    (storyrewrite.metrics.columns.keeps_original): a table and what it means; nothing where the
+    task has no original ending."""
+    shares = [[e.label, f"{share:.1f}"] for e in entries
+              if e.system != "copy_original" and (share := keeps_original(e.run.scores(e.system))) is not None]
+    if not shares:
+        return []
+    return [table(["System", "endings that keep X_OE word for word (%)"], shares),
+            "An ending keeps X_OE where its ROUGE-L against X_OE is 100: the same words in the same order, case, "
+            "punctuation and word endings aside. The copy of the reference shows how often the reference rewrite "
+            "itself leaves X_OE as it was. The more often a system keeps X_OE, the closer its overlap columns come to "
+            "those of the copy of X_OE."]
+
+
 def copy_against_trained(entries: list[Entry]) -> str:
     """Per column: the copy of the original ending against the trained systems (NLL included)."""
     copy = next((e for e in entries if e.system == "copy_original"), None)
@@ -465,7 +481,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
         *coherence_notes(base_metrics, usages),
-        "## The copy of the original ending", copy_against_trained(entries),
+        "## The copy of the original ending", copy_against_trained(entries), *kept_original(entries),
         "## Training", training_section(summaries, curves, {label: label for label in summaries}, seconds),
         "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
         "time: stages.md; each system's per-instance scores: `scores/<run>/<system>.jsonl.gz` (`python -m "
