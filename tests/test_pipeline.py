@@ -100,6 +100,11 @@ def test_default_profile_end_to_end(tmp_path):
     assert "| CF-PMI | as they are | 3 |" in results and "| drift similarity | against the story's other references | 3 |" in results
     significance = json.loads((tmp_path / "reports" / "significance.json").read_text())
     assert {"cf_pmi", "cf_follow", "drift"} <= set(significance["p_values"]["finetuned"])
+    # How often each system keeps X_OE word for word (storyrewrite.metrics.columns.keeps_original, tested
+    # against a count of its own in test_collect), from the score stage's rows: every system but the copy of X_OE.
+    kept = results.split("| System | endings that keep X_OE word for word (%) |")[1].split("\n\n")[0].splitlines()[2:]
+    assert [row.split(" | ")[0] for row in kept] == ["| NLL", "| NLL, continued (+1 steps)", "| tiny:llama one-shot, fixed example (local)",
+                                                    "| Copy of the reference (upper bound)"]
 
     output = _dvc(tmp_path, "repro")
     assert _ran(output) == set() and "up to date" in output

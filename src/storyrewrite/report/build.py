@@ -12,6 +12,7 @@ from storyrewrite.curves import read_curves
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
 from storyrewrite.markdown import table
+from storyrewrite.metrics.columns import keeps_original
 from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
 from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES, of_the_run
@@ -146,6 +147,20 @@ def coherence_notes(metrics: dict, llm_usages: dict[str, dict] | None = None) ->
     return notes
 
 
+def kept_original_section(shares: dict[str, float | None]) -> list[str]:
+    """{label: the share (%) of its endings that keep X_OE word for word, None where not known}
+    (storyrewrite.metrics.columns.keeps_original) as a table and what it means; nothing where no
+    share is known (a task without an original ending)."""
+    rows = [[label, f"{share:.1f}"] for label, share in shares.items() if share is not None]
+    if not rows:
+        return []
+    return [table(["System", "endings that keep X_OE word for word (%)"], rows),
+            "An ending keeps X_OE where its ROUGE-L against X_OE is 100: the same words in the same order, case, "
+            "punctuation and word endings aside. The copy of the reference shows how often the reference rewrite "
+            "itself leaves X_OE as it was. The more often a system keeps X_OE, the closer its overlap columns come to "
+            "those of the copy of X_OE."]
+
+
 def build_report(systems: list[str], metrics_dirs: list[Path], significance_path: Path, prediction_dirs: list[Path],
                  instances: list[dict], train_logs: Path, llm_usage: Path, stage_records: Path, config: ReportConfig,
                  seed: int, task: str, baseline: str, alpha: float, validity_path: Path | None = None,
@@ -189,9 +204,11 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
          "this run's test instances? (`reports/metric_validity.md`: the same on the whole test set.)",
          validity_markdown(validity.model_dump())] if validity.metrics else [f"Not available: {validity.not_available or 'not measured'}."])
 
-    shown_figure = []
+    shown_figure, kept = [], []
     if figure is not None and scores_dirs:
         scores = {s: [row for _, row in read_jsonl(find_file(s, scores_dirs, ".jsonl"))] for s in order}
+        if shares := kept_original_section({labels[s]: keeps_original(scores[s]) for s in order if s != "copy_original"}):
+            kept = ["## The copy of the original ending", *shares]
         results_figure(figure, scores, labels, baseline, [s for s in COPY_BASELINES if s in systems],
                        {s: metrics[s].get("prompt_echo", 0.0) for s in order}, f"{task}, {n} test instances",
                        seed=seed)
@@ -205,6 +222,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         "## Following the counterfactual", *following,
         *coherence_notes(metrics[baseline], usages),
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
+        *kept,
         *validity_section,
         "## Training", training_section(summaries, curves, labels, train_seconds(records)),
         *([f"Main curves: {', '.join(f'`{train_logs.name}/{s}.png`' for s in summaries)}."] if shown_figure else []),

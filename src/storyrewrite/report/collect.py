@@ -30,7 +30,8 @@ from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
-from storyrewrite.report.build import coherence_notes, echo_notes, llm_label, train_seconds, training_section, what_m_scores
+from storyrewrite.report.build import (coherence_notes, echo_notes, kept_original_section, llm_label, train_seconds, training_section,
+                                       what_m_scores)
 from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
@@ -300,17 +301,8 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
 
 def kept_original(entries: list[Entry]) -> list[str]:
     """How often each system (the copy of X_OE aside) keeps the original ending word for word
-    (storyrewrite.metrics.columns.keeps_original): a table and what it means; nothing where the
-    task has no original ending."""
-    shares = [[e.label, f"{share:.1f}"] for e in entries
-              if e.system != "copy_original" and (share := keeps_original(e.run.scores(e.system))) is not None]
-    if not shares:
-        return []
-    return [table(["System", "endings that keep X_OE word for word (%)"], shares),
-            "An ending keeps X_OE where its ROUGE-L against X_OE is 100: the same words in the same order, case, "
-            "punctuation and word endings aside. The copy of the reference shows how often the reference rewrite "
-            "itself leaves X_OE as it was. The more often a system keeps X_OE, the closer its overlap columns come to "
-            "those of the copy of X_OE."]
+    (storyrewrite.report.build.kept_original_section)."""
+    return kept_original_section({e.label: keeps_original(e.run.scores(e.system)) for e in entries if e.system != "copy_original"})
 
 
 def copy_against_trained(entries: list[Entry]) -> str:
