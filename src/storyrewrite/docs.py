@@ -23,6 +23,7 @@ import yaml
 from storyrewrite.io import InputError, read_json, read_text, write_text_atomic
 from storyrewrite.markdown import table
 from storyrewrite.records import cpu_features
+from storyrewrite.systems import COPY_BASELINES
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -271,7 +272,7 @@ def gpu_results() -> str:
     if kept:  # how often each system keeps X_OE word for word (the collector's kept_original)
         shares = {row[0]: row[1] for row in kept[0][1:]}
         ranked = sorted((float(shares[s]), s) for s in trained[1:] if s in shares)
-        reference = next((share for system, share in shares.items() if system.startswith("Copy of the reference")), None)
+        reference = shares.get(COPY_BASELINES["copy_reference"][1])
         said[-1] += (f"; the fine-tuned systems keep X_OE word for word in {ranked[0][0]:.1f} % ({ranked[0][1]}) to "
                      f"{ranked[-1][0]:.1f} % ({ranked[-1][1]}) of their endings, NLL in {shares[trained[0]]} %"
                      + (f", the reference rewrites in {reference} %" if reference else "")) if ranked else ""

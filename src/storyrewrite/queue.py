@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storyrewrite.curves import parse_curve
+from storyrewrite.curves import read_curve
 from storyrewrite.io import InputError
 from storyrewrite.systems import TRAIN_STAGES  # each system's training stage: reports/train/<system>/
 
@@ -148,11 +148,9 @@ def running(repo: Path) -> dict[str, dict]:
 def _recent(tsv: Path) -> float | None:
     """The mean of a DVCLive curve's last RECENT_STEPS values (storyrewrite.curves: a last line
     still being written is left out); None for a curve not there, empty or malformed."""
-    if (text := _read(tsv)) is None:
-        return None
     try:
-        values = [row["value"] for row in parse_curve(text, tsv.stem, str(tsv))[-RECENT_STEPS:]]
-    except InputError:
+        values = [row["value"] for row in read_curve(tsv)[-RECENT_STEPS:]]
+    except (OSError, InputError):
         return None
     return sum(values) / len(values) if values else None
 
