@@ -2,7 +2,11 @@
 pair at a time, on the same model and the same pairs, in one run; the fp32 scores must agree.
 Then the batched rate in bf16, and on CUDA with float32 products on TF32 tensor cores
 (`score.fp32_matmul: tf32`), each with its largest difference from fp32 and the shift of the mean
-(a corpus BARTScore's); and the paired bootstrap: 10,000 resamples over 5,613 instances and 6 metrics.
+(a corpus BARTScore's); the largest difference between bf16 scores of the same pairs batched
+at two sizes (`largest_bf16_layout_difference`: other neighbours and padding, the rounding a tie
+between two systems' identical predictions must absorb, storyrewrite.significance.compare; the
+fp32 one is `largest_fp32_difference`, batched against one pair at a time); and the paired
+bootstrap: 10,000 resamples over 5,613 instances and 6 metrics.
 
     python bench/scorer_and_bootstrap.py [--device auto] [--pairs 200] [--batch-size 16] [--profile params/gpu.yaml]
         [--trace DIR] [--batch-sizes 64 128 256]
@@ -164,6 +168,8 @@ def main() -> None:
     half.score(sources, targets, batch_size=args.batch_size)
     bf16, bf16_seconds = timed(device, half.score, sources, targets, batch_size=args.batch_size)
     bf16_diff = differences("bf16", bf16, batched)
+    layout_size = max(1, args.batch_size // 2 - 1)  # other neighbours, other padding
+    bf16_layout = float(np.max(np.abs(np.array(half.score(sources, targets, batch_size=layout_size)) - np.array(bf16))))
     bf16_where = where_time_goes(half, sources, targets, args.batch_size, bf16_seconds, device, args.trace, "bf16")
 
     print(f"{describe(device)}; scorer {models.scorer}; {len(sources)} distinct pairs")
@@ -172,7 +178,8 @@ def main() -> None:
     print(f"speed-up: {looped_seconds / batched_seconds:.2f}x; largest fp32 score difference {max_diff:.2e}")
     print(f"LMScorer.score, bf16 (batch {args.batch_size}): {len(sources) / bf16_seconds:.1f} pairs/s "
           f"({looped_seconds / bf16_seconds:.2f}x the fp32 loop); from fp32: largest difference "
-          f"{bf16_diff['largest_bf16_difference']:.2e}, mean shifted {bf16_diff['mean_bf16_shift']:.2e}")
+          f"{bf16_diff['largest_bf16_difference']:.2e}, mean shifted {bf16_diff['mean_bf16_shift']:.2e}; "
+          f"batches of {args.batch_size} against {layout_size}: largest difference {bf16_layout:.2e}")
     if reduced:
         print(f"LMScorer.score, fp32 on TF32 (batch {args.batch_size}): {reduced['batched_tf32_pairs_per_s']:.1f} pairs/s "
               f"({reduced['tf32_speedup_over_fp32']:.2f}x fp32); from fp32: largest difference "
@@ -193,10 +200,10 @@ def main() -> None:
         "batched_fp32_pairs_per_s": round(len(sources) / batched_seconds, 2), "loop_fp32_pairs_per_s": round(len(sources) / looped_seconds, 2),
         "batched_speedup": round(looped_seconds / batched_seconds, 3), "largest_fp32_difference": max_diff,
         "batched_bf16_pairs_per_s": round(len(sources) / bf16_seconds, 2), "bf16_speedup": round(looped_seconds / bf16_seconds, 3),
-        **bf16_diff, "bootstrap_seconds_cpu": round(bootstrap_seconds, 3),
+        **bf16_diff, "largest_bf16_layout_difference": bf16_layout, "bootstrap_seconds_cpu": round(bootstrap_seconds, 3),
         "fp32": fp32, "bf16": bf16_where, **reduced, **({"by_batch_size": sizes} if sizes else {}),
     }, {"scorer": models.scorer, "pairs": len(sources), "batch_size": args.batch_size, "profiles": [str(p) for p in args.profile],
-        "warm_up": "one untimed pass over the pairs", "bootstrap": "10,000 resamples x 5,613 instances x 6 metrics"},
+        "warm_up": "one untimed pass over the pairs", "bf16_layout_batch_size": layout_size, "bootstrap": "10,000 resamples x 5,613 instances x 6 metrics"},
         {"largest_fp32_difference": {"max": 1e-4}, **({"batched_speedup": {"min": 3.0}} if device.type == "cuda" else {})})
 
 

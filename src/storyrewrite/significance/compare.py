@@ -28,10 +28,10 @@ from storyrewrite.significance.bootstrap import paired_bootstrap_many
 # Two systems' scores of one instance are a tie where both rows name the same prediction
 # (`prediction_digest`, storyrewrite.metrics.evaluate): every column is a function of the instance
 # and the prediction. A model metric scores identical predictions apart when they sit in other
-# batches (another system's batches, another batch size or device): up to ~2e-6 in float32, up to
-# ~3e-2 with a bfloat16 scorer (SmolLM2-135M, 180 TimeTravel pairs, batches of 16 against 7 beside
-# other pairs; median 2.5e-3). Where two systems share most predictions (a model continued for a
-# few steps), a resample that draws only shared ones would have that noise for its mean, of either
+# batches (another system's batches, another batch size or device), far more with a bfloat16
+# scorer than in float32 (bench/scorer_and_bootstrap.py: largest_bf16_layout_difference,
+# largest_fp32_difference). Where two systems share most predictions (a model continued for a few
+# steps), a resample that draws only shared ones would have that noise for its mean, of either
 # sign, and the p-value would hang on the batch layout.
 # Rows without a digest (score files written before it) fall back on TIE: values closer than it
 # are one value, which covers float32 rounding only. Between the systems of the full-data
