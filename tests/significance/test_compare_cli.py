@@ -58,10 +58,15 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
     _cli_p_values(capsys, tmp_path / "half.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50, first_line=first)
     assert first[1].endswith("seed 0")  # b.jsonl names none
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + rows[:1] + [{**rows[0], "id": "t0:0"}]))
     (tmp_path / "torn.jsonl.gz").write_bytes(gzip.compress(b'{"id": 1}\n')[:-4])
     for argv, message in (([tmp_path / "none.jsonl", tmp_path / "b.jsonl"], r"none.jsonl: no such file"),
                           ([tmp_path / "empty.jsonl", tmp_path / "b.jsonl"], r"empty.jsonl: no scores"),
                           ([tmp_path / "torn.jsonl.gz", tmp_path / "b.jsonl"], r"torn.jsonl.gz: not a whole gzip file"),
-                          ([tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 0], r"--n-resamples must be a whole number >= 1")):
+                          ([tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 0], r"--n-resamples must be a whole number >= 1"),
+                          # both files named, with what each holds: 6 ids (one twice) of 7 rows against 12, 5 in both
+                          ([tmp_path / "part.jsonl", tmp_path / "b.jsonl"],
+                           r"scores of `\S*part.jsonl` and `\S*b.jsonl` cover different instances: 6 and 12 instance ids, "
+                           r"5 in both; `\S*part.jsonl` repeats 1 id\(s\)$")):
         with pytest.raises(InputError, match=message):
             main([str(a) for a in argv])

@@ -56,6 +56,16 @@ def same_predictions(rows: list[dict], base_rows: list[dict]) -> np.ndarray:
                      for row in base_rows], dtype=bool)
 
 
+def different_instances(test: Pair) -> str:
+    """The error for a test whose two score files do not hold one row for each of the same instances."""
+    ids, base_ids = [row["id"] for row in test.rows], [row["id"] for row in test.base_rows]
+    repeated = [f"`{name}` repeats {len(rows) - len(set(rows))} id(s)" for name, rows in
+                ((test.system, ids), (test.baseline, base_ids)) if len(rows) != len(set(rows))]
+    return (f"scores of `{test.system}` and `{test.baseline}` cover different instances: {len(set(ids))} and "
+            f"{len(set(base_ids))} instance ids, {len(set(ids) & set(base_ids))} in both"
+            + "".join(f"; {line}" for line in repeated))
+
+
 UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, or whole stories (a story's endings share one input)
 
 
@@ -81,7 +91,7 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
         order = [row["id"] for row in test.base_rows]
         position = {row["id"]: i for i, row in enumerate(test.rows)}
         if len(position) != len(test.rows) or sorted(position) != sorted(order):
-            raise InputError(f"scores of `{test.system}` and `{test.baseline}` cover different instances")
+            raise InputError(different_instances(test))
         tested = [c for c in available(test.base_rows[0]) if c in available(test.rows[0])]
         index = np.array([position[i] for i in order], dtype=np.int64)  # the system's rows in the baseline's order
         system = np.stack([values(test.rows, c)[index] for c in tested], axis=1) if tested else None
@@ -134,19 +144,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.n_resamples < 1:
         raise InputError(f"--n-resamples must be a whole number >= 1, got {args.n_resamples}")
-    scores = {}
-    for role in ("system", "against"):
-        path = getattr(args, role)
+    scores = {}  # by the files' names, which errors quote
+    for path in (args.system, args.against):
         if not path.is_file():
             raise InputError(f"{path}: no such file")
-        scores[role] = [row for _, row in read_jsonl(path)]
-        if not scores[role]:
+        scores[str(path)] = [row for _, row in read_jsonl(path)]
+        if not scores[str(path)]:
             raise InputError(f"{path}: no scores")
-    p = compare_units(scores, "system", "against", args.n_resamples, args.seed)
+    system, against = scores[str(args.system)], scores[str(args.against)]
+    p = compare_units(scores, str(args.system), str(args.against), args.n_resamples, args.seed)
     # How much of the comparison is ties by construction, where both files name their predictions.
-    named = all("prediction_digest" in row for rows in scores.values() for row in rows)
-    shared = (f"; the same prediction on {same_predictions(scores['system'], scores['against']).sum()} of "
-              f"{len(scores['against'])} instances (ties)" if named else "")
+    named = all("prediction_digest" in row for row in system + against)
+    shared = (f"; the same prediction on {same_predictions(system, against).sum()} of "
+              f"{len(against)} instances (ties)" if named else "")
     print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
           f"{args.n_resamples} resamples, seed {args.seed}{shared}")
     print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
