@@ -140,9 +140,10 @@ poll)
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
     # A comparison's experiments that have finished since the last poll, gathered (quietly: others still run).
+    # At most 5 minutes: a poll goes on to bring back what it has (`dvc exp show` can hang, report.gather).
     if [ -s "$JOB/name" ]; then
       (cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
-        python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1)
+        timeout 300 python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1)
     fi
     # The Chrome traces (tens of MB each) stay behind: $OUT may limit the size of a file. The
     # stage records and curves of the experiments still running come too: where and how long each

@@ -460,6 +460,29 @@ print('[]')"""]
         exp_show_output(flaky, attempts=2, wait_s=0)
 
 
+def test_a_hung_exp_show_is_killed_and_asked_again(tmp_path):
+    """`dvc exp show` that never answers (pygit2's BlobIO waiting for ever on a workspace the queue
+    removed, report.gather.EXP_SHOW_TIMEOUT_S): the call is given up after the timeout and asked
+    again, so a poll goes on; hanging every time, one error that says so."""
+    import sys
+    import time
+
+    from storyrewrite.report.gather import exp_show_output
+
+    counter = tmp_path / "calls"
+    hangs_once = [sys.executable, "-c", f"""import pathlib, time
+calls = pathlib.Path({str(counter)!r}); n = int(calls.read_text()) + 1 if calls.exists() else 1; calls.write_text(str(n))
+if n == 1:
+    time.sleep(60)
+print('[]')"""]
+    started = time.monotonic()
+    assert exp_show_output(hangs_once, attempts=3, wait_s=0, timeout_s=3) == "[]\n" and counter.read_text() == "2"
+    assert time.monotonic() - started < 30  # not the hung call's 60 s
+    hangs = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(InputError, match=r"failed 2 times, 0 s apart: no answer in 1 s$"):
+        exp_show_output(hangs, attempts=2, wait_s=0, timeout_s=1)
+
+
 def test_rloo_variants_are_systems_of_their_own_tested_against_dto_of_the_same_reward(tmp_path):
     """Two RLOO runs that differ in their reward are two rows (not a grid to choose from), and
     the one whose counterpart ran is tested against it both ways: RLOO-Score beats DTO-Score on

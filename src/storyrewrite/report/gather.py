@@ -255,17 +255,30 @@ def gathered_params(folders: list[Path]) -> list[dict]:
             for folder in folders if folder.is_dir() for manifest in manifests(folder)]
 
 
-def exp_show_output(command: list[str], attempts: int = 5, wait_s: float = 3.0) -> str:
-    """The output of `dvc exp show --json`, asked again after a failure. While a queue worker sets
-    up or removes its temporary workspace, `dvc exp show` can fail for a moment ("failed to show
-    experiments - directory '.dvc/tmp/exps/tmp…/.dvc' does not exist"); DVC itself does not retry."""
+# How long one `dvc exp show` may take before it is taken for hung and asked again. It can hang for
+# ever: reading a running experiment's metrics from the git repository of its temporary workspace
+# while the queue worker removes that workspace, pygit2's BlobIO (1.21) waits on a reader event that
+# its writer thread, failed, never sets (seen in a poll of offline/job.sh: a process at 0 % CPU in
+# _BlobIO.readinto for 14 min). Its usual time is seconds (1.9 s with 12 experiments on 2 cores).
+EXP_SHOW_TIMEOUT_S = 60.0
+
+
+def exp_show_output(command: list[str], attempts: int = 5, wait_s: float = 3.0, timeout_s: float = EXP_SHOW_TIMEOUT_S) -> str:
+    """The output of `dvc exp show --json`, asked again after a failure or after `timeout_s` seconds
+    without an answer. While a queue worker sets up or removes its temporary workspace, `dvc exp
+    show` can fail for a moment ("failed to show experiments - directory '.dvc/tmp/exps/tmp…/.dvc'
+    does not exist"), or hang (EXP_SHOW_TIMEOUT_S); DVC itself does not retry."""
     for attempt in range(1, attempts + 1):
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode == 0:
-            return result.stdout
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:  # (the hung process is killed)
+            reason = f"no answer in {timeout_s:g} s"
+        else:
+            if result.returncode == 0:
+                return result.stdout
+            reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
         if attempt < attempts:
             time.sleep(wait_s)
-    reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
     raise InputError(f"`{' '.join(command[1:])}` failed {attempts} times, {wait_s:g} s apart: {reason}")
 
 
