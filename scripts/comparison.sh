@@ -231,8 +231,14 @@ RUNS=()
 if [ "$QUEUED" -gt 0 ] || [ -s "$KEPT/standins" ]; then
   # The stand-ins count as queued by this comparison (where DVC printed no names, every queued one does).
   [ ! -s "$KEPT/mine" ] || cat "$KEPT/standins" >> "$KEPT/mine"
+  # shellcheck disable=SC2046  # the folders' names are words without spaces
+  if ! KEEP=$(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"); then
+    # (Twins of earlier runs then stay queued: they run, and of runs with equal params the collector keeps one.)
+    echo "warning: the dedupe above failed: every experiment queued here runs and is gathered" >&2
+    KEEP=$(cat "$KEPT/mine")
+  fi
   # shellcheck disable=SC2207  # experiment names are words without spaces
-  RUNS=($( { python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"; cat "$KEPT/standins"; } | awk '!seen[$0]++'))
+  RUNS=($( { echo "$KEEP"; cat "$KEPT/standins"; } | awk 'NF && !seen[$0]++'))
 fi
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue && stop_workers

@@ -368,6 +368,19 @@ def test_folders_gathered_on_other_machines_are_deduplicated_against_and_collect
     assert (tracked.returncode, ignored.returncode) == (1, 0)
 
 
+def test_a_dedupe_that_fails_costs_no_run_every_experiment_queued_here_is_gathered(tmp_path):
+    """The dedupe reads DVC's queue while workers run: where it fails, the comparison goes on
+    with every experiment it queued, and gathers and collects them all."""
+    failing = f'if [ "$3" = --dedupe ]; then echo "error: dvc queue remove failed" >&2; exit 1; fi\n{GATHERED}'
+    result, calls = _run(tmp_path, "grid", "core", dedupe="", python=failing)
+    assert result.returncode == 0, result.stderr
+    assert "warning: the dedupe above failed: every experiment queued here runs and is gathered" in result.stderr
+    names = [f"exp-{i + 1}" for i, c in enumerate(calls) if c.startswith("dvc exp run --queue")]  # the stub's: its log's line
+    assert len(names) == 2 and f"python -m storyrewrite.report.gather --out runs/grid --names {' '.join(names)}" in calls
+    assert "== 2 experiment(s) of 7 to gather, 1 worker(s)" in result.stdout
+    assert calls[-1].startswith("python -m storyrewrite.report.collect runs/grid --out reports/grid")
+
+
 def test_when_everything_ran_before_it_only_collects_and_with_nothing_at_all_it_says_so(tmp_path):
     (tmp_path / "runs" / "grid.1").mkdir(parents=True)
     (tmp_path / "runs" / "grid.1" / "a-run.json").write_text("{}")

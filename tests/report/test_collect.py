@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -176,6 +177,44 @@ def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered(tmp
     assert sorted(path.stem for path in (tmp_path / "a" / "runs").glob("*.json")) == ["gpu-nll", "gpu-score"]  # gathered all the same
     with pytest.raises(InputError, match=r"1 experiment\(s\) did not finish, not gathered: cpu-cpo \(queued\)"):
         _gather_from(tmp_path / "b", monkeypatch, exp_show, "cpu-*")
+
+
+def test_an_experiment_dvc_lists_twice_as_it_moves_on_is_one_run_in_its_later_state(tmp_path, monkeypatch, capsys):
+    """`dvc exp show` reads the queue, then the running experiments, then the finished ones: an
+    experiment a worker takes between two reads is listed queued and running (or running and
+    finished). It is one run, in its later state, and never the twin of itself: the dedupe once
+    removed such a one from the queue in favour of itself, `dvc queue remove` failed on it (it ran
+    by then), and the comparison gathered none of its 19 runs."""
+    def entry(name, rev, state=None):
+        return {"executor": None if state is None else {"state": state}, "name": name,
+                "revs": [{"rev": rev, "name": name, "data": {"params": {"params.yaml": {"data": {"objective": name}}}}}]}
+    exp_show = [{"rev": "workspace", "experiments": None}, {"rev": "abcdef1234", "experiments": [
+        entry("taken", "1111", "running"), entry("ended", "2222", "running"), entry("ended", "3333"),  # active, successful,
+        entry("taken", "1111", "queued"), entry("waits", "4444", "queued")]}]  # then the queue (DVC's order of ranges)
+    assert [(r["name"], r["rev"], r["state"]) for r in listed(exp_show)] == [
+        ("taken", "1111", "running"), ("ended", "3333", None), ("waits", "4444", "queued")]
+    assert duplicates(exp_show, gathered=[]) == (["waits"], [], [], [])
+    # A twin that a worker takes before `dvc queue remove` reaches it runs all the same; the others
+    # still leave the queue (DVC removes none of a list where one is missing: each goes on its own).
+    exp_show[1]["experiments"].append(entry("twin", "5555", "queued") | {"revs": [
+        {"rev": "5555", "name": "twin", "data": {"params": {"params.yaml": {"data": {"objective": "ended"}}}}}]})
+    exp_show[1]["experiments"].append(entry("copy", "6666", "queued") | {"revs": [
+        {"rev": "6666", "name": "copy", "data": {"params": {"params.yaml": {"data": {"objective": "taken"}}}}}]})
+    show = tmp_path / "show.json"
+    show.write_text(json.dumps(exp_show))
+    removed = []
+
+    def queue_remove(command, **kwargs):
+        names = command[command.index("remove") + 1:]
+        ok = "twin" not in names  # a worker took it
+        removed.extend(names if ok else [])
+        return subprocess.CompletedProcess(command, 0 if ok else 255)
+    monkeypatch.setattr(subprocess, "run", queue_remove)
+    gather(["--json", str(show), "--dedupe"])
+    out, err = capsys.readouterr()
+    assert removed == ["copy"] and out.split() == ["waits", "ended", "taken"]
+    assert "1 queued experiment(s) have the params of one that ran before: removed from the queue" in err
+    assert "1 of them left the queue for a worker first and run all the same: twin" in err
 
 
 def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys):

@@ -34,17 +34,22 @@ GATHERED = ("params.yaml", "dvc.lock", "reports/data_counts.json", "reports/metr
 
 
 PARTIAL = ".shared-"
+# How far an experiment has gone: queued, running, then ended (None: ran to the end, or failed).
+# DVC's `exp show` reads the queue, then the running experiments, then the finished ones, one after
+# another (dvc.repo.experiments.collect.collect): one that moves on between two reads is listed
+# twice, queued and running, or running and finished. The later state is the one that holds.
+PROGRESS = {"queued": 0, "running": 1}
 
 
 def listed(exp_show: list[dict]) -> list[dict]:
     """{name, rev, base, params, state} of every experiment in `dvc exp show --json` output (not the
-    commits they derive from, nor the workspace: those did not run as experiments). The state is
-    None for an experiment that ran to the end; DVC lists its queue's others too, each with the
-    commit it was queued as (its params, none of its outputs): `queued`, `running` or `failed`
-    (`executor.state`; a failed one's revision also carries DVC's `error`). The experiments of
-    scripts/comparison.sh's shared stages (`NAME.shared-GROUP`) are no runs: their commits hold the
-    workspace's reports of every other stage."""
-    found = []
+    commits they derive from, nor the workspace: those did not run as experiments), once each, in
+    its latest state (PROGRESS). The state is None for an experiment that ran to the end; DVC lists
+    its queue's others too, each with the commit it was queued as (its params, none of its
+    outputs): `queued`, `running` or `failed` (`executor.state`; a failed one's revision also
+    carries DVC's `error`). The experiments of scripts/comparison.sh's shared stages
+    (`NAME.shared-GROUP`) are no runs: their commits hold the workspace's reports of every other stage."""
+    found: dict[tuple[str, str], dict] = {}  # (commit, name) -> the experiment in its latest state, where DVC listed it first
     for commit in exp_show:
         for experiment in commit.get("experiments") or []:
             state = (experiment.get("executor") or {}).get("state")
@@ -52,9 +57,12 @@ def listed(exp_show: list[dict]) -> list[dict]:
                 name = rev.get("name") or experiment.get("name") or rev["rev"][:7]
                 if PARTIAL not in name:
                     params = ((rev.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data")
-                    found.append({"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params, "state": (
-                        state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None)})
-    return found
+                    run = {"name": name, "rev": rev["rev"], "base": commit["rev"], "params": params, "state": (
+                        state if state in ("queued", "running", "failed") else "failed" if rev.get("error") else None)}
+                    before = found.get((commit["rev"], name))
+                    if before is None or PROGRESS.get(run["state"], 2) >= PROGRESS.get(before["state"], 2):
+                        found[commit["rev"], name] = run
+    return list(found.values())
 
 
 # Settings that change how fast a run goes, not what it computes (tests check that either value
@@ -282,6 +290,16 @@ def exp_show_output(command: list[str], attempts: int = 5, wait_s: float = 3.0, 
     raise InputError(f"`{' '.join(command[1:])}` failed {attempts} times, {wait_s:g} s apart: {reason}")
 
 
+def leave_queue(names: list[str]) -> list[str]:
+    """Takes the experiments `names` out of DVC's queue; returns those it could not take out: a
+    worker took them meanwhile (they run). DVC removes none of the names it is given where it cannot
+    remove one of them (celery_remove), so after a failure each is tried on its own."""
+    command = [sys.executable, "-m", "dvc", "queue", "remove"]
+    if subprocess.run([*command, *names], capture_output=True).returncode == 0:
+        return []
+    return [name for name in names if subprocess.run([*command, name], capture_output=True).returncode != 0]
+
+
 def main(argv: list[str] | None = None) -> None:
     from dvc.api import DVCFileSystem
 
@@ -337,9 +355,12 @@ def main(argv: list[str] | None = None) -> None:
         mine = (set(args.mine.read_text(encoding="utf-8").split()) or None) if args.mine else None
         keep, remove, done, others = duplicates(exp_show, gathered, mine)
         if remove:
-            subprocess.run([sys.executable, "-m", "dvc", "queue", "remove", *remove], check=True, capture_output=True)
-            print(f"{len(remove)} queued experiment(s) have the params of one that ran before: removed from the queue",
-                  file=sys.stderr)
+            started = leave_queue(remove)
+            print(f"{len(remove) - len(started)} queued experiment(s) have the params of one that ran before: removed "
+                  "from the queue", file=sys.stderr)
+            if started:  # (not gathered: the run each stands for is, as for the others removed)
+                print(f"{len(started)} of them left the queue for a worker first and run all the same: {', '.join(started)}",
+                      file=sys.stderr)
         if others:
             print(f"{len(others)} experiment(s) queued before, not of these sweeps, run beside them and are not gathered with "
                   f"them: {', '.join(others)} (`dvc queue remove NAME` takes one out)", file=sys.stderr)
