@@ -227,19 +227,20 @@ for call in "${PLAN[@]}"; do
   queue $call
   QUEUED=$((QUEUED + 1))
 done
-RUNS=()
-if [ "$QUEUED" -gt 0 ] || [ -s "$KEPT/standins" ]; then
+RUNS=() KEEP=
+if [ "$QUEUED" -gt 0 ]; then
   # The stand-ins count as queued by this comparison (where DVC printed no names, every queued one does).
   [ ! -s "$KEPT/mine" ] || cat "$KEPT/standins" >> "$KEPT/mine"
   # shellcheck disable=SC2046  # the folders' names are words without spaces
   if ! KEEP=$(python -m storyrewrite.report.gather --dedupe $(folders) --mine "$KEPT/mine"); then
     # (Twins of earlier runs then stay queued: they run, and of runs with equal params the collector keeps one.)
     echo "warning: the dedupe above failed: every experiment queued here runs and is gathered" >&2
-    KEEP=$(cat "$KEPT/mine")
+    KEEP=$(grep -vF "$NAME.shared-" "$KEPT/mine" || true)
   fi
-  # shellcheck disable=SC2207  # experiment names are words without spaces
-  RUNS=($( { echo "$KEEP"; cat "$KEPT/standins"; } | awk 'NF && !seen[$0]++'))
 fi
+# With nothing queued, the stand-ins alone: the runs of these sweeps that ran before, or are queued from before.
+# shellcheck disable=SC2207  # experiment names are words without spaces
+RUNS=($( { echo "$KEEP"; cat "$KEPT/standins"; } | awk 'NF && !seen[$0]++'))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue && stop_workers
 remove_shared
