@@ -185,9 +185,10 @@ def test_an_experiment_dvc_lists_twice_as_it_moves_on_is_one_run_in_its_later_st
     finished). It is one run, in its later state, and never the twin of itself: the dedupe once
     removed such a one from the queue in favour of itself, `dvc queue remove` failed on it (it ran
     by then), and the comparison gathered none of its 19 runs."""
-    def entry(name, rev, state=None):
+    def entry(name, rev, state=None, objective=None):  # (its params: `objective`, else its name)
+        params = {"objective": objective or name}
         return {"executor": None if state is None else {"state": state}, "name": name,
-                "revs": [{"rev": rev, "name": name, "data": {"params": {"params.yaml": {"data": {"objective": name}}}}}]}
+                "revs": [{"rev": rev, "name": name, "data": {"params": {"params.yaml": {"data": params}}}}]}
     exp_show = [{"rev": "workspace", "experiments": None}, {"rev": "abcdef1234", "experiments": [
         entry("taken", "1111", "running"), entry("ended", "2222", "running"), entry("ended", "3333"),  # active, successful,
         entry("taken", "1111", "queued"), entry("waits", "4444", "queued")]}]  # then the queue (DVC's order of ranges)
@@ -196,10 +197,8 @@ def test_an_experiment_dvc_lists_twice_as_it_moves_on_is_one_run_in_its_later_st
     assert duplicates(exp_show, gathered=[]) == (["waits"], [], [], [])
     # A twin that a worker takes before `dvc queue remove` reaches it runs all the same; the others
     # still leave the queue (DVC removes none of a list where one is missing: each goes on its own).
-    exp_show[1]["experiments"].append(entry("twin", "5555", "queued") | {"revs": [
-        {"rev": "5555", "name": "twin", "data": {"params": {"params.yaml": {"data": {"objective": "ended"}}}}}]})
-    exp_show[1]["experiments"].append(entry("copy", "6666", "queued") | {"revs": [
-        {"rev": "6666", "name": "copy", "data": {"params": {"params.yaml": {"data": {"objective": "taken"}}}}}]})
+    exp_show[1]["experiments"] += [entry("twin", "5555", "queued", objective="ended"),
+                                   entry("copy", "6666", "queued", objective="taken")]
     show = tmp_path / "show.json"
     show.write_text(json.dumps(exp_show))
     removed = []
