@@ -178,6 +178,12 @@ stop_workers() {
 # the names DVC gives the experiments go to $KEPT/mine.
 KEPT=$(mktemp -d)
 trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rm -rf "$KEPT"' EXIT  # also when interrupted
+# A stop ends the script once the command under way has ended (bash runs a trap then), not at once:
+# SIGTERM reaches the script alone, and a `dvc exp run --queue` still running would, at its end, put
+# the workspace back as it found it, without dvc.lock, after the exit above had put it back. Ctrl-C
+# (SIGINT) reaches DVC too, which ends cleanly. Queue workers are detached: they go on either way.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 queue() {
   local rc=0
   [ ! -f dvc.lock ] || mv dvc.lock "$KEPT/dvc.lock"
