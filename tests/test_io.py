@@ -120,3 +120,24 @@ def test_a_command_freezes_its_objects_out_of_the_collector_at_exit_once():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": str(src)})
     assert result.stdout.splitlines() == ["frozen before the exit: False", "froze 1 time(s), objects frozen: True"]
+
+
+def test_a_command_whose_reader_stops_early_ends_quietly_not_in_a_traceback():
+    """`python -m storyrewrite.queue | grep -q ...`: the reader gone, run_cli ends the command with
+    status 1 and nothing on stderr, whether the output is written during the command (large) or
+    flushed at its end (one short line)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    for output in ("'line\\n' * 100_000", "'one line'"):
+        read, write = os.pipe()
+        os.close(read)  # a reader that stopped before the first byte: every write meets a closed pipe
+        try:
+            result = subprocess.run([sys.executable, "-c", f"from storyrewrite.io import run_cli\nrun_cli(lambda: print({output}))\n"],
+                                    stdout=write, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(src)})
+        finally:
+            os.close(write)
+        assert (result.returncode, result.stderr) == (1, ""), output

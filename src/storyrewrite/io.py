@@ -173,6 +173,8 @@ def run_stage(main) -> None:
 def run_cli(main) -> None:
     """Run a command's `main`: bad input or params end it with their message (which names the
     file and line, or the parameter and its valid values) and exit status 2, not a traceback.
+    A reader that stops early (`... | head`, `... | grep -q`) ends it quietly with status 1, as
+    Python's documentation of SIGPIPE advises, rather than in a BrokenPipeError traceback.
     At exit the objects made so far are frozen out of the garbage collector: the interpreter's
     teardown would otherwise collect every object torch, transformers and Lightning made at
     import, 0.7 to 2 s a stage on a 2-core CPU (generate, train) that DVC waits for."""
@@ -184,6 +186,13 @@ def run_cli(main) -> None:
     atexit.register(gc.freeze)
     try:
         main()
+        sys.stdout.flush()  # here, not at exit, where a closed pipe would be reported as an ignored exception
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except BrokenPipeError:
+        # Python flushes stdout again at exit, which would raise once more: /dev/null takes it.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
