@@ -169,16 +169,6 @@ def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
     assert calls[:gather].count(QUEUE) == 7 and calls[:gather].count(ASKED) == 5
 
 
-def test_dvc_lock_comes_back_when_the_comparison_is_stopped_while_queueing(tmp_path):
-    """Stopped (SIGTERM) while DVC queues, with dvc.lock set aside: the exit puts it back."""
-    (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
-    bin_dir = _write_stubs(tmp_path, {"dvc": 'if [ "$3" = --queue ]; then kill -TERM $PPID; fi\nexit 0', "python": PLAN_AS_IS + "exit 0"})
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
-
-
 def test_a_stop_while_queueing_waits_for_dvc_to_restore_its_workspace_before_dvc_lock_comes_back(tmp_path):
     """SIGTERM reaches the script alone (`kill PID`), not its `dvc exp run --queue`, which goes on
     and at its end puts the workspace back as it found it: without dvc.lock, set aside. The script
