@@ -60,6 +60,46 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
         run("dvc", "queue", "stop")
 
 
+def test_a_task_a_worker_takes_between_two_reads_is_listed_once_in_its_later_state():
+    """A worker takes exp-b from the queue after the poll's first read, and exp-a ends after its
+    second. DVC's own listing (BaseStashQueue.status: running, then queued, then done) misses exp-b,
+    which would end the comparison's wait while it runs; task_states lists each task once, in its
+    later state. The queue below is DVC's celery queue as its reads see it: each read one snapshot."""
+    from types import SimpleNamespace
+
+    from dvc.repo.experiments.queue.base import BaseStashQueue, QueueDoneResult
+    from dvc.repo.experiments.queue.celery import LocalCeleryQueue
+
+    class MovingQueue:
+        iter_failed, iter_success, status = LocalCeleryQueue.iter_failed, LocalCeleryQueue.iter_success, BaseStashQueue.status
+        scm = SimpleNamespace(resolve_commit=lambda rev: SimpleNamespace(commit_time=0))
+
+        def __init__(self):
+            self.tasks = {"exp-a": "running", "exp-b": "queued", "exp-c": "queued"}
+            self.moves = [("exp-b", "running"), ("exp-a", "success")]  # one after each read
+
+        def _read(self, states):
+            found = [(SimpleNamespace(stash_rev=f"{name}-rev", name=name), state) for name, state in self.tasks.items() if state in states]
+            if self.moves:
+                name, state = self.moves.pop(0)
+                self.tasks[name] = state
+            return found
+
+        def iter_queued(self):
+            return (entry for entry, _ in self._read({"queued"}))
+
+        def iter_active(self):
+            return (entry for entry, _ in self._read({"running"}))
+
+        def iter_done(self):
+            return (QueueDoneResult(entry, SimpleNamespace(exp_hash="h", ref_info=SimpleNamespace(name=entry.name)) if state == "success" else None)
+                    for entry, state in self._read({"success", "failed"}))
+
+    dvcs = [(task["name"], task["status"]) for task in MovingQueue().status()]
+    assert sorted(dvcs) == [("exp-a", "Running"), ("exp-a", "Success"), ("exp-c", "Queued")]  # exp-b: missed
+    assert list(queue.task_states(MovingQueue()).values()) == [("exp-b", "Running"), ("exp-c", "Queued"), ("exp-a", "Success")]
+
+
 STAGE = '''import json, os, sys, time
 from datetime import datetime, timezone
 name, gate = sys.argv[1], sys.argv[2]

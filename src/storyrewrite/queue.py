@@ -8,7 +8,8 @@ The lines are those of `dvc queue status` (the time column left out). Our own, a
 always asks the workers: a celery broadcast through kombu's file broker, whose workers can read a
 message mid-write and then stop (celery/kombu#1551, treeverse/dvc#10428). Without `--workers` the
 statuses come from the broker's queue and the result backend, as DVC's do, with no message to the
-workers and no wait for their answers. Each worker's own monitor (dvc-task's TemporaryWorker)
+workers and no wait for their answers, read in the order a task moves so that none is missed
+(task_states). Each worker's own monitor (dvc-task's TemporaryWorker)
 still asks three questions every 10 s; a poll no longer adds one. `--running` reads files only
 (the experiments' workspaces and DVC's record of each), asking neither DVC nor the workers. Not a
 stage's code: changing this module reruns no stage.
@@ -35,6 +36,33 @@ ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS,
 CLOCK_CURVES, RECENT_STEPS = ("sample_time_share", "sample_read_time_share", "cpu_wait_time_share", "tokens_per_s"), 10
 
 
+STATES = ("Running", "Queued", "Failed", "Success")  # in the order `dvc queue status` lists them
+
+
+def task_states(queue) -> dict[str, tuple[str | None, str]]:
+    """{stash revision: (name, status)} of each experiment task of DVC's celery queue, in the order
+    `dvc queue status` lists them. DVC's own listing (BaseStashQueue.status) reads the running
+    tasks, then the queued ones: a task a worker takes between the two reads is in neither, and a
+    poll that then sees nothing queued or running ends the comparison's wait while it runs (seen
+    with one worker as it moved to the second of two). Read here in the order a task moves (queued,
+    running, done), a task that moves between reads is listed twice, never missed, and keeps its
+    later state. A done task is Failed without a result, Success with an experiment, else (as in
+    DVC) not listed."""
+    found: dict[str, tuple[str | None, str]] = {}
+    for entry in queue.iter_queued():
+        found[entry.stash_rev] = (entry.name, "Queued")
+    for entry in queue.iter_active():
+        found[entry.stash_rev] = (entry.name, "Running")
+    for entry, result in queue.iter_done():
+        if result is None:
+            found[entry.stash_rev] = (entry.name, "Failed")
+        elif result.exp_hash and result.ref_info:
+            found[entry.stash_rev] = (entry.name or result.ref_info.name, "Success")
+        else:
+            found.pop(entry.stash_rev, None)
+    return dict(sorted(found.items(), key=lambda item: STATES.index(item[1][1])))  # (a stable sort)
+
+
 def status(repo: Path, ask_workers: bool = False) -> list[str]:
     """A line per experiment task of the DVC repository at `repo` (its revision, name and status:
     Queued, Running, Success or Failed), then, with `ask_workers`, a blank line and the workers'."""
@@ -47,7 +75,7 @@ def status(repo: Path, ask_workers: bool = False) -> list[str]:
         raise InputError(f"{repo}: not in a DVC repository (`dvc init` makes one); run this where `dvc queue status` runs") from None
     with dvc_repo:
         queue = dvc_repo.experiments.celery_queue
-        lines = [f"{task['rev'][:7]}  {task.get('name') or '-'}  {task['status']}" for task in queue.status()]
+        lines = [f"{rev[:7]}  {name or '-'}  {state}" for rev, (name, state) in task_states(queue).items()]
         if ask_workers:
             answers = queue.worker_status()
             active = sum(1 for tasks in answers.values() if tasks)
