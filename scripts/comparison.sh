@@ -233,7 +233,7 @@ for call in "${PLAN[@]}"; do
   queue $call
   QUEUED=$((QUEUED + 1))
 done
-RUNS=() KEEP=
+KEEP=
 if [ "$QUEUED" -gt 0 ]; then
   # The stand-ins count as queued by this comparison (where DVC printed no names, every queued one does).
   [ ! -s "$KEPT/mine" ] || cat "$KEPT/standins" >> "$KEPT/mine"
