@@ -30,6 +30,13 @@ def _raw_with_bad_dev(tmp_path, bad_line: str):
         (json.dumps(dict(GOOD, premise=7)), r"dev\.json:3: field `premise` must be a string, got int"),
         (json.dumps(dict(GOOD, edited_endings="E.")), r"dev\.json:3: field `edited_endings` must be a non-empty list"),
         ("[1, 2]", r"dev\.json:3: expected a JSON object, got list"),
+        (json.dumps(dict(GOOD, counterfactual=" \t ")), r"dev\.json:3: field `counterfactual` is empty"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "original_ending"}), r"dev\.json:3: missing field `original_ending`"),
+        (json.dumps(dict(GOOD, original_ending=["O.", 2])),
+         r"dev\.json:3: field `original_ending` must be a string or a non-empty list of strings"),
+        (json.dumps(dict(GOOD, edited_endings=[["E."], [" "]])), r"dev\.json:3: field `edited_endings\[1\]` is empty"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "edited_endings"}),
+         r"dev\.json:3: missing field `edited_endings` \(or `edited_ending`\)"),
     ],
 )
 def test_bad_record_names_file_line_and_field(tmp_path, bad_line, message):
