@@ -1,4 +1,5 @@
 import json
+from itertools import pairwise
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def test_a_tiny_tokenizer_is_gpt2s_bpe_with_its_first_merges(tiny_model_dirs):
     def hand_bpe(word: str) -> list[str]:
         parts = list(word)
         while len(parts) > 1:
-            rank, at = min((ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(parts, parts[1:])))
+            rank, at = min((ranks.get(pair, len(ranks)), i) for i, pair in enumerate(pairwise(parts)))
             if rank == len(ranks):
                 break
             parts[at:at + 2] = [parts[at] + parts[at + 1]]
