@@ -83,6 +83,38 @@ def test_a_spec_another_models_stage_holds_is_copied_from_there_and_the_rest_fet
     assert fetched == [("tiny:llama", "lm")]
 
 
+def test_a_local_model_directory_is_a_spec_of_its_own_kind(tmp_path):
+    """A model saved with save_pretrained (a researcher's own) is a spec: a seq2seq one loads as
+    seq2seq and a causal one as causal, with the saved weights; an encoder directory's
+    sentence-transformers pooling files come with it."""
+    from storyrewrite.models.specs import SENTENCE_TRANSFORMERS_FILES
+
+    saved = {}
+    for kind in ("bart", "llama", "roberta"):
+        model, tokenizer = load_from_source(f"tiny:{kind}", seed=3, kind="encoder" if kind == "roberta" else "lm")
+        saved[kind] = (tmp_path / f"own-{kind}", model.eval())  # (built in training mode: dropout)
+        model.save_pretrained(saved[kind][0])
+        tokenizer.save_pretrained(saved[kind][0])
+    for name in SENTENCE_TRANSFORMERS_FILES:
+        (saved["roberta"][0] / name).parent.mkdir(parents=True, exist_ok=True)
+        (saved["roberta"][0] / name).write_text(json.dumps({"file": name}))
+    bart, llama, roberta = (str(saved[kind][0]) for kind in ("bart", "llama", "roberta"))
+    config = ModelsConfig(generator=bart, scorer=bart, embedder=roberta, max_input_tokens=32, max_output_tokens=16)
+    index = materialise(config, tmp_path / "pretrained", seed=0, roles=("generator", "scorer", "embedder"))
+    assert index["specs"] == {"generator": bart, "scorer": bart, "embedder": roberta}
+    generator = resolve_model_dir(tmp_path / "pretrained", "generator")
+    assert is_seq2seq(generator) and resolve_model_dir(tmp_path / "pretrained", "scorer") == generator
+    embedder = resolve_model_dir(tmp_path / "pretrained", "embedder")
+    assert all(json.loads((embedder / name).read_text()) == {"file": name} for name in SENTENCE_TRANSFORMERS_FILES)
+    model, _ = load_from_source(llama)
+    assert not model.config.is_encoder_decoder and type(model).__name__ == "LlamaForCausalLM"
+    ids = torch.tensor([[5, 6, 7, 8]])
+    torch.testing.assert_close(model(input_ids=ids).logits, saved["llama"][1](input_ids=ids).logits, atol=0, rtol=0)
+    reloaded = load_model(generator)
+    torch.testing.assert_close(reloaded(input_ids=ids, decoder_input_ids=ids).logits,
+                               saved["bart"][1](input_ids=ids, decoder_input_ids=ids).logits, atol=0, rtol=0)
+
+
 def test_generator_and_scorer_must_share_a_vocabulary(tmp_path):
     with pytest.raises(InputError, match=r"`models.generator` \(tiny:bart, 8454 tokens\) and `models.scorer` \(tiny:llama, 8449 tokens\) do not share a vocabulary"):
         materialise(ModelsConfig(generator="tiny:bart", scorer="tiny:llama", max_input_tokens=32, max_output_tokens=16), tmp_path, seed=0)
