@@ -16,7 +16,7 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
     """`python -m storyrewrite.queue` against DVC's own `dvc queue status` on a real queue:
     two experiments queued, then run by one worker. The same revisions, names and statuses, and with
     --workers the same worker line."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
     def run(*args: str) -> str:
         result = subprocess.run(list(args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -137,7 +137,7 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     nothing runs (and nothing is printed) and DVC's record says it succeeded."""
     repo, gate = tmp_path / "repo", tmp_path / "gate"
     repo.mkdir()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
     def run(*args: str) -> str:
         result = subprocess.run(list(args), cwd=repo, env=env, capture_output=True, text=True, timeout=120)
