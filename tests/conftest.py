@@ -17,14 +17,15 @@ from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import DataConfig, ModelsConfig
 from storyrewrite.parallel import cores, share_machine
 
+# The DVC commands the tests run, in repositories they `dvc init` (whose config does not turn
+# analytics off, as this repository's .dvc/config does), send no usage report: offline, each
+# report's file would stay in the temporary folder.
+os.environ["DVC_NO_ANALYTICS"] = "1"
+
 # `make test` runs the suite on pytest-xdist's workers, one per core (`-n auto`). Each worker takes
 # its share of the cores, as DVC's queue workers do (storyrewrite.parallel): torch's threads here,
 # and OpenMP's in the stage processes the pipeline tests start. (Through OMP_NUM_THREADS rather
 # than STORYREWRITE_WORKERS: a stage under that says so on stderr, which the error tests read whole.)
-# The DVC commands the tests run, in repositories they `dvc init` (whose config does not turn
-# analytics off, as this repository's .dvc/config does), send no usage report: offline, each
-# report's file was left in the temporary folder (17 files a run of tests/test_remote.py).
-os.environ["DVC_NO_ANALYTICS"] = "1"
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     if (_threads := share_machine(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))) is not None:
         os.environ["OMP_NUM_THREADS"] = str(_threads)
