@@ -89,16 +89,17 @@ def test_a_local_model_directory_is_a_spec_of_its_own_kind(tmp_path):
     sentence-transformers pooling files come with it."""
     from storyrewrite.models.specs import SENTENCE_TRANSFORMERS_FILES
 
-    saved = {}
-    for kind in ("bart", "llama", "roberta"):
+    own = {kind: tmp_path / f"own-{kind}" for kind in ("bart", "llama", "roberta")}
+    models = {}
+    for kind, directory in own.items():
         model, tokenizer = load_from_source(f"tiny:{kind}", seed=3, kind="encoder" if kind == "roberta" else "lm")
-        saved[kind] = (tmp_path / f"own-{kind}", model.eval())  # (built in training mode: dropout)
-        model.save_pretrained(saved[kind][0])
-        tokenizer.save_pretrained(saved[kind][0])
+        models[kind] = model.eval()  # (built in training mode: dropout)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
     for name in SENTENCE_TRANSFORMERS_FILES:
-        (saved["roberta"][0] / name).parent.mkdir(parents=True, exist_ok=True)
-        (saved["roberta"][0] / name).write_text(json.dumps({"file": name}))
-    bart, llama, roberta = (str(saved[kind][0]) for kind in ("bart", "llama", "roberta"))
+        (own["roberta"] / name).parent.mkdir(parents=True, exist_ok=True)
+        (own["roberta"] / name).write_text(json.dumps({"file": name}))
+    bart, llama, roberta = (str(own[kind]) for kind in ("bart", "llama", "roberta"))
     config = ModelsConfig(generator=bart, scorer=bart, embedder=roberta, max_input_tokens=32, max_output_tokens=16)
     index = materialise(config, tmp_path / "pretrained", seed=0, roles=("generator", "scorer", "embedder"))
     assert index["specs"] == {"generator": bart, "scorer": bart, "embedder": roberta}
@@ -109,10 +110,10 @@ def test_a_local_model_directory_is_a_spec_of_its_own_kind(tmp_path):
     model, _ = load_from_source(llama)
     assert not model.config.is_encoder_decoder and type(model).__name__ == "LlamaForCausalLM"
     ids = torch.tensor([[5, 6, 7, 8]])
-    torch.testing.assert_close(model(input_ids=ids).logits, saved["llama"][1](input_ids=ids).logits, atol=0, rtol=0)
+    torch.testing.assert_close(model(input_ids=ids).logits, models["llama"](input_ids=ids).logits, atol=0, rtol=0)
     reloaded = load_model(generator)
     torch.testing.assert_close(reloaded(input_ids=ids, decoder_input_ids=ids).logits,
-                               saved["bart"][1](input_ids=ids, decoder_input_ids=ids).logits, atol=0, rtol=0)
+                               models["bart"](input_ids=ids, decoder_input_ids=ids).logits, atol=0, rtol=0)
 
 
 def test_generator_and_scorer_must_share_a_vocabulary(tmp_path):
