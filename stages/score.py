@@ -11,8 +11,10 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.metrics.counterfactual import METRICS
-from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, load_scoring_models, read_predictions, score_system, timed
+from storyrewrite.metrics.evaluate import (COHERENCE_INPUTS, load_scoring_models, read_predictions, score_system,
+                                          scoring_models, timed)
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
+from storyrewrite.models.store import role_spec
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
 
@@ -40,9 +42,11 @@ def main() -> None:
     print(f"scorer on {device} ({precision})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
           + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
     files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
+    models = scoring_models(role_spec(args.scorer, "scorer"), precision, evaluators)  # each score row's `scored_by`
     scored = 0
     for path in files:
-        rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size, evaluators, seconds)
+        rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size, evaluators, seconds,
+                                     models)
         write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
         artifacts.write(args.metrics_dir / f"{path.stem}.json", artifacts.SystemMetrics.model_validate(metrics))
         scored += len(rows)

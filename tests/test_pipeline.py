@@ -223,4 +223,9 @@ def test_paper_profile_code_path_with_tiny_bart(tmp_path):
     results = (tmp_path / "reports" / "results.md").read_text()
     assert "| EntScore | HMean |" in results and "The judge is the training scorer" not in results
     assert "wrote the endings" not in results  # the LLM row is tiny:bart's, the judge tiny:llama
-    assert "ents" in read_jsonl(tmp_path / "reports" / "scores" / "nll.jsonl")[0]
+    row = read_jsonl(tmp_path / "reports" / "scores" / "nll.jsonl")[0]
+    assert "ents" in row
+    # Each model column names its model, the LMs with the precision the stage record names.
+    dtype = json.loads((tmp_path / "reports" / "stages" / "score-nll.json").read_text())["dtype"]
+    assert row["scored_by"] == {"bartscore": f"tiny:bart ({dtype})", "cf_pmi": f"tiny:llama ({dtype})", "drift": "tiny:roberta",
+                                "ents": "tiny:roberta-nli"}

@@ -13,7 +13,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification, AutoToke
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics import coherence
-from storyrewrite.metrics.evaluate import Evaluators, score_system
+from storyrewrite.metrics.evaluate import Evaluators, score_system, scoring_models
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.sentence import SentenceEncoder
@@ -170,6 +170,24 @@ def test_score_system_adds_the_coherence_columns_and_their_corpus_values(tiny_ev
     assert "cf_pmi" not in metrics and "cf_pmi" not in rows[0]
     _, without_nli = score_system(predictions, STORIES, evaluators.judge, batch_size=2, evaluators=_evaluators(tiny_evaluators, nli=False))
     assert "ents" not in without_nli and "hmean" not in without_nli and "cf_pmi" in without_nli
+
+
+def test_each_row_names_the_model_behind_each_of_its_model_columns(tiny_evaluators):
+    """`scored_by`: {row field: model} for the columns computed with a model, the LMs with their
+    precision; the lexical columns name none; without `models` a row has no `scored_by`."""
+    evaluators = _evaluators(tiny_evaluators)
+    predictions = {row["id"]: ending for row, ending in zip(STORIES, ENDINGS, strict=True)}
+    models = scoring_models("my/scorer", "float32 (tf32 matmul)", evaluators)
+    assert models == {"scorer": "my/scorer (float32 (tf32 matmul))", "judge": "tiny:llama (float32 (tf32 matmul))",
+                      "embedder": "tiny:roberta", "nli": "tiny:roberta-nli"}
+    rows, _ = score_system(predictions, STORIES, evaluators.judge, batch_size=2, evaluators=evaluators, models=models)
+    assert all(row["scored_by"] == {"bartscore": models["scorer"], "cf_pmi": models["judge"], "drift": "tiny:roberta",
+                                    "ents": "tiny:roberta-nli"} for row in rows)
+    without_nli = _evaluators(tiny_evaluators, nli=False)
+    rows, _ = score_system(predictions, STORIES, without_nli.judge, batch_size=2, evaluators=without_nli,
+                           models=scoring_models("my/scorer", "bfloat16", without_nli))
+    assert rows[0]["scored_by"] == {"bartscore": "my/scorer (bfloat16)", "cf_pmi": "tiny:llama (bfloat16)", "drift": "tiny:roberta"}
+    assert "scored_by" not in score_system(predictions, STORIES, evaluators.judge, batch_size=2)[0][0]
 
 
 def test_the_bootstrap_tests_the_coherence_columns(tiny_evaluators):

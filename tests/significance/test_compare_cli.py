@@ -57,6 +57,18 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
     assert first[0].endswith("seed 0; the same prediction on 6 of 12 instances (ties)")
     _cli_p_values(capsys, tmp_path / "half.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50, first_line=first)
     assert first[1].endswith("seed 0")  # b.jsonl names none
+    # Rows whose BARTScore two different scorers gave: not tested, and said so; ROUGE-L, no
+    # model's, is tested; the same scorer in both files, or a file that names none: tested.
+    scored = [{**row, "rougeL": 40.0 + i} for i, row in enumerate(better)]
+    for name, data, scorer in (("x.jsonl", scored, "tiny:llama (float32)"), ("y.jsonl", rows, "other/lm (bfloat16)"),
+                               ("z.jsonl", rows, "tiny:llama (float32)")):
+        (tmp_path / name).write_text("".join(json.dumps({"rougeL": 40.0, **r, "scored_by": {"bartscore": scorer}}) + "\n" for r in data))
+    main([str(tmp_path / "x.jsonl"), str(tmp_path / "y.jsonl"), "--n-resamples", "50"])
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("|")[1].strip() for line in out[3:-1]] == ["rougeL/predictive"]
+    assert out[-1] == "not tested: bartscore/predictive: scored by tiny:llama (float32) in the first file, by other/lm (bfloat16) in the second"
+    assert set(_cli_p_values(capsys, tmp_path / "x.jsonl", tmp_path / "z.jsonl", "--n-resamples", 50)) == {"bartscore/predictive", "rougeL/predictive"}
+    assert set(_cli_p_values(capsys, tmp_path / "x.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50)) == {"bartscore/predictive"}
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + rows[:1] + [{**rows[0], "id": "t0:0"}]))
     (tmp_path / "torn.jsonl.gz").write_bytes(gzip.compress(b'{"id": 1}\n')[:-4])

@@ -10,7 +10,8 @@ Two tables, two families of columns, every one higher-is-better:
   corpus BLEU with mean EntScore), shown but not resampled.
 
 A per-instance scores row holds `<metric>` and `<metric>_original` for the overlap metrics and
-`cf_pmi`, `drift`, `ents` where they were computed.
+`cf_pmi`, `drift`, `ents` where they were computed (and, from the score stage, `scored_by`: the
+model behind each of those computed with one).
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def value(row: dict, column: str) -> float:
         metric, form = column.split("/")
         return instance_value(row, metric, form)
     return coherence_value(row, column)
+
+
+def source(column: str) -> str:
+    """The row field `column`'s values come from (a counterfactual form's `<metric>_original` too,
+    which the same model scores)."""
+    return column.split("/")[0] if "/" in column else "cf_pmi" if column == "cf_follow" else column
 
 
 def available(row: dict) -> list[str]:

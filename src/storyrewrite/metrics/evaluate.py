@@ -10,7 +10,9 @@ Corpus numbers: each overlap metric's own (BARTScore, ROUGE-L and BERTScore the 
 instances, SacreBLEU corpus BLEU); the coherence metrics' means over instances (cf_follow the
 share with cf_pmi > 0); HMean combines corpus BLEU with mean EntScore.
 Each per-instance row names the prediction it scores by a digest (`prediction_digest`), so that
-two systems' rows for the same text count as a tie (storyrewrite.significance.compare).
+two systems' rows for the same text count as a tie, and the models that scored its model columns
+(`scored_by`), so that columns scored by different models are never tested against each other
+(storyrewrite.significance.compare).
 """
 from __future__ import annotations
 
@@ -114,6 +116,27 @@ def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
     return predictions
 
 
+# The row fields each model scores (besides the overlap metrics', named by their `needs`): the
+# coherence metrics' models.
+COHERENCE_MODELS = {"cf_pmi": "judge", "drift": "embedder", "ents": "nli"}
+
+
+def scoring_models(scorer_spec: str, precision: str, evaluators: Evaluators | None) -> dict[str, str]:
+    """role -> what a score row's `scored_by` names for it: the model's spec, with its weights'
+    precision for the LMs that `score.dtype` sets (the scorer, the judge: `precision`, as the
+    stage record names it), BERTScore's with its layer and rescaling. A value in a model column is
+    a function of the instance, the prediction and this (up to the batch layout's rounding)."""
+    models = {"scorer": f"{scorer_spec} ({precision})"}
+    if evaluators is None:
+        return models
+    if evaluators.judge is not None:
+        models["judge"] = f"{evaluators.specs['judge']} ({precision})"
+    models |= {role: evaluators.specs[role] for role in ("embedder", "nli") if evaluators.specs.get(role) is not None}
+    if (bertscore := evaluators.bertscore) is not None:
+        models["bertscore"] = f"{bertscore.spec}, layer {bertscore.layer}" + (", rescaled" if bertscore.rescale else "")
+    return models
+
+
 def prediction_digest(text: str) -> str:
     """The first 12 hex digits of the SHA-256 of `text` (UTF-8): a score row's name for the
     prediction it scores, without the text (48 bits: two different predictions of one instance
@@ -133,10 +156,12 @@ def timed(seconds: dict[str, float] | None, name: str):
 
 
 def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMScorer, batch_size: int,
-                 evaluators: Evaluators | None = None, seconds: dict[str, float] | None = None) -> tuple[list[dict], dict]:
+                 evaluators: Evaluators | None = None, seconds: dict[str, float] | None = None,
+                 models: dict[str, str] | None = None) -> tuple[list[dict], dict]:
     """(per-instance rows, corpus metrics) for one system; the coherence metrics and BERTScore
     of the `evaluators` given (none without). `seconds`, if given, receives each metric's wall
-    time, added to what it holds (a stage scoring several systems sums them)."""
+    time, added to what it holds (a stage scoring several systems sums them). `models`
+    (scoring_models), if given: each row's `scored_by`, {row field: model} for its model columns."""
     outputs = [predictions[row["id"]] for row in instances]
     references = {"edited": [row["target"] for row in instances]}
     if all("original_ending" in row for row in instances):
@@ -180,6 +205,11 @@ def score_system(predictions: dict[str, str], instances: list[dict], scorer: LMS
         bleu = (None if evaluators.nli is None else corpus["edited"]["sacrebleu"] if "sacrebleu" in corpus["edited"]
                 else lexical.corpus_bleu(outputs, references["edited"]))
         metrics |= score_coherence(outputs, instances, rows, evaluators, bleu, batch_size, seconds)
+    if models is not None and rows:
+        roles = {metric.name: metric.needs for metric in computed if metric.needs} | COHERENCE_MODELS
+        scored_by = {field: models[role] for field, role in roles.items() if field in rows[0] and role in models}
+        for row in rows:
+            row["scored_by"] = scored_by
     return rows, metrics
 
 

@@ -8,7 +8,8 @@ Any two systems' score files (a run's `reports/scores/<system>.jsonl`, a collect
         reports/gpu/scores/RUN/nll.jsonl.gz [--n-resamples 10000] [--seed 0]
 
 With the run's `significance.n_resamples` and `seed` (the collected folder's params/<run>.yaml),
-the p-values against NLL are those of its significance.json.
+the p-values against NLL are those of its significance.json. A column the two files' rows name
+different models for (`scored_by`: another scorer, judge or precision) is not tested, and said so.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.markdown import table
-from storyrewrite.metrics.columns import available, value
+from storyrewrite.metrics.columns import available, source, value
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
 
@@ -56,6 +57,15 @@ def same_predictions(rows: list[dict], base_rows: list[dict]) -> np.ndarray:
                      for row in base_rows], dtype=bool)
 
 
+def scored_apart(rows: list[dict], base_rows: list[dict]) -> dict[str, tuple[str, str]]:
+    """{row field: (its model in `rows`, in `base_rows`)} for the model columns the two score
+    files' rows name different models for (`scored_by`, storyrewrite.metrics.evaluate; the same in
+    every row of a file, so the first rows are read). A file without it (written before it) names
+    none: its columns are tested as they are."""
+    first, second = rows[0].get("scored_by") or {}, base_rows[0].get("scored_by") or {}
+    return {field: (first[field], second[field]) for field in sorted(first.keys() & second.keys()) if first[field] != second[field]}
+
+
 def different_instances(test: Pair) -> str:
     """The error for a test whose two score files do not hold one row for each of the same instances."""
     ids, base_ids = [row["id"] for row in test.rows], [row["id"] for row in test.base_rows]
@@ -71,7 +81,9 @@ UNITS = ("instance", "story")  # what a bootstrap resamples: single instances, o
 
 def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, units: tuple[str, ...] = UNITS) -> dict[str, dict]:
     """{unit: {key: {column: p-value}}} of each test (H1: its system scores higher than its
-    baseline), resampling each of `units`, on the columns both score files have; an instance whose
+    baseline), resampling each of `units`, on the columns both score files have, less those their
+    rows name different models for (scored_apart: another model's values are on another scale, and
+    a difference between them says nothing of the systems); an instance whose
     rows name the same prediction is a tie in every column, and other differences below TIE are
     ties too. Tests whose baselines list the same instances in the same order share one
     bootstrap per unit: the resamples depend on the seed and the units alone (resample_means),
@@ -92,7 +104,8 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
         position = {row["id"]: i for i, row in enumerate(test.rows)}
         if len(position) != len(test.rows) or sorted(position) != sorted(order):
             raise InputError(different_instances(test))
-        tested = [c for c in available(test.base_rows[0]) if c in available(test.rows[0])]
+        apart = scored_apart(test.rows, test.base_rows)
+        tested = [c for c in available(test.base_rows[0]) if c in available(test.rows[0]) and source(c) not in apart]
         index = np.array([position[i] for i in order], dtype=np.int64)  # the system's rows in the baseline's order
         system = np.stack([values(test.rows, c)[index] for c in tested], axis=1) if tested else None
         base = np.stack([values(test.base_rows, c) for c in tested], axis=1) if tested else None
@@ -160,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
           f"{args.n_resamples} resamples, seed {args.seed}{shared}")
     print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
+    for field, models in scored_apart(system, against).items():  # columns on different models' scales
+        columns = [c for c in available(against[0]) if c in available(system[0]) and source(c) == field]
+        print(f"not tested: {', '.join(columns)}: scored by {models[0]} in the first file, by {models[1]} in the second")
 
 
 if __name__ == "__main__":
