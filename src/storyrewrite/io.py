@@ -192,7 +192,5 @@ def run_cli(main) -> None:
         raise SystemExit(2) from None
     except BrokenPipeError:
         # Python flushes stdout again at exit, which would raise once more: /dev/null takes it.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(1) from None
