@@ -13,7 +13,7 @@ import yaml
 
 from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
-from storyrewrite.report.collect import Entry, kept_original, load_runs, systems_without_a_run, write_bundle
+from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, systems_without_a_run, write_bundle
 from storyrewrite.params import ScoreConfig
 from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
@@ -566,6 +566,33 @@ def test_a_head_to_head_names_what_its_two_runs_do_not_share(tmp_path):
     assert "the same NLL model to start from, steps, batch size and training seeds except where the row says otherwise." in results
     significance = json.loads((tmp_path / "out" / "significance.json").read_text())
     assert significance["RLOO-Score"]["head_to_head"]["differs"] == ["NLL model", "steps"]
+
+
+def test_a_column_two_runs_scored_with_different_models_is_not_tested_head_to_head(tmp_path):
+    """RLOO scored with another scorer than the DTO run it is set against (`scored_by`): its
+    BARTScore columns are n/a in the head-to-head, and the note says why; ROUGE-L, no model's, is
+    tested; against the NLL model of its own run, scored alike, every column is."""
+    def scored_by(files: dict, scorer: str) -> dict:
+        for path in [p for p in files if p.endswith(".jsonl")]:
+            rows = [{**json.loads(line), "scored_by": {"bartscore": scorer}} for line in files[path].decode().splitlines()]
+            files[path] = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        return files
+
+    root, other = tmp_path / "runs", tmp_path / "runs.1"
+    for name, objective, val_nll, shift, bart, settings, label in RUNS:
+        gather_run(DictFS(scored_by(_files(name, objective, val_nll, shift, bart, settings, label), "my/lm (float32)")),
+                   {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, root)
+    files = _files("rloo-s", "rloo", 1.47, 0.6, -1.6, {"reward": "score"}, "RLOO-Score", counterpart="DTO-Score")
+    gather_run(DictFS(scored_by(files, "other/lm (bfloat16)")), {"name": "rloo-s", "rev": "f" * 40, "base": "abcdef1234"}, other)
+    write_bundle(load_runs([root, other]), tmp_path / "out", "two scorers")
+    results = (tmp_path / "out" / "results.md").read_text()
+    duel = next(line for line in results.splitlines() if line.startswith("| RLOO-Score | DTO-Score"))
+    cells = [cell.strip() for cell in duel.strip("|").split("|")][2:]
+    assert cells[0] == "n/a" and cells[1].startswith("0.0000 / 1.0000")  # BARTScore (M); ROUGE-L (M): +6 on every instance
+    assert NOT_TESTED in results
+    significance = json.loads((tmp_path / "out" / "significance.json").read_text())
+    assert "bartscore/predictive" in significance["RLOO-Score"]["instance"]
+    assert "bartscore/predictive" not in significance["RLOO-Score"]["head_to_head"]["instance"]["better"]
 
 
 def test_a_head_to_head_sets_the_system_against_the_counterparts_run_of_its_own_seeds(tmp_path):

@@ -274,6 +274,11 @@ def head_to_head(entries: list[Entry], reference: Run, runs: list[Run]) -> dict[
     return found
 
 
+# Said under a table of p-values with an n/a cell (significance.compare.compare_tests leaves such a column out).
+NOT_TESTED = ("n/a: not tested, as the two score files do not both hold the column, or name different models for it "
+              "(`scored_by`: another scorer, judge or precision).")
+
+
 def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: float) -> list[str]:
     """The head-to-head section (empty where no system has a counterpart among the runs)."""
     if not duels:
@@ -296,7 +301,8 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
     return ["## Against the DTO objective of the same reward", table(["System", "against", *(column_label(c) for c in tested)], rows),
             f"Each cell: p (H1: the system scores higher than the one it is set against) / p (H1: it scores lower), "
             f"one-tailed paired bootstraps over instances (over stories: significance.json); (better) or (worse) where "
-            f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}.{named}"]
+            f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}.{named}"
+            + (f" {NOT_TESTED}" if any("n/a" in row for row in rows) else "")]
 
 
 def kept_original(entries: list[Entry]) -> list[str]:
@@ -498,7 +504,8 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: 
         f"Of several runs of an objective the one with the lowest validation NLL at its best checkpoint is shown; "
         f"\\* p < {alpha}, one-tailed paired bootstrap over instances against the NLL model of the same run.",
         "## p-values against NLL (instances / stories)", table(["System", *(column_label(c) for c in tested)], p_rows),
-        "One-tailed (H1: the system scores higher than NLL); resampling instances / resampling whole stories.",
+        "One-tailed (H1: the system scores higher than NLL); resampling instances / resampling whole stories."
+        + (f" {NOT_TESTED}" if any("n/a" in cell for row in p_rows for cell in row) else ""),
         *head_to_head_markdown(duels or {}, columns, alpha),
     ]) + "\n"
 
