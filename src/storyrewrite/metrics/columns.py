@@ -44,9 +44,8 @@ def source(column: str) -> str:
 
 def available(row: dict) -> list[str]:
     """The tested columns a per-instance scores row supports, in table order."""
-    overlap = [c for c in OVERLAP if (metric := c.split("/")[0]) in row and (c.endswith("/predictive") or f"{metric}_original" in row)]
-    source = {"cf_follow": "cf_pmi"}
-    return overlap + [c for c in COHERENCE if source.get(c, c) in row]
+    overlap = [c for c in OVERLAP if (metric := source(c)) in row and (c.endswith("/predictive") or f"{metric}_original" in row)]
+    return overlap + [c for c in COHERENCE if source(c) in row]
 
 
 def keeps_original(rows: list[dict]) -> float | None:

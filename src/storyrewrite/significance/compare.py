@@ -66,6 +66,11 @@ def scored_apart(rows: list[dict], base_rows: list[dict]) -> dict[str, tuple[str
     return {field: (first[field], second[field]) for field in sorted(first.keys() & second.keys()) if first[field] != second[field]}
 
 
+def common_columns(rows: list[dict], base_rows: list[dict]) -> list[str]:
+    """The tested columns both score files' rows hold, in table order."""
+    return [c for c in available(base_rows[0]) if c in available(rows[0])]
+
+
 def different_instances(test: Pair) -> str:
     """The error for a test whose two score files do not hold one row for each of the same instances."""
     ids, base_ids = [row["id"] for row in test.rows], [row["id"] for row in test.base_rows]
@@ -105,7 +110,7 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
         if len(position) != len(test.rows) or sorted(position) != sorted(order):
             raise InputError(different_instances(test))
         apart = scored_apart(test.rows, test.base_rows)
-        tested = [c for c in available(test.base_rows[0]) if c in available(test.rows[0]) and source(c) not in apart]
+        tested = [c for c in common_columns(test.rows, test.base_rows) if source(c) not in apart]
         index = np.array([position[i] for i in order], dtype=np.int64)  # the system's rows in the baseline's order
         system = np.stack([values(test.rows, c)[index] for c in tested], axis=1) if tested else None
         base = np.stack([values(test.base_rows, c) for c in tested], axis=1) if tested else None
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.n_resamples} resamples, seed {args.seed}{shared}")
     print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
     for field, models in scored_apart(system, against).items():  # columns on different models' scales
-        columns = [c for c in available(against[0]) if c in available(system[0]) and source(c) == field]
+        columns = [c for c in common_columns(system, against) if source(c) == field]
         print(f"not tested: {', '.join(columns)}: scored by {models[0]} in the first file, by {models[1]} in the second")
 
 
