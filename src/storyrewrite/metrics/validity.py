@@ -21,7 +21,7 @@ from pathlib import Path
 
 from storyrewrite.io import InputError, read_jsonl
 from storyrewrite.metrics import coherence
-from storyrewrite.metrics.evaluate import timed
+from storyrewrite.metrics.evaluate import COHERENCE_MODELS, timed
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.metrics.registry import OVERLAP_METRICS, Scoring
 
@@ -112,7 +112,8 @@ def gold_and_copy(instances: list[dict], evaluators, scorer: LMScorer | None = N
             record(metric.name, gold_values, [max(copy_scores[COPY][j][metric.name] for j in others[i]) for i in kept], kept)
         else:
             measure(metric.name, lambda rows, ends, metric=metric: metric.best_values(ends, refs, scoring), rows, endings, kept)
-    models = {"cf_pmi": ("judge", evaluators.judge), "drift": ("embedder", evaluators.encoder), "ents": ("nli", evaluators.nli),
+    loaded = {"judge": evaluators.judge, "embedder": evaluators.encoder, "nli": evaluators.nli}
+    models = {**{field: (role, loaded[role]) for field, role in COHERENCE_MODELS.items()},
               **{metric.name: (metric.needs, getattr(scoring, metric.needs)) for metric in OVERLAP_METRICS.values() if metric.needs}}
     not_measured = {name: "no LM scorer was given" if role == "scorer" else f"`models.{role}` is null"
                     for name, (role, model) in models.items() if model is None}
