@@ -86,7 +86,36 @@ def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
     (tmp_path / "bad.yaml").write_text("cpo:\n  beta: -2\n")
     result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "check", str(tmp_path / "bad.yaml")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and result.stderr.strip() == "error: params: `cpo.beta` = -2: Input should be greater than 0"
+    assert result.returncode == 2 and result.stderr.strip() == f"error: {tmp_path / 'bad.yaml'}:2: `cpo.beta` = -2: Input should be greater than 0"
+
+
+def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys):
+    lines = (ROOT / "params.yaml").read_text().splitlines()
+    beta = next(number for number, line in enumerate(lines, 1) if line.strip().startswith("beta:"))
+    assert lines[beta - 2].startswith("cpo:")  # the beta of the cpo section, found by reading the file
+    own = tmp_path / "params.yaml"
+    own.write_text("\n".join(lines[:beta - 1] + ["  beta: -2"] + lines[beta:]) + "\n")
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("cpo:\n  beta: -3\nllm:\n  modes: [rag, 3]\n")
+    second.write_text("# the later profile wins\n\ncpo:\n  lambda: 1.0\n  beta: -4\n")
+
+    def errors(*argv: str) -> list[str]:
+        with pytest.raises(SystemExit) as stop:
+            main(["check", *argv])
+        assert stop.value.code == 2
+        return capsys.readouterr().err.splitlines()
+
+    greater = "Input should be greater than 0"
+    # params.yaml's own line; profiles after --params too.
+    assert errors("--params", str(own)) == [f"error: {own}:{beta}: `cpo.beta` = -2: {greater}"]
+    # The last layer that sets the key, and a list item's own line.
+    assert errors("--params", str(own), str(first), str(second)) == [
+        f"error: {second}:5: `cpo.beta` = -4: {greater}", f"error: {first}:4: `llm.modes[1]` = 3: Input should be a valid string"]
+    # An override sets it: the override names it, not a file.
+    assert errors(str(first), "-S", "cpo.beta=-5", "-S", "llm.modes=[rag,3]")[0] == f"error: params: `cpo.beta` = -5: {greater}"
+    # A key params.yaml lacks: the profile's line that writes it.
+    second.write_text("cpo:\n  beta: 1.0\n  betta: 2\n")
+    assert errors(str(second))[0].startswith(f"error: {second}:3: unknown key `cpo.betta`; valid keys in `cpo`: ")
 
 
 def test_check_all_reports_every_invalid_section_a_line_each():
@@ -144,13 +173,13 @@ def test_a_profile_may_not_invent_keys(tmp_path):
     with pytest.raises(InputError, match=r"^profile: unknown key `train\.lr_schedule`; valid keys in `train`: "
                                          + ", ".join(base["train"]) + "$"):
         overlay(base, {"train": {"lr_schedule": "cosine"}})
-    # The command names the profile's file, and the top-level keys for a section that does not exist.
+    # The command names the profile's file and line, and the top-level keys for a section that does not exist.
     profile = tmp_path / "mine.yaml"
     profile.write_text("trian:\n  lr: 0.1\n")
     result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "check", "params/gpu.yaml", str(profile)],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {profile}: unknown key `trian`; valid keys: {', '.join(base)}"
+    assert result.stderr.strip() == f"error: {profile}:1: unknown key `trian`; valid keys: {', '.join(base)}"
 
 
 def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_of_a_sweep(capsys):

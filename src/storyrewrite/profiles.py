@@ -35,6 +35,51 @@ def check_registered_names(params: Params) -> list[str]:
     return errors
 
 
+# A schema error's key, as storyrewrite.params.build and check_registered_names write it.
+ERROR_KEY = re.compile(r"^params: (?:unknown key |missing key )?`([^`]+)`")
+
+
+def line_setting(path: Path, key: str) -> int | None:
+    """The line of the YAML file `path` that sets `key` (dotted, `llm.modes[1]`), or None where
+    the file leaves it to an earlier layer. A file that replaces a list or a scalar above `key`
+    sets it too: a profile's list replaces the list, item by item."""
+    node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    line = None
+    for part in re.findall(r"[^.\[\]]+", key):
+        if isinstance(node, yaml.MappingNode):
+            found = next(((name, value) for name, value in node.value if name.value == part), None)
+            if found is None:
+                return None
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def locate(error: str, layers: list[Path], overrides: list[str]) -> str:
+    """`error` with its leading `params:` replaced by the file and line that set its key: the
+    last of `layers` (params.yaml, then the profiles) that sets it. Left as it is where an
+    override (`-S`, which the experiment's label names) or no file sets the key, or where a layer
+    cannot be read again (`--params /dev/stdin`)."""
+    match = ERROR_KEY.match(error)
+    if match is None:
+        return error
+    key = match.group(1)
+    for override in overrides:
+        name = re.match(r"[+~]*([^=]*)", override).group(1)
+        if any(long == short or long.startswith((short + ".", short + "[")) for long, short in ((key, name), (name, key))):
+            return error
+    for layer in reversed(layers):
+        if not layer.is_file():
+            return error
+        if line := line_setting(layer, key):
+            return f"{layer}:{line}: {error.removeprefix('params: ')}"
+    return error
+
+
 def spell(value: Any) -> str:
     """How `dvc exp run -S` takes `value` (YAML's flow style: null, 1.0e-05, bf16-mixed), a list
     without spaces ([zero_shot,rag]), so that a flag stays one word of the shell's."""
@@ -58,13 +103,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--key", help="get: the dotted key to print (llm.modes, say)")
     parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override as `dvc exp run -S` takes it (repeatable; a sweep checks each experiment)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # profiles after --params too
 
     def run() -> None:
         merged, changes = load_yaml(args.params), {}
         for profile in args.profiles:
             layer = load_yaml(profile)
-            merged, changes = overlay(merged, layer, source=str(profile)), overlay(changes, layer, strict=False)
+            try:
+                merged = overlay(merged, layer, source=str(profile))
+            except InputError as error:  # a key params.yaml lacks: the profile's line that writes it
+                key = re.search(r"`([^`]+)`", str(error)).group(1)
+                line = line_setting(profile, key) if profile.is_file() else None
+                raise InputError(str(error).replace(f"{profile}:", f"{profile}:{line}:", 1) if line else str(error)) from None
+            changes = overlay(changes, layer, strict=False)
         source = " + ".join(map(str, [args.params, *args.profiles]))
         experiments = with_overrides(merged, args.overrides)
         errors = []
@@ -74,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                 found = params.errors() or check_registered_names(params)
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
                 found = [str(error)]
+            found = [locate(line, [args.params, *args.profiles], args.overrides) for line in found]
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
