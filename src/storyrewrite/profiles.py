@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
                 line = line_setting(profile, key) if profile.is_file() else None
                 raise InputError(str(error).replace(f"{profile}:", f"{profile}:{line}:", 1) if line else str(error)) from None
             changes = overlay(changes, layer, strict=False)
-        source = " + ".join(map(str, [args.params, *args.profiles]))
+        layers = [args.params, *args.profiles]
+        source = " + ".join(map(str, layers))
         experiments = with_overrides(merged, args.overrides)
         errors = []
         for label, raw in experiments:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                 found = params.errors() or check_registered_names(params)
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
                 found = [str(error)]
-            found = [locate(line, [args.params, *args.profiles], args.overrides) for line in found]
+            found = [locate(line, layers, args.overrides) for line in found]
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
