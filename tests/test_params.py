@@ -113,6 +113,9 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
         f"error: {second}:5: `cpo.beta` = -4: {greater}", f"error: {first}:4: `llm.modes[1]` = 3: Input should be a valid string"]
     # An override sets it: the override names it, not a file.
     assert errors(str(first), "-S", "cpo.beta=-5", "-S", "llm.modes=[rag,3]")[0] == f"error: params: `cpo.beta` = -5: {greater}"
+    # ... however DVC takes it: with the file's name, or as Hydra's forced add.
+    assert errors(str(first), "-S", "params.yaml:cpo.beta=-6")[0] == f"error: params: `cpo.beta` = -6: {greater}"
+    assert errors(str(first), "-S", "++cpo.beta=-7")[0] == f"error: params: `cpo.beta` = -7: {greater}"
     # A key params.yaml lacks: the profile's line that writes it.
     second.write_text("cpo:\n  beta: 1.0\n  betta: 2\n")
     assert errors(str(second))[0].startswith(f"error: {second}:3: unknown key `cpo.betta`; valid keys in `cpo`: ")

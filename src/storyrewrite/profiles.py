@@ -59,17 +59,27 @@ def line_setting(path: Path, key: str) -> int | None:
     return line
 
 
-def locate(error: str, layers: list[Path], overrides: list[str]) -> str:
+def override_keys(overrides: list[str]) -> list[str]:
+    """The dotted keys that `-S` overrides set (`cpo.beta` of `params.yaml:++cpo.beta=2`), parsed
+    by DVC's own functions as storyrewrite.params.with_overrides parses them."""
+    if not overrides:
+        return []
+    from dvc.utils.cli_parse import to_path_overrides
+    from dvc.utils.hydra import to_hydra_overrides
+
+    return [override.key_or_group for override in to_hydra_overrides(to_path_overrides(overrides).get("params.yaml", []))]
+
+
+def locate(error: str, layers: list[Path], overridden: list[str]) -> str:
     """`error` with its leading `params:` replaced by the file and line that set its key: the
     last of `layers` (params.yaml, then the profiles) that sets it. Left as it is where an
-    override (`-S`, which the experiment's label names) or no file sets the key, or where a layer
-    cannot be read again (`--params /dev/stdin`)."""
+    override sets the key (`overridden`: override_keys; the experiment's label names it) or no
+    file does, or where a layer cannot be read again (`--params /dev/stdin`)."""
     match = ERROR_KEY.match(error)
     if match is None:
         return error
     key = match.group(1)
-    for override in overrides:
-        name = re.match(r"[+~]*([^=]*)", override).group(1)
+    for name in overridden:
         if any(long == short or long.startswith((short + ".", short + "[")) for long, short in ((key, name), (name, key))):
             return error
     for layer in reversed(layers):
@@ -119,14 +129,14 @@ def main(argv: list[str] | None = None) -> None:
         layers = [args.params, *args.profiles]
         source = " + ".join(map(str, layers))
         experiments = with_overrides(merged, args.overrides)
-        errors = []
+        overridden, errors = override_keys(args.overrides), []
         for label, raw in experiments:
             try:
                 params = Params(raw, f"{source} {label}".strip())
                 found = params.errors() or check_registered_names(params)
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
                 found = [str(error)]
-            found = [locate(line, layers, args.overrides) for line in found]
+            found = [locate(line, layers, overridden) for line in found]
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
