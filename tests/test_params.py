@@ -5,6 +5,8 @@ import pytest
 import yaml
 
 from storyrewrite.io import InputError
+from storyrewrite.llm.modes import MODES
+from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides
 from storyrewrite.profiles import main
 
@@ -119,6 +121,24 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
     # A key params.yaml lacks: the profile's line that writes it.
     second.write_text("cpo:\n  beta: 1.0\n  betta: 2\n")
     assert errors(str(second))[0].startswith(f"error: {second}:3: unknown key `cpo.betta`; valid keys in `cpo`: ")
+
+
+def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
+    # One check names every error: the names the registries look up too, where another section fails.
+    def errors(*overrides: str) -> list[str]:
+        with pytest.raises(SystemExit) as stop:
+            main(["check", *(word for override in overrides for word in ("-S", override))])
+        assert stop.value.code == 2
+        return capsys.readouterr().err.splitlines()
+
+    objective = f"error: params: `objective` = 'dto' is not valid; valid values: {', '.join(OBJECTIVES)}"
+    assert errors("cpo.beta=-1", "objective=dto", "llm.modes=[rag,zero]") == [
+        "error: params: `cpo.beta` = -1: Input should be greater than 0", objective,
+        f"error: params: `llm.modes` has 'zero'; valid values: {', '.join(MODES)}"]
+    # A section that does not validate is named once, and the look-ups that read it left out.
+    assert errors("llm.modes=rag", "objective=dto") == ["error: params: `llm.modes` = 'rag': Input should be a valid list", objective]
+    assert errors("task=arts", "objective=dto") == [
+        "error: params: `task` = 'arts': Input should be 'timetravel', 'timetravel_ablated' or 'art'"]
 
 
 def test_check_all_reports_every_invalid_section_a_line_each():

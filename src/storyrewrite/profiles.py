@@ -24,10 +24,21 @@ from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrid
 
 def check_registered_names(params: Params) -> list[str]:
     """The errors in the names a stage looks up in a registry: `objective` (for the task) and
-    `llm.modes`."""
+    `llm.modes`. A look-up whose sections do not validate is left out: Params.errors names them,
+    and the other look-ups still run, so that one check names every error."""
+    def built(*names: str) -> list[Any] | None:
+        try:
+            return [params.section(name) for name in names]
+        except InputError:
+            return None
+
+    look_ups = []
+    if (sections := built("objective", "task")) is not None:
+        look_ups.append(lambda: get_objective(*sections))
+    if (llm := built("llm")) is not None:
+        look_ups += [lambda name=name: get_mode(name) for name in llm[0].modes]
     errors = []
-    for look_up in (lambda: get_objective(params.objective, params.task),
-                    *(lambda name=name: get_mode(name) for name in params.llm.modes)):
+    for look_up in look_ups:
         try:
             look_up()
         except InputError as error:
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, raw in experiments:
             try:
                 params = Params(raw, f"{source} {label}".strip())
-                found = params.errors() or check_registered_names(params)
+                found = params.errors() + check_registered_names(params)
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
                 found = [str(error)]
             found = [locate(line, layers, overridden) for line in found]
