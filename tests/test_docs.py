@@ -86,6 +86,23 @@ def test_the_readme_is_short_and_links_pages_that_exist():
             assert (ROOT / target).exists(), target
 
 
+def test_the_params_comments_name_pages_and_files_that_exist():
+    # A comment in params.yaml or a profile that points the reader somewhere points to what is there.
+    for path in [ROOT / "params.yaml", *sorted((ROOT / "params").glob("*.yaml"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            comment = line.partition("#")[2]
+            assert "README's" not in comment, f"{path.name}:{number}: name the page, not a README section"
+            for target in re.findall(r"\b((?:docs|bench|scripts|reports)/[\w./*-]*\w)", comment):
+                assert list(ROOT.glob(target)), f"{path.name}:{number}: {target} does not exist"
+
+
+def test_a_generated_table_escapes_a_pipe_once():
+    # `a | b` in a cell is written `a \| b`; escaped twice, a renderer other than GitHub's shows the backslash.
+    for page in docs.pages():
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            assert "\\\\|" not in line, f"{page.relative_to(ROOT)}:{number}: a pipe escaped twice"
+
+
 def _commands(block: str) -> list[str]:
     """The commands of a shell block: comments dropped, continued lines joined."""
     joined = block.replace("\\\n", " ")

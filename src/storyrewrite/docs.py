@@ -84,7 +84,7 @@ def _type_name(annotation: Any) -> str:
     if origin is typing.Annotated:
         return _type_name(args[0])
     if origin is typing.Literal:
-        return r" \| ".join(str(a) for a in args)
+        return " | ".join(str(a) for a in args)  # escaped for the table by _cell, as every cell
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
     if origin in (list, dict):
