@@ -1,5 +1,6 @@
 import functools
 import json
+import logging
 import math
 import os
 import subprocess
@@ -17,7 +18,7 @@ from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
-from storyrewrite.training.run import assemble, bf16_emulation_warning, fit
+from storyrewrite.training.run import NoCloudTips, assemble, bf16_emulation_warning, fit
 
 from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
 
@@ -542,3 +543,35 @@ def test_validation_batches_hold_val_batch_size_instances(tiny_model_dirs, small
         assert len(data.val_rows) == 6 and len(next(iter(data.train_dataloader()))["ids"]) == 2
         sizes[val_batch_size] = [len(batch["ids"]) for batch in data.val_dataloader()]
     assert sizes == {None: [2, 2, 2], 4: [4, 2]}
+
+
+
+def test_the_trainer_prints_no_cloud_advert():
+    # Lightning logs a tip for its cloud logger at every Trainer; the training code drops it, and
+    # Lightning's other lines stay. Without the filter the tip is there: a Lightning that stops
+    # logging it fails this test, and the filter can go.
+    import lightning as L
+
+    source = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    ours = [f for f in source.filters if isinstance(f, NoCloudTips)]
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("lightning.pytorch").addHandler(handler)
+
+    def trainer_lines() -> list[str]:
+        messages.clear()
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+        return list(messages)
+
+    try:
+        filtered = trainer_lines()
+        for f in ours:
+            source.removeFilter(f)
+        bare = trainer_lines()
+    finally:
+        logging.getLogger("lightning.pytorch").removeHandler(handler)
+        for f in ours:
+            source.addFilter(f)
+    assert ours and any(line.startswith("💡 Tip: For seamless cloud logging") for line in bare)
+    assert not any("Tip:" in line for line in filtered) and any(line.startswith("GPU available") for line in filtered)

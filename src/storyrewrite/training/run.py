@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import time
 import warnings
@@ -50,6 +51,20 @@ warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` i
 # The model summary counts sizes at 32 bits under bf16-mixed (Lightning 2.6) and says so at every
 # bf16 run, the GPU profile's included: a note on its own estimate, nothing about training.
 warnings.filterwarnings("ignore", message="Precision .* is not supported by the model summary")
+
+
+class NoCloudTips(logging.Filter):
+    """Lightning 2.6 logs a tip at every Trainer that advertises its cloud logger and model
+    registry, and has no setting that turns it off (Lightning-AI/pytorch-lightning#21294): a
+    line a user of an offline pipeline cannot act on. Records of the loggers Lightning's
+    rank-zero messages go through, whatever order the packages were imported in."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    logging.getLogger(_name).addFilter(NoCloudTips())
 
 
 @dataclass(frozen=True)
