@@ -1,9 +1,12 @@
 import subprocess
 import sys
 
+import pytest
 import yaml
 
-from storyrewrite.params import load_yaml
+from storyrewrite.io import InputError, run_stage
+from storyrewrite.objectives.registry import OBJECTIVES, get_objective
+from storyrewrite.params import Params, load_yaml
 
 from helpers import ROOT
 
@@ -14,7 +17,38 @@ def test_a_stage_reports_bad_params_in_one_line_and_exits_2(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "prepare.py"), "--raw", "raw", "--out", "out",
                              "--counts", "counts.json"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # Named by its line of the stage's params.yaml, found here by reading the file.
+    lines = (tmp_path / "params.yaml").read_text().splitlines()
+    section = lines.index("data:")
+    line = next(number for number, text in enumerate(lines[section:], section + 1) if text.strip().startswith("max_train:"))
     assert result.returncode == 2
-    assert result.stderr.strip() == ("error: params: `data.max_train` = 'many': Input should be a valid integer, unable to parse "
-                                     "string as an integer")
+    assert result.stderr.strip() == (f"error: params.yaml:{line}: `data.max_train` = 'many': Input should be a valid integer, "
+                                     "unable to parse string as an integer")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stage_names_the_line_of_a_value_it_refuses_after_reading_it(tmp_path, monkeypatch, capsys):
+    # A value the section's schema takes and the stage then refuses (a registry's name), by its
+    # line of the stage's params.yaml; an error naming a key the file does not set, or none, as it is.
+    params = load_yaml(ROOT / "params.yaml")
+    params["objective"] = "dto"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    line = next(number for number, text in enumerate((tmp_path / "params.yaml").read_text().splitlines(), 1)
+                if text.startswith("objective:"))
+    monkeypatch.chdir(tmp_path)
+
+    def stderr_of(main) -> str:
+        with pytest.raises(SystemExit) as stop:
+            run_stage(main)
+        assert stop.value.code == 2
+        return capsys.readouterr().err.strip()
+
+    assert stderr_of(lambda: get_objective(Params.load().objective, "timetravel")) == (
+        f"error: params.yaml:{line}: `objective` = 'dto' is not valid; valid values: {', '.join(OBJECTIVES)}")
+    unset = "params: `llm.fixed_example_id.nowhere` = 'x' is not a training instance id"
+
+    def refuse(message: str, key: str | None) -> None:
+        raise InputError(message, key=key)
+
+    assert stderr_of(lambda: refuse(unset, "llm.fixed_example_id.nowhere")) == f"error: {unset}"
+    assert stderr_of(lambda: refuse("data/x.jsonl:3: malformed JSON", None)) == "error: data/x.jsonl:3: malformed JSON"

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from storyrewrite.errors import InputError  # re-exported: every stage imports it from here
+from storyrewrite.errors import InputError, locate  # InputError re-exported: every stage imports it from here
 
 # The process's umask, read once (reading it means setting it): mkstemp makes its files 0600,
 # and an output should get the mode `open` would have given it (others may read reports/).
@@ -160,14 +160,25 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
 
 def run_stage(main) -> None:
     """Run a stage's `main` with its share of the machine (storyrewrite.parallel), said in one
-    line where it shares it with other workers, then as `run_cli` does."""
+    line where it shares it with other workers, then as `run_cli` does. A bad value of params.yaml
+    (the stage's, in its working directory) is named by its line there: `params.yaml:57: ...`."""
     import sys
 
     from storyrewrite.parallel import share_machine
 
+    def located() -> None:
+        try:
+            main()
+        except InputError as error:
+            try:
+                found = locate(error, [Path("params.yaml")])
+            except Exception:  # noqa: BLE001 - the error as it is, rather than one of reading the file again
+                raise error from None
+            raise found from None
+
     if (threads := share_machine()) is not None:
         print(f"{threads} CPU thread(s): this machine's share of one of several concurrent workers", file=sys.stderr)
-    run_cli(main)
+    run_cli(located)
 
 
 def run_cli(main) -> None:

@@ -245,11 +245,11 @@ def build(kind: Any, value: Any, key: str) -> Any:
         loc = tuple(part for part in first["loc"] if not str(part).startswith(("function-", "literal[")))
         where = key + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
         if first["type"] == "extra_forbidden":
-            raise InputError(f"params: unknown key `{where}`; valid keys: {', '.join(_valid_keys(kind, loc))}") from None
+            raise InputError(f"params: unknown key `{where}`; valid keys: {', '.join(_valid_keys(kind, loc))}", key=where) from None
         if first["type"] == "missing":
-            raise InputError(f"params: missing key `{where}`") from None
+            raise InputError(f"params: missing key `{where}`", key=where) from None
         allowed = "valid values: auto, cpu, cuda, cuda:N" if first["type"] == "string_pattern_mismatch" else first["msg"]
-        raise InputError(f"params: `{where}` = {first['input']!r}: {allowed.removeprefix('Value error, ')}") from None
+        raise InputError(f"params: `{where}` = {first['input']!r}: {allowed.removeprefix('Value error, ')}", key=where) from None
 
 
 class Params:
@@ -274,7 +274,7 @@ class Params:
             raise InputError(f"params: no section `{name}`; valid: {', '.join(SECTIONS)}")
         if name not in self.built:
             if name not in self.raw:
-                raise InputError(f"params: missing key `{name}` in {self.source}")
+                raise InputError(f"params: missing key `{name}` in {self.source}", key=name)
             self.built[name] = build(SECTIONS[name], self.raw[name], name)
         return self.built[name]
 
@@ -283,22 +283,22 @@ class Params:
             return self.section(name)
         raise AttributeError(name)
 
-    def errors(self) -> list[str]:
-        """Build every section; every error found, not only the first, a line each. (The names a
-        stage looks up in a registry, `objective` and `llm.modes`, are checked by the stage that
-        reads them and by storyrewrite.profiles, which imports the registries.)"""
+    def errors(self) -> list[InputError]:
+        """Build every section; every error found, not only the first. (The names a stage looks
+        up in a registry, `objective` and `llm.modes`, are checked by the stage that reads them
+        and by storyrewrite.profiles, which imports the registries.)"""
         errors = []
         for name in SECTIONS:
             try:
                 self.section(name)
             except InputError as error:
-                errors.append(str(error))
+                errors.append(error)
         return errors
 
     def check_all(self) -> None:
         """`errors()` as one InputError, a line each."""
         if errors := self.errors():  # printed as `error: ...` by run_stage: every line reads the same
-            raise InputError("\nerror: ".join(errors))
+            raise InputError("\nerror: ".join(map(str, errors)))
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -324,7 +324,8 @@ def overlay(base: dict, changes: dict, where: str = "", strict: bool = True, sou
     for key, value in changes.items():
         name = f"{where}.{key}" if where else key
         if strict and key not in base:
-            raise InputError(f"{source}: unknown key `{name}`; valid keys{f' in `{where}`' if where else ''}: {', '.join(base)}")
+            raise InputError(f"{source}: unknown key `{name}`; valid keys{f' in `{where}`' if where else ''}: {', '.join(base)}",
+                             key=name)
         nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
         merged[key] = overlay(merged[key], value, name, strict, source) if nested else value
     return merged

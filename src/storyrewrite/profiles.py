@@ -16,13 +16,14 @@ from typing import Any
 
 import yaml
 
+from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
 from storyrewrite.objectives.registry import get_objective
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
 
 
-def check_registered_names(params: Params) -> list[str]:
+def check_registered_names(params: Params) -> list[InputError]:
     """The errors in the names a stage looks up in a registry: `objective` (for the task) and
     `llm.modes`. A look-up whose sections do not validate is left out: Params.errors names them,
     and the other look-ups still run, so that one check names every error."""
@@ -42,32 +43,8 @@ def check_registered_names(params: Params) -> list[str]:
         try:
             look_up()
         except InputError as error:
-            errors.append(str(error))
+            errors.append(error)
     return errors
-
-
-# A schema error's key, as storyrewrite.params.build and check_registered_names write it.
-ERROR_KEY = re.compile(r"^params: (?:unknown key |missing key )?`([^`]+)`")
-
-
-def line_setting(path: Path, key: str) -> int | None:
-    """The line of the YAML file `path` that sets `key` (dotted, `llm.modes[1]`), or None where
-    the file leaves it to an earlier layer. A file that replaces a list or a scalar above `key`
-    sets it too: a profile's list replaces the list, item by item."""
-    node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-    line = None
-    for part in re.findall(r"[^.\[\]]+", key):
-        if isinstance(node, yaml.MappingNode):
-            found = next(((name, value) for name, value in node.value if name.value == part), None)
-            if found is None:
-                return None
-            line, node = found[0].start_mark.line + 1, found[1]
-        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
-            node = node.value[int(part)]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
 
 
 def override_keys(overrides: list[str]) -> list[str]:
@@ -79,26 +56,6 @@ def override_keys(overrides: list[str]) -> list[str]:
     from dvc.utils.hydra import to_hydra_overrides
 
     return [override.key_or_group for override in to_hydra_overrides(to_path_overrides(overrides).get("params.yaml", []))]
-
-
-def locate(error: str, layers: list[Path], overridden: list[str]) -> str:
-    """`error` with its leading `params:` replaced by the file and line that set its key: the
-    last of `layers` (params.yaml, then the profiles) that sets it. Left as it is where an
-    override sets the key (`overridden`: override_keys; the experiment's label names it) or no
-    file does, or where a layer cannot be read again (`--params /dev/stdin`)."""
-    match = ERROR_KEY.match(error)
-    if match is None:
-        return error
-    key = match.group(1)
-    for name in overridden:
-        if any(long == short or long.startswith((short + ".", short + "[")) for long, short in ((key, name), (name, key))):
-            return error
-    for layer in reversed(layers):
-        if not layer.is_file():
-            return error
-        if line := line_setting(layer, key):
-            return f"{layer}:{line}: {error.removeprefix('params: ')}"
-    return error
 
 
 def spell(value: Any) -> str:
@@ -133,9 +90,8 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 merged = overlay(merged, layer, source=str(profile))
             except InputError as error:  # a key params.yaml lacks: the profile's line that writes it
-                key = re.search(r"`([^`]+)`", str(error)).group(1)
-                line = line_setting(profile, key) if profile.is_file() else None
-                raise InputError(str(error).replace(f"{profile}:", f"{profile}:{line}:", 1) if line else str(error)) from None
+                line = line_setting(profile, error.key) if error.key and profile.is_file() else None
+                raise InputError(str(error).replace(f"{profile}:", f"{profile}:{line}:", 1), key=error.key) if line else error from None
             changes = overlay(changes, layer, strict=False)
         layers = [args.params, *args.profiles]
         source = " + ".join(map(str, layers))
@@ -146,9 +102,9 @@ def main(argv: list[str] | None = None) -> None:
                 params = Params(raw, f"{source} {label}".strip())
                 found = params.errors() + check_registered_names(params)
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
-                found = [str(error)]
-            found = [locate(line, layers, overridden) for line in found]
-            errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in found]
+                found = [error]
+            lines = [str(locate(error, layers, overridden)) for error in found]
+            errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in lines]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
         if args.action == "overrides":

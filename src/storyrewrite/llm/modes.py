@@ -48,7 +48,7 @@ def _one_shot_fixed(instances: list[dict], source: ExampleSource) -> list[dict |
     fixed = source.train[0] if wanted is None else next((row for row in source.train if row["id"] == wanted), None)
     if fixed is None:
         raise InputError(f"params: `llm.fixed_example_id.{source.task}` = {wanted!r} is not a training instance id "
-                         f"(e.g. {source.train[0]['id']!r})")
+                         f"(e.g. {source.train[0]['id']!r})", key=f"llm.fixed_example_id.{source.task}")
     return [fixed] * len(instances)
 
 
@@ -75,7 +75,7 @@ MODES: dict[str, Mode] = {
 
 def get_mode(name: str) -> Mode:
     if name not in MODES:
-        raise InputError(f"params: `llm.modes` has {name!r}; valid values: {', '.join(MODES)}")
+        raise InputError(f"params: `llm.modes` has {name!r}; valid values: {', '.join(MODES)}", key="llm.modes")
     return MODES[name]
 
 

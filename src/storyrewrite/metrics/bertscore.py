@@ -91,15 +91,15 @@ class BERTScore:
         layer = layer if layer is not None else default_layer(spec)
         if layer is None:
             raise InputError(f"params: `score.bertscore_layer` is null and `models.bertscore` = {spec!r} is not a model "
-                             f"bert_score has a default layer for; name the layer (1 to {layers})")
+                             f"bert_score has a default layer for; name the layer (1 to {layers})", key="score.bertscore_layer")
         if layers is not None and not 1 <= layer <= layers:
-            raise InputError(f"params: `score.bertscore_layer` = {layer}: `models.bertscore` = {spec!r} has layers 1 to {layers}")
+            raise InputError(f"params: `score.bertscore_layer` = {layer}: `models.bertscore` = {spec!r} has layers 1 to {layers}", key="score.bertscore_layer")
         baseline = None
         if rescale:
             baseline = baseline_file(spec)
             if baseline is None:
                 raise InputError(f"params: `score.bertscore_rescale` is true but bert_score has no baseline for "
-                                 f"`models.bertscore` = {spec!r} (it has them for hub models such as roberta-large)")
+                                 f"`models.bertscore` = {spec!r} (it has them for hub models such as roberta-large)", key="score.bertscore_rescale")
         self.spec, self.layer, self.rescale = spec, layer, rescale
         self.scorer = BERTScorer(model_type=str(directory), num_layers=layer, lang="en", rescale_with_baseline=rescale,
                                  baseline_path=None if baseline is None else str(baseline), device=str(device))

@@ -54,7 +54,7 @@ def _resolve(spec: str) -> torch.device:
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise InputError(f"params: `device` = {spec!r}, but CUDA is not available here; valid values: auto, cpu")
+            raise InputError(f"params: `device` = {spec!r}, but CUDA is not available here; valid values: auto, cpu", key="device")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise InputError(f"params: `device` = {spec!r}, but there are {torch.cuda.device_count()} GPU(s)")
+            raise InputError(f"params: `device` = {spec!r}, but there are {torch.cuda.device_count()} GPU(s)", key="device")
     return device

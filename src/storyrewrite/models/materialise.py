@@ -37,7 +37,7 @@ def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrained
         raise InputError(
             f"params: `models.generator` ({names[0]}, {len(generator)} tokens) and `models.scorer` "
             f"({names[1]}, {len(scorer)} tokens) do not share a vocabulary; pick a scorer of the "
-            "generator's family (paper: facebook/bart-large-cnn for both)"
+            "generator's family (paper: facebook/bart-large-cnn for both)", key="models.scorer"
         )
 
 
@@ -77,7 +77,7 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
                     raise InputError(
                         f"params: `models.{role}` = {spec!r} cannot be loaded ({reason}); a spec is a local model "
                         f"directory, a Hugging Face hub name (the hub or its cache needed), "
-                        f"{', '.join('bundled:' + name for name in BUNDLED)} or {', '.join('tiny:' + kind for kind in TINY)}"
+                        f"{', '.join('bundled:' + name for name in BUNDLED)} or {', '.join('tiny:' + kind for kind in TINY)}", key=f"models.{role}"
                     ) from None
             check_role(role, directory, spec)
         if {"generator", "scorer"} <= set(roles):

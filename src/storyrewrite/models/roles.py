@@ -53,7 +53,7 @@ def entailment_label(config: PretrainedConfig, spec: str) -> int:
     if len(found) != 1:
         labels = ", ".join(f"{index}: {label}" for index, label in sorted(config.id2label.items()))
         raise InputError(f"params: `models.nli` = {spec!r} has no single `entailment` label in its config's id2label "
-                         f"({labels}); name an NLI classifier, e.g. FacebookAI/roberta-large-mnli")
+                         f"({labels}); name an NLI classifier, e.g. FacebookAI/roberta-large-mnli", key="models.nli")
     return found[0]
 
 
@@ -65,17 +65,18 @@ def check_role(role: str, directory: str | Path, spec: str) -> None:
     if role == "judge":
         if not is_decoder_only(config):
             raise InputError(f"params: {key} is a {config.model_type} model, not a causal LM; CF-PMI scores the ending "
-                             "as a continuation of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)")
+                             "as a continuation of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)",
+                             key=f"models.{role}")
         if AutoTokenizer.from_pretrained(directory).eos_token_id is None:
             raise InputError(f"params: {key}: its tokenizer has no end-of-text token, which CF-PMI scores after the "
-                             "ending (as BARTScore does) and pads batches with")
+                             "ending (as BARTScore does) and pads batches with", key=f"models.{role}")
     elif role in ("embedder", "bertscore"):
         needs = ("a sentence encoder; drift similarity needs one (e.g. bundled:all-minilm-l6-v2, bert-base-uncased)" if role == "embedder"
                  else "an encoder; BERTScore matches an encoder's token embeddings (e.g. roberta-large, bundled:all-minilm-l6-v2)")
         if config.is_encoder_decoder or is_decoder_only(config):
-            raise InputError(f"params: {key} is a {'seq2seq' if config.is_encoder_decoder else 'decoder-only'} LM, not {needs}")
+            raise InputError(f"params: {key} is a {'seq2seq' if config.is_encoder_decoder else 'decoder-only'} LM, not {needs}", key=f"models.{role}")
     elif role == "nli":
         if not any(name.endswith("ForSequenceClassification") for name in config.architectures or []):
             raise InputError(f"params: {key} is not a sequence classifier (architectures: "
-                             f"{', '.join(config.architectures or ['none'])}); EntScore needs an NLI classifier")
+                             f"{', '.join(config.architectures or ['none'])}); EntScore needs an NLI classifier", key=f"models.{role}")
         entailment_label(config, spec)

@@ -205,10 +205,10 @@ def get_objective(name: str, task: str) -> Objective:
     """The objective `name`, checked against the task: one that needs the original ending is
     refused where the task has none, naming the objectives that work there."""
     if name not in OBJECTIVES:
-        raise InputError(f"params: `objective` = {name!r} is not valid; valid values: {', '.join(OBJECTIVES)}")
+        raise InputError(f"params: `objective` = {name!r} is not valid; valid values: {', '.join(OBJECTIVES)}", key="objective")
     objective = OBJECTIVES[name]
     if not objective.serves(task):
         usable = [n for n, o in OBJECTIVES.items() if o.serves(task)]
         raise InputError(f"params: `objective` = {name!r} needs the original ending, which task {task!r} does not have; "
-                         f"objectives for this task: {', '.join(usable)}")
+                         f"objectives for this task: {', '.join(usable)}", key="objective")
     return objective

@@ -300,7 +300,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
     def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:
         if needs_original and "original_endings" not in batch:
             raise InputError(f"params: `rl.reward` = {config.reward!r} needs the original ending, which this task does "
-                             "not have; valid here: score")
+                             "not have; valid here: score", key="rl.reward")
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
         new, sources = sample_tokens(generator, batch, count, noise_seed, config.max_new_tokens, config.temperature, eos,

@@ -169,7 +169,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     With `scores_dirs` and `figure`: the results figure there (storyrewrite.report.figure), shown
     in results.md, and each trained system's main curves in `train_logs/<system>.png`."""
     if baseline not in systems:
-        raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}")
+        raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}",
+                         key="significance.baseline")
     metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), artifacts.SystemMetrics).model_dump() for s in systems}
     significance = artifacts.read(significance_path, artifacts.Significance)
     records = [r for r in read_records(stage_records) if of_the_run(r["stage"], systems)]

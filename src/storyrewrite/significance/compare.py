@@ -135,7 +135,8 @@ def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed
     """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
     the columns both systems' scores have; the same prediction is a tie (compare_tests)."""
     if baseline not in scores:
-        raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}")
+        raise InputError(f"params: `significance.baseline` = {baseline!r} has no scores; systems: {', '.join(sorted(scores))}",
+                         key="significance.baseline")
     unit = "story" if by_story else "instance"
     tests = {system: Pair(system, rows, baseline, scores[baseline]) for system, rows in sorted(scores.items()) if system != baseline}
     return compare_tests(tests, n_resamples, seed, (unit,))[unit]
