@@ -91,6 +91,14 @@ def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
     assert result.returncode == 2 and result.stderr.strip() == f"error: {tmp_path / 'bad.yaml'}:2: `cpo.beta` = -2: Input should be greater than 0"
 
 
+def _check_errors(capsys, *argv: str) -> list[str]:
+    """`profiles check ARGV`'s error lines; it must stop with exit status 2."""
+    with pytest.raises(SystemExit) as stop:
+        main(["check", *argv])
+    assert stop.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
 def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys):
     lines = (ROOT / "params.yaml").read_text().splitlines()
     beta = next(number for number, line in enumerate(lines, 1) if line.strip().startswith("beta:"))
@@ -102,10 +110,7 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
     second.write_text("# the later profile wins\n\ncpo:\n  lambda: 1.0\n  beta: -4\n")
 
     def errors(*argv: str) -> list[str]:
-        with pytest.raises(SystemExit) as stop:
-            main(["check", *argv])
-        assert stop.value.code == 2
-        return capsys.readouterr().err.splitlines()
+        return _check_errors(capsys, *argv)
 
     greater = "Input should be greater than 0"
     # params.yaml's own line; profiles after --params too.
@@ -126,10 +131,7 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
 def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
     # One check names every error: the names the registries look up too, where another section fails.
     def errors(*overrides: str) -> list[str]:
-        with pytest.raises(SystemExit) as stop:
-            main(["check", *(word for override in overrides for word in ("-S", override))])
-        assert stop.value.code == 2
-        return capsys.readouterr().err.splitlines()
+        return _check_errors(capsys, *(word for override in overrides for word in ("-S", override)))
 
     objective = f"error: params: `objective` = 'dto' is not valid; valid values: {', '.join(OBJECTIVES)}"
     assert errors("cpo.beta=-1", "objective=dto", "llm.modes=[rag,zero]") == [
@@ -229,13 +231,12 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
         with_overrides(base, ["other.yaml:a=1"])
 
     # The command: the names the registries hold, in every experiment of a sweep, each error naming it.
-    with pytest.raises(SystemExit) as stop:
-        main(["check", "-S", "objective=choice(score,delta)", "-S", "task=choice(timetravel,art)", "-S", "llm.modes=[rag,zero]"])
+    errors = _check_errors(capsys, "-S", "objective=choice(score,delta)", "-S", "task=choice(timetravel,art)", "-S", "llm.modes=[rag,zero]")
     mode = "error: params: `llm.modes` has 'zero'; valid values: zero_shot, one_shot_random, one_shot_fixed, rag"
     art = ("error: params: `objective` = 'delta' needs the original ending, which task 'art' does not have; "
            "objectives for this task: nll, score, rloo")
     label = "(experiment -S objective={} -S task={} -S llm.modes=[rag,zero])".format
-    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [
+    assert errors == [
         f"{mode} {label('score', 'timetravel')}", f"{mode} {label('score', 'art')}",
         f"{mode} {label('delta', 'timetravel')}", f"{art} {label('delta', 'art')}", f"{mode} {label('delta', 'art')}"]
     main(["check", "params/gpu.yaml", "-S", "objective=choice(score,delta,score_delta)"])

@@ -545,7 +545,6 @@ def test_validation_batches_hold_val_batch_size_instances(tiny_model_dirs, small
     assert sizes == {None: [2, 2, 2], 4: [4, 2]}
 
 
-
 def test_the_trainer_prints_no_cloud_advert():
     # Lightning logs a tip for its cloud logger at every Trainer; the training code drops it, and
     # Lightning's other lines stay. Without the filter the tip is there: a Lightning that stops
