@@ -61,22 +61,25 @@ def check_role(role: str, directory: str | Path, spec: str) -> None:
     """Whether the model materialised in `directory` (from `spec`) can play `role`; an error
     naming the spec and what is wrong if not."""
     config = AutoConfig.from_pretrained(directory)
-    key = f"`models.{role}` = {spec!r}"
+    param = f"models.{role}"
+
+    def refused(problem: str) -> InputError:
+        return InputError(f"params: `{param}` = {spec!r}{problem}", key=param)
+
     if role == "judge":
         if not is_decoder_only(config):
-            raise InputError(f"params: {key} is a {config.model_type} model, not a causal LM; CF-PMI scores the ending "
-                             "as a continuation of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)",
-                             key=f"models.{role}")
+            raise refused(f" is a {config.model_type} model, not a causal LM; CF-PMI scores the ending as a continuation "
+                          "of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)")
         if AutoTokenizer.from_pretrained(directory).eos_token_id is None:
-            raise InputError(f"params: {key}: its tokenizer has no end-of-text token, which CF-PMI scores after the "
-                             "ending (as BARTScore does) and pads batches with", key=f"models.{role}")
+            raise refused(": its tokenizer has no end-of-text token, which CF-PMI scores after the ending (as BARTScore "
+                          "does) and pads batches with")
     elif role in ("embedder", "bertscore"):
         needs = ("a sentence encoder; drift similarity needs one (e.g. bundled:all-minilm-l6-v2, bert-base-uncased)" if role == "embedder"
                  else "an encoder; BERTScore matches an encoder's token embeddings (e.g. roberta-large, bundled:all-minilm-l6-v2)")
         if config.is_encoder_decoder or is_decoder_only(config):
-            raise InputError(f"params: {key} is a {'seq2seq' if config.is_encoder_decoder else 'decoder-only'} LM, not {needs}", key=f"models.{role}")
+            raise refused(f" is a {'seq2seq' if config.is_encoder_decoder else 'decoder-only'} LM, not {needs}")
     elif role == "nli":
         if not any(name.endswith("ForSequenceClassification") for name in config.architectures or []):
-            raise InputError(f"params: {key} is not a sequence classifier (architectures: "
-                             f"{', '.join(config.architectures or ['none'])}); EntScore needs an NLI classifier", key=f"models.{role}")
+            raise refused(f" is not a sequence classifier (architectures: {', '.join(config.architectures or ['none'])}); "
+                          "EntScore needs an NLI classifier")
         entailment_label(config, spec)
