@@ -418,6 +418,52 @@ def test_folders_gathered_apart_are_collected_together_and_a_run_is_its_params(g
     assert names == ["cpo-a", "cpo-b", "dto-delta", "exp-nll", "dto-again"]
 
 
+def _git(cwd, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_the_experiments_page_says_how_to_reach_the_runs_in_dvc_and_fetch_those_of_another_machine(gathered, tmp_path):
+    """Runs from another machine come with the bundle offline/unpack.sh keeps beside them: DVC's
+    refs of the experiments, filed under the project's commit. The page names that commit (read
+    from the bundle, not from the machine's own commit in the manifest) and a `git fetch` that,
+    run in a clone of the project, gives it the experiments."""
+    import re
+
+    project, clone, second = tmp_path / "project", tmp_path / "clone", tmp_path / "runs-2"
+    project.mkdir()
+    _git(project, "init", "-q")
+    (project / "params.yaml").write_text("objective: nll\n")
+    _git(project, "add", "-A")
+    _git(project, "commit", "-qm", "project")
+    base = _git(project, "rev-parse", "HEAD")
+    _git(tmp_path, "clone", "-q", str(project), str(clone))
+    (project / "params.yaml").write_text("objective: delta\n")
+    _git(project, "commit", "-qam", "dto-delta")
+    experiment = _git(project, "rev-parse", "HEAD")
+    ref = f"refs/exps/{base[:2]}/{base[2:]}/dto-delta"
+    _git(project, "update-ref", ref, experiment)
+    gather_run(DictFS(_files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")),
+               {"name": "dto-delta", "rev": experiment, "base": "fedcba9876"}, second)
+    _git(project, "bundle", "create", "-q", str(second / "exps.bundle"), ref, "--not", base)
+
+    write_bundle(load_runs([gathered, second]), tmp_path / "out", "two parts")
+    page = (tmp_path / "out" / "experiments.md").read_text().split("## In DVC")[1]
+    assert page.strip().endswith("`dvc metrics diff cpo-a cpo-b` compares two.")
+    assert f"`dvc exp show --rev abcdef1 --rev {base[:7]}` lists them" in page and "fedcba9" not in page
+    fetch = re.findall(r"`(git fetch \S+ 'refs/exps/\*:refs/exps/\*')`", page)
+    assert fetch == [f"git fetch {second}/exps.bundle 'refs/exps/*:refs/exps/*'"]
+    subprocess.run(fetch[0], shell=True, cwd=clone, check=True, capture_output=True)
+    assert _git(clone, "rev-parse", ref) == experiment
+    # Runs gathered here: no bundle, no fetch.
+    write_bundle(load_runs([gathered]), tmp_path / "here", "one part")
+    here = (tmp_path / "here" / "experiments.md").read_text()
+    assert "`dvc exp show --rev abcdef1` lists them" in here and "git fetch" not in here
+    (second / "exps.bundle").write_text("not a bundle\n")
+    with pytest.raises(InputError, match=r"runs-2/exps\.bundle: not a git bundle git can read"):
+        write_bundle(load_runs([gathered, second]), tmp_path / "out", "two parts")
+
+
 def test_a_damaged_or_missing_blob_is_named(gathered):
     manifest = json.loads((gathered / "dto.json").read_text())
     digest = manifest["files"]["reports/train/finetuned/metrics.json"]

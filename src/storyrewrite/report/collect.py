@@ -14,6 +14,7 @@ import argparse
 import gzip
 import json
 import statistics
+import subprocess
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -516,6 +517,41 @@ def own_p_values(run: Run) -> dict[str, dict[str, float]]:
     return (run.artifact("reports/significance.json", artifacts.Significance, optional=True) or {}).get("p_values", {})
 
 
+def bundle_bases(path: Path) -> dict[str, str]:
+    """{experiment: the commit DVC files it under} of the git bundle `path` (offline/unpack.sh's
+    runs/NAME.<n>/exps.bundle): its refs are DVC's, refs/exps/<commit[:2]>/<commit[2:]>/<name>.
+    Read by git itself (`git bundle list-heads`), which needs no repository."""
+    try:
+        heads = subprocess.run(["git", "bundle", "list-heads", str(path)], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise InputError(f"{path}: not a git bundle git can read ({getattr(error, 'stderr', '') or error})".strip()) from None
+    bases = {}
+    for line in heads.splitlines():
+        parts = line.split()[-1].split("/")
+        if len(parts) == 5 and parts[:2] == ["refs", "exps"]:
+            bases[parts[4]] = parts[2] + parts[3]
+    return bases
+
+
+def in_dvc_markdown(runs: list[Run]) -> str:
+    """How to reach the runs as DVC experiments: `dvc metrics diff` between two, `dvc exp show`
+    at the commit they derive from, and for runs brought from another machine (a folder with an
+    exps.bundle) the `git fetch` that adds them to a clone."""
+    bundles = sorted({run.root / "exps.bundle" for run in runs if (run.root / "exps.bundle").is_file()})
+    bases = {name: commit for bundle in bundles for name, commit in bundle_bases(bundle).items()}
+    commits = [c for c in dict.fromkeys(bases.get(run.name) or run.base or "" for run in runs) if c]  # in the runs' order
+    lines = ["Each run is the DVC experiment of its name."]
+    if bundles:
+        fetch = "; ".join(f"`git fetch {bundle.as_posix()} 'refs/exps/*:refs/exps/*'`" for bundle in bundles)
+        lines.append(f"Those run on another machine reach a clone of this repository with {fetch}.")
+    if commits:
+        lines.append(f"`dvc exp show {' '.join(f'--rev {c[:7]}' for c in commits)}` lists them with their params "
+                     f"(they derive from commit{'s' if len(commits) > 1 else ''} {', '.join(c[:7] for c in commits)}).")
+    lines.append(f"`dvc metrics diff {runs[0].name} {runs[1].name}` compares two." if len(runs) > 1
+                 else f"`dvc metrics diff {runs[0].name}` compares it with the workspace.")
+    return " ".join(lines)
+
+
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
     params = frame(runs).filter(like="params.", axis=1).map(json.dumps)
     varying = [c.removeprefix("params.") for c in params.columns if params[c].nunique() > 1 and c != "params.objective"]
@@ -530,6 +566,7 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
         "# Experiments", table(header, rows),
         f"\\* p < {alpha}, the run's own significance stage (`finetuned` against its NLL model, its `significance.unit`). "
         "Rows with n/a have not been run to the score stage.",
+        "## In DVC", in_dvc_markdown(runs),
     ]) + "\n"
 
 
