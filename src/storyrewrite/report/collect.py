@@ -524,7 +524,7 @@ def bundle_bases(path: Path) -> dict[str, str]:
     try:
         heads = subprocess.run(["git", "bundle", "list-heads", str(path)], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as error:
-        raise InputError(f"{path}: not a git bundle git can read ({getattr(error, 'stderr', '') or error})".strip()) from None
+        raise InputError(f"{path}: not a git bundle git can read ({(getattr(error, 'stderr', '') or str(error)).strip()})") from None
     bases = {}
     for line in heads.splitlines():
         parts = line.split()[-1].split("/")
@@ -537,7 +537,7 @@ def in_dvc_markdown(runs: list[Run]) -> str:
     """How to reach the runs as DVC experiments: `dvc metrics diff` between two, `dvc exp show`
     at the commit they derive from, and for runs brought from another machine (a folder with an
     exps.bundle) the `git fetch` that adds them to a clone."""
-    bundles = sorted({run.root / "exps.bundle" for run in runs if (run.root / "exps.bundle").is_file()})
+    bundles = sorted({bundle for run in runs if (bundle := run.root / "exps.bundle").is_file()})
     bases = {name: commit for bundle in bundles for name, commit in bundle_bases(bundle).items()}
     commits = [c for c in dict.fromkeys(bases.get(run.name) or run.base or "" for run in runs) if c]  # in the runs' order
     lines = ["Each run is the DVC experiment of its name."]
