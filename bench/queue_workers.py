@@ -19,7 +19,8 @@ runs), and the rounds are compared only if they ran the same stages: else the sc
 and exits 1, writing nothing. Prints, per round, the wall time from `dvc queue start` to the last
 experiment's end, and which stages each experiment ran. Target: two workers no slower than one.
 Figures go to reports/bench/queue_workers.json. Needs `dvc repro` first (the run cache) and runs
-HEAD (commit your changes first).
+HEAD (commit your changes first); it stops where HEAD's dvc.lock is not the one `dvc repro` made
+here (commit it).
 """
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import ROOT, clone_with_cache, dvc, write_result
+from common import ROOT, clone_with_cache, dvc, workspace_env, write_result
 
 def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     repo = clone_with_cache(workdir / f"j{jobs}")
@@ -69,6 +72,23 @@ def work(round_: dict) -> tuple:
     return tuple(sorted(tuple(stages) for stages in round_["ran"].values()))
 
 
+def check_cache_holds_head() -> None:
+    """The clones run HEAD's dvc.lock: its stages restore from this cache only if `dvc repro` here
+    made that very dvc.lock. Where HEAD's came from another machine (another CPU rounds the NLL
+    model's weights otherwise), every queued experiment would rerun `train_nll` as well, both
+    rounds would time that larger workload, and the record would say it was the documented one."""
+    lock_changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "dvc.lock"], cwd=ROOT).returncode != 0
+    if lock_changed:
+        raise SystemExit("error: dvc.lock differs from HEAD's: the clones would not find their stages in this "
+                         "cache. Commit dvc.lock (it is what `dvc repro` made here), or `git checkout dvc.lock` "
+                         "and `dvc repro` again")
+    # `dvc status --quiet` prints nothing and exits 1 where any stage or output changed
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "--quiet"], cwd=ROOT, env=workspace_env(ROOT))
+    if status.returncode != 0:
+        raise SystemExit("error: `dvc status` lists changed stages: the cache does not hold every output HEAD's "
+                         "dvc.lock names. Run `dvc repro` and commit dvc.lock first")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lrs", nargs=2, default=["2e-5", "3e-5"], help="the two train.lr values queued")
@@ -76,6 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     if not (ROOT / ".dvc" / "cache" / "runs").is_dir():
         raise SystemExit("error: no run cache in .dvc/cache: run `dvc repro` first")
+    check_cache_holds_head()
     workdir = Path(tempfile.mkdtemp(prefix="queue-bench-"))
     rounds, rng = [], random.Random()
     try:

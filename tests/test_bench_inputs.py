@@ -306,6 +306,7 @@ def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_
     (tmp_path / ".dvc" / "cache" / "runs").mkdir(parents=True)
     monkeypatch.setattr(queue_workers, "ROOT", tmp_path)
     monkeypatch.setattr(queue_workers, "clone_with_cache", lambda into: into)  # the clone
+    monkeypatch.setattr(queue_workers, "check_cache_holds_head", lambda: None)  # tested below
     full = ["generate@finetuned", "report", "score@finetuned", "significance", "train"]
     stages = {"lr-0-j1": full, "lr-1-j1": full, "lr-0-j2": full, "lr-1-j2": full}
     queued, written = [], []
@@ -340,6 +341,39 @@ def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_
         queue_workers.main()
     assert "-j 2: generate@finetuned, report, train | generate@finetuned, report, train" in str(stopped.value)
     assert written == []
+
+
+def test_the_queue_bench_refuses_a_cache_that_lacks_heads_stages(tmp_path, monkeypatch):
+    """bench/queue_workers.py's clones restore HEAD's stages from this cache: it stops, naming
+    why, where dvc.lock is not HEAD's or `dvc status` lists a changed stage (an output this cache
+    does not hold), and passes a repository that `dvc repro` left as committed. A real git and DVC
+    repository with one stage."""
+    import subprocess
+
+    import queue_workers
+
+    def run(*command):
+        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True, env=common.workspace_env(tmp_path))
+
+    run("git", "init", "-q")
+    run(sys.executable, "-m", "dvc", "init", "-q")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  make:\n    cmd: echo made > out.txt\n    outs: [out.txt]\n")
+    run(sys.executable, "-m", "dvc", "repro", "-q")
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "repro")
+    monkeypatch.setattr(queue_workers, "ROOT", tmp_path)
+    queue_workers.check_cache_holds_head()  # as `dvc repro` left it and committed: no error
+
+    (tmp_path / "out.txt").write_text("changed\n")
+    with pytest.raises(SystemExit, match="`dvc status` lists changed stages"):
+        queue_workers.check_cache_holds_head()
+    run(sys.executable, "-m", "dvc", "checkout", "-q", "--force")
+    queue_workers.check_cache_holds_head()
+
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(lock.read_text() + "# another machine's\n")
+    with pytest.raises(SystemExit, match="dvc.lock differs from HEAD's"):
+        queue_workers.check_cache_holds_head()
 
 
 def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_them(monkeypatch):
