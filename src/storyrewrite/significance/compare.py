@@ -1,4 +1,4 @@
-"""Test every system against the baseline, for every tested column (the overlap metrics in each
+r"""Test every system against the baseline, for every tested column (the overlap metrics in each
 form, the coherence metrics: storyrewrite.metrics.columns), from per-instance scores.
 
 Any two systems' score files (a run's `reports/scores/<system>.jsonl`, a collected folder's
