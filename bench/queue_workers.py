@@ -25,18 +25,18 @@ here (commit it).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import ROOT, clone_with_cache, dvc, workspace_env, write_result
+from common import ROOT, clone_with_cache, dvc, write_result
 
 def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     repo = clone_with_cache(workdir / f"j{jobs}")
@@ -82,11 +82,9 @@ def check_cache_holds_head() -> None:
         raise SystemExit("error: dvc.lock differs from HEAD's: the clones would not find their stages in this "
                          "cache. Commit dvc.lock (it is what `dvc repro` made here), or `git checkout dvc.lock` "
                          "and `dvc repro` again")
-    # `dvc status --quiet` prints nothing and exits 1 where any stage or output changed
-    status = subprocess.run([sys.executable, "-m", "dvc", "status", "--quiet"], cwd=ROOT, env=workspace_env(ROOT))
-    if status.returncode != 0:
-        raise SystemExit("error: `dvc status` lists changed stages: the cache does not hold every output HEAD's "
-                         "dvc.lock names. Run `dvc repro` and commit dvc.lock first")
+    if changed := json.loads(dvc(ROOT, "status", "--json")):  # {} where every stage is up to date
+        raise SystemExit(f"error: `dvc status` lists changed stages ({', '.join(changed)}): the cache does not hold "
+                         "every output HEAD's dvc.lock names. Run `dvc repro` and commit dvc.lock first")
 
 
 def main() -> None:
