@@ -519,17 +519,23 @@ def own_p_values(run: Run) -> dict[str, dict[str, float]]:
 
 def bundle_bases(path: Path) -> dict[str, str]:
     """{experiment: the commit DVC files it under} of the git bundle `path` (offline/unpack.sh's
-    runs/NAME.<n>/exps.bundle): its refs are DVC's, refs/exps/<commit[:2]>/<commit[2:]>/<name>.
-    Read by git itself (`git bundle list-heads`), which needs no repository."""
+    runs/NAME.<n>/exps.bundle): its refs are DVC's experiment refs, read by git itself (`git
+    bundle list-heads`, which needs no repository) and parsed by DVC (ExpRefInfo)."""
+    from dvc.repo.experiments.exceptions import InvalidExpRefError
+    from dvc.repo.experiments.refs import ExpRefInfo
+
     try:
         heads = subprocess.run(["git", "bundle", "list-heads", str(path)], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise InputError(f"{path}: not a git bundle git can read ({(getattr(error, 'stderr', '') or str(error)).strip()})") from None
     bases = {}
     for line in heads.splitlines():
-        parts = line.split()[-1].split("/")
-        if len(parts) == 5 and parts[:2] == ["refs", "exps"]:
-            bases[parts[4]] = parts[2] + parts[3]
+        try:
+            ref = ExpRefInfo.from_ref(line.split()[-1])
+        except InvalidExpRefError:  # not an experiment's ref (a bundle's HEAD, say)
+            continue
+        if ref.name:  # (DVC's own refs under refs/exps, its queue's stash, name none)
+            bases[ref.name] = ref.baseline_sha
     return bases
 
 
