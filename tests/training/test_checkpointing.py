@@ -138,6 +138,36 @@ def test_a_truncated_best_checkpoint_beside_a_whole_last_one_costs_no_step(tmp_p
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_the_best_tracked_afresh_survives_a_second_interruption(tmp_path, tiny_model_dirs, small_prepared, recwarn):
+    """After a resume that set a torn best.ckpt aside, last.ckpt keeps the new best's score under
+    the key the best checkpoint's callback reads: a second resume restores it (without it, the
+    next validation would replace best.ckpt whatever its loss), and Lightning finds every
+    callback's state (no warning that one is missing)."""
+    from lightning.pytorch.callbacks import Callback
+
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=8, checkpoint_every_n_steps=1, val_check_interval=2)
+    with pytest.raises(Crash):
+        fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(_crash_at(4),))
+    best, last = tmp_path / "ckpt" / "best.ckpt", tmp_path / "ckpt" / "last.ckpt"
+    best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
+    with pytest.raises(Crash):  # resumed from step 3, best tracked afresh from step 4's validation
+        fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(_crash_at(6),))
+    saved = torch.load(last, weights_only=False)
+    assert saved["global_step"] == 5 and torch.load(best, weights_only=False)["global_step"] == 4
+    [score] = [state["best_model_score"] for key, state in saved["callbacks"].items() if "'monitor': 'val_loss'" in key]
+
+    restored = []
+
+    class Restored(Callback):
+        def on_train_start(self, trainer, module):
+            restored.append(trainer.checkpoint_callback.best_model_score)
+
+    summary = fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(Restored(),))
+    assert summary["resumed_from_step"] == 5 and summary["global_step"] == 8
+    assert restored[0] is not None and float(restored[0]) == float(score)
+    assert not [w for w in recwarn if "callbacks used to create the checkpoint" in str(w.message)]
+
+
 def test_the_free_space_check_names_the_directory_and_the_bytes(tmp_path, monkeypatch):
     checkpoint = {"state_dict": {"w": torch.zeros(1000, 1000), "tied": None}, "global_step": 3}
     checkpoint["state_dict"]["tied"] = checkpoint["state_dict"]["w"]  # one storage, counted once

@@ -247,10 +247,17 @@ class ResumePoint(ModelCheckpoint):
 class FreshBest(ModelCheckpoint):
     """The best-on-validation checkpoint of a resumed run whose best.ckpt did not load (set
     aside): last.ckpt's record of the best points at that file, so the best is tracked afresh from
-    the resumed step, and the next validation writes best.ckpt again."""
+    the resumed step, and the next validation writes best.ckpt again. Its state goes under the
+    key of the ModelCheckpoint it stands in for: a later resume restores the new best's score
+    (under a key of its own, that resume would track the best afresh again and replace best.ckpt
+    at its next validation, however worse)."""
+
+    @property
+    def state_key(self) -> str:
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        pass  # (Lightning also finds no state under this class's key: nothing to restore either way)
+        pass  # last.ckpt's record of the best names the set-aside file: not restored
 
 
 def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks: tuple[Callback, ...] = (),
