@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from storyrewrite.curves import read_curves
 from storyrewrite.io import run_stage
 from storyrewrite.training import checkpointing
 from storyrewrite.training.checkpointing import AtomicCheckpointIO, CheckpointSpaceError, UnreadableCheckpoint, tensor_bytes
@@ -166,6 +167,52 @@ def test_the_best_tracked_afresh_survives_a_second_interruption(tmp_path, tiny_m
     assert summary["resumed_from_step"] == 5 and summary["global_step"] == 8
     assert restored[0] is not None and float(restored[0]) == float(score)
     assert not [w for w in recwarn if "callbacks used to create the checkpoint" in str(w.message)]
+
+
+def _crash_in_validation_at(step: int):
+    from lightning.pytorch.callbacks import Callback
+
+    class CrashInValidation(Callback):
+        def on_validation_start(self, trainer, *args):
+            if trainer.global_step == step and trainer.state.fn == "fit":
+                raise Crash()
+
+    return CrashInValidation()
+
+
+@pytest.mark.parametrize("crash", ["during the validation", "after it"])
+def test_a_run_killed_around_a_validation_resumes_with_every_validation_of_an_uninterrupted_run(
+        tmp_path, tiny_model_dirs, small_prepared, crash):
+    """Killed during step 4's validation, the run resumes from step 3's last.ckpt (not from a
+    save before that validation, past which Lightning would resume without it) and validates at
+    step 4; killed after it, from the save made once it ended, without validating twice. Either
+    way the curves, the best step and the exported weights are the uninterrupted run's."""
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, checkpoint_every_n_steps=1, val_check_interval=2)
+    whole = _fit(tmp_path / "whole", run)
+    killer, saved_at = (_crash_in_validation_at(4), 3) if crash == "during the validation" else (_crash_at(5), 4)
+    with pytest.raises(Crash):
+        fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks=(killer,))
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == saved_at
+    resumed = fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs")
+    assert resumed["resumed_from_step"] == saved_at
+    expected, got = read_curves(tmp_path / "whole" / "logs")["val_loss"], read_curves(tmp_path / "logs")["val_loss"]
+    assert [row["step"] for row in got] == [row["step"] for row in expected] == [0, 2, 4, 6]
+    assert [row["value"] for row in got] == pytest.approx([row["value"] for row in expected], rel=1e-5)
+    assert resumed["best_step"] == whole["best_step"]
+    weights, expected_weights = load_file(tmp_path / "out" / "model.safetensors"), load_file(tmp_path / "whole" / "out" / "model.safetensors")
+    assert all(torch.allclose(weights[name], expected_weights[name], atol=1e-6) for name in expected_weights)
+
+
+def test_with_accumulation_a_validation_after_a_saved_step_adds_no_save(tmp_path, tiny_model_dirs, small_prepared):
+    """Two batches a step, a validation every 3 batches, last.ckpt every 2 steps: the validation
+    after batch 9 shares step 4 with the save after batch 8, so nothing waits for it, and no
+    last.ckpt is written at max_steps (step 6, after batch 12's validation)."""
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, checkpoint_every_n_steps=2, val_check_interval=3,
+                   accumulate_grad_batches=2)
+    summary = _fit(tmp_path, run)
+    assert summary["global_step"] == 6
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 4
+    assert [row["step"] for row in read_curves(tmp_path / "logs")["val_loss"]] == [0, 1, 3, 4, 6]
 
 
 def test_the_free_space_check_names_the_directory_and_the_bytes(tmp_path, monkeypatch):

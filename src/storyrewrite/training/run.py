@@ -236,10 +236,26 @@ class ResumePoint(ModelCheckpoint):
     """`last.ckpt`, the full state an interrupted run resumes from, every N steps but the run's
     last (`max_steps`): a finished run is never resumed (`fit`), so that save would only cost
     time (weights and optimiser state, 1.6 GB for SmolLM2-135M: 6 s of a 3-minute CPU run). A run
-    killed after its last step but before it is marked finished resumes from the save before."""
+    killed after its last step but before it is marked finished resumes from the save before.
+
+    At a step that a validation follows, the save waits for the validation's end. Saved before
+    it, a run killed during that validation would resume past it: Lightning does not validate
+    again at the step it resumes from, so that validation would be missing from the curves and
+    never a candidate for best.ckpt. Saved after it, the kill costs the steps since the save
+    before, and the resumed run validates there as the uninterrupted one did."""
 
     def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
+            return
+        # (With gradient accumulation, batches after the save share its step: none is due.)
+        due = (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0
+               and self._last_global_step_saved != trainer.global_step)
+        # Lightning's own test for a validation after this batch, and its own deferral: a
+        # ModelCheckpoint saves in on_validation_end what it deferred (Lightning 2.6 defers only
+        # for a monitored metric, and has no setting for this).
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if due and epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
+            self._defer_save_until_validation = True
             return
         super().on_train_batch_end(trainer, *args, **kwargs)
 
