@@ -247,9 +247,10 @@ class ResumePoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
             return
-        # (With gradient accumulation, batches after the save share its step: none is due.)
+        # A save this batch end would make, by ModelCheckpoint's own tests (a step already saved is
+        # skipped: with gradient accumulation, the batches after the save share its step).
         due = (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0
-               and self._last_global_step_saved != trainer.global_step)
+               and not self._should_skip_saving_checkpoint(trainer))
         # Lightning's own test for a validation after this batch, and its own deferral: a
         # ModelCheckpoint saves in on_validation_end what it deferred (Lightning 2.6 defers only
         # for a monitored metric, and has no setting for this).
