@@ -1,5 +1,7 @@
+import re
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 import yaml
@@ -7,7 +9,8 @@ import yaml
 from storyrewrite.io import InputError
 from storyrewrite.llm.modes import MODES
 from storyrewrite.objectives.registry import OBJECTIVES
-from storyrewrite.params import DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides
+from storyrewrite.params import (LIGHTNING_ACCELERATORS, LIGHTNING_PRECISION_ALIASES, LIGHTNING_PRECISIONS, LIGHTNING_STRATEGIES,
+                                 DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
 from storyrewrite.profiles import main
 
 from helpers import ROOT
@@ -83,6 +86,43 @@ def test_a_missing_key_and_a_budget_that_cannot_train_are_named():
     with pytest.raises(InputError, match=r"^params: `train_nll\.max_steps` = 0: must be -1 \(train for max_epochs\) or > 0$"):
         build(TrainConfig, dict(section, max_steps=0), "train_nll")
 
+
+def _train(**changes) -> TrainConfig:
+    return build(TrainConfig, dict(load_yaml(ROOT / "params.yaml")["train"], **changes), "train")
+
+
+@pytest.mark.parametrize("key, value, valid", [
+    ("precision", "bf16_mixed", "32-true, bf16-mixed, 16-mixed, "),
+    ("accelerator", "gpus", "auto, cpu, cuda, gpu, mps, tpu"),
+    ("strategy", "dpp", "auto, ddp, ddp_spawn, "),
+    ("devices", "two", "auto, a count"),
+    ("devices", 0, "auto, a count"),
+    ("devices", [], "auto, a count"),
+    ("devices", "0", "auto, a count"),
+])
+def test_a_lightning_setting_lightning_would_refuse_is_named_with_its_valid_values(key, value, valid):
+    with pytest.raises(InputError, match=rf"^params: `train\.{key}` = {re.escape(repr(value))}: valid values: {re.escape(valid)}"):
+        _train(**{key: value})
+
+
+def test_lightning_settings_it_takes_pass_and_a_precision_alias_becomes_its_name():
+    # As Lightning reads the aliases: the name is what picks a step's autocast dtype (module.AUTOCAST_DTYPES).
+    assert [_train(precision=alias).precision for alias in ("bf16", "16", 32, "64")] == ["bf16-mixed", "16-mixed", "32-true", "64-true"]
+    assert [_train(devices=value).devices for value in ("auto", 2, -1, [0, 1], "0,1", "1,")] == ["auto", 2, -1, [0, 1], "0,1", "1,"]
+    assert _train(accelerator="gpu", strategy="fsdp").strategy == "fsdp"
+
+
+def test_the_lightning_values_are_lightnings_own():
+    from lightning.fabric.plugins.precision.precision import (_PRECISION_INPUT_STR,
+                                                              _PRECISION_INPUT_STR_ALIAS_CONVERSION)
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    assert set(LIGHTNING_PRECISIONS) == set(get_args(_PRECISION_INPUT_STR))
+    assert LIGHTNING_PRECISION_ALIASES == _PRECISION_INPUT_STR_ALIAS_CONVERSION
+    # "auto" and "gpu" are the Trainer's own words beside the registries' names.
+    assert set(LIGHTNING_ACCELERATORS) == set(AcceleratorRegistry.available_accelerators()) | {"auto", "gpu"}
+    assert set(LIGHTNING_STRATEGIES) == set(StrategyRegistry.available_strategies()) | {"auto"}
 
 def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
     (tmp_path / "bad.yaml").write_text("cpo:\n  beta: -2\n")

@@ -8,11 +8,13 @@ allowed, and exit status 2. `python -m storyrewrite.profiles` checks profiles an
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
+                      field_validator)
 
 from storyrewrite.io import InputError, read_text
 
@@ -20,6 +22,55 @@ Task = Literal["timetravel", "timetravel_ablated", "art"]
 Dtype = Literal["float32", "bfloat16", "float16"]  # a model's weights
 Positive = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+
+# The Trainer's own values, checked here so that a typo stops `profiles check` and the training
+# stage as it starts, with the valid values, rather than Lightning's traceback after the stages
+# before it. Written out, not read from Lightning (whose import would cost every stage seconds);
+# tests/test_params.py checks them against Lightning's precision type and registries.
+LIGHTNING_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",
+                        "transformer-engine", "transformer-engine-float16")
+LIGHTNING_PRECISION_ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+LIGHTNING_ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
+LIGHTNING_STRATEGIES = (
+    "auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_false",
+    "ddp_find_unused_parameters_true", "ddp_spawn_find_unused_parameters_false",
+    "ddp_spawn_find_unused_parameters_true", "ddp_fork_find_unused_parameters_false",
+    "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_false",
+    "ddp_notebook_find_unused_parameters_true", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
+    "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme", "fsdp", "fsdp_cpu_offload", "single_device", "single_xla", "xla_debug",
+    "xla", "single_tpu",
+)
+
+
+def _one_of(values: tuple[str, ...], aliases: dict[str, str] | None = None):
+    """A validator that passes one of `values` (an alias as the value it stands for), and else
+    says which are valid."""
+    def check(value: Any) -> str:
+        value = (aliases or {}).get(str(value), value)
+        if value not in values:
+            raise ValueError(f"valid values: {', '.join(values)}" + (f" (or {', '.join(aliases)})" if aliases else ""))
+        return value
+    return check
+
+
+def _devices(value: int | str | list[int]) -> int | str | list[int]:
+    """Lightning's `devices`: auto, a count (-1: all), or which ones (a list, or "0,1")."""
+    if isinstance(value, list):
+        ok = bool(value) and all(index >= 0 for index in value)
+    elif isinstance(value, int):
+        ok = value >= 1 or value == -1
+    else:
+        ok = value == "auto" or re.fullmatch(r"-1|[1-9][0-9]*|[0-9]+(,[0-9]+)*(,|,[0-9]+)", value.strip()) is not None
+    if not ok:
+        raise ValueError('valid values: auto, a count (-1: all), a list of device indices or "0,1"')
+    return value
+
+
+Precision = Annotated[str, BeforeValidator(_one_of(LIGHTNING_PRECISIONS, LIGHTNING_PRECISION_ALIASES))]
+Accelerator = Annotated[str, AfterValidator(_one_of(LIGHTNING_ACCELERATORS))]
+Strategy = Annotated[str, AfterValidator(_one_of(LIGHTNING_STRATEGIES))]
+Devices = Annotated[int | str | list[Annotated[int, Field(ge=0)]], AfterValidator(_devices)]
 
 
 class Section(BaseModel):
@@ -83,10 +134,10 @@ class TrainConfig(Section):
     val_check_interval: Positive  # validate every this many training batches
     checkpoint_every_n_steps: Positive  # save the resumable last.ckpt this often
     resume: bool  # continue an interrupted run from last.ckpt when it is the same run
-    accelerator: str  # Lightning Trainer arguments, passed through ("auto" picks a GPU)
-    devices: int | str  # Lightning's: a count, a list, or auto
-    strategy: str  # Lightning's: auto, ddp, fsdp, ...
-    precision: str  # Lightning's: 32-true, bf16-mixed, 16-mixed
+    accelerator: Accelerator  # Lightning Trainer arguments, checked against its values ("auto" picks a GPU)
+    devices: Devices  # Lightning's: auto, a count (-1: all), or which ones ([0, 1] or "0,1")
+    strategy: Strategy  # Lightning's: auto, ddp, fsdp, ...
+    precision: Precision  # Lightning's: 32-true, bf16-mixed, 16-mixed, ... (an alias, bf16, as bf16-mixed)
     gradient_clip_val: PositiveFloat | None = None  # clip the gradient norm to this (None: no clipping)
     num_nodes: Positive = 1  # machines (Lightning's)
     accumulate_grad_batches: Positive = 1  # batches summed per optimiser step
