@@ -155,6 +155,22 @@ def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_pre
         _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, objective="dpo"))
 
 
+@pytest.mark.parametrize("changes, reason", [
+    ({"accelerator": "mps"}, "`MPSAccelerator` can not run on your system"),  # Apple's GPU, never on Linux
+    ({"strategy": "deepspeed"}, "you must have DeepSpeed installed"),  # not one of the project's packages
+])
+def test_settings_this_machine_cannot_run_end_in_one_line_naming_them(tmp_path, tiny_model_dirs, small_prepared, changes, reason):
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, **changes)
+    with pytest.raises(InputError) as caught:
+        _fit(tmp_path, run)
+    message = str(caught.value)
+    config = run.config
+    assert message.startswith(f"params: `train_nll` asks the Lightning Trainer for accelerator '{config.accelerator}', devices "
+                              f"{config.devices!r}, strategy '{config.strategy}', precision '32-true', num_nodes 1, which cannot run here: ")
+    assert reason in message and "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_divergence_stops_at_once_and_exports_nothing(tmp_path, tiny_model_dirs, small_prepared):
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=6, lr=1e9, checkpoint_every_n_steps=1, val_check_interval=6)
     with pytest.raises(TrainingDiverged) as caught:

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.seed import isolate_rng
 
@@ -209,6 +210,16 @@ def trainer_kwargs(config: TrainConfig) -> dict:
     )
 
 
+def refused_here(section: str, config: TrainConfig, error: Exception) -> InputError:
+    """Lightning's refusal of a section's Trainer settings on this machine (a GPU it lacks, a
+    strategy or precision whose package is not installed, FSDP on a CPU) as one line that names
+    them, with Lightning's reason. The values themselves are checked with the params
+    (storyrewrite.params); whether this machine can run them, only here."""
+    asked = ", ".join(f"{name} {getattr(config, name)!r}" for name in ("accelerator", "devices", "strategy", "precision", "num_nodes"))
+    return InputError(f"params: `{section}` asks the Lightning Trainer for {asked}, which cannot run here: "
+                      f"{' '.join(str(error).split())}")
+
+
 def without_nan_fill() -> None:
     """Keep torch from filling the memory of every tensor it allocates (torch.empty and kin) with
     NaN, which it does under deterministic algorithms (the Trainer's `deterministic`, above) unless
@@ -317,8 +328,11 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     latest = ResumePoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                          every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     without_nan_fill()
-    trainer = L.Trainer(callbacks=[best, latest, monitor, progress_bar(monitor), *callbacks], default_root_dir=str(checkpoint_dir),
-                        plugins=[AtomicCheckpointIO()], **trainer_kwargs(run.config))
+    every_callback, settings = [best, latest, monitor, progress_bar(monitor), *callbacks], trainer_kwargs(run.config)
+    try:
+        trainer = L.Trainer(callbacks=every_callback, default_root_dir=str(checkpoint_dir), plugins=[AtomicCheckpointIO()], **settings)
+    except (MisconfigurationException, ModuleNotFoundError, ValueError) as error:
+        raise refused_here(run.section, run.config, error) from None
     device = trainer.strategy.root_device
     warning = bf16_emulation_warning(run.section, run.config.precision, device,
                                      cpu_has_bf16() if device.type == "cpu" else None)  # (/proc/cpuinfo read on a CPU only)
