@@ -138,6 +138,23 @@ def test_a_spec_that_names_no_model_it_can_reach_names_the_role_and_the_valid_so
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("generator, scorer, message", [
+    ("tiny:roberta", "tiny:llama", r"^params: `models\.generator` = 'tiny:roberta' is a roberta model, not a seq2seq or causal LM, "
+                                   r"which the generator needs: it is trained to write the ending"),
+    ("tiny:llama", "tiny:roberta-nli", r"^params: `models\.scorer` = 'tiny:roberta-nli' is a roberta model, not a seq2seq or causal "
+                                       r"LM, which the scorer needs: it scores the ending token by token"),
+    ("bundled:gpt5", "tiny:llama", r"^params: `models\.generator` = 'bundled:gpt5': unknown bundled model `bundled:gpt5`; "
+                                   r"valid: bundled:smollm2-135m-instruct, bundled:all-minilm-l6-v2$"),
+])
+def test_a_generator_or_scorer_that_is_no_language_model_is_refused_naming_its_param(tmp_path, generator, scorer, message):
+    # Such a model used to be materialised as either and loaded as a causal LM (RobertaForCausalLM,
+    # BertLMHeadModel) with a new, random LM head and attention that sees the tokens ahead: it trained, on a leak.
+    config = ModelsConfig(generator=generator, scorer=scorer, max_input_tokens=32, max_output_tokens=16)
+    with pytest.raises(InputError, match=message):
+        materialise(config, tmp_path / "out", seed=0)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
 def test_resolve_model_dir_rejects_a_non_model(tmp_path):
     with pytest.raises(InputError, match="not a model directory"):
         resolve_model_dir(tmp_path)

@@ -70,6 +70,10 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
                 directory.mkdir()
                 try:
                     fetch(spec, ROLES[role].kind, directory, seed)
+                except InputError as error:  # a spec's own (an unknown bundled or tiny name): which param set it
+                    if error.key is not None:
+                        raise
+                    raise InputError(f"params: `models.{role}` = {spec!r}: {error}", key=f"models.{role}") from None
                 except OSError as error:  # transformers: neither a local directory nor a model it can reach on the hub
                     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                     if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
