@@ -82,3 +82,12 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
                            r"5 in both; `\S*part.jsonl` repeats 1 id\(s\)$")):
         with pytest.raises(InputError, match=message):
             main([str(a) for a in argv])
+
+
+def test_a_shared_systems_file_asked_for_in_another_runs_folder_is_pointed_to():
+    # The collected folder keeps the NLL model's scores in one run's folder; asked for beside
+    # another run's `finetuned`, the error names where it is (every such file, one per machine).
+    holders = sorted(str(path) for path in (GRID / "scores").glob("*/nll.jsonl.gz"))
+    run = next(path.parent for path in (GRID / "scores").glob("*/finetuned.jsonl.gz") if not (path.parent / "nll.jsonl.gz").exists())
+    with pytest.raises(InputError, match=rf"^{run / 'nll.jsonl.gz'}: no such file; nll.jsonl.gz is in {', '.join(holders)}$"):
+        main([str(run / "finetuned.jsonl.gz"), str(run / "nll.jsonl.gz")])

@@ -4,8 +4,12 @@ form, the coherence metrics: storyrewrite.metrics.columns), from per-instance sc
 Any two systems' score files (a run's `reports/scores/<system>.jsonl`, a collected folder's
 `scores/<run>/<system>.jsonl.gz`), tested again, over instances and over stories:
 
-    python -m storyrewrite.significance.compare reports/gpu/scores/RUN/finetuned.jsonl.gz \
-        reports/gpu/scores/RUN/nll.jsonl.gz [--n-resamples 10000] [--seed 0]
+    python -m storyrewrite.significance.compare reports/gpu/scores/RUN-A/finetuned.jsonl.gz \
+        reports/gpu/scores/RUN-B/finetuned.jsonl.gz [--n-resamples 10000] [--seed 0]
+
+In a collected folder each run holds its `finetuned` system; the NLL model's, the LLM modes' and
+the copy baselines' scores are in the folder of the run that holds them, one per machine
+(`ls reports/gpu/scores/*/nll.jsonl.gz`; a file named in another run's folder says where).
 
 With the run's `significance.n_resamples` and `seed` (the collected folder's params/<run>.yaml),
 the p-values against NLL are those of its significance.json. A column the two files' rows name
@@ -166,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     scores = {}  # by the files' names, which errors quote
     for path in (args.system, args.against):
         if not path.is_file():
-            raise InputError(f"{path}: no such file")
+            # A collected folder keeps the shared systems (nll, llm_*, copy_*) in one run's folder.
+            elsewhere = sorted(str(other) for other in path.parent.parent.glob(f"*/{path.name}") if other.is_file())
+            raise InputError(f"{path}: no such file" + (f"; {path.name} is in {', '.join(elsewhere)}" if elsewhere else ""))
         scores[str(path)] = [row for _, row in read_jsonl(path)]
         if not scores[str(path)]:
             raise InputError(f"{path}: no scores")
