@@ -124,6 +124,7 @@ def test_the_lightning_values_are_lightnings_own():
     assert set(LIGHTNING_ACCELERATORS) == set(AcceleratorRegistry.available_accelerators()) | {"auto", "gpu"}
     assert set(LIGHTNING_STRATEGIES) == set(StrategyRegistry.available_strategies()) | {"auto"}
 
+
 def test_a_bad_key_in_a_profile_stops_the_check_command_with_exit_2(tmp_path):
     (tmp_path / "bad.yaml").write_text("cpo:\n  beta: -2\n")
     result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "check", str(tmp_path / "bad.yaml")],

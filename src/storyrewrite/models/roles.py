@@ -66,20 +66,18 @@ def check_role(role: str, directory: str | Path, spec: str) -> None:
     def refused(problem: str) -> InputError:
         return InputError(f"params: `{param}` = {spec!r}{problem}", key=param)
 
-    if role in ("generator", "scorer"):
-        if not (config.is_encoder_decoder or is_decoder_only(config)):
+    if ROLES[role].kind == "lm":  # the generator, the scorer, the judge
+        if role == "judge" and not is_decoder_only(config):
+            raise refused(f" is a {config.model_type} model, not a causal LM; CF-PMI scores the ending as a continuation "
+                          "of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)")
+        if role != "judge" and not (config.is_encoder_decoder or is_decoder_only(config)):
             does = "is trained to write the ending" if role == "generator" else "scores the ending token by token (BARTScore, DTO)"
             raise refused(f" is a {config.model_type} model, not a seq2seq or causal LM, which the {role} needs: it {does} "
                           "(e.g. bundled:smollm2-135m-instruct, facebook/bart-large-cnn)")
         if AutoTokenizer.from_pretrained(directory).eos_token_id is None:
-            raise refused(": its tokenizer has no end-of-text token, which ends every target it is trained on or scores")
-    elif role == "judge":
-        if not is_decoder_only(config):
-            raise refused(f" is a {config.model_type} model, not a causal LM; CF-PMI scores the ending as a continuation "
-                          "of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)")
-        if AutoTokenizer.from_pretrained(directory).eos_token_id is None:
-            raise refused(": its tokenizer has no end-of-text token, which CF-PMI scores after the ending (as BARTScore "
-                          "does) and pads batches with")
+            uses = ("which CF-PMI scores after the ending (as BARTScore does) and pads batches with" if role == "judge"
+                    else "which ends every target it is trained on or scores")
+            raise refused(f": its tokenizer has no end-of-text token, {uses}")
     elif role in ("embedder", "bertscore"):
         needs = ("a sentence encoder; drift similarity needs one (e.g. bundled:all-minilm-l6-v2, bert-base-uncased)" if role == "embedder"
                  else "an encoder; BERTScore matches an encoder's token embeddings (e.g. roberta-large, bundled:all-minilm-l6-v2)")
