@@ -26,7 +26,7 @@ from storyrewrite.data.sources import download
 from storyrewrite.io import InputError, atomic_dir
 from storyrewrite.models import materialise as materialise_module
 from storyrewrite.models.materialise import materialise
-from storyrewrite.models.roles import EVAL_ROLES
+from storyrewrite.models.catalogue import EVAL_ROLES
 from storyrewrite.params import Params, load_yaml, overlay, with_overrides
 from storyrewrite.records import cpu_facts, cpu_features, peak_rss_gb
 

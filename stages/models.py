@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from storyrewrite.io import run_stage
-from storyrewrite.models.roles import ROLES
+from storyrewrite.models.catalogue import ROLES
 from storyrewrite.models.materialise import materialise
 from storyrewrite.params import Params
 

@@ -12,7 +12,7 @@ import torch
 from helpers import ROOT, deal, tiny_models_config, write_raw
 from storyrewrite.data.prepare import prepare
 from storyrewrite.models.materialise import materialise
-from storyrewrite.models.roles import EVAL_ROLES
+from storyrewrite.models.catalogue import EVAL_ROLES
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.params import DataConfig, ModelsConfig
 from storyrewrite.parallel import cores, share_machine

@@ -184,6 +184,24 @@ def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
         "error: params: `task` = 'arts': Input should be 'timetravel', 'timetravel_ablated' or 'art'"]
 
 
+def test_the_check_refuses_a_bundled_or_tiny_model_that_cannot_play_its_role(tmp_path, capsys):
+    # Before, these passed the check and stopped a sweep's every experiment at its models stage.
+    profile = tmp_path / "models.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n  judge: tiny:bart\n")
+    assert _check_errors(capsys, str(profile), "-S", "models.embedder=tiny:lama", "-S", "models.nli=tiny:roberta") == [
+        f"error: {profile}:4: `models.judge` = 'tiny:bart' is a bart model, not a causal LM; CF-PMI scores the ending as a "
+        "continuation of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)",
+        "error: params: `models.embedder` = 'tiny:lama': unknown tiny model `tiny:lama`; valid: tiny:bart, tiny:llama, tiny:roberta, "
+        "tiny:roberta-nli",
+        "error: params: `models.nli` = 'tiny:roberta' is a roberta model, not a sequence classifier; EntScore needs an NLI "
+        "classifier (e.g. FacebookAI/roberta-large-mnli)"]
+    # The generator and the scorer of two vocabularies, one experiment of a sweep; a hub name is left to its stage.
+    assert _check_errors(capsys, str(profile), "-S", "models.judge=null", "-S", "models.scorer=choice(tiny:bart,some-org/some-model)") == [
+        "error: params: `models.generator` (tiny:llama, 8449 tokens) and `models.scorer` (tiny:bart, 8454 tokens) do not share a "
+        "vocabulary; pick a scorer of the generator's family (paper: facebook/bart-large-cnn for both) "
+        "(experiment -S models.judge=null -S models.scorer=tiny\\:bart)"]
+
+
 def test_check_all_reports_every_invalid_section_a_line_each():
     raw = load_yaml(ROOT / "params.yaml")
     params = _params(task="ar", cpo=dict(raw["cpo"], beta=-2), llm=dict(raw["llm"], modes="rag"))
@@ -295,7 +313,7 @@ def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, cap
     # spaces and never unquotes it. Those words, applied by DVC's functions, are the profile.
     base = load_yaml(ROOT / "params.yaml")
     profile = {"llm": {"modes": ["zero_shot", "rag"], "max_new_tokens": 12}, "train": {"lr": 1.0e-5, "seed": None},
-               "models": {"generator": "tiny:llama"}}
+               "models": {"generator": "tiny:llama", "scorer": "tiny:llama"}}
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump(profile))
     main(["overrides", str(tmp_path / "mine.yaml")])
     words = capsys.readouterr().out.split()

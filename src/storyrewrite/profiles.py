@@ -5,7 +5,8 @@
     python -m storyrewrite.profiles get [PROFILE ...] --key KEY
 
 A module apart from storyrewrite.params, which every stage imports: this one also imports the
-objective and LLM-mode registries, to check the names `objective` and `llm.modes` look up.
+objective and LLM-mode registries and the model catalogue, to check the names `objective`,
+`llm.modes` and the `bundled:`/`tiny:` model specs look up.
 """
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ import yaml
 from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
+from storyrewrite.models.catalogue import ROLES, check_specs
 from storyrewrite.objectives.registry import get_objective
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
 
 
 def check_registered_names(params: Params) -> list[InputError]:
-    """The errors in the names a stage looks up in a registry: `objective` (for the task) and
-    `llm.modes`. A look-up whose sections do not validate is left out: Params.errors names them,
+    """The errors in the names a stage looks up in a registry: `objective` (for the task),
+    `llm.modes`, and the models that `bundled:` and `tiny:` specs name (each fit for its role,
+    the generator's and the scorer's of one vocabulary). A look-up whose sections do not validate is left out: Params.errors names them,
     and the other look-ups still run, so that one check names every error."""
     def built(*names: str) -> list[Any] | None:
         try:
@@ -38,7 +41,7 @@ def check_registered_names(params: Params) -> list[InputError]:
         look_ups.append(lambda: get_objective(*sections))
     if (llm := built("llm")) is not None:
         look_ups += [lambda name=name: get_mode(name) for name in llm[0].modes]
-    errors = []
+    errors = [] if (models := built("models")) is None else check_specs({role: getattr(models[0], role) for role in ROLES})
     for look_up in look_ups:
         try:
             look_up()

@@ -147,7 +147,7 @@ def test_the_eval_models_directory_carries_the_encoder_to_the_score_stage(tmp_pa
     eval_models stage materialises the encoder; the score stage loads it with the spec it came
     from, also for a task without a counterfactual event (ART: BERTScore alone)."""
     from storyrewrite.models.materialise import materialise
-    from storyrewrite.models.roles import EVAL_ROLES
+    from storyrewrite.models.catalogue import EVAL_ROLES
     from storyrewrite.params import ModelsConfig
 
     config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=96, max_output_tokens=40,

@@ -138,7 +138,7 @@ def test_a_classifier_without_an_entailment_label_is_refused_by_name(tiny_evalua
 @pytest.mark.parametrize("role, spec, message", [
     ("judge", "tiny:bart", r"`models.judge` = 'tiny:bart' is a bart model, not a causal LM"),
     ("embedder", "tiny:llama", r"`models.embedder` = 'tiny:llama' is a decoder-only LM, not a sentence encoder"),
-    ("nli", "tiny:roberta", r"`models.nli` = 'tiny:roberta' is not a sequence classifier"),
+    ("nli", "tiny:roberta", r"`models.nli` = 'tiny:roberta' is a roberta model, not a sequence classifier"),
 ])
 def test_a_model_that_cannot_play_its_role_is_refused_before_any_scoring(tmp_path, role, spec, message):
     config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", max_input_tokens=96, max_output_tokens=40, **{role: spec})

@@ -1,13 +1,17 @@
 import json
-from itertools import pairwise
+from itertools import combinations, pairwise
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoTokenizer
 
 from storyrewrite.io import InputError
 from storyrewrite.params import ModelsConfig
-from storyrewrite.models.materialise import materialise
-from storyrewrite.models.specs import BUNDLED, load_from_source
+from storyrewrite.models.materialise import check_same_vocabulary, materialise
+from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, catalogued, check_specs
+from storyrewrite.models.roles import check_role, shape_of
+from storyrewrite.models.specs import fetch, load_from_source
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, save_model
 from storyrewrite.models.tiny import package_dir
 
@@ -155,6 +159,49 @@ def test_a_generator_or_scorer_that_is_no_language_model_is_refused_naming_its_p
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+CATALOGUED = [*(f"tiny:{kind}" for kind in TINY), "bundled:all-minilm-l6-v2"]  # SmolLM2: the slow test below
+
+
+@pytest.fixture(scope="module")
+def catalogued_dirs(tmp_path_factory) -> dict[str, Path]:
+    """spec -> the model it names, fetched (a tiny or bundled model is what it is, whatever role asks)."""
+    out = tmp_path_factory.mktemp("catalogued")
+    for index, spec in enumerate(CATALOGUED):
+        fetch(spec, "lm", out / str(index))
+    return {spec: out / str(index) for index, spec in enumerate(CATALOGUED)}
+
+
+@pytest.mark.parametrize("spec", CATALOGUED)
+def test_the_catalogue_says_of_a_model_what_the_model_itself_shows(catalogued_dirs, spec):
+    """What storyrewrite.models.catalogue writes of a model (which `profiles check` reads without
+    loading it) against the model's own config and tokenizer; and for each role, the check of the
+    spec refuses where the check of the fetched model does, in the same words."""
+    directory, model = catalogued_dirs[spec], catalogued(spec)
+    assert shape_of(AutoConfig.from_pretrained(directory)) == model.shape
+    assert len(AutoTokenizer.from_pretrained(directory)) == model.tokens
+    for role in ROLES:
+        try:
+            check_role(role, directory, spec)
+            refused = []
+        except InputError as error:
+            refused = [str(error)]
+        assert [str(error) for error in check_specs({role: spec})] == refused, role
+
+
+def test_two_catalogued_models_share_a_vocabulary_exactly_when_the_catalogue_says_so(catalogued_dirs):
+    tokenizers = {spec: AutoTokenizer.from_pretrained(directory) for spec, directory in catalogued_dirs.items()}
+    for first, second in combinations(CATALOGUED, 2):
+        same = catalogued(first).vocabulary == catalogued(second).vocabulary
+        assert same == (tokenizers[first].get_vocab() == tokenizers[second].get_vocab()), (first, second)
+        if all(check_specs({"generator": spec}) == [] for spec in (first, second)):  # two LMs: the check of the loaded tokenizers
+            try:
+                check_same_vocabulary(tokenizers[first], tokenizers[second], (first, second))
+                refused = []
+            except InputError as error:
+                refused = [str(error)]
+            assert [str(error) for error in check_specs({"generator": first, "scorer": second})] == refused
+
+
 def test_resolve_model_dir_rejects_a_non_model(tmp_path):
     with pytest.raises(InputError, match="not a model directory"):
         resolve_model_dir(tmp_path)
@@ -181,6 +228,7 @@ def test_bundled_smollm2_materialises_exactly(tmp_path, monkeypatch):
     model, tokenizer = load_from_source("bundled:smollm2-135m-instruct")
     monkeypatch.undo()
     assert type(model).__name__ == "LlamaForCausalLM" and len(tokenizer) == 49152
+    assert shape_of(model.config) == BUNDLED["smollm2-135m-instruct"].shape and len(tokenizer) == BUNDLED["smollm2-135m-instruct"].tokens
     assert len(readers) == 1 and gguf.GGUFReader is package_reader  # parsed once; the patch undone
     assert type(readers[0].data) is np.ndarray and not readers[0].data.flags.writeable
     bundled = BUNDLED["smollm2-135m-instruct"]

@@ -19,9 +19,9 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from storyrewrite.io import InputError, atomic_dir, read_json, write_json_atomic
-from storyrewrite.models.roles import ROLES, check_role
-from storyrewrite.models.specs import BUNDLED, fetch
-from storyrewrite.models.tiny import TINY
+from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, vocabularies_differ
+from storyrewrite.models.roles import check_role
+from storyrewrite.models.specs import fetch
 from storyrewrite.params import ModelsConfig
 
 
@@ -34,11 +34,7 @@ def spec_dir(models_dir: str | Path, spec: str, kind: str = "lm") -> Path:
 def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:
     """DTO feeds generator distributions to the scorer token by token: the vocabularies must match."""
     if generator.get_vocab() != scorer.get_vocab():
-        raise InputError(
-            f"params: `models.generator` ({names[0]}, {len(generator)} tokens) and `models.scorer` "
-            f"({names[1]}, {len(scorer)} tokens) do not share a vocabulary; pick a scorer of the "
-            "generator's family (paper: facebook/bart-large-cnn for both)", key="models.scorer"
-        )
+        raise vocabularies_differ((names[0], len(generator)), (names[1], len(scorer)))
 
 
 def _materialised(models_dir: Path | None, spec: str, kind: str) -> Path | None:

