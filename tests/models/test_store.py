@@ -202,6 +202,24 @@ def test_two_catalogued_models_share_a_vocabulary_exactly_when_the_catalogue_say
             assert [str(error) for error in check_specs({"generator": first, "scorer": second})] == refused
 
 
+def test_a_language_model_whose_tokenizer_has_no_end_token_is_refused_naming_its_role(tmp_path):
+    # Every target ends with the end token, and CF-PMI scores it after the ending: without one, each would be cut short.
+    fetch("tiny:llama", "lm", tmp_path / "lm")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "lm")
+    tokenizer.eos_token = None  # (the pad token, the same text, stays)
+    tokenizer.save_pretrained(tmp_path / "lm")
+    assert AutoTokenizer.from_pretrained(tmp_path / "lm").eos_token_id is None
+    spec = str(tmp_path / "lm")
+    config = ModelsConfig(generator=spec, scorer=spec, max_input_tokens=32, max_output_tokens=16, judge=spec)
+    with pytest.raises(InputError, match=rf"^params: `models.generator` = '{spec}': its tokenizer has no end-of-text token, "
+                                         "which ends every target it is trained on or scores$"):
+        materialise(config, tmp_path / "out", seed=0)
+    with pytest.raises(InputError, match=rf"^params: `models.judge` = '{spec}': its tokenizer has no end-of-text token, "
+                                         "which CF-PMI scores after the ending"):
+        materialise(config, tmp_path / "evaluators", seed=0, roles=("judge",))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "evaluators").exists()
+
+
 def test_resolve_model_dir_rejects_a_non_model(tmp_path):
     with pytest.raises(InputError, match="not a model directory"):
         resolve_model_dir(tmp_path)
