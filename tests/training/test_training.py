@@ -13,6 +13,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
 
+from storyrewrite.errors import locate
 from storyrewrite.io import InputError
 from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
@@ -169,6 +170,9 @@ def test_settings_this_machine_cannot_run_end_in_one_line_naming_them(tmp_path, 
                               f"{config.devices!r}, strategy '{config.strategy}', precision '32-true', num_nodes 1, which cannot run here: ")
     assert reason in message and "\n" not in message
     assert not (tmp_path / "out").exists()
+    # As the stage prints it: from the line of params.yaml where the section starts.
+    line = next(number for number, text in enumerate((ROOT / "params.yaml").read_text().splitlines(), 1) if text.startswith("train_nll:"))
+    assert str(locate(caught.value, [ROOT / "params.yaml"])) == f"{ROOT / 'params.yaml'}:{line}: {message.removeprefix('params: ')}"
 
 
 def test_divergence_stops_at_once_and_exports_nothing(tmp_path, tiny_model_dirs, small_prepared):

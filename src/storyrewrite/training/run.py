@@ -213,11 +213,12 @@ def trainer_kwargs(config: TrainConfig) -> dict:
 def refused_here(section: str, config: TrainConfig, error: Exception) -> InputError:
     """Lightning's refusal of a section's Trainer settings on this machine (a GPU it lacks, a
     strategy or precision whose package is not installed, FSDP on a CPU) as one line that names
-    them, with Lightning's reason. The values themselves are checked with the params
-    (storyrewrite.params); whether this machine can run them, only here."""
+    them, with Lightning's reason, keyed to the section (a stage's line starts with the section's
+    line of params.yaml: the settings are its keys). The values themselves are checked with the
+    params (storyrewrite.params); whether this machine can run them, only here."""
     asked = ", ".join(f"{name} {getattr(config, name)!r}" for name in ("accelerator", "devices", "strategy", "precision", "num_nodes"))
     return InputError(f"params: `{section}` asks the Lightning Trainer for {asked}, which cannot run here: "
-                      f"{' '.join(str(error).split())}")
+                      f"{' '.join(str(error).split())}", key=section)
 
 
 def without_nan_fill() -> None:
