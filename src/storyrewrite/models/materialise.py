@@ -19,7 +19,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from storyrewrite.io import InputError, atomic_dir, read_json, write_json_atomic
-from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, vocabularies_differ
+from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, refused, vocabularies_differ
 from storyrewrite.models.roles import check_role
 from storyrewrite.models.specs import fetch
 from storyrewrite.params import ModelsConfig
@@ -69,16 +69,14 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
                 except InputError as error:  # a spec's own (an unknown bundled or tiny name): which param set it
                     if error.key is not None:
                         raise
-                    raise InputError(f"params: `models.{role}` = {spec!r}: {error}", key=f"models.{role}") from None
+                    raise refused(role, spec, f": {error}") from None
                 except OSError as error:  # transformers: neither a local directory nor a model it can reach on the hub
                     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                     if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
                         reason = "no such directory"
-                    raise InputError(
-                        f"params: `models.{role}` = {spec!r} cannot be loaded ({reason}); a spec is a local model "
-                        f"directory, a Hugging Face hub name (the hub or its cache needed), "
-                        f"{', '.join('bundled:' + name for name in BUNDLED)} or {', '.join('tiny:' + kind for kind in TINY)}", key=f"models.{role}"
-                    ) from None
+                    raise refused(role, spec, f" cannot be loaded ({reason}); a spec is a local model directory, a Hugging Face "
+                                  f"hub name (the hub or its cache needed), {', '.join('bundled:' + name for name in BUNDLED)} or "
+                                  f"{', '.join('tiny:' + kind for kind in TINY)}") from None
             check_role(role, directory, spec)
         if {"generator", "scorer"} <= set(roles):
             check_same_vocabulary(*(AutoTokenizer.from_pretrained(spec_dir(staging, specs[r])) for r in ("generator", "scorer")),

