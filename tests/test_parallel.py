@@ -60,20 +60,22 @@ sys.stdin.read()  # hold the GPU until told to end
 
 
 def test_each_worker_takes_a_gpu_of_its_own_and_gives_it_back_when_it_ends(tmp_path, monkeypatch):
-    children = []
+    children, held = [], []  # `held`: each stand-in for this process's record of the locks it holds
     try:
         for expected in ("0", "1"):
             child = subprocess.Popen([sys.executable, "-c", CLAIM, "3", str(tmp_path)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
             children.append(child)
             assert child.stdout.readline().strip() == expected
-        monkeypatch.setattr(parallel, "_held", {})
+        held.append({})
+        monkeypatch.setattr(parallel, "_held", held[-1])
         assert parallel.assigned_gpu(3, concurrent=3, directory=tmp_path) == 2
         assert parallel.assigned_gpu(3, concurrent=3, directory=tmp_path) == 2  # the one it holds, again
         # One worker or one GPU: no assignment, `auto` means what it always meant.
         assert parallel.assigned_gpu(3, concurrent=1, directory=tmp_path) is None
         assert parallel.assigned_gpu(1, concurrent=3, directory=tmp_path) is None
-        monkeypatch.setattr(parallel, "_held", {})
+        held.append({})
+        monkeypatch.setattr(parallel, "_held", held[-1])  # a third process: GPU 2 stays held by the one above
         with pytest.raises(InputError, match=r"all 3 GPUs are held by other stages"):
             parallel.assigned_gpu(3, concurrent=4, directory=tmp_path)
         children[0].kill()  # killed, not closed: the system releases its lock
@@ -83,7 +85,9 @@ def test_each_worker_takes_a_gpu_of_its_own_and_gives_it_back_when_it_ends(tmp_p
         for child in children:
             child.kill()
             child.wait()
-        for fd in parallel._held.values():
+            child.stdin.close()
+            child.stdout.close()
+        for fd in (fd for record in held for fd in record.values()):
             os.close(fd)
 
 
