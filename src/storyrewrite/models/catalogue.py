@@ -90,6 +90,11 @@ EXAMPLES = {  # the specs an error suggests for a role
 }
 
 
+def valid_specs(prefix: str) -> str:
+    """The specs of a catalogue (`bundled`, `tiny`), as errors list them."""
+    return ", ".join(f"{prefix}:{name}" for name in CATALOGUES[prefix])
+
+
 def catalogued(spec: str) -> Catalogued | None:
     """The model a `bundled:` or `tiny:` spec names (None for a hub name or a directory); an
     unknown name is an error that lists the valid ones."""
@@ -97,7 +102,7 @@ def catalogued(spec: str) -> Catalogued | None:
     if prefix not in CATALOGUES or not name:
         return None
     if name not in CATALOGUES[prefix]:
-        raise InputError(f"unknown {prefix} model `{spec}`; valid: {', '.join(f'{prefix}:{key}' for key in CATALOGUES[prefix])}")
+        raise InputError(f"unknown {prefix} model `{spec}`; valid: {valid_specs(prefix)}")
     return CATALOGUES[prefix][name]
 
 

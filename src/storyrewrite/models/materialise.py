@@ -19,7 +19,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from storyrewrite.io import InputError, atomic_dir, read_json, write_json_atomic
-from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, refused, vocabularies_differ
+from storyrewrite.models.catalogue import ROLES, refused, valid_specs, vocabularies_differ
 from storyrewrite.models.roles import check_role
 from storyrewrite.models.specs import fetch
 from storyrewrite.params import ModelsConfig
@@ -75,8 +75,7 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
                     if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
                         reason = "no such directory"
                     raise refused(role, spec, f" cannot be loaded ({reason}); a spec is a local model directory, a Hugging Face "
-                                  f"hub name (the hub or its cache needed), {', '.join('bundled:' + name for name in BUNDLED)} or "
-                                  f"{', '.join('tiny:' + kind for kind in TINY)}") from None
+                                  f"hub name (the hub or its cache needed), {valid_specs('bundled')} or {valid_specs('tiny')}") from None
             check_role(role, directory, spec)
         if {"generator", "scorer"} <= set(roles):
             check_same_vocabulary(*(AutoTokenizer.from_pretrained(spec_dir(staging, specs[r])) for r in ("generator", "scorer")),
