@@ -322,7 +322,6 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(fingerprint_file, fingerprint + "\n")
 
-    module, datamodule = assemble(run, diagnostics)
     monitor = TrainingMonitor(log_dir, checkpoint_dir / "curves", run.section, run.objective, resumed_step)
     best = (FreshBest if fresh_best else ModelCheckpoint)(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
                                                           save_top_k=1, save_weights_only=True, enable_version_counter=False)
@@ -333,7 +332,11 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     try:
         trainer = L.Trainer(callbacks=every_callback, default_root_dir=str(checkpoint_dir), plugins=[AtomicCheckpointIO()], **settings)
     except (MisconfigurationException, ModuleNotFoundError, ValueError) as error:
+        # Refused before any model is loaded; a fresh run's directory goes (an interrupted run's stays).
+        if resume_from is None:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
         raise refused_here(run.section, run.config, error) from None
+    module, datamodule = assemble(run, diagnostics)
     device = trainer.strategy.root_device
     warning = bf16_emulation_warning(run.section, run.config.precision, device,
                                      cpu_has_bf16() if device.type == "cpu" else None)  # (/proc/cpuinfo read on a CPU only)
