@@ -94,6 +94,29 @@ def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_mode
     assert summary["start_val_loss"] is not None
 
 
+def test_a_refused_rerun_keeps_the_interrupted_runs_checkpoints(tmp_path, tiny_model_dirs, small_prepared, monkeypatch):
+    # The rerun of an interrupted GPU run on a machine whose GPU is not visible, say: Lightning
+    # refuses the same settings, and the checkpoints wait for a machine that can resume them.
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    import storyrewrite.training.run as run_module
+
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=5, checkpoint_every_n_steps=2, val_check_interval=5)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _fit(tmp_path, run, callbacks=(Crash(3),))
+    kept = sorted(path.name for path in (tmp_path / "ckpt").iterdir())
+
+    def refuse(*args, **kwargs):
+        raise MisconfigurationException("No supported gpu backend found!")
+    with monkeypatch.context() as patched:
+        patched.setattr(run_module.L, "Trainer", refuse)
+        with pytest.raises(InputError, match="which cannot run here: No supported gpu backend found!"):
+            _fit(tmp_path, run)
+    assert sorted(path.name for path in (tmp_path / "ckpt").iterdir()) == kept and "last.ckpt" in kept
+    summary = _fit(tmp_path, run)
+    assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
+
+
 def test_an_interrupted_run_continues_under_a_larger_budget(tmp_path, tiny_model_dirs, small_prepared):
     # With data-loading workers, as the GPU profile uses them.
     settings = dict(checkpoint_every_n_steps=2, val_check_interval=5, num_workers=2)
