@@ -10,7 +10,8 @@ from storyrewrite.io import InputError
 from storyrewrite.llm.modes import MODES
 from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.params import (LIGHTNING_ACCELERATORS, LIGHTNING_PRECISION_ALIASES, LIGHTNING_PRECISIONS, LIGHTNING_STRATEGIES,
-                                 DataConfig, DownloadConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
+                                 DataConfig, DownloadConfig, ModelsConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
+from storyrewrite.models.materialise import materialise
 from storyrewrite.profiles import main
 
 from helpers import ROOT
@@ -200,6 +201,40 @@ def test_the_check_refuses_a_bundled_or_tiny_model_that_cannot_play_its_role(tmp
         "error: params: `models.generator` (tiny:llama, 8449 tokens) and `models.scorer` (tiny:bart, 8454 tokens) do not share a "
         "vocabulary; pick a scorer of the generator's family (paper: facebook/bart-large-cnn for both) "
         "(experiment -S models.judge=null -S models.scorer=tiny\\:bart)"]
+
+
+def test_the_check_refuses_a_model_directory_where_its_models_stage_would(tmp_path, capsys, tiny_model_dirs):
+    # A local directory is read (config and tokenizer, no weights); each line is the stage's own error.
+    bart, llama, nowhere = (str(path) for path in (tiny_model_dirs["bart"], tiny_model_dirs["llama"], tmp_path / "nowhere"))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text("{}")
+
+    def stage_error(roles: tuple[str, ...], **specs: str) -> str:
+        config = ModelsConfig(**{"generator": "tiny:llama", "scorer": "tiny:llama", **specs}, max_input_tokens=32, max_output_tokens=16)
+        with pytest.raises(InputError) as caught:
+            materialise(config, tmp_path / "stage", seed=0, roles=roles)
+        capsys.readouterr()  # (its progress bars)
+        return f"error: {caught.value}"
+
+    def check(**specs: str) -> list[str]:
+        return _check_errors(capsys, *(word for role, spec in specs.items() for word in ("-S", f"models.{role}={spec}")))
+
+    cases = [
+        (("generator", "scorer"), dict(generator=nowhere, scorer="tiny:llama")),  # no such directory
+        (("generator", "scorer"), dict(generator=str(tmp_path), scorer="tiny:llama")),  # a directory without a model
+        (("generator", "scorer"), dict(generator=str(foreign), scorer="tiny:llama")),  # a config.json not a model's
+        (("judge",), dict(judge=bart)),  # not a causal LM
+        (("embedder",), dict(embedder=llama)),  # a decoder-only LM, not an encoder
+        (("generator", "scorer"), dict(generator=bart, scorer=llama)),  # two vocabularies, both read here
+        (("generator", "scorer"), dict(generator=llama, scorer="tiny:bart")),  # ... one of them catalogued
+    ]
+    for roles, specs in cases:
+        expected = stage_error(roles, **specs)
+        others = {} if "generator" in specs else {"generator": "tiny:llama", "scorer": "tiny:llama"}
+        assert check(**others, **specs) == [expected], specs
+    # Directories that can play their roles pass, as at their stage.
+    assert main(["check", "-S", f"models.generator={llama}", "-S", f"models.scorer={llama}", "-S", f"models.judge={llama}"]) is None
 
 
 def test_check_all_reports_every_invalid_section_a_line_each():

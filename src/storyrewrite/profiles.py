@@ -6,7 +6,9 @@
 
 A module apart from storyrewrite.params, which every stage imports: this one also imports the
 objective and LLM-mode registries and the model catalogue, to check the names `objective`,
-`llm.modes` and the `bundled:`/`tiny:` model specs look up.
+`llm.modes` and the `bundled:`/`tiny:` model specs look up, and the models that a local
+directory or a hub name in the Hugging Face cache holds (their configs and tokenizers: then it
+imports transformers).
 """
 from __future__ import annotations
 
@@ -20,15 +22,16 @@ import yaml
 from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
-from storyrewrite.models.catalogue import ROLES, check_specs
+from storyrewrite.models.catalogue import ROLES, check_specs, local_models
 from storyrewrite.objectives.registry import get_objective
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
 
 
 def check_registered_names(params: Params) -> list[InputError]:
     """The errors in the names a stage looks up in a registry: `objective` (for the task),
-    `llm.modes`, and the models that `bundled:` and `tiny:` specs name (each fit for its role,
-    the generator's and the scorer's of one vocabulary). A look-up whose sections do not
+    `llm.modes`, and the models that `bundled:` and `tiny:` specs name, or that a directory or a
+    cached hub name holds (each fit for its role, the generator's and the scorer's of one
+    vocabulary; a hub name not cached is left to its stage). A look-up whose sections do not
     validate is left out: Params.errors names them, and the other look-ups still run, so that one
     check names every error."""
     def built(*names: str) -> list[Any] | None:
@@ -42,7 +45,15 @@ def check_registered_names(params: Params) -> list[InputError]:
         look_ups.append(lambda: get_objective(*sections))
     if (llm := built("llm")) is not None:
         look_ups += [lambda name=name: get_mode(name) for name in llm[0].modes]
-    errors = [] if (models := built("models")) is None else check_specs({role: getattr(models[0], role) for role in ROLES})
+    errors = []
+    if (models := built("models")) is not None:
+        specs = {role: getattr(models[0], role) for role in ROLES}
+        directories, unloadable = local_models(specs)
+        errors += check_specs(specs) + unloadable
+        if directories:
+            from storyrewrite.models.roles import check_local_specs  # transformers: only for a model found here
+
+            errors += check_local_specs(specs, directories)
     for look_up in look_ups:
         try:
             look_up()

@@ -8,9 +8,9 @@ from transformers import AutoConfig, AutoTokenizer
 
 from storyrewrite.io import InputError
 from storyrewrite.params import ModelsConfig
-from storyrewrite.models.materialise import check_same_vocabulary, materialise
+from storyrewrite.models.materialise import materialise
 from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, catalogued, check_specs
-from storyrewrite.models.roles import check_role, shape_of
+from storyrewrite.models.roles import check_role, check_same_vocabulary, shape_of
 from storyrewrite.models.specs import fetch, load_from_source
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, save_model
 from storyrewrite.models.tiny import package_dir

@@ -17,6 +17,7 @@ config; tests/models/test_store.py holds the shapes written here to the models' 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from storyrewrite.io import InputError
 
@@ -129,6 +130,65 @@ def refused(role: str, spec: str, problem: str) -> InputError:
     return InputError(f"params: `models.{role}` = {spec!r}{problem}", key=f"models.{role}")
 
 
+def is_path(spec: str) -> bool:
+    """Whether a spec that no catalogue holds names a local directory (else a hub name)."""
+    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().is_dir()
+
+
+def directory_problem(directory: Path) -> str | None:
+    """Why a local directory holds no model that transformers can load, or None."""
+    if not directory.exists():
+        return "no such directory"
+    if not (directory / "config.json").is_file():
+        return f"{directory} has no config.json"
+    return None
+
+
+def local_directory(spec: str) -> Path | None:
+    """Where the model of a spec that no catalogue holds lies on this machine: the directory it
+    names, or a hub name's snapshot in the Hugging Face cache; None for a hub name not cached
+    (never a download). An OSError where a directory is named but holds no model."""
+    if is_path(spec):
+        directory = Path(spec).expanduser()
+        if (problem := directory_problem(directory)) is not None:
+            raise OSError(problem)
+        return directory
+    from huggingface_hub import snapshot_download  # (no transformers: a fraction of a second)
+
+    try:
+        found = Path(snapshot_download(spec, local_files_only=True))
+    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError), or not a hub name at all
+        return None
+    return found if (found / "config.json").is_file() else None
+
+
+def local_models(specs: dict[str, str | None]) -> tuple[dict[str, Path], list[InputError]]:
+    """The specs (role -> spec) that name no catalogued model but a model on this machine: a local
+    directory or a hub name in the Hugging Face cache (role -> its directory), for
+    storyrewrite.models.roles.check_local_specs; and the errors of those naming a directory that
+    holds none, in the models stages' words. A hub name not cached is left to its stage."""
+    directories, errors = {}, []
+    for role, spec in specs.items():
+        if spec is None or spec.partition(":")[0] in CATALOGUES:
+            continue
+        try:
+            if (directory := local_directory(spec)) is not None:
+                directories[role] = directory
+        except OSError as error:
+            errors.append(cannot_be_loaded(role, spec, error))
+    return directories, errors
+
+
+def cannot_be_loaded(role: str, spec: str, error: Exception) -> InputError:
+    """transformers' refusal to load a spec (neither a local model directory nor a model it can
+    reach on the hub or in its cache) as one line with the specs that work."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if is_path(spec):  # (transformers' words for these read as if the spec were a hub name)
+        reason = directory_problem(Path(spec).expanduser()) or reason
+    return refused(role, spec, f" cannot be loaded ({reason}); a spec is a local model directory, a Hugging Face "
+                   f"hub name (the hub or its cache needed), {valid_specs('bundled')} or {valid_specs('tiny')}")
+
+
 def vocabularies_differ(generator: tuple[str, int], scorer: tuple[str, int]) -> InputError:
     """The error for a generator and a scorer that do not share a vocabulary: (spec, tokens) each."""
     return InputError(
@@ -140,7 +200,8 @@ def vocabularies_differ(generator: tuple[str, int], scorer: tuple[str, int]) -> 
 def check_specs(specs: dict[str, str | None]) -> list[InputError]:
     """The errors that the specs of `bundled:` and `tiny:` models (role -> spec) show without
     loading them: an unknown name, a model that cannot play its role, a generator and a scorer of
-    different vocabularies. A hub name or a directory is checked when its stage loads it."""
+    different vocabularies. A directory, or a hub name in the local cache, is read by
+    storyrewrite.models.roles.check_local_specs; a hub name that is not, when its stage loads it."""
     errors, found = [], {}
     for role, spec in specs.items():
         if spec is None:

@@ -16,11 +16,11 @@ import re
 import shutil
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from storyrewrite.io import InputError, atomic_dir, read_json, write_json_atomic
-from storyrewrite.models.catalogue import ROLES, refused, valid_specs, vocabularies_differ
-from storyrewrite.models.roles import check_role
+from storyrewrite.models.catalogue import ROLES, cannot_be_loaded, directory_problem, is_path, refused
+from storyrewrite.models.roles import check_role, check_same_vocabulary
 from storyrewrite.models.specs import fetch
 from storyrewrite.params import ModelsConfig
 
@@ -29,12 +29,6 @@ def spec_dir(models_dir: str | Path, spec: str, kind: str = "lm") -> Path:
     """The materialised directory of a spec (one per distinct spec and kind, shared by roles)."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "--", spec).strip("-.")
     return Path(models_dir) / (name if kind == "lm" else f"{name}--{kind}")
-
-
-def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:
-    """DTO feeds generator distributions to the scorer token by token: the vocabularies must match."""
-    if generator.get_vocab() != scorer.get_vocab():
-        raise vocabularies_differ((names[0], len(generator)), (names[1], len(scorer)))
 
 
 def _materialised(models_dir: Path | None, spec: str, kind: str) -> Path | None:
@@ -65,17 +59,19 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
             if not directory.exists():
                 directory.mkdir()
                 try:
+                    if is_path(spec) and (problem := directory_problem(Path(spec).expanduser())) is not None:
+                        raise OSError(problem)  # (transformers reads an empty directory's spec as a hub name)
                     fetch(spec, ROLES[role].kind, directory, seed)
                 except InputError as error:  # a spec's own (an unknown bundled or tiny name): which param set it
                     if error.key is not None:
                         raise
                     raise refused(role, spec, f": {error}") from None
                 except OSError as error:  # transformers: neither a local directory nor a model it can reach on the hub
-                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                    if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
-                        reason = "no such directory"
-                    raise refused(role, spec, f" cannot be loaded ({reason}); a spec is a local model directory, a Hugging Face "
-                                  f"hub name (the hub or its cache needed), {valid_specs('bundled')} or {valid_specs('tiny')}") from None
+                    raise cannot_be_loaded(role, spec, error) from None
+                except ValueError as error:  # transformers: a local config.json it cannot read as a model's
+                    if not is_path(spec):
+                        raise
+                    raise cannot_be_loaded(role, spec, error) from None
             check_role(role, directory, spec)
         if {"generator", "scorer"} <= set(roles):
             check_same_vocabulary(*(AutoTokenizer.from_pretrained(spec_dir(staging, specs[r])) for r in ("generator", "scorer")),

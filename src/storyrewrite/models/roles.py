@@ -5,12 +5,14 @@ classifier's entailment label).
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from storyrewrite.models.catalogue import ROLES, Shape, refused, role_problem
+from storyrewrite.io import InputError
+from storyrewrite.models.catalogue import ROLES, Shape, cannot_be_loaded, catalogued, refused, role_problem, vocabularies_differ
 
 
 def is_decoder_only(config: PretrainedConfig) -> bool:
@@ -49,3 +51,49 @@ def check_role(role: str, directory: str | Path, spec: str) -> None:
         raise refused(role, spec, f": its tokenizer has no end-of-text token, {uses}")
     if role == "nli":
         entailment_label(config, spec)
+
+
+def check_same_vocabulary(generator: PreTrainedTokenizerBase, scorer: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:
+    """DTO feeds generator distributions to the scorer token by token: the vocabularies must match."""
+    if generator.get_vocab() != scorer.get_vocab():
+        raise vocabularies_differ((names[0], len(generator)), (names[1], len(scorer)))
+
+
+@functools.cache
+def _role_error(role: str, spec: str, directory: Path) -> InputError | None:
+    """check_role's refusal of the model in `directory`, once a process (a sweep checks each experiment)."""
+    try:
+        check_role(role, directory, spec)
+    except InputError as error:
+        return error
+    except (OSError, ValueError) as error:  # a config.json or tokenizer transformers cannot read, as its stage words it
+        return cannot_be_loaded(role, spec, error)
+    return None
+
+
+def check_local_specs(specs: dict[str, str | None], directories: dict[str, Path]) -> list[InputError]:
+    """What the models stages would refuse of the models that specs (role -> spec) name on this
+    machine (role -> directory: storyrewrite.models.catalogue.local_models), read from their
+    configs and tokenizers, no weights loaded: a model that cannot play its role, a generator and
+    a scorer of different vocabularies."""
+    errors = [error for role, directory in directories.items() if (error := _role_error(role, specs[role], directory))]
+    if errors:
+        return errors
+    lms = {role: AutoTokenizer.from_pretrained(directories[role]) for role in ("generator", "scorer") if role in directories}
+    if len(lms) == 2:
+        try:
+            check_same_vocabulary(lms["generator"], lms["scorer"], (specs["generator"], specs["scorer"]))
+        except InputError as error:
+            errors.append(error)
+    elif len(lms) == 1:
+        # The other one catalogued: vocabularies of different sizes differ (equal sizes tell nothing here).
+        ((role, tokenizer),) = lms.items()
+        other = "scorer" if role == "generator" else "generator"
+        try:
+            model = catalogued(specs[other]) if specs.get(other) else None
+        except InputError:  # an unknown name: check_specs says so
+            model = None
+        if model is not None and model.tokens != len(tokenizer):
+            sizes = {role: (specs[role], len(tokenizer)), other: (specs[other], model.tokens)}
+            errors.append(vocabularies_differ(sizes["generator"], sizes["scorer"]))
+    return errors
