@@ -131,14 +131,18 @@ def refused(role: str, spec: str, problem: str) -> InputError:
 
 
 def is_path(spec: str) -> bool:
-    """Whether a spec that no catalogue holds names a local directory (else a hub name)."""
-    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().is_dir()
+    """Whether a spec that no catalogue holds names a local directory (else a hub name): it starts
+    as a path does, names a file or directory here, or cannot be a hub name (those are `name` or
+    `namespace/name`: `runs/a/model` is a directory, there or not)."""
+    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists() or spec.count("/") > 1
 
 
 def directory_problem(directory: Path) -> str | None:
     """Why a local directory holds no model that transformers can load, or None."""
     if not directory.exists():
         return "no such directory"
+    if not directory.is_dir():
+        return f"{directory} is a file, not a model directory"
     if not (directory / "config.json").is_file():
         return f"{directory} has no config.json"
     return None
