@@ -31,6 +31,7 @@ import torch
 from common import ROOT, describe, inputs, write_result
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from storyrewrite.io import run_cli
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.training.checkpointing import AtomicCheckpointIO
 from storyrewrite.training.run import Run, assemble
@@ -140,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

@@ -23,6 +23,7 @@ import torch
 from common import clock, describe, evaluators_dir, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import run_cli
 from storyrewrite.metrics.coherence import cf_pmi, judge_contexts
 from storyrewrite.metrics.evaluate import load_scoring_models, read_predictions, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -117,4 +118,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

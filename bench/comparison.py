@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from common import ROOT, workspace_env, write_result
 
-from storyrewrite.io import write_text_atomic
+from storyrewrite.io import run_cli, write_text_atomic
 from storyrewrite.queue import ended, running
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
@@ -459,4 +459,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

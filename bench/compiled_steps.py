@@ -32,6 +32,7 @@ from common import clock, count_syncs, describe, gpu_busy, peak_memory_gb, train
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, overlay_settings, stage_flags, step
 
+from storyrewrite.io import run_cli
 from storyrewrite.models.device import resolve_device
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.monitor import read_logs
@@ -167,4 +168,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from common import ROOT, clone_with_cache, dvc, write_result
 
+from storyrewrite.io import run_cli
+
 LINKS = {"copy": "copy", "hardlink": "hardlink,copy"}
 # Where DVC's time goes, by (file ending, function): its rewrite of dvc.lock after each stage, and
 # the checkout of each restored stage's outputs into the experiment's workspace.
@@ -97,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

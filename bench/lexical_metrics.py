@@ -28,6 +28,7 @@ from common import inputs, write_result
 from rouge_score import rouge_scorer
 
 from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import run_cli
 from storyrewrite.metrics import lexical
 
 
@@ -90,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

@@ -21,6 +21,7 @@ from pathlib import Path
 from common import clock, describe, inputs, peak_memory_gb, write_result
 
 from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import run_cli
 from storyrewrite.llm.backends import LocalBackend
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
@@ -112,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

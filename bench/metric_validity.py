@@ -17,7 +17,7 @@ from pathlib import Path
 from common import ROOT, clock, evaluators_dir, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
-from storyrewrite.io import read_json, write_text_atomic
+from storyrewrite.io import read_json, run_cli, write_text_atomic
 from storyrewrite.metrics.evaluate import load_scoring_models
 from storyrewrite.metrics.validity import gold_and_copy
 from storyrewrite.models.device import resolve_device
@@ -76,4 +76,4 @@ def render() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

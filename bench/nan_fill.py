@@ -20,6 +20,7 @@ import torch
 from common import alternating, describe, paired_ratio, write_result
 from objective_step_time import build, check_steps, interleaved_arguments, overlay_settings, step
 
+from storyrewrite.io import run_cli
 from storyrewrite.models.device import resolve_device
 
 
@@ -73,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

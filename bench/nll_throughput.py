@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_INPUT_FIELDS
 from storyrewrite.generation.generate import generate_predictions
-from storyrewrite.io import read_jsonl
+from storyrewrite.io import read_jsonl, run_cli
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
 from storyrewrite.training.run import Run, assemble, trainer_kwargs, without_nan_fill
@@ -186,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

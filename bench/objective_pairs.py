@@ -27,6 +27,7 @@ import torch
 from common import alternating, describe, paired_ratio, peak_memory_gb, write_result
 from objective_step_time import build, check_steps, interleaved_arguments, overlay_settings, step
 
+from storyrewrite.io import run_cli
 from storyrewrite.models.device import resolve_device
 
 TARGETS = {"score": 1.5, "score_delta": 1.8}  # the step time ratio against NLL's (issue 10)
@@ -84,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

@@ -63,10 +63,11 @@ from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torc
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from storyrewrite.io import run_cli
 from storyrewrite.models.device import resolve_device
 from storyrewrite.objectives.registry import OBJECTIVES
-from storyrewrite.training.monitor import read_logs
 from storyrewrite.params import TrainConfig
+from storyrewrite.training.monitor import read_logs
 from storyrewrite.training.run import assemble, trainer_kwargs, without_nan_fill
 
 
@@ -430,4 +431,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

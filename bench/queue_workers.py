@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 from common import ROOT, clone_with_cache, dvc, write_result
 
+from storyrewrite.io import run_cli
+
 def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     repo = clone_with_cache(workdir / f"j{jobs}")
     names = [f"lr-{number}-j{jobs}" for number in range(len(lrs))]
@@ -121,4 +123,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from common import clock, count_syncs, describe, gpu_busy, inputs, write_result
 
 from storyrewrite.data.prepare import load_instances
+from storyrewrite.io import run_cli
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.device import resolve_device, set_fp32_matmul
 from storyrewrite.models.store import resolve_model_dir
@@ -208,4 +209,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

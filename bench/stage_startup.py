@@ -25,6 +25,8 @@ from collections import Counter
 import torch
 from common import ROOT, workspace_env, write_result
 
+from storyrewrite.io import run_cli
+
 TOP_PACKAGES = 5
 
 
@@ -103,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from common import train_run
 
+from storyrewrite.io import run_cli
 from storyrewrite.objectives.registry import OBJECTIVES
 
 TINY = {"models": {"generator": "tiny:llama", "scorer": "tiny:llama"}}
@@ -93,4 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # bad input: one line naming it, exit 2

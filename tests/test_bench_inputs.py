@@ -1,4 +1,5 @@
 """The bench scripts' shared inputs (bench/common.py): what they build is built once."""
+import subprocess
 import sys
 
 import pytest
@@ -428,6 +429,19 @@ def test_a_set_key_overlays_the_params_a_bench_trains_with():
         train_run([], "rloo", sets=["rl.cach=static"])
     with pytest.raises(InputError, match="--set rl.cache=static,dynamic: a sweep"):
         inputs([], sets=["rl.cache=static,dynamic"])
+
+
+def test_a_bench_script_refuses_bad_input_in_one_line():
+    """Every bench script runs its main as the stages do (storyrewrite.io.run_cli): bad input ends
+    it with one line and exit status 2, not a traceback. One of them run for it: a key params.yaml
+    lacks."""
+    scripts = sorted(path.name for path in (ROOT / "bench").glob("*.py") if "def main(" in path.read_text())
+    assert scripts and [name for name in scripts if "\n    run_cli(main)" not in (ROOT / "bench" / name).read_text()] == []
+    result = subprocess.run([sys.executable, "bench/objective_pairs.py", "--set", "rl.cach=static"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "error: -S rl.cach=static: unknown key `rl.cach`; valid keys in `rl`: samples, temperature, max_new_tokens, reward, "
+        "kl_beta, baseline, cache, early_stop"]
 
 
 def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_against_its_flops():
