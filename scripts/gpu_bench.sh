@@ -51,6 +51,11 @@ for name in "${@:-all}"; do
   fi
 done
 [ -z "${GPU_BENCH_CHECK_NAMES:-}" ] || exit 0  # (offline/job.sh: the names checked, nothing run)
+if ! command -v nvidia-smi >/dev/null; then
+  echo "error: no nvidia-smi here: these benches measure an NVIDIA GPU; on a CPU run a bench script alone" \
+       "with --device cpu (docs/benchmarks.md)" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvidia-smi.csv" 2>&1 &
 SMI=$!

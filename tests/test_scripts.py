@@ -492,6 +492,16 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert ("error: no bench 'compiled'; valid: training generation generation-cudnn pairs steps nan-fill generation-static scorer llm "
             "steps-batch64 steps-others steps-rloo-static rloo-side-by-side rloo-side-by-side-early-stop startup compile all"
             in result.stderr)
+    # Without nvidia-smi (a machine without an NVIDIA GPU; PATH: the stub python alone): one line,
+    # and nothing run or written.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").symlink_to(bin_dir / "python")
+    result = subprocess.run([shutil.which("bash"), str(script), "out6", "steps"], cwd=tmp_path, env={**env, "PATH": str(bare)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and not (tmp_path / "out6").exists()
+    assert result.stderr == ("error: no nvidia-smi here: these benches measure an NVIDIA GPU; on a CPU run a bench script alone "
+                             "with --device cpu (docs/benchmarks.md)\n")
 
     # Failing benches (the two generation ones) do not stop those after them; the script then fails naming them.
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
