@@ -144,6 +144,7 @@ run | run-comparison)  # (internal: the detached job)
   echo "== end $(date +%T)${failed[*]:+; failed: ${failed[*]}}"
   echo "done${failed[*]:+ (failed: ${failed[*]})}" > "$JOB/state" ;;
 poll)
+  [[ ${2:-540} =~ ^[0-9]+$ ]] || { echo "error: poll SECONDS must be a whole number >= 0, got '$2'" >&2; exit 2; }
   end=$(( $(date +%s) + ${2:-540} ))
   [[ ${OUT_FILE_MIB:-1} =~ ^[1-9][0-9]*$ ]] || { echo "error: OUT_FILE_MIB must be a whole number of MiB >= 1, got '$OUT_FILE_MIB'" >&2; exit 2; }
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }

@@ -982,6 +982,8 @@ def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_model
 
     bad = job("start", "training", "stepz")
     assert bad.returncode == 2 and "error: no bench 'stepz'" in bad.stderr and not (home / "job").exists()
+    bad = job("poll", "9m")
+    assert bad.returncode == 2 and bad.stderr == "error: poll SECONDS must be a whole number >= 0, got '9m'\n"
 
     assert job("start", "training", "steps").returncode == 0
     try:
