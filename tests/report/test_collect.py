@@ -544,6 +544,24 @@ print('[]')"""]
         exp_show_output(flaky, attempts=2, wait_s=0)
 
 
+def test_a_rev_that_names_no_commit_is_refused_before_dvc_is_asked(tmp_path, monkeypatch):
+    """`--rev` naming no commit: one error at once, not DVC's refusal asked five times (15 s)."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    asked = []
+    monkeypatch.setattr("storyrewrite.report.gather.exp_show_output", lambda command, **_: asked.append(command) or "[]")
+    with pytest.raises(InputError, match=r"^--rev v9: not a commit of this repository$"):
+        gather(["--out", "runs", "--rev", "v9"])
+    assert asked == [] and not (tmp_path / "runs").exists()
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "a"], cwd=tmp_path,
+                   check=True)
+    with pytest.raises(InputError, match="matches no experiment"):  # a commit: DVC is asked, and lists none
+        gather(["--out", "runs", "--rev", "HEAD"])
+    assert len(asked) == 1 and asked[0][-2:] == ["--rev", "HEAD"]
+
+
 def test_a_hung_exp_show_is_killed_and_asked_again(tmp_path):
     """`dvc exp show` that never answers (pygit2's BlobIO waiting for ever on a workspace the queue
     removed, report.gather.EXP_SHOW_TIMEOUT_S): the call is given up after the timeout and asked

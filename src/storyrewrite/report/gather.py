@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         exp_show = read_json(args.json)
     else:
+        if args.rev and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.rev}^{{commit}}"],
+                                       capture_output=True).returncode != 0:  # (DVC's refusal would be asked again)
+            raise InputError(f"--rev {args.rev}: not a commit of this repository")
         # DVC as a module of this interpreter: also where it has no `dvc` command on PATH (the GPU machine).
         command = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--rev", args.rev] if args.rev else [])
         exp_show = json.loads(exp_show_output(command))
