@@ -459,4 +459,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)  # bad input: one line naming it, exit 2
+    run_cli(main)

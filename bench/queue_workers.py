@@ -40,6 +40,7 @@ from common import ROOT, clone_with_cache, dvc, write_result
 
 from storyrewrite.io import run_cli
 
+
 def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     repo = clone_with_cache(workdir / f"j{jobs}")
     names = [f"lr-{number}-j{jobs}" for number in range(len(lrs))]
@@ -123,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)  # bad input: one line naming it, exit 2
+    run_cli(main)
