@@ -72,7 +72,13 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + rows[:1] + [{**rows[0], "id": "t0:0"}]))
     (tmp_path / "torn.jsonl.gz").write_bytes(gzip.compress(b'{"id": 1}\n')[:-4])
+    (tmp_path / "bare").mkdir()
     for argv, message in (([tmp_path / "none.jsonl", tmp_path / "b.jsonl"], r"none.jsonl: no such file"),
+                          # a folder: one of its score files named as an example, or none there said so
+                          ([tmp_path, tmp_path / "b.jsonl"], rf"^{tmp_path}: a folder; name one system's score file, "
+                                                             rf"e.g. {tmp_path / 'a.jsonl'} \(10 in it\)$"),
+                          ([tmp_path / "b.jsonl", tmp_path / "bare"], r"bare: a folder; name one system's score file "
+                                                                      r"\(.jsonl or .jsonl.gz\): it holds none$"),
                           ([tmp_path / "empty.jsonl", tmp_path / "b.jsonl"], r"empty.jsonl: no scores"),
                           ([tmp_path / "torn.jsonl.gz", tmp_path / "b.jsonl"], r"torn.jsonl.gz: not a whole gzip file"),
                           ([tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 0], r"--n-resamples must be a whole number >= 1"),

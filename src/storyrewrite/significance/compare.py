@@ -169,6 +169,11 @@ def main(argv: list[str] | None = None) -> None:
         raise InputError(f"--n-resamples must be a whole number >= 1, got {args.n_resamples}")
     scores = {}  # by the files' names, which errors quote
     for path in (args.system, args.against):
+        if path.is_dir():
+            found = sorted(str(f) for pattern in ("*.jsonl", "*.jsonl.gz", "*/*.jsonl", "*/*.jsonl.gz", "*/*/*.jsonl.gz")
+                           for f in path.glob(pattern))
+            raise InputError(f"{path}: a folder; name one system's score file" +
+                             (f", e.g. {found[0]} ({len(found)} in it)" if found else " (.jsonl or .jsonl.gz): it holds none"))
         if not path.is_file():
             # A collected folder keeps the shared systems (nll, llm_*, copy_*) in one run's folder.
             elsewhere = sorted(str(other) for other in path.parent.parent.glob(f"*/{path.name}") if other.is_file())
