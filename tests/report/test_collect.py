@@ -349,10 +349,14 @@ def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, t
 
     objectives = (out / "objectives.md").read_text()
     assert "| DTO-Score | dto: 1.4500 | -1.700\\* |" in objectives
-    assert "| DTO-Score | 0.0000 / 0.0000 |" in objectives and "| CF-PMI | follows X_CE (%) | drift |" in objectives
+    # p = k/n = 0 of 200 resamples: shown as the bound 1/200, and said so.
+    assert "| DTO-Score | < 0.0050 / < 0.0050 |" in objectives and "| CF-PMI | follows X_CE (%) | drift |" in objectives
+    assert "< 0.0050: not one of the 200 resamples went against H1 (the bootstrap's k/n is 0)." in objectives
 
     experiments_table = (out / "experiments.md").read_text()
     assert "| cpo-a | cpo | 0.1 | -1.500\\* | 65.0 |" in experiments_table  # cpo.beta varies across runs
+    # ... and is no setting of the DTO run's objective: `-`, and said so.
+    assert "| dto | score | - |" in experiments_table and "-: a setting of another objective" in experiments_table
     stages = (out / "stages.md").read_text()
     # train_nll ran once (in exp-nll) and was restored in the three others: one row, used by 4 runs.
     assert stages.count("| train_nll |") == 1 and "| exp-nll | 4 runs |" in stages
@@ -602,7 +606,7 @@ def test_rloo_variants_are_systems_of_their_own_tested_against_dto_of_the_same_r
     table = [line.split(" | ")[0] for line in results.split("## Against")[0].splitlines() if line.startswith("| ")]
     assert "| RLOO-Score" in table and "| RLOO-Delta" in table
     duel = [line for line in results.split("## Against the DTO objective of the same reward")[1].split("##")[0].splitlines() if line.startswith("| RLOO")]
-    assert len(duel) == 1 and duel[0].startswith("| RLOO-Score | DTO-Score | 0.0000 / 1.0000 (better) |")
+    assert len(duel) == 1 and duel[0].startswith("| RLOO-Score | DTO-Score | < 0.0050 / 1.0000 (better) |")
     significance = json.loads((out / "significance.json").read_text())
     direct = compare({"RLOO-Score": _scores(0.6), "DTO-Score": _scores(0.3)}, "DTO-Score", 200, 0, by_story=True)["RLOO-Score"]
     assert significance["RLOO-Score"]["head_to_head"]["story"]["better"] == direct
@@ -652,7 +656,7 @@ def test_a_column_two_runs_scored_with_different_models_is_not_tested_head_to_he
     results = (tmp_path / "out" / "results.md").read_text()
     duel = next(line for line in results.splitlines() if line.startswith("| RLOO-Score | DTO-Score"))
     cells = [cell.strip() for cell in duel.strip("|").split("|")][2:]
-    assert cells[0] == "n/a" and cells[1].startswith("0.0000 / 1.0000")  # BARTScore (M); ROUGE-L (M): +6 on every instance
+    assert cells[0] == "n/a" and cells[1].startswith("< 0.0050 / 1.0000")  # BARTScore (M); ROUGE-L (M): +6 on every instance
     assert NOT_TESTED in results
     significance = json.loads((tmp_path / "out" / "significance.json").read_text())
     assert "bartscore/predictive" in significance["RLOO-Score"]["instance"]
@@ -679,7 +683,7 @@ def test_a_head_to_head_sets_the_system_against_the_counterparts_run_of_its_own_
     results = (tmp_path / "out" / "results.md").read_text()
     assert "DTO-Score: dto-seed1" in results  # the main table's DTO-Score
     # RLOO (shift 0.1) below DTO-Score's seed 0 (0.3) on every instance: p(worse) 0.
-    assert "| RLOO-Score | DTO-Score (dto) | 1.0000 / 0.0000 (worse) |" in results
+    assert "| RLOO-Score | DTO-Score (dto) | 1.0000 / < 0.0050 (worse) |" in results
     assert "Where the row names a run, it is not the one the tables above show" in results
     duel = json.loads((tmp_path / "out" / "significance.json").read_text())["RLOO-Score"]["head_to_head"]
     direct = compare({"RLOO-Score": _scores(0.1), "DTO-Score": _scores(0.3)}, "RLOO-Score", 200, 0, by_story=False)["DTO-Score"]
@@ -688,8 +692,11 @@ def test_a_head_to_head_sets_the_system_against_the_counterparts_run_of_its_own_
     write_bundle([r for r in load_runs([root]) if r.name != "dto"], tmp_path / "out2", "seed 1 only")
     results = (tmp_path / "out2" / "results.md").read_text()
     # Against seed 1 (shift -0.4): better on every instance, and the row says the seeds differ.
-    assert "| RLOO-Score | DTO-Score (not the same training seeds) | 0.0000 / 1.0000 (better) |" in results
+    assert "| RLOO-Score | DTO-Score (not the same training seeds) | < 0.0050 / 1.0000 (better) |" in results
     assert "Where the row names a run" not in results
+    # train.seed varies: a null one (the run's `seed`) as params.yaml spells it.
+    experiments_table = (tmp_path / "out" / "experiments.md").read_text()
+    assert "| rloo-s | rloo | null |" in experiments_table and "| dto-seed1 | score | 1 |" in experiments_table
 
 
 def test_a_system_run_with_several_training_seeds_gets_its_spread(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -233,6 +234,18 @@ def bootstrap_settings(reference: Run) -> tuple[int, int]:
     return reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
 
 
+def p_text(p: float, n_resamples: int) -> str:
+    """A bootstrap p-value to four decimals; one no resample reached (k/n = 0) as the bound it
+    shows, 1/n rounded up: `< 0.0001` of 10,000 resamples, not a p of zero."""
+    return f"< {math.ceil(1e4 / n_resamples) / 1e4:.4f}" if p == 0 else f"{p:.4f}"
+
+
+def bound_note(cells: list[str], n_resamples: int) -> str:
+    """Said under a table of p-values where a cell is such a bound (p_text)."""
+    return (f" {p_text(0, n_resamples)}: not one of the {n_resamples} resamples went against H1 (the bootstrap's k/n is 0)."
+            if any("< " in cell for cell in cells) else "")
+
+
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:
     """{label: {unit: {"<metric>/<form>": p}}}: each system against the NLL model of its own run,
     resampling instances and, separately, whole stories (a story's endings share one input), with
@@ -280,7 +293,7 @@ NOT_TESTED = ("n/a: not tested, as the two score files do not both hold the colu
               "(`scored_by`: another scorer, judge or precision).")
 
 
-def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: float) -> list[str]:
+def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: float, n_resamples: int) -> list[str]:
     """The head-to-head section (empty where no system has a counterpart among the runs)."""
     if not duels:
         return []
@@ -290,7 +303,8 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
         cells = []
         for column in tested:
             better, worse = duel["instance"]["better"].get(column), duel["instance"]["worse"].get(column)
-            cells.append("n/a" if better is None else f"{better:.4f} / {worse:.4f}" + (" (better)" if better < alpha else " (worse)" if worse < alpha else ""))
+            cells.append("n/a" if better is None else f"{p_text(better, n_resamples)} / {p_text(worse, n_resamples)}"
+                         + (" (better)" if better < alpha else " (worse)" if worse < alpha else ""))
         against = duel["against"] + ("" if duel.get("shown", True) else f" ({duel['run']})")
         against += f" (not the same {', '.join(differs)})" if (differs := duel.get("differs")) else ""
         rows.append([label, against, *cells])
@@ -303,6 +317,7 @@ def head_to_head_markdown(duels: dict[str, dict], columns: list[str], alpha: flo
             f"Each cell: p (H1: the system scores higher than the one it is set against) / p (H1: it scores lower), "
             f"one-tailed paired bootstraps over instances (over stories: significance.json); (better) or (worse) where "
             f"one of them is below {alpha}, nothing where neither shows. The same reward; {shared}.{named}"
+            + bound_note([cell for row in rows for cell in row[2:]], n_resamples)
             + (f" {NOT_TESTED}" if any("n/a" in row for row in rows) else "")]
 
 
@@ -459,7 +474,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     summaries = {e.label: summary for e in entries if e.kind in ("baseline", "trained") and (summary := e.run.summary(e.system))}
     curves = {e.label: e.run.curves(e.system) for e in entries if e.label in summaries}
     seconds = {e.label: wall for e in entries if (wall := train_seconds(e.run.records).get(e.system)) is not None}
-    n_resamples = reference.params.get("significance", {}).get("n_resamples")
+    n_resamples = bootstrap_settings(reference)[0]
     return "\n\n".join([
         f"# Results: {title}",
         f"Task `{reference.params.get('task')}`, {base_metrics['instances']} test instances; {len(runs)} runs "
@@ -475,7 +490,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *([note] if (note := baseline_note(entries)) else []),
         *([f"No run here trained {', '.join(missing)}: not in these tables."] if (missing := systems_without_a_run(runs)) else []),
         *echo_notes({e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}),
-        *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha),
+        *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha, n_resamples),
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
@@ -498,7 +513,8 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: 
         chosen = f"{e.run.name}: {e.run.val_nll:.4f}" if e.kind == "trained" else "-"
         rows.append([e.label, chosen, *plain_cells(e.metrics, test.get("instance", {}), alpha, columns)])
     tested = [c for c in columns if c != "hmean"]  # a corpus figure: not resampled
-    p_rows = [[e.label] + [" / ".join(f"{tests[e.label][u][c]:.4f}" if c in tests[e.label][u] else "n/a" for u in UNITS)
+    n_resamples = bootstrap_settings(entries[0].run)[0]
+    p_rows = [[e.label] + [" / ".join(p_text(tests[e.label][u][c], n_resamples) if c in tests[e.label][u] else "n/a" for u in UNITS)
                            for c in tested] for e in entries if e.label in tests]
     return "\n\n".join([
         "# Objectives", table(["System", "run: best val NLL", *(column_label(c) for c in columns)], rows),
@@ -506,8 +522,9 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: 
         f"\\* p < {alpha}, one-tailed paired bootstrap over instances against the NLL model of the same run.",
         "## p-values against NLL (instances / stories)", table(["System", *(column_label(c) for c in tested)], p_rows),
         "One-tailed (H1: the system scores higher than NLL); resampling instances / resampling whole stories."
+        + bound_note([cell for row in p_rows for cell in row[1:]], n_resamples)
         + (f" {NOT_TESTED}" if any("n/a" in cell for row in p_rows for cell in row) else ""),
-        *head_to_head_markdown(duels or {}, columns, alpha),
+        *head_to_head_markdown(duels or {}, columns, alpha, n_resamples),
     ]) + "\n"
 
 
@@ -558,12 +575,28 @@ def in_dvc_markdown(runs: list[Run]) -> str:
     return " ".join(lines)
 
 
+# The params sections that only some objectives read (Objective.settings): a run of another objective
+# has them too (params.yaml holds every section), but they do nothing there.
+OBJECTIVE_SECTIONS = {objective.settings for objective in OBJECTIVES.values() if objective.settings}
+
+
+def param_cell(run: Run, key: str) -> str:
+    """A param as params.yaml spells it (`null`, `true`), or `-` where the run's objective does not
+    read its section (cpo.beta in a DTO run)."""
+    section = key.split(".")[0]
+    objective = OBJECTIVES.get(str(run.params.get("objective")))
+    if section in OBJECTIVE_SECTIONS and objective is not None and objective.settings != section:
+        return "-"
+    value = run.flat_params.get(key, "")
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
     params = frame(runs).filter(like="params.", axis=1).map(json.dumps)
     varying = [c.removeprefix("params.") for c in params.columns if params[c].nunique() > 1 and c != "params.objective"]
     columns = all_columns([run.metrics(FINETUNED) or {} for run in runs])
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
-    rows = [[run.name, str(run.params.get("objective", "")), *(str(run.flat_params.get(k, "")) for k in varying),
+    rows = [[run.name, str(run.params.get("objective", "")), *(param_cell(run, k) for k in varying),
              *plain_cells(run.metrics(FINETUNED) or {}, own_p_values(run).get(FINETUNED, {}), alpha, columns),
              "n/a" if run.val_nll is None else f"{run.val_nll:.4f}",
              "n/a" if (base := (run.metrics(BASELINE) or {}).get("bartscore", {}).get("predictive")) is None
@@ -571,7 +604,8 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
     return "\n\n".join([
         "# Experiments", table(header, rows),
         f"\\* p < {alpha}, the run's own significance stage (`finetuned` against its NLL model, its `significance.unit`). "
-        "Rows with n/a have not been run to the score stage.",
+        "Rows with n/a have not been run to the score stage."
+        + (" -: a setting of another objective, which the run's does not read." if any("-" in row[2:2 + len(varying)] for row in rows) else ""),
         "## In DVC", in_dvc_markdown(runs),
     ]) + "\n"
 
