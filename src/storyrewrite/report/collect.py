@@ -566,7 +566,7 @@ def in_dvc_markdown(runs: list[Run]) -> str:
     lines = ["Each run is the DVC experiment of its name."]
     if bundles:
         fetch = "; ".join(f"`git fetch {bundle.as_posix()} 'refs/exps/*:refs/exps/*'`" for bundle in bundles)
-        lines.append(f"Those run on another machine reach a clone of this repository with {fetch}.")
+        lines.append(f"The runs kept with their experiments (an exps.bundle beside them) reach a clone of this repository with {fetch}.")
     if commits:
         lines.append(f"`dvc exp show {' '.join(f'--rev {c[:7]}' for c in commits)}` lists them with their params "
                      f"(they derive from commit{'s' if len(commits) > 1 else ''} {', '.join(c[:7] for c in commits)}).")
