@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     scores = {}  # by the files' names, which errors quote
     for path in (args.system, args.against):
         if path.is_dir():
-            found = sorted(str(f) for pattern in ("*.jsonl", "*.jsonl.gz", "*/*.jsonl", "*/*.jsonl.gz", "*/*/*.jsonl.gz")
-                           for f in path.glob(pattern))
+            # a run's reports/scores/ holds them, a collected folder's scores/<run>/ and the folder above
+            found = sorted(str(f) for depth in ("", "*/", "*/*/") for suffix in (".jsonl", ".jsonl.gz")
+                           for f in path.glob(f"{depth}*{suffix}"))
             raise InputError(f"{path}: a folder; name one system's score file" +
                              (f", e.g. {found[0]} ({len(found)} in it)" if found else " (.jsonl or .jsonl.gz): it holds none"))
         if not path.is_file():
