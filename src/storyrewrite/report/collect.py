@@ -673,7 +673,7 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
                        seed=reference.params.get("seed", 0))
         write_json_atomic(staging / "significance.json", {
             "_baseline": "NLL model of each system's own run", "_units": list(UNITS),
-            "_n_resamples": entries[0].run.params.get("significance", {}).get("n_resamples"),
+            "_n_resamples": bootstrap_settings(entries[0].run)[0],
             **{label: {"run": next(e.run.name for e in entries if e.label == label), **by_unit,
                        **({"head_to_head": duels[label]} if label in duels else {})} for label, by_unit in tests.items()},
         })
