@@ -658,22 +658,23 @@ def stages_markdown(runs: list[Run]) -> str:
 
 def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) -> None:
     entries = comparison(runs)
-    tests = p_values(entries, entries[0].run)
-    duels = head_to_head(entries, entries[0].run, runs)
+    reference = entries[0].run  # the NLL model's run: its bootstrap settings serve every test and the figure
+    n_resamples, seed = bootstrap_settings(reference)
+    tests = p_values(entries, reference)
+    duels = head_to_head(entries, reference, runs)
     with atomic_dir(out) as staging:
         write_text_atomic(staging / "results.md", results_markdown(entries, tests, runs, title, alpha, duels))
         write_text_atomic(staging / "objectives.md", objectives_markdown(entries, tests, alpha, duels))
         write_text_atomic(staging / "experiments.md", experiments_markdown(runs, alpha))
         write_text_atomic(staging / "stages.md", stages_markdown(runs))
-        reference = entries[0].run
         results_figure(staging / "results.png", {e.label: e.run.scores(e.system) for e in entries}, {e.label: e.label for e in entries},
                        entries[0].label, [e.label for e in entries if e.kind == "copy"],
                        {e.label: e.metrics.get("prompt_echo", 0.0) for e in entries},
                        f"{title}: {reference.params.get('task')}, {reference.metrics(BASELINE)['instances']} test instances",
-                       seed=reference.params.get("seed", 0))
+                       seed=seed)
         write_json_atomic(staging / "significance.json", {
             "_baseline": "NLL model of each system's own run", "_units": list(UNITS),
-            "_n_resamples": bootstrap_settings(entries[0].run)[0],
+            "_n_resamples": n_resamples,
             **{label: {"run": next(e.run.name for e in entries if e.label == label), **by_unit,
                        **({"head_to_head": duels[label]} if label in duels else {})} for label, by_unit in tests.items()},
         })
