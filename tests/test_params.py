@@ -60,8 +60,8 @@ def test_a_typo_in_a_nested_container_is_the_same_unknown_key_error():
 def test_wrong_type_names_key_and_type():
     with pytest.raises(InputError, match=r"^params: `data\.max_train` = 'ten': Input should be a valid integer"):
         build(DataConfig, {"val_fraction": 0.1, "max_train": "ten"}, "data")
-    with pytest.raises(InputError, match=r"^params: `llm\.modes\[1\]` = 3: Input should be a valid string$"):
-        _params(llm={**load_yaml(ROOT / "params.yaml")["llm"], "modes": ["rag", 3]}).llm
+    with pytest.raises(InputError, match=r"^params: `llm\.modes\[1\]` = \['rag'\]: Input should be a valid string$"):
+        _params(llm={**load_yaml(ROOT / "params.yaml")["llm"], "modes": ["rag", ["rag"]]}).llm
 
 
 def test_invalid_choice_lists_valid_values():
@@ -159,7 +159,7 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
     assert errors("--params", str(own)) == [f"error: {own}:{beta}: `cpo.beta` = -2: {greater}"]
     # The last layer that sets the key, and a list item's own line.
     assert errors("--params", str(own), str(first), str(second)) == [
-        f"error: {second}:5: `cpo.beta` = -4: {greater}", f"error: {first}:4: `llm.modes[1]` = 3: Input should be a valid string"]
+        f"error: {second}:5: `cpo.beta` = -4: {greater}", f"error: {first}:4: `llm.modes` has '3'; valid values: {', '.join(MODES)}"]
     # An override sets it: the override names it, not a file.
     assert errors(str(first), "-S", "cpo.beta=-5", "-S", "llm.modes=[rag,3]")[0] == f"error: params: `cpo.beta` = -5: {greater}"
     # ... however DVC takes it: with the file's name, or as Hydra's forced add.
@@ -183,6 +183,19 @@ def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
     assert errors("llm.modes=rag", "objective=dto") == ["error: params: `llm.modes` = 'rag': Input should be a valid list", objective]
     assert errors("task=arts", "objective=dto") == [
         "error: params: `task` = 'arts': Input should be 'timetravel', 'timetravel_ablated' or 'art'"]
+
+
+def test_a_number_boolean_or_null_given_as_a_name_gets_the_valid_names(capsys):
+    # YAML and -S read `1`, `true` and `null` as such: a name's check still lists the valid ones.
+    def errors(*overrides: str) -> list[str]:
+        return _check_errors(capsys, *(word for override in overrides for word in ("-S", override)))
+
+    assert errors("objective=1") == [f"error: params: `objective` = '1' is not valid; valid values: {', '.join(OBJECTIVES)}"]
+    assert errors("objective=null") == [f"error: params: `objective` = 'null' is not valid; valid values: {', '.join(OBJECTIVES)}"]
+    assert errors("llm.modes=[rag,true]") == [f"error: params: `llm.modes` has 'true'; valid values: {', '.join(MODES)}"]
+    assert errors("train.accelerator=1") == ["error: params: `train.accelerator` = 1: valid values: auto, cpu, cuda, gpu, mps, tpu"]
+    # A list is no name: the type error, as before.
+    assert errors("objective=[score]") == ["error: params: `objective` = ['score']: Input should be a valid string"]
 
 
 def test_the_check_refuses_a_bundled_or_tiny_model_that_cannot_play_its_role(tmp_path, capsys):

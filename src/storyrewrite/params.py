@@ -67,9 +67,20 @@ def _devices(value: int | str | list[int]) -> int | str | list[int]:
     return value
 
 
+def _as_name(value: Any) -> Any:
+    """A scalar that YAML or `-S` read as a number, a boolean or null (`objective=1`), as the
+    word it was written as, so that the name check says which names are valid rather than
+    "Input should be a valid string". A list or a mapping stays as it is, and is refused."""
+    if value is None or isinstance(value, bool | int | float):
+        return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return value
+
+
+# A name looked up among a fixed set of values (here) or in a registry (the objective, an LLM mode).
+Name = Annotated[str, BeforeValidator(_as_name)]
 Precision = Annotated[str, BeforeValidator(_one_of(LIGHTNING_PRECISIONS, LIGHTNING_PRECISION_ALIASES))]
-Accelerator = Annotated[str, AfterValidator(_one_of(LIGHTNING_ACCELERATORS))]
-Strategy = Annotated[str, AfterValidator(_one_of(LIGHTNING_STRATEGIES))]
+Accelerator = Annotated[Name, AfterValidator(_one_of(LIGHTNING_ACCELERATORS))]
+Strategy = Annotated[Name, AfterValidator(_one_of(LIGHTNING_STRATEGIES))]
 Devices = Annotated[int | str | list[Annotated[int, Field(ge=0)]], AfterValidator(_devices)]
 
 
@@ -253,7 +264,7 @@ class OpenAISettings(Section):
 
 class LLMConfig(Section):
     """`llm`: the LLM baselines (modes are checked against storyrewrite.llm.modes by the llm stage)."""
-    modes: list[str]  # the prompting modes run as DVC stages
+    modes: list[Name]  # the prompting modes run as DVC stages
     templates: dict[Task, str]  # task -> template file
     temperature: float = Field(ge=0)
     max_new_tokens: Positive
@@ -268,7 +279,7 @@ Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]
 
 # Every top-level key and its type, in params.yaml's order.
 SECTIONS: dict[str, Any] = {
-    "seed": int, "task": Task, "objective": str, "device": Device, "download": DownloadConfig, "data": DataConfig,
+    "seed": int, "task": Task, "objective": Name, "device": Device, "download": DownloadConfig, "data": DataConfig,
     "models": ModelsConfig, "train_nll": TrainConfig, "train": TrainConfig, "dto": DTOConfig, "cpo": CPOConfig,
     "rl": RLConfig, "generate": GenerateConfig, "score": ScoreConfig, "significance": SignificanceConfig, "report": ReportConfig,
     "llm": LLMConfig,
