@@ -12,7 +12,7 @@ from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.params import (LIGHTNING_ACCELERATORS, LIGHTNING_PRECISION_ALIASES, LIGHTNING_PRECISIONS, LIGHTNING_STRATEGIES,
                                  DataConfig, DownloadConfig, ModelsConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
 from storyrewrite.models.materialise import materialise
-from storyrewrite.profiles import main
+from storyrewrite.profiles import emulated_bf16, main
 
 from helpers import ROOT
 
@@ -377,3 +377,33 @@ def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, cap
         main(["overrides", str(tmp_path / "spaced.yaml")])
     assert stop.value.code == 2 and capsys.readouterr().err.startswith(
         "error: overrides: `llm.openai.model=my model` has a space or a quote")
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_queues_it(monkeypatch, capsys):
+    base = load_yaml(ROOT / "params.yaml")
+    rehearsal = overlay(overlay(base, load_yaml(ROOT / "params/gpu.yaml")), load_yaml(ROOT / "params/smoke.yaml"))
+    every = ["train_nll.precision=bf16-mixed", "train.precision=bf16-mixed", "generate.dtype=bfloat16", "llm.local_dtype=bfloat16"]
+    def gpu() -> bool:
+        return True
+
+    def no_gpu() -> bool:
+        return False
+
+    assert emulated_bf16(rehearsal, False, no_gpu) == every
+    # Not where the CPU has bf16 instructions or is not known, where a GPU takes the run, or in
+    # float32 (params.yaml, fp32.yaml).
+    assert emulated_bf16(rehearsal, True, no_gpu) == [] and emulated_bf16(rehearsal, None, no_gpu) == []
+    assert emulated_bf16(rehearsal, False, gpu) == []
+    assert emulated_bf16({**rehearsal, "device": "cuda:0"}, False, no_gpu) == []
+    assert emulated_bf16(overlay(rehearsal, load_yaml(ROOT / "params/fp32.yaml")), False, no_gpu) == []
+    assert emulated_bf16(base, False, no_gpu) == []
+    # `device: cpu` runs on the CPU, GPU or not; one setting in bf16 is named alone.
+    one = overlay(base, {"device": "cpu", "train": {"precision": "bf16-true"}})
+    assert emulated_bf16(one, False, gpu) == ["train.precision=bf16-true"]
+    # The command warns on stderr and still passes the check; each setting named once over a sweep.
+    monkeypatch.setattr("storyrewrite.profiles.cpu_has_bf16", lambda: False)
+    main(["check", "params/gpu.yaml", "-S", "device=cpu", "-S", "train.precision=choice(32-true,bf16-true)"])
+    out, err = capsys.readouterr()
+    assert out.startswith("ok: ")
+    assert err.startswith("warning: train_nll.precision=bf16-mixed generate.dtype=bfloat16 llm.local_dtype=bfloat16 "
+                          "train.precision=bf16-true would run on this machine's CPU") and "params/fp32.yaml" in err

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from storyrewrite.llm.modes import get_mode
 from storyrewrite.models.catalogue import ROLES, check_specs, local_models
 from storyrewrite.objectives.registry import get_objective
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
+from storyrewrite.records import cpu_has_bf16
 
 
 def check_registered_names(params: Params) -> list[InputError]:
@@ -81,6 +84,28 @@ def spell(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+# The settings that ask for bf16: a precision of Lightning's, a dtype of the weights.
+BF16_SETTINGS = (("train_nll", "precision"), ("train", "precision"), ("generate", "dtype"), ("llm", "local_dtype"))
+
+
+def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) -> list[str]:
+    """The settings of `raw` (`key=value`) that ask for bf16 where torch would emulate it: the run
+    on the CPU (`device: cpu`, or `cuda()` false: no CUDA GPU here) and the CPU without bf16
+    instructions (`has_bf16`: records.cpu_has_bf16; None, not known, is no warning). The stages
+    warn too, but in a queue worker's log; the comparison warns before it queues hours of it."""
+    wanted = [f"{section}.{key}={value}" for section, key in BF16_SETTINGS
+              if isinstance(raw.get(section), dict) and str(value := raw[section].get(key, "")).startswith(("bf16", "bfloat16"))]
+    if not wanted or has_bf16 is not False or str(raw.get("device", "")).startswith("cuda"):
+        return []
+    return wanted if raw.get("device") == "cpu" or not cuda() else []
+
+
+def cuda_available() -> bool:
+    import torch  # asked only on a CPU without bf16 where bf16 is asked for: torch's import costs seconds
+
+    return torch.cuda.is_available()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Profiles are overlays of params.yaml (params/gpu.yaml, params/paper.yaml), applied in the
     order given, then the `-S` overrides as `dvc exp run` applies them (a sweep: each of its
@@ -122,6 +147,11 @@ def main(argv: list[str] | None = None) -> None:
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in lines]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
+        has_bf16 = cpu_has_bf16() if args.action != "get" else None
+        if slow := dict.fromkeys(setting for _, raw in experiments for setting in emulated_bf16(raw, has_bf16, cuda_available)):
+            print(f"warning: {' '.join(slow)} would run on this machine's CPU, which has no bf16 instructions "
+                  "(AVX512-BF16, AMX or Arm BF16): torch emulates bf16 there, and a training step takes several times "
+                  "as long as in float32; add params/fp32.yaml last to run in float32", file=sys.stderr)
         if args.action == "overrides":
             # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
             # spaces and never unquotes: a value with a space or a quote is refused.
