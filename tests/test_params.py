@@ -383,6 +383,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_qu
     base = load_yaml(ROOT / "params.yaml")
     rehearsal = overlay(overlay(base, load_yaml(ROOT / "params/gpu.yaml")), load_yaml(ROOT / "params/smoke.yaml"))
     every = ["train_nll.precision=bf16-mixed", "train.precision=bf16-mixed", "generate.dtype=bfloat16", "llm.local_dtype=bfloat16"]
+
     def gpu() -> bool:
         return True
 

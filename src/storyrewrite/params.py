@@ -67,13 +67,17 @@ def _devices(value: int | str | list[int]) -> int | str | list[int]:
     return value
 
 
+def yaml_scalar(value: Any) -> str:
+    """`value` as YAML's flow style writes it, as params.yaml and `-S` take it: null, true,
+    1.0e-05, bf16-mixed."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
 def _as_name(value: Any) -> Any:
     """A scalar that YAML or `-S` read as a number, a boolean or null (`objective=1`), as the
     word it was written as, so that the name check says which names are valid rather than
     "Input should be a valid string". A list or a mapping stays as it is, and is refused."""
-    if value is None or isinstance(value, bool | int | float):
-        return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-    return value
+    return yaml_scalar(value) if value is None or isinstance(value, bool | int | float) else value
 
 
 # A name looked up among a fixed set of values (here) or in a registry (the objective, an LLM mode).

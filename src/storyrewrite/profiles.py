@@ -19,14 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
 from storyrewrite.models.catalogue import ROLES, check_specs, local_models
 from storyrewrite.objectives.registry import get_objective
-from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides
+from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides, yaml_scalar
 from storyrewrite.records import cpu_has_bf16
 
 
@@ -81,7 +79,7 @@ def spell(value: Any) -> str:
     without spaces ([zero_shot,rag]), so that a flag stays one word of the shell's."""
     if isinstance(value, list):
         return "[" + ",".join(map(spell, value)) + "]"
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return yaml_scalar(value)
 
 
 # The settings that ask for bf16: a precision of Lightning's, a dtype of the weights.
@@ -104,6 +102,16 @@ def cuda_available() -> bool:
     import torch  # asked only on a CPU without bf16 where bf16 is asked for: torch's import costs seconds
 
     return torch.cuda.is_available()
+
+
+def warn_emulated_bf16(experiments: list[dict]) -> None:
+    """One warning on stderr naming the settings of `experiments` (each one's params) that this
+    machine would run in emulated bf16 (emulated_bf16), each setting once over a sweep."""
+    has_bf16 = cpu_has_bf16()
+    if slow := dict.fromkeys(setting for raw in experiments for setting in emulated_bf16(raw, has_bf16, cuda_available)):
+        print(f"warning: {' '.join(slow)} would run on this machine's CPU, which has no bf16 instructions "
+              "(AVX512-BF16, AMX or Arm BF16): torch emulates bf16 there, and a training step takes several times "
+              "as long as in float32; add params/fp32.yaml last to run in float32", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,11 +155,8 @@ def main(argv: list[str] | None = None) -> None:
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in lines]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
-        has_bf16 = cpu_has_bf16() if args.action != "get" else None
-        if slow := dict.fromkeys(setting for _, raw in experiments for setting in emulated_bf16(raw, has_bf16, cuda_available)):
-            print(f"warning: {' '.join(slow)} would run on this machine's CPU, which has no bf16 instructions "
-                  "(AVX512-BF16, AMX or Arm BF16): torch emulates bf16 there, and a training step takes several times "
-                  "as long as in float32; add params/fp32.yaml last to run in float32", file=sys.stderr)
+        if args.action != "get":
+            warn_emulated_bf16([raw for _, raw in experiments])
         if args.action == "overrides":
             # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
             # spaces and never unquotes: a value with a space or a quote is refused.
