@@ -293,8 +293,10 @@ def test_profiles_compose_and_every_section_stays_valid():
     assert rehearsal.data.max_train == 24 and rehearsal.train_nll.max_steps == 4
     # On a CPU without bf16 instructions: the same rehearsal, float32 throughout.
     in_fp32 = Params(overlay(overlay(overlay(base, gpu), smoke), fp32))
-    assert (in_fp32.train_nll.precision, in_fp32.train.precision, in_fp32.generate.dtype, in_fp32.llm.local_dtype) == (
-        "32-true", "32-true", "float32", "float32")
+    assert (in_fp32.train_nll.precision, in_fp32.train.precision, in_fp32.generate.dtype, in_fp32.score.dtype,
+            in_fp32.llm.local_dtype) == ("32-true", "32-true", "float32", "float32", "float32")
+    # A profile under it that scores in bf16 scores in float32 again.
+    assert Params(overlay(overlay(base, {"score": {"dtype": "bfloat16"}}), fp32)).score.dtype == "float32"
     assert in_fp32.data.max_train == 24 and in_fp32.train.max_steps == 4 and in_fp32.generate.batch_size == 8
     result = subprocess.run([sys.executable, "-m", "storyrewrite.profiles", "overrides", "params/gpu.yaml", "params/paper.yaml"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -395,16 +397,22 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_qu
     # float32 (params.yaml, fp32.yaml).
     assert emulated_bf16(rehearsal, True, no_gpu) == [] and emulated_bf16(rehearsal, None, no_gpu) == []
     assert emulated_bf16(rehearsal, False, gpu) == []
-    assert emulated_bf16({**rehearsal, "device": "cuda:0"}, False, no_gpu) == []
+    assert emulated_bf16({**rehearsal, "device": "cuda:0"}, False, no_gpu) == every[:2]  # training: its `accelerator`
     assert emulated_bf16(overlay(rehearsal, load_yaml(ROOT / "params/fp32.yaml")), False, no_gpu) == []
     assert emulated_bf16(base, False, no_gpu) == []
-    # `device: cpu` runs on the CPU, GPU or not; one setting in bf16 is named alone.
-    one = overlay(base, {"device": "cpu", "train": {"precision": "bf16-true"}})
+    # Each stage where it runs: `device` places generation, scoring and the LLM baselines, a
+    # training section's Lightning `accelerator` its training, on the CPU GPU or not.
+    cpu_device = overlay(rehearsal, {"device": "cpu", "score": {"dtype": "bfloat16"}})
+    assert emulated_bf16(cpu_device, False, gpu) == ["generate.dtype=bfloat16", "score.dtype=bfloat16", "llm.local_dtype=bfloat16"]
+    one = overlay(base, {"train": {"accelerator": "cpu", "precision": "bf16-true"}})
     assert emulated_bf16(one, False, gpu) == ["train.precision=bf16-true"]
+    assert emulated_bf16(overlay(one, {"train": {"accelerator": "gpu"}}), False, no_gpu) == []
     # The command warns on stderr and still passes the check; each setting named once over a sweep.
     monkeypatch.setattr("storyrewrite.profiles.cpu_has_bf16", lambda: False)
-    main(["check", "params/gpu.yaml", "-S", "device=cpu", "-S", "train.precision=choice(32-true,bf16-true)"])
+    monkeypatch.setattr("storyrewrite.profiles.cuda_available", gpu)
+    main(["check", "params/gpu.yaml", "-S", "device=cpu", "-S", "train.accelerator=cpu",
+          "-S", "train.precision=choice(32-true,bf16-true)"])
     out, err = capsys.readouterr()
     assert out.startswith("ok: ")
-    assert err.startswith("warning: train_nll.precision=bf16-mixed generate.dtype=bfloat16 llm.local_dtype=bfloat16 "
+    assert err.startswith("warning: generate.dtype=bfloat16 llm.local_dtype=bfloat16 "
                           "train.precision=bf16-true would run on this machine's CPU") and "params/fp32.yaml" in err

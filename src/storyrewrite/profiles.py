@@ -82,20 +82,32 @@ def spell(value: Any) -> str:
     return yaml_scalar(value)
 
 
-# The settings that ask for bf16: a precision of Lightning's, a dtype of the weights.
-BF16_SETTINGS = (("train_nll", "precision"), ("train", "precision"), ("generate", "dtype"), ("llm", "local_dtype"))
+# The settings that can ask for bf16 (a precision of Lightning's, a dtype of the weights), each
+# with the setting that places its stage: a training section's `accelerator` (Lightning's), or
+# the top-level `device` for generation, scoring and the LLM baselines.
+BF16_SETTINGS = (("train_nll", "precision", ("train_nll", "accelerator")), ("train", "precision", ("train", "accelerator")),
+                 ("generate", "dtype", ("device",)), ("score", "dtype", ("device",)), ("llm", "local_dtype", ("device",)))
 
 
 def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) -> list[str]:
-    """The settings of `raw` (`key=value`) that ask for bf16 where torch would emulate it: the run
-    on the CPU (`device: cpu`, or `cuda()` false: no CUDA GPU here) and the CPU without bf16
-    instructions (`has_bf16`: records.cpu_has_bf16; None, not known, is no warning). The stages
-    warn too, but in a queue worker's log; the comparison warns before it queues hours of it."""
-    wanted = [f"{section}.{key}={value}" for section, key in BF16_SETTINGS
-              if isinstance(raw.get(section), dict) and str(value := raw[section].get(key, "")).startswith(("bf16", "bfloat16"))]
-    if not wanted or has_bf16 is not False or str(raw.get("device", "")).startswith("cuda"):
+    """The settings of `raw` (`key=value`) that ask for bf16 where torch would emulate it: a stage
+    placed on the CPU (its placing setting `cpu`, or `auto` with `cuda()` false: no CUDA GPU here)
+    on a CPU without bf16 instructions (`has_bf16`: records.cpu_has_bf16; None, not known, is no
+    warning). The stages warn too, but in a queue worker's log; the comparison warns before it
+    queues hours of it."""
+    def setting(*path: str) -> Any:
+        value = raw
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    def on_cpu(place: Any) -> bool:
+        return place == "cpu" or (place == "auto" and not cuda())
+
+    if has_bf16 is not False:
         return []
-    return wanted if raw.get("device") == "cpu" or not cuda() else []
+    return [f"{section}.{key}={value}" for section, key, place in BF16_SETTINGS
+            if str(value := setting(section, key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(*place))]
 
 
 def cuda_available() -> bool:
@@ -110,7 +122,7 @@ def warn_emulated_bf16(experiments: list[dict]) -> None:
     has_bf16 = cpu_has_bf16()
     if slow := dict.fromkeys(setting for raw in experiments for setting in emulated_bf16(raw, has_bf16, cuda_available)):
         print(f"warning: {' '.join(slow)} would run on this machine's CPU, which has no bf16 instructions "
-              "(AVX512-BF16, AMX or Arm BF16): torch emulates bf16 there, and a training step takes several times "
+              "(AVX512-BF16, AMX or Arm BF16): torch emulates bf16 there, and each bf16 step takes several times "
               "as long as in float32; add params/fp32.yaml last to run in float32", file=sys.stderr)
 
 
