@@ -20,8 +20,9 @@ def _cli_p_values(capsys, *argv, first_line: list | None = None) -> dict[str, tu
     lines = capsys.readouterr().out.splitlines()
     if first_line is not None:
         first_line.append(lines[0])
-    return {cells[0]: (float(cells[1]), float(cells[2]))
-            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[3:])}
+    # A p of k/n = 0 is printed as the bound 1/n (`< 0.0200` of 50 resamples): read back as 0.
+    return {cells[0]: tuple(0.0 if cell.startswith("< ") else float(cell) for cell in cells[1:])
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[3:] if line.startswith("|"))}
 
 
 def test_the_collected_scores_give_the_collected_p_values_again(capsys):
@@ -45,6 +46,13 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
     # Higher on every instance: p = 0 both ways of resampling; the other way round, 1.
     assert _cli_p_values(capsys, tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50) == {"bartscore/predictive": (0.0, 0.0)}
     assert _cli_p_values(capsys, tmp_path / "b.jsonl", tmp_path / "a.jsonl", "--n-resamples", 50) == {"bartscore/predictive": (1.0, 1.0)}
+    # Printed as the bound that no resample reached, said under the table; a p of 1 as it is.
+    main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--n-resamples", "50"])
+    assert capsys.readouterr().out.splitlines()[3:] == [
+        "| bartscore/predictive | < 0.0200 | < 0.0200 |",
+        "< 0.0200: not one of the 50 resamples went against H1 (the bootstrap's k/n is 0)."]
+    main([str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl"), "--n-resamples", "3000"])
+    assert capsys.readouterr().out.splitlines()[3:] == ["| bartscore/predictive | 1.0000 | 1.0000 |"]
     # Rows that name their predictions: the count of shared ones, which are ties.
     named = [{**row, "prediction_digest": f"{i % 4:012x}"} for i, row in enumerate(rows)]
     half = [{**row, "bartscore": row["bartscore"] + 0.5 * (i % 2), "prediction_digest": f"{i % 4 + 4 * (i % 2):012x}"}
@@ -65,7 +73,7 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
         (tmp_path / name).write_text("".join(json.dumps({"rougeL": 40.0, **r, "scored_by": {"bartscore": scorer}}) + "\n" for r in data))
     main([str(tmp_path / "x.jsonl"), str(tmp_path / "y.jsonl"), "--n-resamples", "50"])
     out = capsys.readouterr().out.splitlines()
-    assert [line.split("|")[1].strip() for line in out[3:-1]] == ["rougeL/predictive"]
+    assert [line.split("|")[1].strip() for line in out[3:] if line.startswith("|")] == ["rougeL/predictive"]
     assert out[-1] == "not tested: bartscore/predictive: scored by tiny:llama (float32) in the first file, by other/lm (bfloat16) in the second"
     assert set(_cli_p_values(capsys, tmp_path / "x.jsonl", tmp_path / "z.jsonl", "--n-resamples", 50)) == {"bartscore/predictive", "rougeL/predictive"}
     assert set(_cli_p_values(capsys, tmp_path / "x.jsonl", tmp_path / "b.jsonl", "--n-resamples", 50)) == {"bartscore/predictive"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
-from storyrewrite.significance.compare import UNITS, Pair, compare_tests
+from storyrewrite.significance.compare import UNITS, Pair, bound_note, compare_tests, p_text
 from storyrewrite.systems import COPY_BASELINES, pipeline_systems
 
 BASELINE, FINETUNED = "nll", "finetuned"
@@ -232,18 +231,6 @@ def comparison(runs: list[Run]) -> list[Entry]:
 def bootstrap_settings(reference: Run) -> tuple[int, int]:
     """The reference run's `significance.n_resamples` and `seed`."""
     return reference.params.get("significance", {}).get("n_resamples", 10000), reference.params.get("seed", 0)
-
-
-def p_text(p: float, n_resamples: int) -> str:
-    """A bootstrap p-value to four decimals; one no resample reached (k/n = 0) as the bound it
-    shows, 1/n rounded up: `< 0.0001` of 10,000 resamples, not a p of zero."""
-    return f"< {math.ceil(1e4 / n_resamples) / 1e4:.4f}" if p == 0 else f"{p:.4f}"
-
-
-def bound_note(cells: list[str], n_resamples: int) -> str:
-    """Said under a table of p-values where a cell is such a bound (p_text)."""
-    return (f" {p_text(0, n_resamples)}: not one of the {n_resamples} resamples went against H1 (the bootstrap's k/n is 0)."
-            if any("< " in cell for cell in cells) else "")
 
 
 def p_values(entries: list[Entry], reference: Run) -> dict[str, dict[str, dict]]:

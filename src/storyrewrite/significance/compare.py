@@ -18,6 +18,7 @@ different models for (`scored_by`: another scorer, judge or precision) is not te
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Hashable
 from pathlib import Path
 from typing import NamedTuple
@@ -135,6 +136,18 @@ def compare_tests(tests: dict[Hashable, Pair], n_resamples: int, seed: int, unit
     return found
 
 
+def p_text(p: float, n_resamples: int) -> str:
+    """A bootstrap p-value to four decimals; one no resample reached (k/n = 0) as the bound it
+    shows, 1/n rounded up: `< 0.0001` of 10,000 resamples, not a p of zero."""
+    return f"< {math.ceil(1e4 / n_resamples) / 1e4:.4f}" if p == 0 else f"{p:.4f}"
+
+
+def bound_note(cells: list[str], n_resamples: int) -> str:
+    """Said under a table of p-values where a cell is such a bound (p_text)."""
+    return (f" {p_text(0, n_resamples)}: not one of the {n_resamples} resamples went against H1 (the bootstrap's k/n is 0)."
+            if any("< " in cell for cell in cells) else "")
+
+
 def compare(scores: dict[str, list[dict]], baseline: str, n_resamples: int, seed: int, by_story: bool) -> dict:
     """{system: {column: p-value}} for every system but the baseline (H1: system > baseline), on
     the columns both systems' scores have; the same prediction is a tie (compare_tests)."""
@@ -190,7 +203,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{len(against)} instances (ties)" if named else "")
     print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
           f"{args.n_resamples} resamples, seed {args.seed}{shared}")
-    print(table(["column", "p (instances)", "p (stories)"], [[c, f"{p['instance'][c]:.4f}", f"{p['story'][c]:.4f}"] for c in p["instance"]]))
+    rows = [[c, p_text(p["instance"][c], args.n_resamples), p_text(p["story"][c], args.n_resamples)] for c in p["instance"]]
+    print(table(["column", "p (instances)", "p (stories)"], rows))
+    if note := bound_note([cell for row in rows for cell in row[1:]], args.n_resamples):
+        print(note.strip())
     for field, models in scored_apart(system, against).items():  # columns on different models' scales
         columns = [c for c in common_columns(system, against) if source(c) == field]
         print(f"not tested: {', '.join(columns)}: scored by {models[0]} in the first file, by {models[1]} in the second")
