@@ -96,7 +96,8 @@ compare)
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
   done
   if [ -n "${GPU_JOB_CHECK:-}" ]; then
-    [ $# -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check "${@:3}" >&2 || exit 2
+    # (--elsewhere: the job runs on the GPU machine, not on this one's CPU)
+    [ $# -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check --elsewhere "${@:3}" >&2 || exit 2
     exit 0
   fi
   launch "$1" run-comparison "$jobs" "$@" ;;

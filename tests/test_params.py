@@ -416,3 +416,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_qu
     assert out.startswith("ok: ")
     assert err.startswith("warning: generate.dtype=bfloat16 llm.local_dtype=bfloat16 "
                           "train.precision=bf16-true would run on this machine's CPU") and "params/fp32.yaml" in err
+    # Not for a run on another machine (offline/job.sh's check of a GPU job, made before it is packed).
+    main(["check", "--elsewhere", "params/gpu.yaml", "-S", "device=cpu", "-S", "train.accelerator=cpu"])
+    out, err = capsys.readouterr()
+    assert out.startswith("ok: ") and err == ""

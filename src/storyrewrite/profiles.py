@@ -1,6 +1,6 @@
 """Profiles and overrides from the command line, as `dvc exp run` takes them:
 
-    python -m storyrewrite.profiles check [PROFILE ...] [-S KEY=VALUE ...]
+    python -m storyrewrite.profiles check [PROFILE ...] [-S KEY=VALUE ...] [--elsewhere]
     python -m storyrewrite.profiles overrides [PROFILE ...] [-S KEY=VALUE ...]
     python -m storyrewrite.profiles get [PROFILE ...] --key KEY
 
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("profiles", type=Path, nargs="*")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--key", help="get: the dotted key to print (llm.modes, say)")
+    parser.add_argument("--elsewhere", action="store_true",
+                        help="check or overrides for a run on another machine (a GPU's): no warning about this one's CPU")
     parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override as `dvc exp run -S` takes it (repeatable; a sweep checks each experiment)")
     args = parser.parse_intermixed_args(argv)  # profiles after --params too
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             errors += [f"{line} (experiment {label})" if len(experiments) > 1 else line for line in lines]
         if errors:  # printed as `error: ...` by run_cli: every line reads the same
             raise InputError("\nerror: ".join(errors))
-        if args.action != "get":
+        if args.action != "get" and not args.elsewhere:
             warn_emulated_bf16([raw for _, raw in experiments])
         if args.action == "overrides":
             # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
