@@ -82,11 +82,20 @@ def spell(value: Any) -> str:
     return yaml_scalar(value)
 
 
+def lookup(tree: dict, key: str) -> Any:
+    """The value of the dotted `key` (`llm.modes`) in the params `tree`; KeyError where it has none."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            raise KeyError(key)
+        tree = tree[part]
+    return tree
+
+
 # The settings that can ask for bf16 (a precision of Lightning's, a dtype of the weights), each
 # with the setting that places its stage: a training section's `accelerator` (Lightning's), or
 # the top-level `device` for generation, scoring and the LLM baselines.
-BF16_SETTINGS = (("train_nll", "precision", ("train_nll", "accelerator")), ("train", "precision", ("train", "accelerator")),
-                 ("generate", "dtype", ("device",)), ("score", "dtype", ("device",)), ("llm", "local_dtype", ("device",)))
+BF16_SETTINGS = (("train_nll.precision", "train_nll.accelerator"), ("train.precision", "train.accelerator"),
+                 ("generate.dtype", "device"), ("score.dtype", "device"), ("llm.local_dtype", "device"))
 
 
 def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) -> list[str]:
@@ -95,19 +104,19 @@ def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) ->
     on a CPU without bf16 instructions (`has_bf16`: records.cpu_has_bf16; None, not known, is no
     warning). The stages warn too, but in a queue worker's log; the comparison warns before it
     queues hours of it."""
-    def setting(*path: str) -> Any:
-        value = raw
-        for part in path:
-            value = value.get(part) if isinstance(value, dict) else None
-        return value
+    def setting(key: str) -> Any:
+        try:
+            return lookup(raw, key)
+        except KeyError:
+            return None
 
     def on_cpu(place: Any) -> bool:
         return place == "cpu" or (place == "auto" and not cuda())
 
     if has_bf16 is not False:
         return []
-    return [f"{section}.{key}={value}" for section, key, place in BF16_SETTINGS
-            if str(value := setting(section, key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(*place))]
+    return [f"{key}={value}" for key, place in BF16_SETTINGS
+            if str(value := setting(key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(place))]
 
 
 def cuda_available() -> bool:
@@ -184,11 +193,10 @@ def main(argv: list[str] | None = None) -> None:
                 raise InputError("get: --key KEY is needed (a dotted key of params.yaml: llm.modes, say)")
             if len(experiments) > 1:
                 raise InputError("get: a sweep has one value an experiment; give -S without a sweep")
-            value: Any = experiments[0][1]
-            for part in args.key.split("."):
-                if not isinstance(value, dict) or part not in value:
-                    raise InputError(f"get: --key {args.key!r} is not a key of {source}")
-                value = value[part]
+            try:
+                value = lookup(experiments[0][1], args.key)
+            except KeyError:
+                raise InputError(f"get: --key {args.key!r} is not a key of {source}") from None
             print(" ".join(map(spell, value)) if isinstance(value, list) else spell(value))
         else:
             count = f" ({len(experiments)} experiments)" if len(experiments) > 1 else ""
