@@ -421,6 +421,7 @@ def test_a_plan_that_leaves_every_run_out_queues_nothing_and_gathers_the_stand_i
                                  "python -m storyrewrite.report.gather --out")) for c in calls)
     assert calls[-1] == "python -m storyrewrite.report.collect runs/grid.1 --out reports/grid --title grid (params.yaml)"
 
+
 def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     result, calls = _run(tmp_path, "gpu", "dto")
     assert result.returncode == 2
