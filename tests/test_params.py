@@ -160,11 +160,11 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
     # The last layer that sets the key, and a list item's own line.
     assert errors("--params", str(own), str(first), str(second)) == [
         f"error: {second}:5: `cpo.beta` = -4: {greater}", f"error: {first}:4: `llm.modes` has '3'; valid values: {', '.join(MODES)}"]
-    # An override sets it: the override names it, not a file.
-    assert errors(str(first), "-S", "cpo.beta=-5", "-S", "llm.modes=[rag,3]")[0] == f"error: params: `cpo.beta` = -5: {greater}"
+    # An override sets it: `-S` names it, not a file.
+    assert errors(str(first), "-S", "cpo.beta=-5", "-S", "llm.modes=[rag,3]")[0] == f"error: -S: `cpo.beta` = -5: {greater}"
     # ... however DVC takes it: with the file's name, or as Hydra's forced add.
-    assert errors(str(first), "-S", "params.yaml:cpo.beta=-6")[0] == f"error: params: `cpo.beta` = -6: {greater}"
-    assert errors(str(first), "-S", "++cpo.beta=-7")[0] == f"error: params: `cpo.beta` = -7: {greater}"
+    assert errors(str(first), "-S", "params.yaml:cpo.beta=-6")[0] == f"error: -S: `cpo.beta` = -6: {greater}"
+    assert errors(str(first), "-S", "++cpo.beta=-7")[0] == f"error: -S: `cpo.beta` = -7: {greater}"
     # A key params.yaml lacks: the profile's line that writes it.
     second.write_text("cpo:\n  beta: 1.0\n  betta: 2\n")
     assert errors(str(second))[0].startswith(f"error: {second}:3: unknown key `cpo.betta`; valid keys in `cpo`: ")
@@ -175,14 +175,14 @@ def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
     def errors(*overrides: str) -> list[str]:
         return _check_errors(capsys, *(word for override in overrides for word in ("-S", override)))
 
-    objective = f"error: params: `objective` = 'dto' is not valid; valid values: {', '.join(OBJECTIVES)}"
+    objective = f"error: -S: `objective` = 'dto' is not valid; valid values: {', '.join(OBJECTIVES)}"
     assert errors("cpo.beta=-1", "objective=dto", "llm.modes=[rag,zero]") == [
-        "error: params: `cpo.beta` = -1: Input should be greater than 0", objective,
-        f"error: params: `llm.modes` has 'zero'; valid values: {', '.join(MODES)}"]
+        "error: -S: `cpo.beta` = -1: Input should be greater than 0", objective,
+        f"error: -S: `llm.modes` has 'zero'; valid values: {', '.join(MODES)}"]
     # A section that does not validate is named once, and the look-ups that read it left out.
-    assert errors("llm.modes=rag", "objective=dto") == ["error: params: `llm.modes` = 'rag': Input should be a valid list", objective]
+    assert errors("llm.modes=rag", "objective=dto") == ["error: -S: `llm.modes` = 'rag': Input should be a valid list", objective]
     assert errors("task=arts", "objective=dto") == [
-        "error: params: `task` = 'arts': Input should be 'timetravel', 'timetravel_ablated' or 'art'"]
+        "error: -S: `task` = 'arts': Input should be 'timetravel', 'timetravel_ablated' or 'art'"]
 
 
 def test_a_number_boolean_or_null_given_as_a_name_gets_the_valid_names(capsys):
@@ -190,12 +190,12 @@ def test_a_number_boolean_or_null_given_as_a_name_gets_the_valid_names(capsys):
     def errors(*overrides: str) -> list[str]:
         return _check_errors(capsys, *(word for override in overrides for word in ("-S", override)))
 
-    assert errors("objective=1") == [f"error: params: `objective` = '1' is not valid; valid values: {', '.join(OBJECTIVES)}"]
-    assert errors("objective=null") == [f"error: params: `objective` = 'null' is not valid; valid values: {', '.join(OBJECTIVES)}"]
-    assert errors("llm.modes=[rag,true]") == [f"error: params: `llm.modes` has 'true'; valid values: {', '.join(MODES)}"]
-    assert errors("train.accelerator=1") == ["error: params: `train.accelerator` = 1: valid values: auto, cpu, cuda, gpu, mps, tpu"]
+    assert errors("objective=1") == [f"error: -S: `objective` = '1' is not valid; valid values: {', '.join(OBJECTIVES)}"]
+    assert errors("objective=null") == [f"error: -S: `objective` = 'null' is not valid; valid values: {', '.join(OBJECTIVES)}"]
+    assert errors("llm.modes=[rag,true]") == [f"error: -S: `llm.modes` has 'true'; valid values: {', '.join(MODES)}"]
+    assert errors("train.accelerator=1") == ["error: -S: `train.accelerator` = 1: valid values: auto, cpu, cuda, gpu, mps, tpu"]
     # A list is no name: the type error, as before.
-    assert errors("objective=[score]") == ["error: params: `objective` = ['score']: Input should be a valid string"]
+    assert errors("objective=[score]") == ["error: -S: `objective` = ['score']: Input should be a valid string"]
 
 
 def test_the_check_refuses_a_bundled_or_tiny_model_that_cannot_play_its_role(tmp_path, capsys):
@@ -205,13 +205,13 @@ def test_the_check_refuses_a_bundled_or_tiny_model_that_cannot_play_its_role(tmp
     assert _check_errors(capsys, str(profile), "-S", "models.embedder=tiny:lama", "-S", "models.nli=tiny:roberta") == [
         f"error: {profile}:4: `models.judge` = 'tiny:bart' is a bart model, not a causal LM; CF-PMI scores the ending as a "
         "continuation of the story (e.g. bundled:smollm2-135m-instruct, openai-community/gpt2-large)",
-        "error: params: `models.embedder` = 'tiny:lama': unknown tiny model `tiny:lama`; valid: tiny:bart, tiny:llama, tiny:roberta, "
+        "error: -S: `models.embedder` = 'tiny:lama': unknown tiny model `tiny:lama`; valid: tiny:bart, tiny:llama, tiny:roberta, "
         "tiny:roberta-nli",
-        "error: params: `models.nli` = 'tiny:roberta' is a roberta model, not a sequence classifier; EntScore needs an NLI "
+        "error: -S: `models.nli` = 'tiny:roberta' is a roberta model, not a sequence classifier; EntScore needs an NLI "
         "classifier (e.g. FacebookAI/roberta-large-mnli)"]
     # The generator and the scorer of two vocabularies, one experiment of a sweep; a hub name is left to its stage.
     assert _check_errors(capsys, str(profile), "-S", "models.judge=null", "-S", "models.scorer=choice(tiny:bart,some-org/some-model)") == [
-        "error: params: `models.generator` (tiny:llama, 8449 tokens) and `models.scorer` (tiny:bart, 8454 tokens) do not share a "
+        "error: -S: `models.generator` (tiny:llama, 8449 tokens) and `models.scorer` (tiny:bart, 8454 tokens) do not share a "
         "vocabulary; pick a scorer of the generator's family (paper: facebook/bart-large-cnn for both) "
         "(experiment -S models.judge=null -S models.scorer=tiny\\:bart)"]
 
@@ -228,7 +228,7 @@ def test_the_check_refuses_a_model_directory_where_its_models_stage_would(tmp_pa
         with pytest.raises(InputError) as caught:
             materialise(config, tmp_path / "stage", seed=0, roles=roles)
         capsys.readouterr()  # (its progress bars)
-        return f"error: {caught.value}"
+        return f"error: {caught.value}".replace("error: params: ", "error: -S: ", 1)  # each spec set by -S here
 
     def check(**specs: str) -> list[str]:
         return _check_errors(capsys, *(word for role, spec in specs.items() for word in ("-S", f"models.{role}={spec}")))
@@ -343,8 +343,8 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
 
     # The command: the names the registries hold, in every experiment of a sweep, each error naming it.
     errors = _check_errors(capsys, "-S", "objective=choice(score,delta)", "-S", "task=choice(timetravel,art)", "-S", "llm.modes=[rag,zero]")
-    mode = "error: params: `llm.modes` has 'zero'; valid values: zero_shot, one_shot_random, one_shot_fixed, rag"
-    art = ("error: params: `objective` = 'delta' needs the original ending, which task 'art' does not have; "
+    mode = "error: -S: `llm.modes` has 'zero'; valid values: zero_shot, one_shot_random, one_shot_fixed, rag"
+    art = ("error: -S: `objective` = 'delta' needs the original ending, which task 'art' does not have; "
            "objectives for this task: nll, score, rloo")
     label = "(experiment -S objective={} -S task={} -S llm.modes=[rag,zero])".format
     assert errors == [

@@ -42,15 +42,16 @@ def line_setting(path: Path, key: str) -> int | None:
 
 def locate(error: InputError, layers: Sequence[Path], overridden: Sequence[str] = ()) -> InputError:
     """`error` (`params: ...`, naming its `key`) with `params:` replaced by the file and line that
-    set the key: the last of `layers` (params.yaml, then the profiles) that sets it. As it is where
-    it names no key, where an override sets the key (`overridden`: dotted keys; the experiment's
-    label names it) or no file does, or where a layer cannot be read again (`--params /dev/stdin`)."""
+    set the key: the last of `layers` (params.yaml, then the profiles) that sets it; by `-S:` where
+    an override sets the key (`overridden`: dotted keys; the value is in the message). As it is
+    where it names no key or no file sets it, or where a layer cannot be read again (`--params
+    /dev/stdin`)."""
     message, key = str(error), error.key
     if key is None or not message.startswith("params: "):
         return error
     for name in overridden:
         if any(long == short or long.startswith((short + ".", short + "[")) for long, short in ((key, name), (name, key))):
-            return error
+            return InputError(f"-S: {message.removeprefix('params: ')}", key=key)
     for layer in reversed(layers):
         if not layer.is_file():
             return error
