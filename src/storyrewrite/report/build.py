@@ -18,7 +18,6 @@ from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES, of_the_run
 
 
-
 def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
     """system -> its training summary, for the systems that were trained."""
     return {s: artifacts.read(path, artifacts.TrainingSummary).model_dump() for s in systems

@@ -63,8 +63,6 @@ def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
     return {name: values[name] for name in logs}
 
 
-
-
 def truncate_after(directory: Path, step: int) -> None:
     """Drop every curve row after `step` (logged after the last checkpoint)."""
     for path in curve_files(directory).values():
