@@ -13,7 +13,7 @@ import yaml
 
 from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
-from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, systems_without_a_run, write_bundle
+from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, param_cell, systems_without_a_run, write_bundle
 from storyrewrite.params import ScoreConfig
 from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
@@ -985,3 +985,18 @@ def test_systems_tested_together_get_the_p_values_of_their_own_tests():
         assert found[e.label] == compare_units({BASELINE: e.run.scores(BASELINE), e.label: e.run.scores(e.system)}, e.label, BASELINE, 500, 3)
     values = [p for e in entries[1:] for unit in ("instance", "story") for p in found[e.label][unit].values()]
     assert len(set(values)) > 4  # p-values that tell the systems apart
+
+
+def test_a_param_cell_spells_the_value_as_params_yaml_and_dash_s_take_it(tmp_path):
+    # The cell is what `dvc exp run -S key=<cell>` takes and what reads back as the run's value.
+    files = _files("dto", "score", 1.45, 0.3, -1.7, {"tau": 1.0}, "DTO-Score")
+    params = yaml.safe_load(files["params.yaml"])
+    params["train"] |= {"lr": 2e-5, "seed": None, "bf16": True, "precision": "bf16-mixed"}
+    files["params.yaml"] = yaml.safe_dump(params).encode()
+    gather_run(DictFS(files), {"name": "dto", "rev": "dto-rev".ljust(40, "0"), "base": "abcdef1234"}, tmp_path)
+    run = load_runs([tmp_path])[0]
+    cells = {key: param_cell(run, key) for key in ("train.lr", "train.seed", "train.bf16", "train.precision", "llm.modes", "train.nowhere")}
+    assert cells == {"train.lr": "2.0e-05", "train.seed": "null", "train.bf16": "true", "train.precision": "bf16-mixed",
+                     "llm.modes": "[zero_shot]", "train.nowhere": ""}
+    assert all(yaml.safe_load(cells[key]) == value for key, value in [("train.lr", 2e-5), ("train.seed", None), ("llm.modes", ["zero_shot"])])
+    assert param_cell(run, "cpo.beta") == "-"  # a section the run's objective does not read

@@ -25,7 +25,7 @@ import yaml
 from storyrewrite.curves import parse_curve
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
-from storyrewrite.params import leaves
+from storyrewrite.params import leaves, yaml_scalar
 from storyrewrite import artifacts
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
@@ -568,14 +568,13 @@ OBJECTIVE_SECTIONS = {objective.settings for objective in OBJECTIVES.values() if
 
 
 def param_cell(run: Run, key: str) -> str:
-    """A param as params.yaml spells it (`null`, `true`), or `-` where the run's objective does not
-    read its section (cpo.beta in a DTO run)."""
+    """A param as params.yaml and `-S` spell it (`null`, `true`, `1.0e-05`), `-` where the run's
+    objective does not read its section (cpo.beta in a DTO run), empty where the run has no such key."""
     section = key.split(".")[0]
     objective = OBJECTIVES.get(str(run.params.get("objective")))
     if section in OBJECTIVE_SECTIONS and objective is not None and objective.settings != section:
         return "-"
-    value = run.flat_params.get(key, "")
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return yaml_scalar(run.flat_params[key]) if key in run.flat_params else ""
 
 
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
