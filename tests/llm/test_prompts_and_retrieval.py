@@ -59,6 +59,7 @@ def test_template_errors_name_the_problem(tmp_path):
 def test_example_choice_per_mode(small_prepared):
     test = load_instances(small_prepared, "timetravel", "test")
     train = load_instances(small_prepared, "timetravel", "train")
+
     def examples(mode, queries, config=None):
         return get_mode(mode).examples(queries, ExampleSource(train, "timetravel", config or _config(), 0))
 

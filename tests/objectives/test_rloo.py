@@ -270,7 +270,7 @@ def test_a_run_reads_only_its_objectives_sections(tmp_path, objective, read):
 
 def _batches(encoder, prepared, sizes=(2, 2)):
     """Batches of training instances, `sizes` instances each, from the shortest sources to the longest."""
-    rows = sorted(read_jsonl(prepared / "timetravel" / "train.jsonl"), 
+    rows = sorted(read_jsonl(prepared / "timetravel" / "train.jsonl"),
                   key=lambda row: len(row["premise"] + row["initial"] + row["counterfactual"] + row["original_ending"]))
     collate, start, out = Collate(encoder, "timetravel"), 0, []
     for size in sizes:

@@ -224,6 +224,7 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
         executor = None if state is None else {"state": state}
         return {"executor": executor, "name": name,
                 "revs": [{"rev": name * 4, "name": name, "data": {"params": {"params.yaml": {"data": params}}}}]}
+
     def params(objective, beta=0.1):
         return {"objective": objective, "cpo": {"beta": beta, "lambda": 1.0}}
     exp_show = [{"rev": "workspace", "experiments": None}, {"rev": "abcdef1234", "experiments": [

@@ -80,5 +80,3 @@ def materialise(config: ModelsConfig, out: Path, seed: int, roles: tuple[str, ..
         index["specs"] = specs
         write_json_atomic(staging / "index.json", index)
     return index
-
-
