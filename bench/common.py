@@ -260,6 +260,11 @@ def count_syncs(work) -> int:
     return sum("synchroniz" in str(warning.message) for warning in caught)
 
 
+# The least share of a training step's wall time the GPU should run work for: the target of every
+# bench that measures it (bench/objective_step_time.py's eager steps, bench/compiled_steps.py's).
+GPU_BUSY_TARGET = 0.6
+
+
 def gpu_busy(work, device: torch.device, steps: int):
     """(the share of the wall time of `steps` calls of `work()` during which the GPU ran work, by
     torch's profiler; the profiler, for its tables and trace)."""

@@ -28,7 +28,7 @@ import sys
 import time
 
 import torch
-from common import clock, count_syncs, describe, gpu_busy, peak_memory_gb, train_run, write_result
+from common import GPU_BUSY_TARGET, clock, count_syncs, describe, gpu_busy, peak_memory_gb, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, overlay_settings, stage_flags, step
 
@@ -112,7 +112,7 @@ def figures_of(runs: dict[str, dict], sizes: list[int]) -> tuple[dict, dict]:
         for size in sizes:
             row = figures[objective][f"b{size}"]
             targets |= {f"{objective}.b{size}.ratio_over_flop_ratio": {"max": 1.15}} if "ratio" in row else {}
-            targets |= {f"{objective}.b{size}.gpu_busy": {"min": 0.6}, f"{objective}.b{size}.syncs_per_step": {"max": 0}} \
+            targets |= {f"{objective}.b{size}.gpu_busy": {"min": GPU_BUSY_TARGET}, f"{objective}.b{size}.syncs_per_step": {"max": 0}} \
                 if "gpu_busy" in row else {}
     return figures, targets
 
