@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 import yaml
 from commit_name import commit_name
 from common import ROOT, write_result
 
 from storyrewrite.io import InputError, read_json, run_cli
+from storyrewrite.models.device import resolve_device
 
 # Outputs that hold wall times or rates by design: a rerun of the same code on the same data
 # changes them, never the results. Patterns of dvc.lock's `outs` paths (fnmatch).
@@ -102,7 +102,7 @@ def main() -> None:
     figures = {"setup_s": round(setup_s, 1), "repro_s": round(repro_s, 1), "total_s": round(total_s, 1),
                "stages_ran": len(ran), "stage_wall_s": stage_wall_s, "changed_outputs": outputs,
                "results_changed": len(results)}
-    write_result("fresh_clone", torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), figures,
+    write_result("fresh_clone", resolve_device("auto"), figures,
                  {"timed_outputs": list(TIMED), "pip_cache": False},
                  targets={"total_s": {"max": TARGET_S}, "results_changed": {"max": 0}})
 
