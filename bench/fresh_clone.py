@@ -11,7 +11,8 @@ Figures: `setup_s`, `repro_s`, `total_s`; `stages_ran` (DVC's `Running stage` li
 recorded stage's `wall_s` (`stage_wall_s`, from the clone's reports/stages/); `changed_outputs`
 (every output whose md5 differs from HEAD's dvc.lock) and `results_changed` (how many of them are
 not TIMED). Targets: the whole in 15 minutes or less; no result changed. Runs HEAD (commit your
-changes first); `--keep DIR` leaves the clone there. Figures go to reports/bench/fresh_clone.json.
+changes first); `--keep DIR` leaves the clone there, and the logs of `make setup` and `make repro`
+beside it (DIR-setup.log, DIR-repro.log). Figures go to reports/bench/fresh_clone.json.
 """
 from __future__ import annotations
 
