@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,12 @@ def dvc(repo: Path, *args: str, output: bool = True, interpreter: tuple[str, ...
         detail = f":\n{result.stdout[-2000:]}{result.stderr[-2000:]}" if output else ""
         raise SystemExit(f"error: dvc {' '.join(args)} failed in {repo}{detail}")
     return result.stdout if output else ""
+
+
+def stages_ran(output: str) -> list[str]:
+    """The stages DVC ran, in order, from the output of `dvc repro`, `dvc exp run` or `dvc queue
+    logs` (its `Running stage 'NAME':` lines; a stage restored from the run cache is not one)."""
+    return re.findall(r"^Running stage '([^']+)'", output, flags=re.MULTILINE)
 
 
 def clone_with_cache(into: Path) -> Path:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import pstats
-import re
 import shutil
 import statistics
 import tempfile
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ROOT, clone_with_cache, dvc, write_result
+from common import ROOT, clone_with_cache, dvc, stages_ran, write_result
 
 from storyrewrite.io import run_cli
 
@@ -46,7 +45,7 @@ def run_once(repo: Path, link: str, name: str, profile: Path | None = None) -> t
     interpreter = ("-m", "cProfile", "-o", str(profile)) if profile else ()
     started = time.perf_counter()
     out = dvc(repo, "exp", "run", "--temp", "-n", name, interpreter=interpreter)
-    return time.perf_counter() - started, sorted(set(re.findall(r"Running stage '([^']+)'", out)))
+    return time.perf_counter() - started, sorted(set(stages_ran(out)))
 
 
 def shares(profile: Path, wall: float) -> dict[str, float]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import yaml
 from commit_name import commit_name
-from common import ROOT, write_result
+from common import ROOT, stages_ran, write_result
 
 from storyrewrite.io import InputError, read_json, run_cli
 from storyrewrite.models.device import resolve_device
@@ -88,7 +87,7 @@ def main() -> None:
         print(f"make setup  {setup_s:7.1f} s", flush=True)
         log = clone.parent / f"{clone.name}-repro.log"
         repro_s = timed(["make", "repro"], clone, env, log)
-        ran = re.findall(r"^Running stage '([^']+)'", log.read_text(errors="replace"), flags=re.MULTILINE)
+        ran = stages_ran(log.read_text(errors="replace"))
         print(f"make repro  {repro_s:7.1f} s   {len(ran)} stages", flush=True)
         before = lock_outputs(subprocess.run(["git", "show", "HEAD:dvc.lock"], cwd=clone, check=True, capture_output=True,
                                              text=True).stdout)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ROOT, clone_with_cache, dvc, write_result
+from common import ROOT, clone_with_cache, dvc, stages_ran, write_result
 
 from storyrewrite.io import run_cli
 
@@ -64,7 +64,7 @@ def round_of(jobs: int, lrs: list[str], workdir: Path) -> dict:
     ran = {}
     for name in names:
         log = dvc(repo, "queue", "logs", name)
-        ran[name] = sorted(set(re.findall(r"Running stage '([^']+)'", log)))
+        ran[name] = sorted(set(stages_ran(log)))
     dvc(repo, "queue", "stop", "--kill", output=False)
     return {"jobs": jobs, "wall_s": round(wall, 1), "ran": ran, "failed": failed}
 

@@ -558,3 +558,18 @@ def test_the_startup_bench_sums_the_outermost_imports_and_each_packages_own_time
     total, packages = stage_startup.import_times(real.stderr)
     json_line = next(line for line in real.stderr.splitlines() if line.endswith("| json"))
     assert int(json_line.split("|")[1]) / 1e6 <= total < wall and packages["json"] > 0
+
+
+def test_the_stages_dvc_ran_are_its_running_stage_lines_in_order():
+    """`dvc queue logs` as DVC prints it: a stage's own output (stderr's carriage returns as new
+    lines, one without a newline at its end) between DVC's lines; a stage restored from the run
+    cache is not one that ran, and a stage's text naming a stage is not DVC's line."""
+    log = ("Reproducing experiment 'q1'\n"
+           "Running stage 'train':\n> python stages/train.py\n\nbar 0\nbar 1\nbar 2x\n"
+           "echo: Running stage 'fake'\n"
+           "Generating lock file 'dvc.lock'\nUpdating lock file 'dvc.lock'\n\n"
+           "Stage 'score@nll' is cached - skipping run, checking out outputs\nUpdating lock file 'dvc.lock'\n\n"
+           "Running stage 'generate@finetuned':\n> python stages/generate.py\nUpdating lock file 'dvc.lock'\n\n"
+           "Running stage 'report':\n")
+    assert common.stages_ran(log) == ["train", "generate@finetuned", "report"]
+    assert common.stages_ran("Stage 'train' didn't change, skipping\n") == []
