@@ -12,6 +12,11 @@ from storyrewrite.data.schema import TASK_COLUMNS
 
 # trained system -> the stage that trains it (its record holds the training's wall time)
 TRAIN_STAGES = {"nll": "train_nll", "finetuned": "train"}
+# trained system -> where its training keeps its checkpoints (dvc.yaml's `--checkpoints`: kept for
+# resuming, never a stage output), and the file there that a training writes as it starts, saying
+# how many steps it takes (storyrewrite.training.monitor.TrainingPlan; read by storyrewrite.queue)
+CHECKPOINTS = {"nll": "models/.checkpoints/nll", "finetuned": "models/.checkpoints/finetuned"}
+TRAINING_PLAN = "plan.json"
 
 # system -> (the instance column it copies, its label in reports)
 COPY_BASELINES = {

@@ -70,8 +70,9 @@ def test_a_save_killed_midway_keeps_the_previous_checkpoint_and_the_rerun_ends_w
     assert len(saves) == 3
     monkeypatch.undo()
     directory = tmp_path / "torn" / "ckpt"
-    # The torn write went to a temporary file, removed; last.ckpt is the step-2 checkpoint, whole.
-    assert sorted(p.name for p in directory.iterdir()) == ["curves", "fingerprint.txt", "last.ckpt"]
+    # The torn write went to a temporary file, removed; last.ckpt is the step-2 checkpoint, whole
+    # (plan.json: the training's plan, written as it started).
+    assert sorted(p.name for p in directory.iterdir()) == ["curves", "fingerprint.txt", "last.ckpt", "plan.json"]
     assert torch.load(directory / "last.ckpt", weights_only=False)["global_step"] == 2
     summary = _fit(tmp_path / "torn", run)
     assert summary["resumed_from_step"] == 2 and summary["global_step"] == 4

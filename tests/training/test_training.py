@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from storyrewrite.io import InputError
 from storyrewrite.models.materialise import materialise
 from storyrewrite.params import CPOConfig, load_yaml
 from storyrewrite.curves import curve_files, read_curve
+from storyrewrite.systems import TRAINING_PLAN
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
 from storyrewrite.training.run import NoCloudTips, assemble, bf16_emulation_warning, fit
 
@@ -79,19 +81,42 @@ class Crash(Callback):
             raise RuntimeError("simulated crash")
 
 
+def _plan(checkpoint_dir) -> dict:
+    """What the training wrote beside its checkpoints as it started (TrainingPlan)."""
+    return json.loads((checkpoint_dir / TRAINING_PLAN).read_text())
+
+
 def test_an_interrupted_run_resumes_from_the_last_checkpoint(tmp_path, tiny_model_dirs, small_prepared):
     run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=5, checkpoint_every_n_steps=2, val_check_interval=5)
+    before = time.time()
     with pytest.raises(RuntimeError, match="simulated crash"):
         _fit(tmp_path, run, callbacks=(Crash(3),))
     assert not (tmp_path / "out").exists()
+    first = _plan(tmp_path / "ckpt")
+    assert (first["steps"], first["from_step"]) == (5, 0) and before <= first["started_at"] <= time.time()
     summary = _fit(tmp_path, run)
     assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
+    # The resumed run's plan: the same total, from the checkpoint it resumed, started anew.
+    resumed = _plan(tmp_path / "ckpt")
+    assert (resumed["steps"], resumed["from_step"]) == (5, 2) and resumed["started_at"] > first["started_at"]
     # Step 3 was logged before the crash, after the last checkpoint: logged once, not twice; the
     # starting weights were validated once, by the interrupted run.
     assert _steps(tmp_path / "logs", "train_loss") == [1, 2, 3, 4, 5]
     assert _steps(tmp_path / "logs", "grad_norm") == [1, 2, 3, 4, 5]
     assert _steps(tmp_path / "logs", "val_loss") == [0, 5]
     assert summary["start_val_loss"] is not None
+
+
+def test_an_epoch_bound_run_plans_the_steps_it_takes(tmp_path, tiny_model_dirs, small_prepared):
+    """One epoch of batches of 5 with 2 batches a step: the training instances over 5, then over 2,
+    each rounded up (a last short batch, and a last step of one batch, count), as the run's own
+    global step ends."""
+    instances = len(read_jsonl(small_prepared / "timetravel" / "train.jsonl"))
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, batch_size=5, max_steps=-1, max_epochs=1, accumulate_grad_batches=2,
+                   val_check_interval=2, validate_at_start=False)
+    summary = _fit(tmp_path, run)
+    assert instances % 5 and math.ceil(instances / 5) % 2  # both rounded up
+    assert _plan(tmp_path / "ckpt")["steps"] == math.ceil(math.ceil(instances / 5) / 2) == summary["global_step"]
 
 
 def test_a_refused_rerun_keeps_the_interrupted_runs_checkpoints(tmp_path, tiny_model_dirs, small_prepared, monkeypatch):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from dvclive import Live
 from lightning.pytorch.callbacks import Callback
 
 from storyrewrite.curves import curve_files, read_curve
-from storyrewrite.io import InputError, atomic_dir, atomic_path
+from storyrewrite.io import InputError, atomic_dir, atomic_path, write_json_atomic
 from storyrewrite.threadclock import ThreadTimes, thread_times
 
 
@@ -69,6 +70,25 @@ def truncate_after(directory: Path, step: int) -> None:
         rows = [row for row in read_curve(path) if row["step"] <= step]
         with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(f"step\t{path.stem}\n" + "".join(f"{row['step']}\t{row['value']!r}\n" for row in rows))
+
+
+class TrainingPlan(Callback):
+    """Writes `path` (JSON) as fitting starts: `steps`, the optimiser steps the run takes (Lightning's
+    `estimated_stepping_batches`: max_steps, or the epochs' batches over the devices and the gradient
+    accumulation), `from_step`, the step it starts from (a resumed run's last checkpoint), and
+    `started_at`, the time (seconds since the epoch). `python -m storyrewrite.queue --running` reads
+    it to say how far a training under way has got, at what pace, and how long it has to go. Kept
+    beside the checkpoints, in no stage's outputs."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        steps = trainer.estimated_stepping_batches
+        write_json_atomic(self.path, {"steps": int(steps) if math.isfinite(steps) else None, "from_step": trainer.global_step,
+                                      "started_at": time.time()})
 
 
 class TrainingMonitor(Callback):

@@ -27,12 +27,13 @@ from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_ob
 from storyrewrite.parallel import assigned_gpu
 from storyrewrite.params import ModelsConfig, Params, Section, TrainConfig
 from storyrewrite.records import cpu_has_bf16
+from storyrewrite.systems import TRAINING_PLAN
 from storyrewrite.training.checkpointing import AtomicCheckpointIO, resume_point
 from storyrewrite.training.compile import compile_body
 from storyrewrite.training.data import RewriteDataModule
 from storyrewrite.training.module import AUTOCAST_DTYPES, RewriteModule
 from storyrewrite.curves import read_curves
-from storyrewrite.training.monitor import TrainingMonitor
+from storyrewrite.training.monitor import TrainingMonitor, TrainingPlan
 
 # Keys that only say how long to train: an interrupted run resumed with a larger budget continues
 # (everything else changes the run and invalidates its checkpoints).
@@ -328,7 +329,8 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     latest = ResumePoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
                          every_n_train_steps=run.config.checkpoint_every_n_steps, enable_version_counter=False)
     without_nan_fill()
-    every_callback, settings = [best, latest, monitor, progress_bar(monitor), *callbacks], trainer_kwargs(run.config)
+    every_callback = [best, latest, monitor, TrainingPlan(checkpoint_dir / TRAINING_PLAN), progress_bar(monitor), *callbacks]
+    settings = trainer_kwargs(run.config)
     try:
         trainer = L.Trainer(callbacks=every_callback, default_root_dir=str(checkpoint_dir), plugins=[AtomicCheckpointIO()], **settings)
     except (MisconfigurationException, ModuleNotFoundError, ValueError) as error:
