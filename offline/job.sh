@@ -24,7 +24,8 @@
 #       finished experiments (exps.bundle, for offline/unpack.sh) to $OUT: a command cut short when
 #       the machine goes still brings back what the job had measured, every experiment that
 #       finished, and where the time of one that had not finished went; it ends by listing those
-#       records' stages, devices and wall times, and each running training's step.
+#       records' stages, devices and wall times, and each running training's step of its total,
+#       pace and time to go.
 #       OUT_FILE_MIB=N: a file over N MiB goes to $OUT in parts (NAME.part_00, ...; parts.sha256),
 #       for a remote command that brings back files up to a size.
 # GPU_JOB_CHECK=1 checks `start` or `compare`'s arguments and exits, starting nothing (offline/pack.sh,

@@ -91,11 +91,13 @@ workers() {
 # nothing queued, no worker answering and none of this repository's alive, seen on three polls in a
 # row, it is named and not waited for.
 # run_queue NAME: waits only until the experiment NAME has left the queue and ended (polls 5 s apart).
-# Gives up with 1.
+# Gives up with 1. While experiments run, every COMPARISON_PROGRESS_SECONDS (300; 0: each poll) it
+# prints the time, how many run and are queued, and each training under way: its step of its
+# total, its pace so far and its time to go (`python -m storyrewrite.queue --running`).
 queue_state() { python -m storyrewrite.queue "$@"; }  # [--workers]: the workers' line too
 run_queue() {
   local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-15}
-  local status idle=0 restarts=0 failures=0 orphaned=0 answering active alive queued running last_queued=
+  local status idle=0 restarts=0 failures=0 orphaned=0 answering active alive queued running last_queued= progress_at=$SECONDS
   [ -z "$until" ] || poll=${COMPARISON_POLL_SECONDS:-5}
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(queue_state 2>/dev/null)" || dvc queue start -j "$JOBS"
@@ -117,6 +119,11 @@ run_queue() {
     queued=$(grep -cw Queued <<<"$status" || true)
     running=$(grep -cw Running <<<"$status" || true)
     [ $((queued + running)) -gt 0 ] || break
+    if [ "$running" -gt 0 ] && [ $((SECONDS - progress_at)) -ge "${COMPARISON_PROGRESS_SECONDS:-300}" ]; then
+      progress_at=$SECONDS
+      echo "== $(date -u +%H:%M:%S): $running running, $queued queued"
+      queue_state --running 2>/dev/null | grep ' trained to step ' || true
+    fi
     [ -z "$last_queued" ] || [ "$queued" -ge "$last_queued" ] || restarts=0
     last_queued=$queued
     alive=$(workers | wc -l)

@@ -1,14 +1,19 @@
 """storyrewrite.queue, the comparison's poll of DVC's queue, against DVC's own `dvc queue status`
 on a real queue and a real worker; what the experiments still running have done."""
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
+from helpers import ROOT
 
 from storyrewrite import queue
+from storyrewrite.systems import CHECKPOINTS, TRAIN_STAGES, TRAINING_PLAN
 
 
 @pytest.mark.slow
@@ -120,6 +125,10 @@ else:
         f.write("step\\tsample_time_share\\n1\\t0.2\\n2\\t0.4\\n3\\t0.6\\n")
     with open("reports/train/finetuned/metrics.json", "w") as f:
         json.dump({"step": 3, "train_loss": 1.5}, f)
+    # What the training wrote as it started, 60 s before its step 3 (TrainingPlan): 20 s a step.
+    os.makedirs("models/.checkpoints/finetuned", exist_ok=True)
+    with open("models/.checkpoints/finetuned/plan.json", "w") as f:
+        json.dump({"steps": 10, "from_step": 0, "started_at": time.time() - 60}, f)
     end = time.time() + 90
     while not os.path.exists(gate) and time.time() < end:
         time.sleep(0.1)
@@ -167,10 +176,13 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         while not found.get("exp-a", {}).get("trained_to_step") and time.time() < end:
             time.sleep(0.2)
             found = queue.running(repo)
-        assert found == {"exp-a": {"stages_ended": ["first"], "trained_to_step": {"finetuned": 3}}}
-        assert run(sys.executable, "-m", "storyrewrite.queue", "--running") == (
-            "== stages done in experiments still running\nexp-a: first on cpu in 1.0 s\n"
-            "exp-a: finetuned trained to step 3 (train_loss 1.5, sample_time_share 0.4)\n")
+        assert found == {"exp-a": {"stages_ended": ["first"], "trained_to_step": {"finetuned": 3}, "planned_steps": {"finetuned": 10}}}
+        shown = run(sys.executable, "-m", "storyrewrite.queue", "--running")
+        assert shown.startswith("== stages done in experiments still running\nexp-a: first on cpu in 1.0 s\n"), shown
+        # 20 s a step (a little more by the time it is read), 7 steps to go: about 140 s, 2 min.
+        pace = re.fullmatch(r"exp-a: finetuned trained to step 3 of 10 \((\d+\.?\d*) s a step so far: about (\d+) min to go; "
+                            r"train_loss 1\.5, sample_time_share 0\.4\)\n", shown.split("\n", 2)[2])
+        assert pace and 20 <= float(pace[1]) < 30 and abs(int(pace[2]) - 7 * float(pace[1]) / 60) <= 0.5, shown
         gate.touch()
         assert queue.ended(repo, queued_at) == {}
         while (queue.running(repo) or not queue.ended(repo, queued_at)) and time.time() < end:
@@ -181,3 +193,49 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     finally:
         gate.touch()
         run("dvc", "queue", "stop")
+
+
+def _training_under_way(tmp_path, summary: dict, plan: dict | None) -> Path:
+    """A repository whose one queued experiment, exp-a, trains `finetuned` in its own workspace:
+    DVC's record of it, DVCLive's summary of the training so far, and the plan the training wrote
+    as it started (TrainingPlan), in the places the pipeline gives them."""
+    repo, workspace = tmp_path / "repo", tmp_path / "workspace"
+    info = repo / ".dvc" / "tmp" / "exps" / "run" / "abc" / "abc.run"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"name": "exp-a", "root_dir": str(workspace), "status": 1}))
+    (workspace / "reports" / "train" / "finetuned").mkdir(parents=True)
+    (workspace / "reports" / "train" / "finetuned" / "metrics.json").write_text(json.dumps(summary))
+    if plan is not None:
+        path = workspace / CHECKPOINTS["finetuned"] / TRAINING_PLAN
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(plan))
+    return repo
+
+
+def test_a_training_under_way_says_its_step_of_its_total_its_pace_and_its_time_to_go(tmp_path):
+    # Resumed at step 20, it started 180 s ago and is at step 50: 30 steps, 6 s each; 250 to go, 1,500 s.
+    repo = _training_under_way(tmp_path, {"step": 50, "train_loss": 1.25}, {"steps": 300, "from_step": 20, "started_at": 1000.0})
+    assert queue.progress_lines(repo, now=1180.0) == [
+        "exp-a: finetuned trained to step 50 of 300 (6 s a step so far: about 25 min to go; train_loss 1.25)"]
+    assert queue.running(repo) == {"exp-a": {"stages_ended": [], "trained_to_step": {"finetuned": 50}, "planned_steps": {"finetuned": 300}}}
+    # Hours, and seconds: 250 steps of 150 s; 1 step of 45 s.
+    assert queue.progress_lines(repo, now=1000.0 + 30 * 150)[0].endswith("(150 s a step so far: about 10.4 h to go; train_loss 1.25)")
+    done = _training_under_way(tmp_path / "end", {"step": 299}, {"steps": 300, "from_step": 0, "started_at": 0.0})
+    assert queue.progress_lines(done, now=299 * 45.0) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 45 s to go)"]
+
+
+@pytest.mark.parametrize("summary, plan, shown", [
+    ({"step": 20}, {"steps": 300, "from_step": 20, "started_at": 1000.0}, "step 20 of 300"),  # no step since it started: no pace
+    ({"step": 50}, {"steps": None, "from_step": 0, "started_at": 1000.0}, "step 50 (3.6 s a step so far)"),  # no total
+    ({"step": 50}, None, "step 50"),  # no plan: a training of a commit before it, or one not started
+    ({"step": 50}, {"steps": "300", "from_step": 0}, "step 50"),  # a plan that does not hold one
+])
+def test_a_training_says_what_its_plan_tells_and_nothing_more(tmp_path, summary, plan, shown):
+    repo = _training_under_way(tmp_path, summary, plan)
+    assert queue.progress_lines(repo, now=1180.0) == [f"exp-a: finetuned trained to {shown}"]
+
+
+def test_the_plans_are_read_where_dvc_yaml_has_each_training_keep_its_checkpoints():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for system, stage in TRAIN_STAGES.items():
+        assert f"--checkpoints {CHECKPOINTS[system]} " in stages[stage]["cmd"] + " ", stage

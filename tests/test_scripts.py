@@ -50,12 +50,18 @@ QUEUE = "python -m storyrewrite.queue"  # a poll of the queue, without asking it
 ASKED = f"{QUEUE} --workers"  # the same, asking them (a broadcast)
 
 
+# What `python -m storyrewrite.queue --running` prints: a stage an experiment ended, and its training under way.
+RUNNING_LINES = ('== stages done in experiments still running" "exp-9: train_nll on cpu in 2.0 s" '
+                 '"exp-9: finetuned trained to step 3 of 10 (2 s a step so far: about 14 s to go)')
+
+
 def _queue_stub(state: str, workers: str) -> str:
     """A `python` stub's branch for `python -m storyrewrite.queue [--workers]`: `state`
     (bash) prints the experiments' lines of a poll, `workers` the worker line that the poll's
     `--workers` call adds (it prints the worker line alone: the script reads nothing else of it)."""
     return f"""if [ "$2" = storyrewrite.queue ]; then
   if [ "${{3:-}}" = --workers ]; then {workers}
+  elif [ "${{3:-}}" = --running ]; then printf '%s\\n' "{RUNNING_LINES}"
   else {state}
   fi
   exit 0
@@ -167,6 +173,21 @@ def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
     assert result.returncode == 0 and "error" not in result.stderr, result.stderr
     gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
     assert calls[:gather].count(QUEUE) == 7 and calls[:gather].count(ASKED) == 5
+    assert "trained to step" not in result.stdout  # progress: every 5 minutes by default
+
+
+def test_a_long_wait_says_every_few_minutes_how_far_each_training_under_way_has_got(tmp_path):
+    """COMPARISON_PROGRESS_SECONDS apart (0: at every poll), while experiments run: the time, what
+    runs and what is queued, and the line of each training under way (`storyrewrite.queue
+    --running`: its step of its total, its pace, its time to go), not the stages ended."""
+    result, calls = _run(tmp_path, "grid", "core", dedupe="done-a busy", env={"ANSWERING": "1", "COMPARISON_PROGRESS_SECONDS": "0"},
+                         python=f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "queued"}; seq 3 > {tmp_path / "running"}; fi\n{GATHERED}')
+    assert result.returncode == 0, result.stderr
+    # Each poll of the wait that saw exp-9 running (the stub shows it to 3 reads: the first, whether to start workers).
+    assert calls.count(f"{QUEUE} --running") == 2
+    blocks = re.findall(r"^== \d\d:\d\d:\d\d: (\d+) running, (\d+) queued\n(.*)$", result.stdout, flags=re.MULTILINE)
+    assert blocks == 2 * [("1", "0", "exp-9: finetuned trained to step 3 of 10 (2 s a step so far: about 14 s to go)")]
+    assert "train_nll on cpu" not in result.stdout
 
 
 def test_a_stop_while_queueing_waits_for_dvc_to_restore_its_workspace_before_dvc_lock_comes_back(tmp_path):

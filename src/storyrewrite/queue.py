@@ -2,7 +2,7 @@
 
     python -m storyrewrite.queue             # each experiment task: revision, name, status
     python -m storyrewrite.queue --workers   # then a blank line and `Worker status: A active, I idle`
-    python -m storyrewrite.queue --running   # the stages each running experiment has ended, and its training's step
+    python -m storyrewrite.queue --running   # the stages each running experiment has ended, its training's step, pace and time to go
 
 The lines are those of `dvc queue status` (the time column left out). Our own, as DVC's command
 always asks the workers: a celery broadcast through kombu's file broker, whose workers can read a
@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from storyrewrite.curves import read_curve
 from storyrewrite.io import InputError
-from storyrewrite.systems import TRAIN_STAGES  # each system's training stage: reports/train/<system>/
+from storyrewrite.systems import CHECKPOINTS, TRAIN_STAGES, TRAINING_PLAN
 
 # DVC's record of each queued experiment (dvc.repo.experiments.executor.base.ExecutorInfo, one
 # JSON file per experiment, .dvc/tmp/exps/run/<rev>/<rev>.run): its name and its workspace.
@@ -125,14 +126,15 @@ class Progress:
     workspace: Path
     stages: list[dict] = field(default_factory=list)  # the stage records it wrote itself, in the order they started
     trainings: dict[str, dict] = field(default_factory=dict)  # system -> DVCLive's summary of its training under way
+    plans: dict[str, dict] = field(default_factory=dict)  # system -> its training's plan (TrainingPlan), where it wrote one
 
 
 def progress(repo: Path) -> dict[str, Progress]:
     """The experiments whose temporary workspace is still there (running, or ending), by name:
     the stages each ran itself and ended (its stage records naming it: those restored from the
     run cache name the experiment that ran them), and the summary of each training under way
-    (DVCLive's metrics.json, rewritten at every step). A file read while it is written is
-    skipped."""
+    (DVCLive's metrics.json, rewritten at every step) with its plan (training_plan). A file read
+    while it is written is skipped."""
     found: dict[str, Progress] = {}
     for name, info in executor_infos(repo):
         if not isinstance(info.get("root_dir"), str) or not (workspace := Path(info["root_dir"])).is_dir():
@@ -161,16 +163,58 @@ def progress(repo: Path) -> dict[str, Progress]:
                 continue
             if isinstance(summary, dict) and "step" in summary:
                 ran.trainings[path.parent.name] = summary
+                if (plan := training_plan(workspace, path.parent.name)) is not None:
+                    ran.plans[path.parent.name] = plan
         found[name] = ran
     return found
 
 
+def training_plan(workspace: Path, system: str) -> dict | None:
+    """What the training of `system` in `workspace` wrote as it started (TrainingPlan, beside its
+    checkpoints): `steps` (its total, or None), `from_step` and `started_at` (seconds since the
+    epoch); None where it wrote none (not started yet, or a commit before the plan) or the file
+    does not hold them."""
+    if system not in CHECKPOINTS:
+        return None
+    try:
+        plan = json.loads(_read(workspace / CHECKPOINTS[system] / TRAINING_PLAN) or "")
+    except ValueError:
+        return None
+    if not (isinstance(plan, dict) and isinstance(plan.get("from_step"), int) and isinstance(plan.get("started_at"), (int, float))
+            and (plan.get("steps") is None or isinstance(plan["steps"], int))):
+        return None
+    return plan
+
+
+def pace(plan: dict | None, step: int, now: float) -> tuple[float | None, float | None]:
+    """(seconds a step, seconds to go) of a training at `step` at the time `now`, by its plan: the
+    time since it started over the steps it has taken since (the first step's compile, the
+    validations and checkpoint saves included, as they will be in the steps to come), and that
+    pace over the steps left. None for what the plan cannot tell: no step taken yet, or no total."""
+    if plan is None or not isinstance(step, int) or step <= plan["from_step"] or now <= plan["started_at"]:
+        return None, None
+    per_step = (now - plan["started_at"]) / (step - plan["from_step"])
+    return per_step, (max(plan["steps"] - step, 0) * per_step if plan["steps"] is not None else None)
+
+
+def duration(seconds: float) -> str:
+    """`seconds` as a person reads a time to go: 40 s, 26 min, 2.5 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
 def running(repo: Path) -> dict[str, dict]:
     """progress() as data: per experiment, the names of the stages it has ended (in the order
-    they started) and the step each training under way has reached."""
-    return {name: {"stages_ended": [record["stage"] for record in ran.stages],
-                   "trained_to_step": {system: summary["step"] for system, summary in ran.trainings.items()}}
-            for name, ran in progress(repo).items()}
+    they started), the step each training under way has reached and, where its plan says, the
+    steps it takes."""
+    found = {}
+    for name, ran in progress(repo).items():
+        found[name] = {"stages_ended": [record["stage"] for record in ran.stages],
+                       "trained_to_step": {system: summary["step"] for system, summary in ran.trainings.items()}}
+        if steps := {system: plan["steps"] for system, plan in ran.plans.items() if plan["steps"] is not None}:
+            found[name]["planned_steps"] = steps
+    return found
 
 
 def _recent(tsv: Path) -> float | None:
@@ -183,9 +227,12 @@ def _recent(tsv: Path) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def progress_lines(repo: Path) -> list[str]:
+def progress_lines(repo: Path, now: float | None = None) -> list[str]:
     """progress() as lines, `NAME: STAGE on DEVICE in S s` for each stage ended and `NAME: SYSTEM
-    trained to step N (train_loss ..., and the clock's curves)` for each training under way."""
+    trained to step N of M (S s a step so far: about T to go; train_loss ..., and the clock's
+    curves)` for each training under way (`of M`, the pace and the time to go where its plan
+    tells them: pace). `now`: the time to measure the pace at (default: the clock's)."""
+    now = time.time() if now is None else now
     lines = []
     for name, ran in sorted(progress(repo).items()):
         lines += [f"{name}: {record['stage']} on {record.get('device', '?')} in {record.get('wall_s', '?')} s" for record in ran.stages]
@@ -193,7 +240,15 @@ def progress_lines(repo: Path) -> list[str]:
             curves = ran.workspace / "reports" / "train" / system / "plots" / "metrics"
             shown = {"train_loss": summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
             shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
-            lines.append(f"{name}: {system} trained to step {summary['step']}" + (f" ({shown})" if shown else ""))
+            plan = ran.plans.get(system)
+            per_step, left = pace(plan, summary["step"], now)
+            timing = ""
+            if per_step is not None:
+                timing = f"{per_step:.3g}" if per_step < 100 else f"{per_step:.0f}"
+                timing += " s a step so far" + (f": about {duration(left)} to go" if left is not None else "")
+            details = "; ".join(part for part in (timing, shown) if part)
+            total = f" of {plan['steps']}" if plan and plan["steps"] is not None else ""
+            lines.append(f"{name}: {system} trained to step {summary['step']}{total}" + (f" ({details})" if details else ""))
     return lines
 
 
