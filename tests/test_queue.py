@@ -195,16 +195,17 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         run("dvc", "queue", "stop")
 
 
-def _training_under_way(tmp_path, summary: dict, plan: dict | None) -> Path:
+def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: float = 1180.0) -> Path:
     """A repository whose one queued experiment, exp-a, trains `finetuned` in its own workspace:
-    DVC's record of it, DVCLive's summary of the training so far, and the plan the training wrote
-    as it started (TrainingPlan), in the places the pipeline gives them."""
+    DVC's record of it, DVCLive's summary of the training so far (last written at `logged_at`),
+    and the plan the training wrote as it started (TrainingPlan), where the pipeline puts them."""
     repo, workspace = tmp_path / "repo", tmp_path / "workspace"
     info = repo / ".dvc" / "tmp" / "exps" / "run" / "abc" / "abc.run"
     info.parent.mkdir(parents=True)
     info.write_text(json.dumps({"name": "exp-a", "root_dir": str(workspace), "status": 1}))
     (workspace / "reports" / "train" / "finetuned").mkdir(parents=True)
     (workspace / "reports" / "train" / "finetuned" / "metrics.json").write_text(json.dumps(summary))
+    os.utime(workspace / "reports" / "train" / "finetuned" / "metrics.json", (logged_at, logged_at))
     if plan is not None:
         path = workspace / CHECKPOINTS["finetuned"] / TRAINING_PLAN
         path.parent.mkdir(parents=True)
@@ -213,20 +214,26 @@ def _training_under_way(tmp_path, summary: dict, plan: dict | None) -> Path:
 
 
 def test_a_training_under_way_says_its_step_of_its_total_its_pace_and_its_time_to_go(tmp_path):
-    # Resumed at step 20, it started 180 s ago and is at step 50: 30 steps, 6 s each; 250 to go, 1,500 s.
+    # Resumed at step 20 at time 1000, it logged step 50 at 1180: 30 steps, 6 s each; 250 to go, 1,500 s from then.
     repo = _training_under_way(tmp_path, {"step": 50, "train_loss": 1.25}, {"steps": 300, "from_step": 20, "started_at": 1000.0})
     assert queue.progress_lines(repo, now=1180.0) == [
         "exp-a: finetuned trained to step 50 of 300 (6 s a step so far: about 25 min to go; train_loss 1.25)"]
     assert queue.running(repo) == {"exp-a": {"stages_ended": [], "trained_to_step": {"finetuned": 50}, "planned_steps": {"finetuned": 300}}}
-    # Hours, and seconds: 250 steps of 150 s; 1 step of 45 s.
-    assert queue.progress_lines(repo, now=1000.0 + 30 * 150)[0].endswith("(150 s a step so far: about 10.4 h to go; train_loss 1.25)")
-    done = _training_under_way(tmp_path / "end", {"step": 299}, {"steps": 300, "from_step": 0, "started_at": 0.0})
-    assert queue.progress_lines(done, now=299 * 45.0) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 45 s to go)"]
+    # Read 5 minutes on (step 51 not logged yet): the same pace, 5 minutes less to go.
+    assert queue.progress_lines(repo, now=1480.0)[0].endswith("(6 s a step so far: about 20 min to go; train_loss 1.25)")
+    # Hours, and seconds: 250 steps of 150 s; 1 step of 45 s, read 40 s after the last.
+    slow = _training_under_way(tmp_path / "slow", {"step": 50}, {"steps": 300, "from_step": 20, "started_at": 1000.0},
+                               logged_at=1000.0 + 30 * 150)
+    assert queue.progress_lines(slow, now=1000.0 + 30 * 150) == ["exp-a: finetuned trained to step 50 of 300 (150 s a step so far: about 10.4 h to go)"]
+    done = _training_under_way(tmp_path / "end", {"step": 299}, {"steps": 300, "from_step": 0, "started_at": 0.0}, logged_at=299 * 45.0)
+    assert queue.progress_lines(done, now=299 * 45.0 + 40) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 5 s to go)"]
+    # Later than its pace says (a validation, say): 0 to go, not less.
+    assert queue.progress_lines(done, now=299 * 45.0 + 90) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 0 s to go)"]
 
 
 @pytest.mark.parametrize("summary, plan, shown", [
     ({"step": 20}, {"steps": 300, "from_step": 20, "started_at": 1000.0}, "step 20 of 300"),  # no step since it started: no pace
-    ({"step": 50}, {"steps": None, "from_step": 0, "started_at": 1000.0}, "step 50 (3.6 s a step so far)"),  # no total
+    ({"step": 50}, {"steps": None, "from_step": 0, "started_at": 1000.0}, "step 50 (3.6 s a step so far)"),  # no total: 180 s / 50
     ({"step": 50}, None, "step 50"),  # no plan: a training of a commit before it, or one not started
     ({"step": 50}, {"steps": "300", "from_step": 0}, "step 50"),  # a plan that does not hold one
 ])

@@ -127,6 +127,7 @@ class Progress:
     stages: list[dict] = field(default_factory=list)  # the stage records it wrote itself, in the order they started
     trainings: dict[str, dict] = field(default_factory=dict)  # system -> DVCLive's summary of its training under way
     plans: dict[str, dict] = field(default_factory=dict)  # system -> its training's plan (TrainingPlan), where it wrote one
+    logged_at: dict[str, float] = field(default_factory=dict)  # system -> when its summary was last written (its latest step)
 
 
 def progress(repo: Path) -> dict[str, Progress]:
@@ -150,6 +151,10 @@ def progress(repo: Path) -> dict[str, Progress]:
         ran.stages.sort(key=lambda record: str(record.get("started_at") or ""))
         for path in sorted((workspace / "reports" / "train").glob("*/metrics.json")):
             text = _read(path)
+            try:
+                logged_at = path.stat().st_mtime
+            except OSError:
+                continue
             # The workspace starts as a copy of the commit, whose own training summaries
             # (git-tracked) stand until this experiment's training rewrites them; a training
             # with a stage record has ended (here, or restored from the run cache).
@@ -162,7 +167,7 @@ def progress(repo: Path) -> dict[str, Progress]:
             except ValueError:
                 continue
             if isinstance(summary, dict) and "step" in summary:
-                ran.trainings[path.parent.name] = summary
+                ran.trainings[path.parent.name], ran.logged_at[path.parent.name] = summary, logged_at
                 if (plan := training_plan(workspace, path.parent.name)) is not None:
                     ran.plans[path.parent.name] = plan
         found[name] = ran
@@ -186,15 +191,18 @@ def training_plan(workspace: Path, system: str) -> dict | None:
     return plan
 
 
-def pace(plan: dict | None, step: int, now: float) -> tuple[float | None, float | None]:
-    """(seconds a step, seconds to go) of a training at `step` at the time `now`, by its plan: the
-    time since it started over the steps it has taken since (the first step's compile, the
-    validations and checkpoint saves included, as they will be in the steps to come), and that
-    pace over the steps left. None for what the plan cannot tell: no step taken yet, or no total."""
-    if plan is None or not isinstance(step, int) or step <= plan["from_step"] or now <= plan["started_at"]:
+def pace(plan: dict | None, step: int, logged_at: float, now: float) -> tuple[float | None, float | None]:
+    """(seconds a step, seconds to go) at the time `now` of a training whose summary was written
+    at `logged_at` for `step`, by its plan: the time from its start to that step over the steps it
+    has taken since (the first step's compile, the validations and checkpoint saves included, as
+    they will be in the steps to come), and that pace over the steps left, less the time since that
+    step (0 at the least). None for what the plan cannot tell: no step taken yet, or no total."""
+    if plan is None or not isinstance(step, int) or step <= plan["from_step"] or logged_at <= plan["started_at"]:
         return None, None
-    per_step = (now - plan["started_at"]) / (step - plan["from_step"])
-    return per_step, (max(plan["steps"] - step, 0) * per_step if plan["steps"] is not None else None)
+    per_step = (logged_at - plan["started_at"]) / (step - plan["from_step"])
+    if plan["steps"] is None:
+        return per_step, None
+    return per_step, max(max(plan["steps"] - step, 0) * per_step - max(now - logged_at, 0.0), 0.0)
 
 
 def duration(seconds: float) -> str:
@@ -241,7 +249,7 @@ def progress_lines(repo: Path, now: float | None = None) -> list[str]:
             shown = {"train_loss": summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
             shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
             plan = ran.plans.get(system)
-            per_step, left = pace(plan, summary["step"], now)
+            per_step, left = pace(plan, summary["step"], ran.logged_at[system], now)
             timing = ""
             if per_step is not None:
                 timing = f"{per_step:.3g}" if per_step < 100 else f"{per_step:.0f}"
