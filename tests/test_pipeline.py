@@ -63,7 +63,8 @@ def _dvc(repo: Path, *args: str, ok: bool = True) -> str:
 
 
 def _ran(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
+    """The stages DVC ran (or, dry, would run): its `Running stage 'NAME':` lines, not a stage's own output quoting one."""
+    return set(re.findall(r"^Running stage '([^']+)':", output, flags=re.MULTILINE))
 
 
 def _write_params(repo: Path, *layers: dict) -> None:
