@@ -33,9 +33,9 @@ and those still running, each with the stages it has ended and the step of its t
 way, of its total (`running`). A run cut short (a machine taken back) so leaves a record of
 where its time went; the run's end replaces it. An interim record is held to a target only once
 its time so far exceeds it (the whole run can but take longer). A comparison that resumes one
-gathered before (runs/NAME or runs/NAME.<n> hold runs at its start: the parts
-run only the rest) names those runs (`settings.gathered_before`) and is held to no target: its
-wall times are not the whole comparison's.
+gathered before (runs/NAME or runs/NAME.<n> hold runs at its start: the parts run only the rest)
+names those runs (`settings.gathered_before`) and is held to no target: its wall times are not the
+whole comparison's.
 """
 from __future__ import annotations
 
