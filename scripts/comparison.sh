@@ -93,7 +93,7 @@ workers() {
 # run_queue NAME: waits only until the experiment NAME has left the queue and ended (polls 5 s apart).
 # Gives up with 1. While experiments run, every COMPARISON_PROGRESS_SECONDS (300; 0: each poll) it
 # prints the time, how many run and are queued, and each training under way: its step of its
-# total, its pace so far and its time to go (`python -m storyrewrite.queue --running`).
+# total, its pace so far and its time to go (`python -m storyrewrite.queue --trainings`).
 queue_state() { python -m storyrewrite.queue "$@"; }  # [--workers]: the workers' line too
 run_queue() {
   local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-15}
@@ -122,7 +122,7 @@ run_queue() {
     if [ "$running" -gt 0 ] && [ $((SECONDS - progress_at)) -ge "${COMPARISON_PROGRESS_SECONDS:-300}" ]; then
       progress_at=$SECONDS
       echo "== $(date -u +%H:%M:%S): $running running, $queued queued"
-      queue_state --running 2>/dev/null | grep ' trained to step ' || true
+      queue_state --trainings 2>/dev/null || true
     fi
     [ -z "$last_queued" ] || [ "$queued" -ge "$last_queued" ] || restarts=0
     last_queued=$queued

@@ -183,11 +183,15 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         pace = re.fullmatch(r"exp-a: finetuned trained to step 3 of 10 \((\d+\.?\d*) s a step so far: about (\d+) min to go; "
                             r"train_loss 1\.5, sample_time_share 0\.4\)\n", shown.split("\n", 2)[2])
         assert pace and 20 <= float(pace[1]) < 30 and abs(int(pace[2]) - 7 * float(pace[1]) / 60) <= 0.5, shown
+        # The trainings' lines alone, as scripts/comparison.sh prints them: the stage's line left out.
+        trainings = run(sys.executable, "-m", "storyrewrite.queue", "--trainings")
+        assert trainings.startswith("exp-a: finetuned trained to step 3 of 10 (") and trainings.count("\n") == 1, trainings
         gate.touch()
         assert queue.ended(repo, queued_at) == {}
         while (queue.running(repo) or not queue.ended(repo, queued_at)) and time.time() < end:
             time.sleep(0.2)
         assert queue.running(repo) == {} and run(sys.executable, "-m", "storyrewrite.queue", "--running") == ""
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--trainings") == ""
         assert queue.ended(repo, queued_at) == {"succeeded": ["exp-a"]}
         assert queue.ended(repo, time.time() + 60) == {}  # none since then
     finally:

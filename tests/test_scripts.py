@@ -50,9 +50,10 @@ QUEUE = "python -m storyrewrite.queue"  # a poll of the queue, without asking it
 ASKED = f"{QUEUE} --workers"  # the same, asking them (a broadcast)
 
 
-# What `python -m storyrewrite.queue --running` prints: a stage an experiment ended, and its training under way.
-RUNNING_LINES = ('== stages done in experiments still running" "exp-9: train_nll on cpu in 2.0 s" '
-                 '"exp-9: finetuned trained to step 3 of 10 (2 s a step so far: about 14 s to go)')
+# What `python -m storyrewrite.queue --running` prints: a stage an experiment ended, and its training
+# under way; `--trainings` prints the training's line alone.
+TRAINING_LINE = "exp-9: finetuned trained to step 3 of 10 (2 s a step so far: about 14 s to go)"
+RUNNING_LINES = f'== stages done in experiments still running" "exp-9: train_nll on cpu in 2.0 s" "{TRAINING_LINE}'
 
 
 def _queue_stub(state: str, workers: str) -> str:
@@ -62,6 +63,7 @@ def _queue_stub(state: str, workers: str) -> str:
     return f"""if [ "$2" = storyrewrite.queue ]; then
   if [ "${{3:-}}" = --workers ]; then {workers}
   elif [ "${{3:-}}" = --running ]; then printf '%s\\n' "{RUNNING_LINES}"
+  elif [ "${{3:-}}" = --trainings ]; then printf '%s\\n' "{TRAINING_LINE}"
   else {state}
   fi
   exit 0
@@ -179,14 +181,14 @@ def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
 def test_a_long_wait_says_every_few_minutes_how_far_each_training_under_way_has_got(tmp_path):
     """COMPARISON_PROGRESS_SECONDS apart (0: at every poll), while experiments run: the time, what
     runs and what is queued, and the line of each training under way (`storyrewrite.queue
-    --running`: its step of its total, its pace, its time to go), not the stages ended."""
+    --trainings`: its step of its total, its pace, its time to go), not the stages ended."""
     result, calls = _run(tmp_path, "grid", "core", dedupe="done-a busy", env={"ANSWERING": "1", "COMPARISON_PROGRESS_SECONDS": "0"},
                          python=f'if [ "$3" = --dedupe ]; then rm -f {tmp_path / "queued"}; seq 3 > {tmp_path / "running"}; fi\n{GATHERED}')
     assert result.returncode == 0, result.stderr
     # Each poll of the wait that saw exp-9 running (the stub shows it to 3 reads: the first, whether to start workers).
-    assert calls.count(f"{QUEUE} --running") == 2
+    assert calls.count(f"{QUEUE} --trainings") == 2 and f"{QUEUE} --running" not in calls
     blocks = re.findall(r"^== \d\d:\d\d:\d\d: (\d+) running, (\d+) queued\n(.*)$", result.stdout, flags=re.MULTILINE)
-    assert blocks == 2 * [("1", "0", "exp-9: finetuned trained to step 3 of 10 (2 s a step so far: about 14 s to go)")]
+    assert blocks == 2 * [("1", "0", TRAINING_LINE)]
     assert "train_nll on cpu" not in result.stdout
 
 

@@ -3,6 +3,7 @@
     python -m storyrewrite.queue             # each experiment task: revision, name, status
     python -m storyrewrite.queue --workers   # then a blank line and `Worker status: A active, I idle`
     python -m storyrewrite.queue --running   # the stages each running experiment has ended, its training's step, pace and time to go
+    python -m storyrewrite.queue --trainings # the trainings' lines of --running alone
 
 The lines are those of `dvc queue status` (the time column left out). Our own, as DVC's command
 always asks the workers: a celery broadcast through kombu's file broker, whose workers can read a
@@ -120,14 +121,21 @@ def ended(repo: Path, since: float) -> dict[str, list[str]]:
 
 
 @dataclass
+class Training:
+    """A training under way in an experiment's workspace."""
+
+    summary: dict  # DVCLive's summary of its latest step (metrics.json: `step`, the losses)
+    logged_at: float  # when that summary was written
+    plan: dict | None = None  # its plan (TrainingPlan: training_plan), where it wrote one
+
+
+@dataclass
 class Progress:
     """What an experiment still running has done in its temporary workspace."""
 
     workspace: Path
     stages: list[dict] = field(default_factory=list)  # the stage records it wrote itself, in the order they started
-    trainings: dict[str, dict] = field(default_factory=dict)  # system -> DVCLive's summary of its training under way
-    plans: dict[str, dict] = field(default_factory=dict)  # system -> its training's plan (TrainingPlan), where it wrote one
-    logged_at: dict[str, float] = field(default_factory=dict)  # system -> when its summary was last written (its latest step)
+    trainings: dict[str, Training] = field(default_factory=dict)  # system -> its training under way
 
 
 def progress(repo: Path) -> dict[str, Progress]:
@@ -167,9 +175,7 @@ def progress(repo: Path) -> dict[str, Progress]:
             except ValueError:
                 continue
             if isinstance(summary, dict) and "step" in summary:
-                ran.trainings[path.parent.name], ran.logged_at[path.parent.name] = summary, logged_at
-                if (plan := training_plan(workspace, path.parent.name)) is not None:
-                    ran.plans[path.parent.name] = plan
+                ran.trainings[path.parent.name] = Training(summary, logged_at, training_plan(workspace, path.parent.name))
         found[name] = ran
     return found
 
@@ -219,8 +225,9 @@ def running(repo: Path) -> dict[str, dict]:
     found = {}
     for name, ran in progress(repo).items():
         found[name] = {"stages_ended": [record["stage"] for record in ran.stages],
-                       "trained_to_step": {system: summary["step"] for system, summary in ran.trainings.items()}}
-        if steps := {system: plan["steps"] for system, plan in ran.plans.items() if plan["steps"] is not None}:
+                       "trained_to_step": {system: training.summary["step"] for system, training in ran.trainings.items()}}
+        if steps := {system: training.plan["steps"] for system, training in ran.trainings.items()
+                     if training.plan is not None and training.plan["steps"] is not None}:
             found[name]["planned_steps"] = steps
     return found
 
@@ -235,28 +242,34 @@ def _recent(tsv: Path) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def progress_lines(repo: Path, now: float | None = None) -> list[str]:
-    """progress() as lines, `NAME: STAGE on DEVICE in S s` for each stage ended and `NAME: SYSTEM
-    trained to step N of M (S s a step so far: about T to go; train_loss ..., and the clock's
-    curves)` for each training under way (`of M`, the pace and the time to go where its plan
-    tells them: pace). `now`: the time to measure the pace at (default: the clock's)."""
+def training_line(name: str, workspace: Path, system: str, training: Training, now: float) -> str:
+    """`NAME: SYSTEM trained to step N of M (S s a step so far: about T to go; train_loss ..., and
+    the clock's curves)` for the training of `system` under way in the experiment `name` (`of M`,
+    the pace and the time to go where its plan tells them: pace), measured at the time `now`."""
+    curves = workspace / "reports" / "train" / system / "plots" / "metrics"
+    shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
+    shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
+    plan, step = training.plan, training.summary["step"]
+    per_step, left = pace(plan, step, training.logged_at, now)
+    timing = ""
+    if per_step is not None:
+        timing = f"{per_step:.3g}" if per_step < 100 else f"{per_step:.0f}"
+        timing += " s a step so far" + (f": about {duration(left)} to go" if left is not None else "")
+    details = "; ".join(part for part in (timing, shown) if part)
+    total = f" of {plan['steps']}" if plan and plan["steps"] is not None else ""
+    return f"{name}: {system} trained to step {step}{total}" + (f" ({details})" if details else "")
+
+
+def progress_lines(repo: Path, now: float | None = None, stages: bool = True) -> list[str]:
+    """progress() as lines, `NAME: STAGE on DEVICE in S s` for each stage ended (where `stages`)
+    and a training_line for each training under way. `now`: the time to measure the pace at
+    (default: the clock's)."""
     now = time.time() if now is None else now
     lines = []
     for name, ran in sorted(progress(repo).items()):
-        lines += [f"{name}: {record['stage']} on {record.get('device', '?')} in {record.get('wall_s', '?')} s" for record in ran.stages]
-        for system, summary in ran.trainings.items():
-            curves = ran.workspace / "reports" / "train" / system / "plots" / "metrics"
-            shown = {"train_loss": summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
-            shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
-            plan = ran.plans.get(system)
-            per_step, left = pace(plan, summary["step"], ran.logged_at[system], now)
-            timing = ""
-            if per_step is not None:
-                timing = f"{per_step:.3g}" if per_step < 100 else f"{per_step:.0f}"
-                timing += " s a step so far" + (f": about {duration(left)} to go" if left is not None else "")
-            details = "; ".join(part for part in (timing, shown) if part)
-            total = f" of {plan['steps']}" if plan and plan["steps"] is not None else ""
-            lines.append(f"{name}: {system} trained to step {summary['step']}{total}" + (f" ({details})" if details else ""))
+        if stages:
+            lines += [f"{name}: {record['stage']} on {record.get('device', '?')} in {record.get('wall_s', '?')} s" for record in ran.stages]
+        lines += [training_line(name, ran.workspace, system, training, now) for system, training in ran.trainings.items()]
     return lines
 
 
@@ -267,7 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     asked.add_argument("--workers", action="store_true", help="ask the workers too (a broadcast), as `dvc queue status` does")
     asked.add_argument("--running", action="store_true",
                        help="instead: what each experiment still running has done (nothing where none runs)")
+    asked.add_argument("--trainings", action="store_true",
+                       help="instead: the trainings under way alone, a line each, as --running shows them")
     args = parser.parse_args(argv)
+    if args.trainings:
+        if lines := progress_lines(Path.cwd(), stages=False):
+            print(*lines, sep="\n")
+        return
     if args.running:
         if lines := progress_lines(Path.cwd()):
             print("== stages done in experiments still running", *lines, sep="\n")
