@@ -123,6 +123,8 @@ else:
     os.makedirs("reports/train/finetuned/plots/metrics", exist_ok=True)
     with open("reports/train/finetuned/plots/metrics/sample_time_share.tsv", "w") as f:
         f.write("step\\tsample_time_share\\n1\\t0.2\\n2\\t0.4\\n3\\t0.6\\n")
+    with open("reports/train/finetuned/plots/metrics/train_loss.tsv", "w") as f:  # (the step curve: the pace's step and time)
+        f.write("step\\ttrain_loss\\n1\\t2.5\\n2\\t2.0\\n3\\t1.5\\n")
     with open("reports/train/finetuned/metrics.json", "w") as f:
         json.dump({"step": 3, "train_loss": 1.5}, f)
     # What the training wrote as it started, 60 s before its step 3 (TrainingPlan): 20 s a step.
@@ -199,10 +201,12 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         run("dvc", "queue", "stop")
 
 
-def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: float = 1180.0) -> Path:
+def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: float = 1180.0,
+                        step_curve: tuple[str, float] | None = None) -> Path:
     """A repository whose one queued experiment, exp-a, trains `finetuned` in its own workspace:
     DVC's record of it, DVCLive's summary of the training so far (last written at `logged_at`),
-    and the plan the training wrote as it started (TrainingPlan), where the pipeline puts them."""
+    the plan the training wrote as it started (TrainingPlan), and `step_curve` (its train_loss
+    curve's text, last written at the time given), where the pipeline puts them."""
     repo, workspace = tmp_path / "repo", tmp_path / "workspace"
     info = repo / ".dvc" / "tmp" / "exps" / "run" / "abc" / "abc.run"
     info.parent.mkdir(parents=True)
@@ -210,6 +214,11 @@ def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: f
     (workspace / "reports" / "train" / "finetuned").mkdir(parents=True)
     (workspace / "reports" / "train" / "finetuned" / "metrics.json").write_text(json.dumps(summary))
     os.utime(workspace / "reports" / "train" / "finetuned" / "metrics.json", (logged_at, logged_at))
+    if step_curve is not None:
+        curve = workspace / "reports" / "train" / "finetuned" / "plots" / "metrics" / "train_loss.tsv"
+        curve.parent.mkdir(parents=True)
+        curve.write_text(step_curve[0])
+        os.utime(curve, (step_curve[1], step_curve[1]))
     if plan is not None:
         path = workspace / CHECKPOINTS["finetuned"] / TRAINING_PLAN
         path.parent.mkdir(parents=True)
@@ -233,6 +242,27 @@ def test_a_training_under_way_says_its_step_of_its_total_its_pace_and_its_time_t
     assert queue.progress_lines(done, now=299 * 45.0 + 40) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 5 s to go)"]
     # Later than its pace says (a validation, say): 0 to go, not less.
     assert queue.progress_lines(done, now=299 * 45.0 + 90) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 0 s to go)"]
+
+
+def test_a_validation_under_way_does_not_slow_the_pace_the_next_step_carries_it(tmp_path):
+    # Started at time 1000 from step 0; step 100 logged at 1600 (6 s a step); its validation then
+    # ran 300 s and rewrote the summary at the same step (logged at 1900). Read at 1900, the pace is
+    # still 6 s (the summary's time would make it 9 s) and the time to go 1,200 s less 300 s.
+    rows = "step\ttrain_loss\n" + "".join(f"{step}\t1.5\n" for step in range(1, 101))
+    repo = _training_under_way(tmp_path, {"step": 100, "train_loss": 1.5, "val_loss": 1.4},
+                               {"steps": 300, "from_step": 0, "started_at": 1000.0}, logged_at=1900.0, step_curve=(rows, 1600.0))
+    assert queue.progress_lines(repo, now=1900.0) == [
+        "exp-a: finetuned trained to step 100 of 300 (6 s a step so far: about 15 min to go; train_loss 1.5)"]
+    # Step 101 logged at 1906: the validation's 300 s now in its pace, 906 s / 101 steps.
+    repo = _training_under_way(tmp_path / "next", {"step": 101, "train_loss": 1.5, "val_loss": 1.4},
+                               {"steps": 300, "from_step": 0, "started_at": 1000.0}, logged_at=1906.0,
+                               step_curve=(rows + "101\t1.5\n", 1906.0))
+    assert queue.progress_lines(repo, now=1906.0)[0].startswith("exp-a: finetuned trained to step 101 of 300 (8.97 s a step so far: about 30 min")
+    # A curve with no complete row yet (a line cut short), or a malformed one: the summary's step and time.
+    for text in ("step\ttrain_loss\n1\t1.", "step\tloss\n1\t1.5\n"):
+        repo = _training_under_way(tmp_path / str(len(text)), {"step": 100}, {"steps": 300, "from_step": 0, "started_at": 1000.0},
+                                   logged_at=1900.0, step_curve=(text, 1600.0))
+        assert queue.progress_lines(repo, now=1900.0) == ["exp-a: finetuned trained to step 100 of 300 (9 s a step so far: about 30 min to go)"]
 
 
 @pytest.mark.parametrize("summary, plan, shown", [

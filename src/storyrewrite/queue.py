@@ -35,6 +35,8 @@ EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
 ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
 # The curves of a training's clock that `--running` shows beside its step (their means over the
 # last RECENT_STEPS steps): DVCLive's summary leaves them out, their TSVs have them.
+# The curve every training step adds a row to, and only a training step (training.monitor).
+STEP_CURVE = "train_loss"
 CLOCK_CURVES, RECENT_STEPS = ("sample_time_share", "sample_read_time_share", "cpu_wait_time_share", "tokens_per_s"), 10
 
 
@@ -125,7 +127,8 @@ class Training:
     """A training under way in an experiment's workspace."""
 
     summary: dict  # DVCLive's summary of its latest step (metrics.json: `step`, the losses)
-    logged_at: float  # when that summary was written
+    logged_step: int  # its latest training step logged (latest_step), and when
+    logged_at: float
     plan: dict | None = None  # its plan (TrainingPlan: training_plan), where it wrote one
 
 
@@ -142,8 +145,8 @@ def progress(repo: Path) -> dict[str, Progress]:
     """The experiments whose temporary workspace is still there (running, or ending), by name:
     the stages each ran itself and ended (its stage records naming it: those restored from the
     run cache name the experiment that ran them), and the summary of each training under way
-    (DVCLive's metrics.json, rewritten at every step) with its plan (training_plan). A file read
-    while it is written is skipped."""
+    (DVCLive's metrics.json, rewritten at every step) with its latest step logged (latest_step) and
+    its plan (training_plan). A file read while it is written is skipped."""
     found: dict[str, Progress] = {}
     for name, info in executor_infos(repo):
         if not isinstance(info.get("root_dir"), str) or not (workspace := Path(info["root_dir"])).is_dir():
@@ -175,9 +178,25 @@ def progress(repo: Path) -> dict[str, Progress]:
             except ValueError:
                 continue
             if isinstance(summary, dict) and "step" in summary:
-                ran.trainings[path.parent.name] = Training(summary, logged_at, training_plan(workspace, path.parent.name))
+                logged_step, logged_at = latest_step(path.parent, summary["step"], logged_at)
+                ran.trainings[path.parent.name] = Training(summary, logged_step, logged_at, training_plan(workspace, path.parent.name))
         found[name] = ran
     return found
+
+
+def latest_step(log_dir: Path, step: int, logged_at: float) -> tuple[int, float]:
+    """(step, seconds since the epoch) of the latest training step a training logged in `log_dir`:
+    the last row of its STEP_CURVE and when the file was last written. A validation rewrites the
+    summary at the same step, later, but writes no row there, so a pace measured to this step
+    stays steady through a validation (whose time the next step then carries). The summary's
+    (`step`, `logged_at`) where the curve is not there, holds no complete row, or is malformed."""
+    curve = log_dir / "plots" / "metrics" / f"{STEP_CURVE}.tsv"
+    try:
+        written = curve.stat().st_mtime  # (a row appended before the read pairs its step with the time of the one before: once, one step)
+        rows = read_curve(curve)
+    except (OSError, InputError):
+        return step, logged_at
+    return (rows[-1]["step"], written) if rows else (step, logged_at)
 
 
 def training_plan(workspace: Path, system: str) -> dict | None:
@@ -198,8 +217,8 @@ def training_plan(workspace: Path, system: str) -> dict | None:
 
 
 def pace(plan: dict | None, step: int, logged_at: float, now: float) -> tuple[float | None, float | None]:
-    """(seconds a step, seconds to go) at the time `now` of a training whose summary was written
-    at `logged_at` for `step`, by its plan: the time from its start to that step over the steps it
+    """(seconds a step, seconds to go) at the time `now` of a training that logged its step `step`
+    at `logged_at` (latest_step), by its plan: the time from its start to that step over the steps it
     has taken since (the first step's compile, the validations and checkpoint saves included, as
     they will be in the steps to come), and that pace over the steps left, less the time since that
     step (0 at the least). None for what the plan cannot tell: no step taken yet, or no total."""
@@ -250,7 +269,7 @@ def training_line(name: str, workspace: Path, system: str, training: Training, n
     shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
     shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
     plan, step = training.plan, training.summary["step"]
-    per_step, left = pace(plan, step, training.logged_at, now)
+    per_step, left = pace(plan, training.logged_step, training.logged_at, now)
     timing = ""
     if per_step is not None:
         timing = f"{per_step:.3g}" if per_step < 100 else f"{per_step:.0f}"
