@@ -11,9 +11,9 @@ message mid-write and then stop (celery/kombu#1551, treeverse/dvc#10428). Withou
 statuses come from the broker's queue and the result backend, as DVC's do, with no message to the
 workers and no wait for their answers, read in the order a task moves so that none is missed
 (task_states). Each worker's own monitor (dvc-task's TemporaryWorker)
-still asks three questions every 10 s; a poll no longer adds one. `--running` reads files only
-(the experiments' workspaces and DVC's record of each), asking neither DVC nor the workers. Not a
-stage's code: changing this module reruns no stage.
+still asks three questions every 10 s; a poll no longer adds one. `--running` and `--trainings`
+read files only (the experiments' workspaces and DVC's record of each), asking neither DVC nor the
+workers. Not a stage's code: changing this module reruns no stage.
 """
 from __future__ import annotations
 
