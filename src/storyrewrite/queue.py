@@ -33,10 +33,10 @@ from storyrewrite.systems import CHECKPOINTS, TRAIN_STAGES, TRAINING_PLAN
 EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
 # DVC's TaskStatus (dvc.repo.experiments.executor.base) of an experiment that has ended.
 ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
-# The curves of a training's clock that `--running` shows beside its step (their means over the
-# last RECENT_STEPS steps): DVCLive's summary leaves them out, their TSVs have them.
 # The curve every training step adds a row to, and only a training step (training.monitor).
 STEP_CURVE = "train_loss"
+# The curves of a training's clock that `--running` shows beside its step (their means over the
+# last RECENT_STEPS steps): DVCLive's summary leaves them out, their TSVs have them.
 CLOCK_CURVES, RECENT_STEPS = ("sample_time_share", "sample_read_time_share", "cpu_wait_time_share", "tokens_per_s"), 10
 
 
