@@ -266,7 +266,6 @@ def test_a_validation_under_way_does_not_slow_the_pace_the_next_step_carries_it(
 
 
 @pytest.mark.parametrize("summary, plan, shown", [
-    ({"step": 20}, {"steps": 300, "from_step": 20, "started_at": 1000.0}, "step 20 of 300"),  # no step since it started: no pace
     ({"step": 50}, {"steps": None, "from_step": 0, "started_at": 1000.0}, "step 50 (3.6 s a step so far)"),  # no total: 180 s / 50
     ({"step": 50}, None, "step 50"),  # no plan: a training of a commit before it, or one not started
     ({"step": 50}, {"steps": "300", "from_step": 0}, "step 50"),  # a plan that does not hold one
@@ -274,6 +273,19 @@ def test_a_validation_under_way_does_not_slow_the_pace_the_next_step_carries_it(
 def test_a_training_says_what_its_plan_tells_and_nothing_more(tmp_path, summary, plan, shown):
     repo = _training_under_way(tmp_path, summary, plan)
     assert queue.progress_lines(repo, now=1180.0) == [f"exp-a: finetuned trained to {shown}"]
+
+
+def test_a_training_before_its_first_step_says_how_long_it_has_been_at_it(tmp_path):
+    # Resumed from step 20 at time 1000; read at 1180, the summary is still the one at step 20
+    # (the validation of its starting weights, say): no pace, and 3 min since it started.
+    repo = _training_under_way(tmp_path, {"step": 20, "val_loss": 1.5}, {"steps": 300, "from_step": 20, "started_at": 1000.0})
+    assert queue.progress_lines(repo, now=1180.0) == ["exp-a: finetuned started at step 20 of 300 3 min ago, no step ended yet"]
+    # A fresh start, read 40 s on, with the step-0 summary's train_loss.
+    repo = _training_under_way(tmp_path / "fresh", {"step": 0, "train_loss": 2.5}, {"steps": 4, "from_step": 0, "started_at": 1140.0})
+    assert queue.progress_lines(repo, now=1180.0) == ["exp-a: finetuned started at step 0 of 4 40 s ago, no step ended yet (train_loss 2.5)"]
+    # The first step logged: the pace, as ever.
+    repo = _training_under_way(tmp_path / "one", {"step": 1}, {"steps": 4, "from_step": 0, "started_at": 1140.0}, logged_at=1170.0)
+    assert queue.progress_lines(repo, now=1180.0) == ["exp-a: finetuned trained to step 1 of 4 (30 s a step so far: about 80 s to go)"]
 
 
 def test_the_plans_are_read_where_dvc_yaml_has_each_training_keep_its_checkpoints():

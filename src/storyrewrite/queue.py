@@ -264,7 +264,8 @@ def _recent(tsv: Path) -> float | None:
 def training_line(name: str, workspace: Path, system: str, training: Training, now: float) -> str:
     """`NAME: SYSTEM trained to step N of M (S s a step so far: about T to go; train_loss ..., and
     the clock's curves)` for the training of `system` under way in the experiment `name` (`of M`,
-    the pace and the time to go where its plan tells them: pace), measured at the time `now`."""
+    the pace and the time to go where its plan tells them: pace), measured at the time `now`.
+    Before its first step has ended: `NAME: SYSTEM started at step N of M T ago, no step ended yet`."""
     curves = workspace / "reports" / "train" / system / "plots" / "metrics"
     shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
     shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
@@ -276,6 +277,11 @@ def training_line(name: str, workspace: Path, system: str, training: Training, n
         timing += " s a step so far" + (f": about {duration(left)} to go" if left is not None else "")
     details = "; ".join(part for part in (timing, shown) if part)
     total = f" of {plan['steps']}" if plan and plan["steps"] is not None else ""
+    if plan is not None and training.logged_step <= plan["from_step"]:
+        # Its first step not ended: compiling, or validating the weights it started from (the
+        # summary then holds that validation, at the starting step). How long it has been at it.
+        return (f"{name}: {system} started at step {plan['from_step']}{total} {duration(max(now - plan['started_at'], 0.0))} ago, "
+                "no step ended yet" + (f" ({details})" if details else ""))
     return f"{name}: {system} trained to step {step}{total}" + (f" ({details})" if details else "")
 
 
