@@ -35,7 +35,8 @@ where its time went; the run's end replaces it. An interim record is held to a t
 its time so far exceeds it (the whole run can but take longer). A comparison that resumes one
 gathered before (runs/NAME or runs/NAME.<n> hold runs at its start: the parts run only the rest)
 names those runs (`settings.gathered_before`) and is held to no target: its wall times are not the
-whole comparison's.
+whole comparison's. `--mps` runs the parts with COMPARISON_MPS=1 (NVIDIA's Multi-Process Service
+for the workers' stages, where its check passes); `settings.mps` says, part by part, whether it ran.
 """
 from __future__ import annotations
 
@@ -363,6 +364,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--parts", nargs="+", default=["core", "cpo"], choices=["core", "cpo", "all", "seeds"],
                         help="the comparison's parts, run one after the other (default: core cpo)")
     parser.add_argument("--name", default="timed", help="the comparison's name: runs/NAME, reports/NAME (default timed)")
+    parser.add_argument("--mps", action="store_true", help="share the GPU through NVIDIA's MPS (COMPARISON_MPS=1)")
     parser.add_argument("--here", action="store_true", help="run in this repository, not in a fresh workspace")
     parser.add_argument("--variant", default="", help="a suffix for the figures file (comparison-VARIANT.json)")
     parser.add_argument("--keep", type=Path, help="the fresh workspace's folder, kept (default: a temporary one, removed)")
@@ -396,7 +398,10 @@ def main() -> None:
             print(f"== resuming: {len(before)} run(s) gathered before ({', '.join(before)}); the record is held to no "
                   "target", flush=True)
         settings = {"profiles": [str(p) for p in args.profile], "jobs": args.jobs, "parts": args.parts,
-                    **({"gathered_before": before} if before else {})}
+                    **({"gathered_before": before} if before else {}), **({"mps": {}} if args.mps else {})}
+        mps_state = Path(temporary) / "mps-state"
+        if args.mps:
+            env.update(COMPARISON_MPS="1", COMPARISON_MPS_STATE=str(mps_state))
         parts, failed, begun_at, now = {}, [], {}, {}
         started, started_at = time.perf_counter(), time.time()
 
@@ -423,6 +428,9 @@ def main() -> None:
                                          *map(str, args.profile)], cwd=repo, env=env)
                 parts[part] = round(time.perf_counter() - begun, 1)
                 now.clear()
+                if args.mps:  # (nothing written: one worker, or nothing queued)
+                    settings["mps"][part] = mps_state.read_text().strip() if mps_state.is_file() else "not started"
+                    mps_state.unlink(missing_ok=True)
                 if result.returncode != 0:
                     failed.append(part)
                 else:  # its shared stages are in the run cache: the next part's experiments restore them

@@ -9,9 +9,10 @@
 #       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
 #       steps-others steps-rloo-static generation generation-cudnn generation-static scorer llm startup, the questions still
 #       open first), each into bench-out/BENCH.
-#   bash offline/job.sh compare [-j N] NAME PART [PROFILE ...]   the same for
+#   bash offline/job.sh compare [-j N] [--mps] NAME PART [PROFILE ...]   the same for
 #       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
-#       params/gpu.yaml`: N queue workers share the GPU), timed by bench/comparison.py, in a
+#       params/gpu.yaml`: N queue workers share the GPU; `--mps`: through NVIDIA's MPS, where the
+#       machine allows it, COMPARISON_MPS=1), timed by bench/comparison.py, in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked.
 #       Runs gathered by an earlier machine (runs/NAME.<n>) are not run again. DVC's queue workers leave
@@ -91,7 +92,12 @@ compare)
     shift 2 || true
   fi
   [[ $jobs =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$jobs'" >&2; exit 2; }
-  [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
+  mps=-
+  if [ "${1:-}" = --mps ]; then
+    mps=--mps
+    shift
+  fi
+  [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   [[ $2 =~ ^(core|cpo|all|seeds)$ ]] || { echo "error: PART must be core, cpo, all or seeds, got '$2'" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
@@ -101,7 +107,7 @@ compare)
     [ $# -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check --elsewhere "${@:3}" >&2 || exit 2
     exit 0
   fi
-  launch "$1" run-comparison "$jobs" "$@" ;;
+  launch "$1" run-comparison "$jobs" "$mps" "$@" ;;
 run | run-comparison)  # (internal: the detached job)
   verb=$1
   shift
@@ -110,8 +116,9 @@ run | run-comparison)  # (internal: the detached job)
   export PYTHONPATH=$HOME/site:$HOME/proj/src
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
   if [ "$verb" = run-comparison ]; then
-    jobs=$1
-    shift
+    jobs=$1 mps=()
+    [ "$2" != --mps ] || mps=(--mps)
+    shift 2
     if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy,
       # without what the calls carried for the install (wheels, model parts), as the checkout ignores it,
       # and without the runs gathered before (runs/, which the plan reads from disk) and this
@@ -122,12 +129,12 @@ run | run-comparison)  # (internal: the detached job)
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
     fi
     wait_for_packages
-    echo "== comparison -j $jobs $* $(date +%T)"
+    echo "== comparison -j $jobs ${mps[*]:+--mps }$* $(date +%T)"
     # Timed as the whole-comparison bench (bench/comparison.py --here): runs/NAME and reports/NAME
     # as comparison.sh makes them, and reports/bench/comparison.json beside them; the GPU's and
     # the host's load through the whole run, every half second, in bench-out/ (brought back).
     # `all` queues core and the CPO grid at once: the grid fills the workers while RLOO runs.
-    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" \
+    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" "${mps[@]}" \
       --timeline bench-out/comparison-timeline.csv --profile "${@:3}"
     rc=$?
     echo "== end $(date +%T)"

