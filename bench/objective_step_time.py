@@ -41,7 +41,10 @@ the launches, sets the time. `--compile` runs the steps as `compile: true` train
 of the transformer bodies); the first step, which the timings leave out, then includes the
 compilation, and its time is printed. `--side-by-side N` starts N processes of each objective at
 once, as N queue workers share one GPU, and takes the median one's figures (a file of its own,
-`-side-by-sideN`): what a step costs a worker when the device is shared.
+`-side-by-sideN`): what a step costs a worker when the device is shared. `--mps` runs those N
+processes through NVIDIA's Multi-Process Service (storyrewrite.mps, as `COMPARISON_MPS=1` runs a
+comparison's workers; a file of its own, `-mps`): set against the same run without it, what MPS
+changes.
 """
 from __future__ import annotations
 
@@ -50,9 +53,11 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +68,7 @@ from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torc
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from storyrewrite import mps
 from storyrewrite.io import run_cli
 from storyrewrite.models.device import resolve_device
 from storyrewrite.objectives.registry import OBJECTIVES
@@ -245,7 +251,7 @@ def result_name(args: argparse.Namespace) -> str:
     compilation, each a run of its own."""
     return args.name or ("objective_step_time" + ("" if args.precision == "32-true" else f"-{args.precision}")
                          + ("-compiled" if args.compile else "") + ("-reduce-overhead" if args.compile == "reduce-overhead" else "")
-                         + (f"-side-by-side{args.side_by_side}" if args.side_by_side > 1 else ""))
+                         + (f"-side-by-side{args.side_by_side}" if args.side_by_side > 1 else "") + ("-mps" if args.mps else ""))
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -304,6 +310,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--side-by-side", type=int, default=1, metavar="N",
                         help="run N processes of each objective at once, as N queue workers share a GPU: a step time is "
                              "the median of theirs")
+    parser.add_argument("--mps", action="store_true", help="run the --side-by-side processes through NVIDIA's MPS "
+                        "(storyrewrite.mps): the bench fails where it cannot start")
     parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
                         "and -compiled where not 32-true and eager): a run of its own there, each device's last")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
@@ -316,9 +324,25 @@ def main() -> None:
         raise SystemExit(f"error: --profile-steps must be at least 1, not {args.profile_steps}")
     if args.side_by_side < 1:
         raise SystemExit(f"error: --side-by-side must be at least 1, not {args.side_by_side}")
+    if args.mps and args.side_by_side < 2:
+        raise SystemExit("error: --mps shares the device between --side-by-side processes: give --side-by-side 2 or more")
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return
+    if not args.mps:
+        measure_all(args, dict(os.environ))
+        return
+    with tempfile.TemporaryDirectory(prefix="mps-") as folder:
+        if (why := mps.start(Path(folder))) is not None:
+            raise SystemExit(f"error: --mps: NVIDIA's MPS did not start: {why}")
+        try:
+            measure_all(args, {**os.environ, **mps.client_env(Path(folder))})
+        finally:
+            mps.stop(Path(folder))
+
+
+def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Every objective's processes (`--side-by-side` at once) with the environment `env`, and the figures."""
 
     runs: dict[str, list[dict]] = {objective: [] for objective in args.objectives}
     failed: dict[str, str] = {}  # an objective whose process failed -> the end of its error output
@@ -336,7 +360,7 @@ def main() -> None:
             # --side-by-side N: N processes at once (the first alone writes the trace), each a
             # worker's share of the device; the row is the median process by step time.
             processes = [subprocess.Popen(command + (trace if n == 0 else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True) for n in range(args.side_by_side)]
+                                          text=True, env=env) for n in range(args.side_by_side)]
             outputs = [(p, *p.communicate()) for p in processes]
             seconds = time.perf_counter() - started
             if bad := next(((p, err) for p, _, err in outputs if p.returncode != 0), None):
@@ -424,7 +448,7 @@ def main() -> None:
                   "nan_fill": first["nan_fill"], "batch_size": first["batch_size"],
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   **({"profile_steps": args.profile_steps} if busy else {}),
-                  **({"side_by_side": args.side_by_side} if args.side_by_side > 1 else {}),
+                  **({"side_by_side": args.side_by_side} if args.side_by_side > 1 else {}), **({"mps": True} if args.mps else {}),
                   **overlay_settings(args), **({"failed": sorted(failed)} if failed else {})}, targets)
     if failed:
         raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")

@@ -34,6 +34,8 @@ BENCHES=(
    --set rl.early_stop=false --name objective_step_time-bf16-mixed-rloo-side-by-side4 --profile-steps 1"
   "rloo-side-by-side-early-stop objective_step_time_rloo_side_by_side_early_stop.txt $STEPS --batch-size 16 --objectives nll rloo
    --side-by-side 4 --set rl.early_stop=true --name objective_step_time-bf16-mixed-rloo-side-by-side4-early-stop --profile-steps 1"
+  "rloo-side-by-side-mps objective_step_time_rloo_side_by_side_mps.txt $STEPS --batch-size 16 --objectives nll rloo --side-by-side 4
+   --set rl.early_stop=false --mps --name objective_step_time-bf16-mixed-rloo-side-by-side4-mps --profile-steps 1"
   "startup stage_startup.txt bench/stage_startup.py --stages train generate score significance --side-by-side 8"
   "compile compiled_steps.txt bench/compiled_steps.py $TRAINING --batch-sizes 16 32 64"
 )

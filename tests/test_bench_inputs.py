@@ -573,3 +573,39 @@ def test_the_stages_dvc_ran_are_its_running_stage_lines_in_order():
            "Running stage 'report':\n")
     assert common.stages_ran(log) == ["train", "generate@finetuned", "report"]
     assert common.stages_ran("Stage 'train' didn't change, skipping\n") == []
+
+
+def test_the_step_bench_runs_its_side_by_side_processes_through_mps_and_stops_it(monkeypatch, tmp_path):
+    """`--mps`: the processes of each objective get the variables of an MPS daemon started for the
+    bench, stopped at the end, even when a measurement fails; where it cannot start, the bench
+    fails naming why, measuring nothing; without --side-by-side, --mps is refused."""
+    import objective_step_time
+    from storyrewrite import mps
+
+    started, stopped, measured = [], [], []
+    monkeypatch.setattr(mps, "start", lambda folder: started.append(folder))
+    monkeypatch.setattr(mps, "stop", lambda folder: stopped.append(folder))
+    monkeypatch.setattr(objective_step_time, "measure_all", lambda args, env: measured.append(env))
+    argv = ["objective_step_time.py", "--device", "cpu", "--objectives", "nll", "rloo", "--side-by-side", "4", "--mps"]
+    monkeypatch.setattr(sys, "argv", argv)
+    objective_step_time.main()
+    assert len(started) == 1 and stopped == started
+    assert measured[0]["CUDA_MPS_PIPE_DIRECTORY"] == f"{started[0]}/pipe"
+    assert objective_step_time.result_name(objective_step_time.arguments().parse_args(argv[1:])) == (
+        "objective_step_time-side-by-side4-mps")
+    monkeypatch.setattr(objective_step_time, "measure_all", lambda args, env: (_ for _ in ()).throw(RuntimeError("a step failed")))
+    with pytest.raises(RuntimeError):
+        objective_step_time.main()
+    assert len(stopped) == 2
+    monkeypatch.setattr(mps, "start", lambda folder: "nvidia-cuda-mps-control not found on PATH")
+    with pytest.raises(SystemExit, match="--mps: NVIDIA's MPS did not start: nvidia-cuda-mps-control not found on PATH"):
+        objective_step_time.main()
+    monkeypatch.setattr(sys, "argv", argv[:-3] + ["--mps"])
+    with pytest.raises(SystemExit, match="give --side-by-side 2 or more"):
+        objective_step_time.main()
+    # Without --mps: the processes get this environment as it is.
+    measured.clear()
+    monkeypatch.setattr(objective_step_time, "measure_all", lambda args, env: measured.append(env))
+    monkeypatch.setattr(sys, "argv", argv[:-1])
+    objective_step_time.main()
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in measured[0]

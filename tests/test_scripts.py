@@ -511,7 +511,8 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
                                              "bench/nll_throughput.py", "bench/scorer_and_bootstrap.py", "bench/llm_batching.py",
                                              "bench/objective_step_time.py", "bench/objective_step_time.py",
                                              "bench/objective_step_time.py", "bench/objective_step_time.py",
-                                             "bench/objective_step_time.py", "bench/stage_startup.py"]
+                                             "bench/objective_step_time.py", "bench/objective_step_time.py",
+                                             "bench/stage_startup.py"]
     assert calls[0] == "bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny"  # every objective
     assert calls[2].endswith("--cudnn-attention") and calls[6].endswith("--cache static")
     for paired in (calls[3], calls[5]):  # the targets' batch and precision, as `steps`
@@ -525,17 +526,19 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
                               "--trace out/traces-others --profile-steps 1")  # RLOO: minutes to tabulate four
     assert calls[11].endswith("--batch-size 16 --objectives nll rloo --set rl.cache=static "
                               "--name objective_step_time-bf16-mixed-rloo-static --profile-steps 1")
-    # RLOO in four processes at once, as queue workers share a GPU, without and with the early stop.
+    # RLOO in four processes at once, as queue workers share a GPU, without and with the early stop, and through MPS.
     assert calls[12].endswith("--objectives nll rloo --side-by-side 4 --set rl.early_stop=false "
                               "--name objective_step_time-bf16-mixed-rloo-side-by-side4 --profile-steps 1")
     assert calls[13].endswith("--set rl.early_stop=true --name objective_step_time-bf16-mixed-rloo-side-by-side4-early-stop "
+                              "--profile-steps 1")
+    assert calls[14].endswith("--set rl.early_stop=false --mps --name objective_step_time-bf16-mixed-rloo-side-by-side4-mps "
                               "--profile-steps 1")
     assert not any("compiled_steps" in c for c in calls)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "llm_batching.txt", "nan_fill.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
         "nvidia-smi.csv", "objective_pairs.txt", "objective_step_time.txt", "objective_step_time_batch64.txt", "objective_step_time_others.txt",
         "objective_step_time_rloo_side_by_side.txt", "objective_step_time_rloo_side_by_side_early_stop.txt",
-        "objective_step_time_rloo_static.txt", "scorer_and_bootstrap.txt", "stage_startup.txt", "training_paths.txt"]
+        "objective_step_time_rloo_side_by_side_mps.txt", "objective_step_time_rloo_static.txt", "scorer_and_bootstrap.txt", "stage_startup.txt", "training_paths.txt"]
 
     # Named benches run in the script's order, whatever the order given; the compiled one's failure is a warning.
     result, calls = run("out2", "compile", "steps", "generation-cudnn")
@@ -545,12 +548,13 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert calls[0].endswith("--cudnn-attention")
     assert "warning: the compiled step bench failed" in result.stderr
     result, calls = run("out3", "all", "compile")
-    assert result.returncode == 0 and len(calls) == 16 and "compiled_steps" in calls[-1]
+    assert result.returncode == 0 and len(calls) == 17 and "compiled_steps" in calls[-1]
 
     result, calls = run("out4", "generation", "compiled")
     assert result.returncode == 2 and calls == []
     assert ("error: no bench 'compiled'; valid: training generation generation-cudnn pairs steps nan-fill generation-static scorer llm "
-            "steps-batch64 steps-others steps-rloo-static rloo-side-by-side rloo-side-by-side-early-stop startup compile all"
+            "steps-batch64 steps-others steps-rloo-static rloo-side-by-side rloo-side-by-side-early-stop rloo-side-by-side-mps startup "
+            "compile all"
             in result.stderr)
     # Without nvidia-smi (a machine without an NVIDIA GPU; PATH: the stub python alone): one line,
     # and nothing run or written.
@@ -567,7 +571,7 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                                     'case "$*" in *nll_throughput*--steps\\ 20*|*--cudnn-attention*) exit 1;; esac\nexit 0\n')
     result, calls = run("out5")
-    assert result.returncode == 1 and len(calls) == 15
+    assert result.returncode == 1 and len(calls) == 16
     assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
 
 
@@ -582,7 +586,7 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = [line.split() for line in log.read_text().splitlines()]
-    assert len(calls) == 16
+    assert len(calls) == 17
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     for script, *argv in calls:
         assert script.startswith("bench/") and script.endswith(".py"), script
