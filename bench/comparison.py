@@ -411,6 +411,8 @@ def main() -> None:
             walls, ends, _ = stage_walls(repo, args.name)
             current = dict(now)  # (one read: the parts' loop changes it)
             part_now = (current["part"], round(current["begun"] - started, 1)) if current else None
+            if args.mps and part_now and mps_state.is_file():  # (written by the part's comparison.sh as it starts MPS)
+                settings["mps"][part_now[0]] = mps_state.read_text().strip()
             figures = {"complete": False, "elapsed_s": elapsed, "wall_s": dict(parts),
                        **({"part_running": {"part": part_now[0], "from_s": part_now[1]}} if part_now else {}),
                        **run_figures(walls, ends, started_at, sampler.figures()),

@@ -184,7 +184,13 @@ poll)
     [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
-  cat "$JOB/state"; grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40
+  cat "$JOB/state"
+  tail=$(grep -vE 'Loading weights|it/s]' "$JOB/log.txt" | tail -40)
+  # A comparison's MPS line (compare --mps: whether its workers share the GPU through it), written as
+  # it started, above the log's end where that has left it behind.
+  mps=$(grep -m 1 "^== NVIDIA's MPS: " "$JOB/log.txt" || true)
+  [ -z "$mps" ] || grep -qxF -- "$mps" <<< "$tail" || echo "$mps"
+  [ -z "$tail" ] || printf '%s\n' "$tail"
   # A comparison's: the stages each unfinished experiment has run itself so far, with their device
   # and wall time, and the step its training under way has reached (storyrewrite.queue --running:
   # what the run cache restored, and the training summaries the commit holds, are not its progress).

@@ -266,3 +266,21 @@ def test_with_mps_the_bench_asks_the_comparison_for_it_and_records_part_by_part_
     monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--parts", "core", "--interim-every", "0"])
     comparison.main()
     assert (repo / "asked.log").read_text() == "\n" and "mps" not in written[-1]
+
+
+def test_an_interim_record_says_whether_mps_runs_in_the_part_under_way(tmp_path, monkeypatch):
+    """With --parts all (one part, as offline/job.sh runs it), the record written while it runs
+    already says what comparison.sh wrote of MPS as it started it."""
+    written = []
+    monkeypatch.setattr(comparison, "write_result", lambda name, device, figures, settings, targets, quiet=False:
+                        written.append((figures["complete"], json.loads(json.dumps(settings)))))
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "comparison.sh").write_text('echo "off: MPS not started: no daemon" > "$COMPARISON_MPS_STATE"\nsleep 1\n')
+    monkeypatch.setattr(comparison, "workspace", lambda into: repo)
+    monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--jobs", "8", "--parts", "all", "--mps",
+                                      "--interim-every", "0.2"])
+    comparison.main()
+    interim = [settings["mps"] for complete, settings in written if not complete]
+    assert {"all": "off: MPS not started: no daemon"} in interim
+    assert written[-1] == (True, {**written[-1][1], "mps": {"all": "off: MPS not started: no daemon"}})

@@ -1214,7 +1214,11 @@ def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
         folder.mkdir(parents=True)
     shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
-    (tree / "bench" / "comparison.py").write_text("import sys\nopen('bench.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    # The bench: it logs its arguments, and prints the comparison's MPS line, then more than a poll shows of the log.
+    (tree / "bench" / "comparison.py").write_text(
+        "import sys\nopen('bench.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "if '--mps' in sys.argv:\n    print(\"== NVIDIA's MPS: on, for this comparison's workers (/tmp/x)\")\n"
+        "print('\\n'.join(f'line {n}' for n in range(50)))\n")
     (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH GIT_AUTHOR_NAME=device "
                                  "GIT_AUTHOR_EMAIL=device@localhost GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
@@ -1237,6 +1241,9 @@ def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
         assert (home / "proj" / "bench.log").read_text() == (
             f"--here --name gpu --jobs 2 --parts core{flag} --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
         assert f"== comparison -j 2{flag} gpu core params/gpu.yaml" in (out / "log.txt").read_text()
+        # The poll's account: the MPS line once, though the log's last 40 lines have left it behind.
+        mps_line = "== NVIDIA's MPS: on, for this comparison's workers (/tmp/x)"
+        assert done.stdout.count(mps_line) == (1 if flag else 0) and "line 49" in done.stdout and "line 9\n" not in done.stdout
 
 
 def _follow_the_gpu_job(job, results, home, out, log) -> None:
