@@ -277,6 +277,16 @@ class Interim:
                 print(f"warning: interim record not written: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
+def mps_said(state: Path) -> str | None:
+    """What a part's comparison.sh wrote of MPS as it started it (COMPARISON_MPS_STATE): `on, ...`
+    or `off: why`; None before it has (or where it never does: one worker, nothing queued). The
+    interim records read it while the part runs, and the part's end removes it: a read may lose."""
+    try:
+        return state.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def scoring_seconds(records: Iterable[dict]) -> dict[str, float]:
     """Where the scoring stages' time went (score, validity: their records' `seconds`, loading
     the models and each metric), summed over the stages that ran, largest first."""
@@ -411,8 +421,8 @@ def main() -> None:
             walls, ends, _ = stage_walls(repo, args.name)
             current = dict(now)  # (one read: the parts' loop changes it)
             part_now = (current["part"], round(current["begun"] - started, 1)) if current else None
-            if args.mps and part_now and mps_state.is_file():  # (written by the part's comparison.sh as it starts MPS)
-                settings["mps"][part_now[0]] = mps_state.read_text().strip()
+            if args.mps and part_now and (state := mps_said(mps_state)) is not None:
+                settings["mps"][part_now[0]] = state
             figures = {"complete": False, "elapsed_s": elapsed, "wall_s": dict(parts),
                        **({"part_running": {"part": part_now[0], "from_s": part_now[1]}} if part_now else {}),
                        **run_figures(walls, ends, started_at, sampler.figures()),
@@ -431,7 +441,7 @@ def main() -> None:
                 parts[part] = round(time.perf_counter() - begun, 1)
                 now.clear()
                 if args.mps:  # (nothing written: one worker, or nothing queued)
-                    settings["mps"][part] = mps_state.read_text().strip() if mps_state.is_file() else "not started"
+                    settings["mps"][part] = mps_said(mps_state) or "not started"
                     mps_state.unlink(missing_ok=True)
                 if result.returncode != 0:
                     failed.append(part)
