@@ -32,9 +32,9 @@ drawn with a fixed seed per batch): the best checkpoint is the one whose samples
 `rl.cache: static` samples with a fixed-size KV cache, sized for the longest source, so that on a
 GPU transformers compiles the decoding step and replays it as a CUDA graph, one graph per row
 count: the samples of the dynamic cache, without a kernel launch per operator of each new token.
-It compiles twice in a run: for the first row count, then with the row count symbolic (torch's
-automatic dynamic shapes), whatever the row counts after. The run keeps one such cache per row
-count and reuses it at every step (`StaticCaches`).
+It compiles at most twice in a run: for the first row count, then, at the first other row count,
+with the row count symbolic (torch's automatic dynamic shapes), whatever the row counts after.
+The run keeps one such cache per row count and reuses it at every step (`StaticCaches`).
 `rl.early_stop: false` decodes `rl.max_new_tokens` steps without the host read per token with
 which transformers checks whether every sample has ended (`stop_at_max_length`): the same samples.
 The curves split a step's sampling in two: `sample_time_share`, all of it, and
