@@ -343,7 +343,6 @@ def main() -> None:
 
 def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
     """Every objective's processes (`--side-by-side` at once) with the environment `env`, and the figures."""
-
     runs: dict[str, list[dict]] = {objective: [] for objective in args.objectives}
     failed: dict[str, str] = {}  # an objective whose process failed -> the end of its error output
     for repeat in range(args.repeats):

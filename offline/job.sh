@@ -86,17 +86,18 @@ start)
   launch "" run "$@" ;;
 compare)
   shift
-  jobs=1
-  if [ "${1:-}" = -j ]; then
-    jobs=${2:-}
-    shift 2 || true
-  fi
+  jobs=1 mps=-
+  while [[ ${1:-} == -* ]]; do  # (-j N and --mps in either order)
+    case $1 in
+    -j) [ $# -ge 2 ] || { echo "error: -j needs a value: a whole number >= 1 or auto" >&2; exit 2; }
+      jobs=$2
+      shift 2 ;;
+    --mps) mps=--mps
+      shift ;;
+    *) echo "error: unknown option '$1' of compare; valid: -j N|auto, --mps" >&2; exit 2 ;;
+    esac
+  done
   [[ $jobs =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$jobs'" >&2; exit 2; }
-  mps=-
-  if [ "${1:-}" = --mps ]; then
-    mps=--mps
-    shift
-  fi
   [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   [[ $2 =~ ^(core|cpo|all|seeds)$ ]] || { echo "error: PART must be core, cpo, all or seeds, got '$2'" >&2; exit 2; }
   for profile in "${@:3}"; do

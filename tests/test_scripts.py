@@ -1230,7 +1230,11 @@ def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
     assert job("compare", "-j", "2", "--mps", "gpu", "core", GPU_JOB_CHECK="1").returncode == 0
     usage = job("compare", "-j", "2", "--mps", "gpu", GPU_JOB_CHECK="1")
     assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [--mps] NAME" in usage.stderr
-    for args, flag in ((["-j", "2", "--mps"], " --mps"), (["-j", "2"], "")):
+    for args, error in ((["--mps", "-j"], "error: -j needs a value"), (["-J", "2", "gpu", "core"], "error: unknown option '-J' of compare"),
+                        (["--mps", "-j", "gpu", "core"], "error: -j must be a whole number >= 1 or auto, got 'gpu'")):
+        refused = job("compare", *args, GPU_JOB_CHECK="1")
+        assert refused.returncode == 2 and refused.stderr.startswith(error), refused.stderr
+    for args, flag in ((["--mps", "-j", "2"], " --mps"), (["-j", "2"], "")):
         assert job("compare", *args, "gpu", "core", "params/gpu.yaml").returncode == 0
         try:
             done = job("poll", "30")
