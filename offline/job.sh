@@ -20,13 +20,14 @@
 #       `cd $HOME/proj && python -m dvc queue stop --kill`.
 #   bash offline/job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s gathers a comparison's finished experiments into runs/NAME and
-#       copies its log, a tar of bench-out/, reports/bench/, runs/NAME and the stage records and
-#       curves of the experiments still running (in .dvc/tmp/exps/), and a git bundle of the
-#       finished experiments (exps.bundle, for offline/unpack.sh) to $OUT: a command cut short when
-#       the machine goes still brings back what the job had measured, every experiment that
-#       finished, and where the time of one that had not finished went; it ends by listing those
-#       records' stages, devices and wall times, and each running training's step of its total,
-#       pace and time to go.
+#       copies its log, a tar of bench-out/, reports/bench/, runs/NAME, the stage records and
+#       curves of the experiments still running and the logs of those that failed (in
+#       .dvc/tmp/exps/), and a git bundle of the finished experiments (exps.bundle, for
+#       offline/unpack.sh) to $OUT: a command cut short when the machine goes still brings back
+#       what the job had measured, every experiment that finished, where the time of one that had
+#       not finished went, and why one failed; it ends by listing those records' stages, devices
+#       and wall times, each running training's step of its total, pace and time to go, and each
+#       failed experiment with the end of its log.
 #       OUT_FILE_MIB=N: a file over N MiB goes to $OUT in parts (NAME.part_00, ...; parts.sha256),
 #       for a remote command that brings back files up to a size.
 # GPU_JOB_CHECK=1 checks `start` or `compare`'s arguments and exits, starting nothing (offline/pack.sh,
@@ -52,6 +53,10 @@ running_reports() {  # in $HOME/proj: the stage records and the training curves 
   # `dvc exp run --temp`'s under standalone/)
   local folder
   for folder in .dvc/tmp/exps/{,standalone/}*/reports/{stages,train}; do [ -d "$folder" ] && echo "$folder"; done
+}
+failed_logs() {  # in $HOME/proj: the logs of a comparison's experiments that failed (DVC's, which say why)
+  [ ! -s "$JOB/name" ] || (source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
+    python -m storyrewrite.queue --failed-logs 2>/dev/null) || true
 }
 to_out() {  # to_out FILE NAME: FILE as $OUT/NAME or, past OUT_FILE_MIB MiB (unset: no limit), as
   # NAME.part_00, NAME.part_01, ... with the whole's sha256 in $OUT/parts.sha256, for an $OUT that
@@ -169,7 +174,7 @@ poll)
     # stage records and curves of the experiments still running come too: where and how long each
     # finished stage ran, and how far a training got, even if the machine goes before the experiment
     # ends. A workspace DVC removes while tar reads it is skipped (tar's exit 1: a file changed).
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_reports); do
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_reports) $(failed_logs); do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && to_out "$JOB/results.tmp" results.tar.gz
@@ -194,8 +199,9 @@ poll)
   [ -z "$tail" ] || printf '%s\n' "$tail"
   # A comparison's: the stages each unfinished experiment has run itself so far, with their device
   # and wall time, and the step its training under way has reached (storyrewrite.queue --running:
-  # what the run cache restored, and the training summaries the commit holds, are not its progress).
+  # what the run cache restored, and the training summaries the commit holds, are not its progress);
+  # then each experiment that failed, with the end of its log (the whole log is in the tar).
   [ ! -s "$JOB/name" ] || { cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
-    python -m storyrewrite.queue --running; } || true ;;
+    python -m storyrewrite.queue --running --failed; } || true ;;
 *) sed -n 2,30p "$0"; exit 2 ;;
 esac

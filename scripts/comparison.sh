@@ -18,7 +18,7 @@
 # or was gathered before into runs/NAME or runs/NAME.<anything>, is not queued, so the same command
 # goes on where an interrupted one stopped; one that other sweeps left queued runs, named, but is
 # not gathered. A failed experiment does not stop the others: what ran is gathered and
-# collected, the failures are named, and the exit code is 1.
+# collected, the failures are named with the end of each one's log, and the exit code is 1.
 # COMPARISON_MPS=1 with several workers: their stages share the GPU through NVIDIA's Multi-Process
 # Service, started for them alone and checked first (storyrewrite.mps), so that their kernels
 # run at once instead of in turns; where the check fails, it says why and goes on without.
@@ -35,7 +35,7 @@ done
 shift $((OPTIND - 1))
 [ $# -ge 2 ] || { usage; exit 2; }
 [[ $JOBS =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$JOBS'" >&2; exit 2; }
-NAME=$1 PART=$2
+NAME=$1 PART=$2 STARTED=$(date +%s)
 shift 2
 [[ ${COMPARISON_MPS:-0} =~ ^[01]$ ]] || { echo "error: COMPARISON_MPS must be 0 or 1, got '$COMPARISON_MPS'" >&2; exit 2; }
 SEEDS=${COMPARISON_SEEDS:-range(1,3)}
@@ -287,6 +287,9 @@ RUNS=($( { echo "$KEEP"; cat "$KEPT/standins"; } | awk 'NF && !seen[$0]++'))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue && stop_workers
 remove_shared
+# Why each experiment that failed since this comparison started did: the end of its log, as
+# `dvc queue logs NAME` prints it (the failed stage's error, then DVC's line naming the stage).
+queue_state --failed --since "$STARTED" >&2 || true
 
 FAILED=0
 [ ${#RUNS[@]} -eq 0 ] || python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" || FAILED=1

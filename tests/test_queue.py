@@ -292,3 +292,54 @@ def test_the_plans_are_read_where_dvc_yaml_has_each_training_keep_its_checkpoint
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for system, stage in TRAIN_STAGES.items():
         assert f"--checkpoints {CHECKPOINTS[system]} " in stages[stage]["cmd"] + " ", stage
+
+
+def test_a_failed_experiment_is_named_with_the_end_of_its_log_which_says_why(tmp_path):
+    """On a real DVC queue and worker: a stage stops with a one-line error. `failures` and `--failed`
+    name the experiment with the end of DVC's log of it, read from disk: the stage's error and
+    DVC's line naming the stage, as `dvc queue logs` prints them; `--failed-logs` gives the log's
+    path (what a machine's poll brings back). One that succeeded, or ended before `--since`, is
+    not named."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def run(*args: str) -> str:
+        result = subprocess.run(list(args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    run("git", "init", "-q")
+    run("dvc", "init", "-q")
+    (tmp_path / "stage.py").write_text(
+        "import sys, yaml\nobjective = yaml.safe_load(open('params.yaml'))['objective']\n"
+        "if objective == 'bad':\n    print('progress 10%\\rprogress 50%', file=sys.stderr)\n"
+        "    sys.exit('error: params.yaml, line 1: `objective` = bad is not valid; valid values: nll, score')\n"
+        "open('m.txt', 'w').write(objective)\n")
+    (tmp_path / "params.yaml").write_text("objective: nll\n")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  train:\n    cmd: python stage.py\n    deps: [stage.py]\n"
+                                       "    params: [objective]\n    outs: [m.txt]\n")
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    queued_at = time.time()
+    for name, objective in (("exp-bad", "bad"), ("exp-good", "score")):
+        run("dvc", "exp", "run", "--queue", "-n", name, "-S", f"objective={objective}")
+    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120, check=True)
+    try:
+        end = time.time() + 120
+        while sum(map(len, queue.ended(tmp_path, queued_at).values())) < 2 and time.time() < end:
+            time.sleep(0.2)
+        assert queue.ended(tmp_path, queued_at) == {"failed": ["exp-bad"], "succeeded": ["exp-good"]}
+        (log, tail), = queue.failures(tmp_path, queued_at).values()
+        assert list(queue.failures(tmp_path, queued_at)) == ["exp-bad"] and log.suffix == ".out" and len(tail) <= queue.FAILED_LINES
+        assert tail[-1].startswith("ERROR: failed to reproduce 'train'"), tail
+        error = tail.index("error: params.yaml, line 1: `objective` = bad is not valid; valid values: nll, score")
+        assert "progress 50%" in tail[:error] and not any("progress 10%" in line for line in tail)  # (a redrawn line: its last drawing)
+        shown = run(sys.executable, "-m", "storyrewrite.queue", "--failed", "--lines", "3").splitlines()
+        assert shown == [f"== exp-bad failed; the end of its log ({log.relative_to(tmp_path)}):", *(f"  {line}" for line in tail[-3:])]
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--failed-logs") == f"{log.relative_to(tmp_path)}\n"
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--failed", "--since", str(time.time() + 60)) == ""
+        log.unlink()  # (gone: `dvc queue remove`, say): named, without lines
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--failed") == f"== exp-bad failed; no log at {log.relative_to(tmp_path)}\n"
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--failed-logs") == ""
+    finally:
+        run("dvc", "queue", "stop")

@@ -64,6 +64,7 @@ def _queue_stub(state: str, workers: str) -> str:
   if [ "${{3:-}}" = --workers ]; then {workers}
   elif [ "${{3:-}}" = --running ]; then printf '%s\\n' "{RUNNING_LINES}"
   elif [ "${{3:-}}" = --trainings ]; then printf '%s\\n' "{TRAINING_LINE}"
+  elif [ "${{3:-}}" = --failed ]; then [ -z "${{FAILED_LINES:-}}" ] || printf '%s\\n' "$FAILED_LINES"
   else {state}
   fi
   exit 0
@@ -114,7 +115,8 @@ def _queued(calls):
 
 def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_collected(tmp_path):
     (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
-    result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml")
+    started, failed = int(time.time()), "== exp-b failed; the end of its log (.dvc/tmp/exps/run/abc/abc.out):\n  error: boom"
+    result, calls = _run(tmp_path, "gpu", "all", "params/gpu.yaml", env={"FAILED_LINES": failed})
     assert result.returncode == 0, result.stderr
     # One worker: the sweeps in DVC's own -S syntax after the profile's settings, queued while
     # dvc.lock is set aside (DVC then looks every stage up in its run cache), and put back.
@@ -129,7 +131,10 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
     dedupe = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --dedupe"))
     assert re.fullmatch(r"python -m storyrewrite.report.gather --dedupe --mine \S+/mine", calls[dedupe])
     names = [f"exp-{i + 1}" for i, c in enumerate(calls) if c.startswith("dvc exp run --queue")]  # the stub's: its log's line
-    assert calls[dedupe + 1:] == [f"mine: {' '.join(names)}", QUEUE, "dvc queue start -j 1", QUEUE,
+    # Before the gather, why each experiment that failed since the comparison started did (the end of its log).
+    since = int(calls[-3].removeprefix(f"{QUEUE} --failed --since "))
+    assert started <= since <= time.time() and f"{failed}\n" in result.stderr
+    assert calls[dedupe + 1:] == [f"mine: {' '.join(names)}", QUEUE, "dvc queue start -j 1", QUEUE, f"{QUEUE} --failed --since {since}",
                                   "python -m storyrewrite.report.gather --out runs/gpu --names exp-a exp-b",
                                   "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"]
     assert "== 2 experiment(s) of 19 to gather, 1 worker(s)" in result.stdout
@@ -157,7 +162,8 @@ def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
     assert result.returncode == 0, result.stderr
     gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
     # Its worker alive: the polls never ask the workers.
-    assert calls[gather - 6:gather] == 6 * [QUEUE] and not any(c.startswith("dvc queue start") for c in calls)
+    assert calls[gather - 7:gather - 1] == 6 * [QUEUE] and not any(c.startswith("dvc queue start") for c in calls)
+    assert calls[gather - 1].startswith(f"{QUEUE} --failed --since ")
 
     # The same with no worker alive (killed mid-run): DVC shows it Running for ever; it is named and
     # not waited for after three polls, what finished still gathered and collected.
@@ -1115,6 +1121,10 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         'mkdir -p .dvc/tmp/exps/tmpab12/reports/train/nll && cp reports/train/nll/metrics.json .dvc/tmp/exps/tmpab12/reports/train/nll/\n'
         'mkdir -p .dvc/tmp/exps/tmpcd34/reports/train/nll\n'
         """echo '{"step": 316, "train_loss": 2.04}' > .dvc/tmp/exps/tmpcd34/reports/train/nll/metrics.json\n"""
+        # An experiment that failed (DVC's record says so), and its log, which says why.
+        'mkdir -p .dvc/tmp/exps/run/ef\n'
+        """echo '{"name": "gpu-rloo-score", "status": 4}' > .dvc/tmp/exps/run/ef/ef.run\n"""
+        """printf "Running stage 'train':\\nerror: boom\\nERROR: failed to reproduce 'train'\\n" > .dvc/tmp/exps/run/ef/ef.out\n"""
         'exit 3\n')
     (tree / "reports" / "train" / "nll").mkdir(parents=True)
     (tree / "reports" / "train" / "nll" / "metrics.json").write_text('{"step": 30, "train_loss": 0.2684}\n')
@@ -1155,9 +1165,12 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
             os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
     assert done.returncode == 0 and done.stdout.startswith("done (failed: comparison, exit 3)"), done.stdout
     # The stages each unfinished experiment ran itself, a record not yet whole left out.
+    # Then the experiment that failed, with the end of its log.
     assert done.stdout.endswith("== stages done in experiments still running\ngpu-dto-score: llm_index on cuda:0 in 2.2 s\n"
                                 "gpu-dto-score: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8, "
-                                "cpu_wait_time_share 0.25)\ngpu.shared-nll: train_nll on cuda:0 in 98.5 s\n"), done.stdout
+                                "cpu_wait_time_share 0.25)\ngpu.shared-nll: train_nll on cuda:0 in 98.5 s\n"
+                                "== gpu-rloo-score failed; the end of its log (.dvc/tmp/exps/run/ef/ef.out):\n"
+                                "  Running stage 'train':\n  error: boom\n  ERROR: failed to reproduce 'train'\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
     assert (home / "proj" / "bench.log").read_text() == (
         "--here --name gpu --jobs 3 --parts all --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
@@ -1172,7 +1185,9 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     with tarfile.open(out / "results.tar.gz") as archive:  # what this machine gathered, not what it was sent
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/llm_index.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
-                ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv"} <= set(archive.getnames())
+                ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv",
+                ".dvc/tmp/exps/run/ef/ef.out"} <= set(archive.getnames())
+        assert not any(name.endswith(".run") for name in archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison -j 3 gpu all params/gpu.yaml" in (out / "log.txt").read_text()
     heads = subprocess.run(["git", "bundle", "list-heads", str(out / "exps.bundle")], capture_output=True, text=True).stdout
@@ -1200,6 +1215,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     unpacked = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
     assert unpacked.returncode == 0, unpacked.stderr
     assert (here / "runs" / "gpu.1" / "blob.bin").read_bytes() == blob
+    assert (here / "bench-out" / "gpu.1" / "run" / "ef" / "ef.out").read_text().endswith("error: boom\nERROR: failed to reproduce 'train'\n")
     (out / "results.tar.gz.part_01").write_bytes(b"a part of another poll")
     mixed = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
     assert mixed.returncode == 1 and "joined do not match the sha256 of results.tar.gz" in mixed.stderr

@@ -4,6 +4,7 @@
     python -m storyrewrite.queue --workers   # then a blank line and `Worker status: A active, I idle`
     python -m storyrewrite.queue --running   # the stages each running experiment has ended, its training's step, pace and time to go
     python -m storyrewrite.queue --trainings # the trainings' lines of --running alone
+    python -m storyrewrite.queue --failed    # each failed experiment: the end of its log (DVC's), which says why
 
 The lines are those of `dvc queue status` (the time column left out). Our own, as DVC's command
 always asks the workers: a celery broadcast through kombu's file broker, whose workers can read a
@@ -13,7 +14,7 @@ workers and no wait for their answers, read in the order a task moves so that no
 (task_states). Each worker's own monitor (dvc-task's TemporaryWorker)
 still asks three questions every 10 s; a poll no longer adds one. `--running` and `--trainings`
 read files only (the experiments' workspaces and DVC's record of each), asking neither DVC nor the
-workers. Not a stage's code: changing this module reruns no stage.
+workers, nor does `--failed`. Not a stage's code: changing this module reruns no stage.
 """
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ STEP_CURVE = "train_loss"
 # last RECENT_STEPS steps): DVCLive's summary leaves them out, their TSVs have them.
 CLOCK_CURVES, RECENT_STEPS = ("sample_time_share", "sample_read_time_share", "cpu_wait_time_share", "tokens_per_s"), 10
 
+
+# DVC's log of each queued experiment beside its record (dvc-task's ManagedProcess: the stdout and
+# stderr of its `dvc exp run`), how much of its end is read, and how many of its last lines shown.
+LOG_SUFFIX, LOG_TAIL_BYTES, FAILED_LINES = ".out", 64 * 1024, 20
 
 STATES = ("Running", "Queued", "Failed", "Success")  # in the order `dvc queue status` lists them
 
@@ -99,6 +104,11 @@ def executor_infos(repo: Path, since: float = 0.0) -> list[tuple[str, dict]]:
     """(experiment name, DVC's record of it) of each experiment queued in `repo` whose record was
     last written at `since` (seconds since the epoch) or later; a record read while it is written
     is skipped."""
+    return [(name, info) for name, info, _ in _records(repo, since)]
+
+
+def _records(repo: Path, since: float = 0.0) -> list[tuple[str, dict, Path]]:
+    """executor_infos, with the path of each record."""
     found = []
     for infofile in sorted(repo.glob(EXECUTOR_INFO)):
         try:
@@ -108,7 +118,7 @@ def executor_infos(repo: Path, since: float = 0.0) -> list[tuple[str, dict]]:
         except (OSError, ValueError):
             continue
         if isinstance(info, dict):
-            found.append((info.get("name") or infofile.stem, info))
+            found.append((info.get("name") or infofile.stem, info, infofile))
     return found
 
 
@@ -120,6 +130,44 @@ def ended(repo: Path, since: float) -> dict[str, list[str]]:
         if how := ENDED.get(info.get("status")):
             found[how].append(name)
     return {how: sorted(names) for how, names in sorted(found.items())}
+
+
+def failures(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> dict[str, tuple[Path, list[str]]]:
+    """{name: (its log, the log's last `lines` lines)} of each experiment that failed since `since`
+    (seconds since the epoch), as DVC's record of it says. The log is what `dvc queue logs NAME`
+    prints: its `dvc exp run`'s output, the stages' included, so it ends with the failed stage's
+    error and DVC's line naming the stage. It is read from disk, as the poll of a machine that
+    brings back files needs (DVC's command asks the queue). A progress bar's line, redrawn with
+    carriage returns, counts as its last drawing. An experiment with no log left is named with
+    none."""
+    found: dict[str, tuple[Path, list[str]]] = {}
+    for name, info, infofile in _records(repo, since):
+        if ENDED.get(info.get("status")) != "failed":
+            continue
+        log = infofile.with_suffix(LOG_SUFFIX)
+        try:
+            with log.open("rb") as file:
+                file.seek(max(file.seek(0, 2) - LOG_TAIL_BYTES, 0))
+                text = file.read().decode(errors="replace")
+        except OSError:
+            found[name] = (log, [])
+            continue
+        shown = [line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]
+        while shown and not shown[-1]:
+            shown.pop()
+        found[name] = (log, shown[-lines:] if lines > 0 else [])
+    return dict(sorted(found.items()))
+
+
+def failure_lines(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> list[str]:
+    """failures() as `--failed` prints them: a line naming each failed experiment and its log, then
+    the log's last lines, indented."""
+    shown = []
+    for name, (log, tail) in failures(repo, since, lines).items():
+        where = log.relative_to(repo) if log.is_relative_to(repo) else log
+        shown.append(f"== {name} failed; the end of its log ({where}):" if tail else f"== {name} failed; no log at {where}")
+        shown += [f"  {line}" for line in tail]
+    return shown
 
 
 @dataclass
@@ -307,16 +355,31 @@ def main(argv: list[str] | None = None) -> None:
                        help="instead: what each experiment still running has done (nothing where none runs)")
     asked.add_argument("--trainings", action="store_true",
                        help="instead: the trainings under way alone, a line each, as --running shows them")
+    parser.add_argument("--failed", action="store_true",
+                        help="each failed experiment and the end of its log, which says why (after --running or "
+                             "--trainings where given; alone: instead of the statuses)")
+    parser.add_argument("--lines", type=int, default=FAILED_LINES, help=f"--failed: lines of each log (default {FAILED_LINES})")
+    parser.add_argument("--since", type=float, default=0.0,
+                        help="--failed: only experiments that ended at this time or later (seconds since the epoch)")
+    parser.add_argument("--failed-logs", action="store_true",
+                        help="instead: the failed experiments' logs, a path a line (relative to the repository)")
     args = parser.parse_args(argv)
+    if args.lines < 1:
+        parser.error(f"--lines must be at least 1, got {args.lines}")
+    if args.failed_logs:
+        if logs := [str(log.relative_to(Path.cwd())) for log, _ in failures(Path.cwd(), args.since, 1).values() if log.exists()]:
+            print(*logs, sep="\n")
+        return
     if args.trainings:
         if lines := progress_lines(Path.cwd(), stages=False):
             print(*lines, sep="\n")
-        return
-    if args.running:
+    elif args.running:
         if lines := progress_lines(Path.cwd()):
             print("== stages done in experiments still running", *lines, sep="\n")
-        return
-    print("\n".join(status(Path.cwd(), args.workers)))
+    elif not args.failed:
+        print("\n".join(status(Path.cwd(), args.workers)))
+    if args.failed and (lines := failure_lines(Path.cwd(), args.since, args.lines)):
+        print(*lines, sep="\n")
 
 
 if __name__ == "__main__":
