@@ -460,3 +460,37 @@ def test_the_sources_are_read_in_one_host_read_as_the_mask_keeps_them(tiny_model
     ids, mask = rloo.source_rows(batch, kind == "bart")[:2]
     assert rows == [[int(ids[r, c]) for c in range(ids.shape[1]) if mask[r, c] == 1] for r in range(ids.shape[0])]
     assert all(len(row) == int(mask[r].sum()) > 0 for r, row in enumerate(rows))
+
+
+def test_a_failed_compile_of_the_decoding_step_falls_back_to_the_dynamic_cache_with_the_same_samples(
+        tiny_model_dirs, small_prepared, monkeypatch, capsys):
+    """The compiler raises at the first compiled decoding step (as inductor can on a GPU it cannot
+    compile for): the sampling is drawn again with the dynamic cache, the same samples as a run
+    that never had the static one, and later samplings compile nothing. Said once on stderr; the
+    `static_cache` curve falls from 1 to 0 (a dynamic-cache run logs none)."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    attempts = []
+
+    def failing(graph, example_inputs):
+        attempts.append(graph)
+        raise RuntimeError("no compiler for this device")
+    torch._dynamo.reset()
+    compile_config = CompileConfig(backend=failing, mode=None)
+    compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
+    monkeypatch.setattr(rloo.Sampling, "compile_config", compile_config)
+    sampling = rloo.Sampling(rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW)), early_stop=True)
+    assert sampling.curves() == {"static_cache": torch.tensor(1.0)}
+    for seed in (5, 6):
+        new, sources = sampling.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
+        assert (rloo.completion_ids(new, tokens[0])[0], sources) == (lambda c, _, s: (c, s))(*rloo.sample(model, batch, 3, seed, MAX_NEW, 1.0, *tokens))
+    assert len(attempts) == 1 and sampling.caches is None and sampling.curves() == {"static_cache": torch.tensor(0.0)}
+    warned = capsys.readouterr().err
+    assert warned.count("warning: rl.cache static: compiling the decoding step failed (RuntimeError: no compiler for this device)") == 1
+    assert rloo.Sampling(None, early_stop=True).curves() == {}
+    # Through the objective: the loss of a run with the dynamic cache, and the curve at 0.
+    static_loss = _setup(tiny_model_dirs["llama"], small_prepared, cache="static")[1]
+    with torch.no_grad():
+        static, dynamic = static_loss(model, batch, 7), loss(model, batch, 7)
+    assert static.loss.item() == dynamic.loss.item()
+    assert static.diagnostics()["static_cache"].item() == 0.0 and "static_cache" not in dynamic.diagnostics()

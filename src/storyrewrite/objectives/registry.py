@@ -176,6 +176,8 @@ CURVES: dict[str, dict[str, str]] = {
         "sample_time_share": "share of the step's wall time spent sampling (a wall-time curve: not in the DVC metrics)",
         "sample_read_time_share": "the part of it spent reading the samples: with `rl.early_stop: false`, waiting for the "
                                   "device to decode what the host had queued (a wall-time curve)",
+        "static_cache": "with `rl.cache: static` alone: 1 while its caches sample, 0 once compiling the decoding step "
+                        "failed and the run went on with the dynamic cache (the same samples, eager)",
     },
 }
 

@@ -35,6 +35,7 @@ count: the samples of the dynamic cache, without a kernel launch per operator of
 It compiles at most twice in a run: for the first row count, then, at the first other row count,
 with the row count symbolic (torch's automatic dynamic shapes), whatever the row counts after.
 The run keeps one such cache per row count and reuses it at every step (`StaticCaches`).
+Where the compile fails, the run goes on with the dynamic cache, the same samples (`Sampling`).
 `rl.early_stop: false` decodes `rl.max_new_tokens` steps without the host read per token with
 which transformers checks whether every sample has ended (`stop_at_max_length`): the same samples.
 The curves split a step's sampling in two: `sample_time_share`, all of it, and
@@ -43,6 +44,7 @@ read is where the host waits for the decoding it queued; the rest is the host's 
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -259,6 +261,42 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
     return new, [row for row in rows for _ in range(count)]
 
 
+class Sampling:
+    """How a run samples (`sample_tokens`): with its static caches (`rl.cache: static`), or with the
+    dynamic cache (None). Where compiling the decoding step fails (torch's dynamo, or its compiler
+    backend, raising: say inductor on a GPU or with a compiler it cannot use), the run goes on with
+    the dynamic cache: the sampling is drawn again from its seed, so the samples are the same, only
+    eager. It says why once on stderr, and `static_cache` (1 while the static caches sample)
+    falls to 0 in the curves. Our own: transformers has no fallback, and torch's
+    (`torch._dynamo.config.suppress_errors`) is set for the whole process, the training step's
+    compile included."""
+
+    compile_config: CompileConfig | None = None  # (None: transformers' own, inductor's reduce-overhead on a GPU)
+
+    def __init__(self, caches: StaticCaches | None, early_stop: bool):
+        self.caches, self.early_stop = caches, early_stop
+        self.static = caches is not None  # whether `rl.cache` is static: the curve is logged then alone
+
+    def tokens(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
+               eos_id: int, pad_id: int, greedy: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
+        """`sample_tokens` with the run's cache."""
+        arguments = (generator, batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy)
+        if self.caches is not None:
+            try:
+                return sample_tokens(*arguments, caches=self.caches, compile_config=self.compile_config, early_stop=self.early_stop)
+            except torch._dynamo.exc.TorchDynamoException as error:
+                cause = getattr(error, "inner_exception", None) or error
+                why = " ".join(f"{type(cause).__name__}: {cause}".split())
+                print(f"warning: rl.cache static: compiling the decoding step failed ({why[:400]}); this run samples with "
+                      "the dynamic cache from here on (the same samples, eager)", file=sys.stderr, flush=True)
+                self.caches = None  # (its tensors freed)
+        return sample_tokens(*arguments, early_stop=self.early_stop)
+
+    def curves(self) -> dict[str, torch.Tensor]:
+        """`static_cache` where `rl.cache` is static: 1 while its caches sample, 0 once they fell back."""
+        return {"static_cache": torch.tensor(float(self.caches is not None))} if self.static else {}
+
+
 def build(context: ObjectiveContext[RLConfig]) -> Loss:
     config = context.settings
     if context.init_dir is None:
@@ -274,8 +312,9 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         for parameter in reference.parameters():
             parameter.requires_grad_(False)
     needs_original = config.reward != "score"
-    caches = StaticCaches(static_cache_length(encoder.seq2seq, context.max_input_tokens, config.max_new_tokens,
-                                              context.pad_to_multiple_of)) if config.cache == "static" else None
+    sampling = Sampling(StaticCaches(static_cache_length(encoder.seq2seq, context.max_input_tokens, config.max_new_tokens,
+                                                         context.pad_to_multiple_of)) if config.cache == "static" else None,
+                        config.early_stop)
 
     def rewards(completions, sources, targets, originals, logps: Callable[[], torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -305,20 +344,20 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
                              "not have; valid here: score", key="rl.reward")
         size, count = len(batch["ids"]), config.samples
         started = time.perf_counter()
-        new, sources = sample_tokens(generator, batch, count, noise_seed, config.max_new_tokens, config.temperature, eos,
-                                     pad, caches=caches, early_stop=config.early_stop)
+        new, sources = sampling.tokens(generator, batch, count, noise_seed, config.max_new_tokens, config.temperature, eos, pad)
         launched = time.perf_counter()
         completions, ended = completion_ids(new, eos)  # (the read: waits for what the device still decodes)
         finished = time.perf_counter()
-        sampling, reading = finished - started, finished - launched
+        sampled, reading = finished - started, finished - launched
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
         logps = sequence_log_probs(generator, encoder, sources, completions, config.temperature)  # B·K, with gradient
         reward, metric, kl = (v.view(size, count) for v in rewards(completions, sources, repeat(batch["targets"]),
                                                                     originals, lambda: logps))
         if config.baseline == "greedy":
-            greedy, _, greedy_sources = sample(generator, batch, 1, noise_seed, config.max_new_tokens, config.temperature,
-                                               eos, pad, greedy=True, caches=caches, early_stop=config.early_stop)
+            greedy_new, greedy_sources = sampling.tokens(generator, batch, 1, noise_seed, config.max_new_tokens,
+                                                         config.temperature, eos, pad, greedy=True)
+            greedy, _ = completion_ids(greedy_new, eos)
 
             def greedy_logps() -> torch.Tensor:  # a generator forward, for the KL term alone
                 with torch.no_grad():
@@ -340,7 +379,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
             return {"reward_std": reward.std(dim=1).mean(), "kl": kl.mean(),
                     "advantage_abs": advantages.abs().mean(), "completions/mean_length": lengths.mean(),
                     "completions/clipped_ratio": 1 - torch.tensor(ended, dtype=torch.float32).mean(),
-                    "sample_seconds": torch.tensor(sampling), "sample_read_seconds": torch.tensor(reading)}
+                    "sample_seconds": torch.tensor(sampled), "sample_read_seconds": torch.tensor(reading), **sampling.curves()}
         # `reward`: the metric's alone (comparable across kl_beta); the loss's includes the KL term.
         return LossOutput(loss, {"reward": metric.mean().float()}, nll, lambda: {k: v.float() for k, v in diagnostics().items()})
     return Loss(compute, scorer, frozen=(reference,) if reference is not None else ())
