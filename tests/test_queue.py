@@ -15,18 +15,31 @@ from helpers import ROOT
 from storyrewrite import queue
 from storyrewrite.systems import CHECKPOINTS, TRAIN_STAGES, TRAINING_PLAN
 
+# This Python's scripts (dvc) first on PATH, for the commands the tests run.
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _runner(cwd: Path):
+    """run(*command): its stdout, run in `cwd` with ENV; a non-zero exit fails the test."""
+    def run(*args: str) -> str:
+        result = subprocess.run(list(args), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+    return run
+
+
+def _start_worker(repo: Path) -> None:
+    """One DVC queue worker for `repo` (no pipes: the worker it spawns would hold them open until it ends)."""
+    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120, check=True)
+
 
 @pytest.mark.slow
 def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
     """`python -m storyrewrite.queue` against DVC's own `dvc queue status` on a real queue:
     two experiments queued, then run by one worker. The same revisions, names and statuses, and with
     --workers the same worker line."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-    def run(*args: str) -> str:
-        result = subprocess.run(list(args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+    run = _runner(tmp_path)
 
     def ours(*flags: str) -> list[list[str]]:
         return [line.split() for line in run(sys.executable, "-m", "storyrewrite.queue", *flags).splitlines()]
@@ -35,7 +48,7 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
         lines = run("dvc", "queue", "status").splitlines()[1:]
         return [fields if not fields or fields[0] == "Worker" else [*fields[:2], fields[-1]] for fields in map(str.split, lines)]
 
-    outside = subprocess.run([sys.executable, "-m", "storyrewrite.queue"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    outside = subprocess.run([sys.executable, "-m", "storyrewrite.queue"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
     assert outside.returncode == 2 and outside.stderr == (f"error: {tmp_path}: not in a DVC repository (`dvc init` makes one); "
                                                           "run this where `dvc queue status` runs\n")
     run("git", "init", "-q")
@@ -50,9 +63,7 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
     queued = ours()
     assert [fields[1:] for fields in queued] == [["exp-a", "Queued"], ["exp-b", "Queued"]]
     assert ours("--workers") == dvcs() == [*queued, [], ["Worker", "status:", "0", "active,", "0", "idle"]]
-    # (no pipes: the worker it spawns would hold them open until it ends)
-    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=120, check=True)
+    _start_worker(tmp_path)
     try:
         for _ in range(240):
             state = ours()
@@ -148,12 +159,7 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     nothing runs (and nothing is printed) and DVC's record says it succeeded."""
     repo, gate = tmp_path / "repo", tmp_path / "gate"
     repo.mkdir()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-    def run(*args: str) -> str:
-        result = subprocess.run(list(args), cwd=repo, env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+    run = _runner(repo)
 
     run("git", "init", "-q")
     run("dvc", "init", "-q")
@@ -171,8 +177,7 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     assert queue.running(repo) == {}
     queued_at = time.time()
     run("dvc", "exp", "run", "--queue", "-n", "exp-a", "-S", "objective=score")
-    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=120, check=True)
+    _start_worker(repo)
     try:
         found, end = {}, time.time() + 90
         while not found.get("exp-a", {}).get("trained_to_step") and time.time() < end:
@@ -300,12 +305,7 @@ def test_a_failed_experiment_is_named_with_the_end_of_its_log_which_says_why(tmp
     DVC's line naming the stage, as `dvc queue logs` prints them; `--failed-logs` gives the log's
     path (what a machine's poll brings back). One that succeeded, or ended before `--since`, is
     not named."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-    def run(*args: str) -> str:
-        result = subprocess.run(list(args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+    run = _runner(tmp_path)
 
     run("git", "init", "-q")
     run("dvc", "init", "-q")
@@ -322,8 +322,7 @@ def test_a_failed_experiment_is_named_with_the_end_of_its_log_which_says_why(tmp
     queued_at = time.time()
     for name, objective in (("exp-bad", "bad"), ("exp-good", "score")):
         run("dvc", "exp", "run", "--queue", "-n", name, "-S", f"objective={objective}")
-    subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=120, check=True)
+    _start_worker(tmp_path)
     try:
         end = time.time() + 120
         while sum(map(len, queue.ended(tmp_path, queued_at).values())) < 2 and time.time() < end:
