@@ -336,6 +336,8 @@ def test_a_failed_experiment_is_named_with_the_end_of_its_log_which_says_why(tmp
         shown = run(sys.executable, "-m", "storyrewrite.queue", "--failed", "--lines", "3").splitlines()
         assert shown == [f"== exp-bad failed; the end of its log ({log.relative_to(tmp_path)}):", *(f"  {line}" for line in tail[-3:])]
         assert run(sys.executable, "-m", "storyrewrite.queue", "--failed-logs") == f"{log.relative_to(tmp_path)}\n"
+        statuses = run(sys.executable, "-m", "storyrewrite.queue", "--workers", "--failed", "--lines", "3").splitlines()
+        assert statuses[-4:] == shown and any(line.endswith("  exp-bad  Failed") for line in statuses[:-4])  # (the statuses first)
         assert run(sys.executable, "-m", "storyrewrite.queue", "--failed", "--since", str(time.time() + 60)) == ""
         log.unlink()  # (gone: `dvc queue remove`, say): named, without lines
         assert run(sys.executable, "-m", "storyrewrite.queue", "--failed") == f"== exp-bad failed; no log at {log.relative_to(tmp_path)}\n"

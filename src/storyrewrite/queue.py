@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     asked.add_argument("--trainings", action="store_true",
                        help="instead: the trainings under way alone, a line each, as --running shows them")
     parser.add_argument("--failed", action="store_true",
-                        help="each failed experiment and the end of its log, which says why (after --running or "
-                             "--trainings where given; alone: instead of the statuses)")
+                        help="each failed experiment and the end of its log, which says why (after what the other "
+                             "flags print; alone: instead of the statuses)")
     parser.add_argument("--lines", type=int, default=FAILED_LINES, help=f"--failed: lines of each log (default {FAILED_LINES})")
     parser.add_argument("--since", type=float, default=0.0,
                         help="--failed: only experiments that ended at this time or later (seconds since the epoch)")
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.running:
         if lines := progress_lines(Path.cwd()):
             print("== stages done in experiments still running", *lines, sep="\n")
-    elif not args.failed:
+    elif args.workers or not args.failed:
         print("\n".join(status(Path.cwd(), args.workers)))
     if args.failed and (lines := failure_lines(Path.cwd(), args.since, args.lines)):
         print(*lines, sep="\n")
