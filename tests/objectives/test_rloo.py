@@ -401,6 +401,9 @@ def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_pat
     assert read_curve(tmp_path / "static_logs" / "plots" / "metrics" / "reward.tsv") == \
         read_curve(tmp_path / "dynamic_logs" / "plots" / "metrics" / "reward.tsv")
     assert all(torch.equal(weights["static"][k], weights["dynamic"][k]) for k in weights["dynamic"])
+    # The static caches sampled every step (a CPU compiles nothing: nothing to fall back from); a dynamic run logs no such curve.
+    assert [row["value"] for row in read_curve(tmp_path / "static_logs" / "plots" / "metrics" / "static_cache.tsv")] == [1.0, 1.0]
+    assert not (tmp_path / "dynamic_logs" / "plots" / "metrics" / "static_cache.tsv").exists()
 
 
 def _host_reads(call) -> int:
