@@ -341,10 +341,22 @@ def main() -> None:
             mps.stop(Path(folder))
 
 
+def warnings_of(stderrs: list[str], known: list[str]) -> list[str]:
+    """The `warning: ` lines of processes' error outputs that `known` does not hold yet, in order, once
+    each: what a process said it did instead of what was asked (RLOO's static cache falling back
+    to the dynamic one, say), which the figures then measure."""
+    found = []
+    for line in (line.strip() for err in stderrs for line in err.splitlines()):
+        if line.startswith("warning: ") and line not in known and line not in found:
+            found.append(line)
+    return found
+
+
 def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
     """Every objective's processes (`--side-by-side` at once) with the environment `env`, and the figures."""
     runs: dict[str, list[dict]] = {objective: [] for objective in args.objectives}
     failed: dict[str, str] = {}  # an objective whose process failed -> the end of its error output
+    warned: dict[str, list[str]] = {}  # an objective -> its processes' warnings (warnings_of), kept in the record
     for repeat in range(args.repeats):
         for objective in [o for o in args.objectives if o not in failed]:
             command = [sys.executable, __file__, "--one", objective, "--device", args.device, "--precision", args.precision,
@@ -370,6 +382,9 @@ def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
                 if objective == args.objectives[0]:
                     raise SystemExit(f"error: {objective}, the base of every ratio, failed")
                 continue
+            for line in warnings_of([err for _, _, err in outputs], warned.get(objective, [])):
+                warned.setdefault(objective, []).append(line)
+                print(f"{objective}: {line}", file=sys.stderr, flush=True)
             rows = sorted((json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs), key=lambda r: r["with"])
             runs[objective].append(rows[len(rows) // 2])
             # A line as each process ends: a run cut short keeps what it
@@ -448,7 +463,9 @@ def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
                   "tokens": first["tokens"], "steps": args.steps, "repeats": args.repeats, "base": base,
                   **({"profile_steps": args.profile_steps} if busy else {}),
                   **({"side_by_side": args.side_by_side} if args.side_by_side > 1 else {}), **({"mps": True} if args.mps else {}),
-                  **overlay_settings(args), **({"failed": sorted(failed)} if failed else {})}, targets)
+                  **overlay_settings(args), **({"failed": sorted(failed)} if failed else {}),
+                  **({"warnings": {o: warned[o] for o in objectives if o in warned}} if any(o in warned for o in objectives) else {})},
+                 targets)
     if failed:
         raise SystemExit(f"error: these objectives failed (their errors above): {', '.join(failed)}")
 

@@ -609,3 +609,16 @@ def test_the_step_bench_runs_its_side_by_side_processes_through_mps_and_stops_it
     monkeypatch.setattr(sys, "argv", argv[:-1])
     objective_step_time.main()
     assert "CUDA_MPS_PIPE_DIRECTORY" not in measured[0]
+
+
+def test_the_step_bench_keeps_each_warning_its_processes_print_once():
+    """What a measured process says it did instead of what was asked (`warning: ` lines on its
+    stderr: RLOO's static cache falling back to the dynamic one) is printed and recorded once, in
+    order, across its side-by-side processes and repeats; the rest of stderr is not."""
+    import objective_step_time
+
+    fallback = "warning: rl.cache static: compiling the decoding step failed (RuntimeError: x); this run samples with ..."
+    stderrs = [f"Loading weights\n{fallback}\n", f"  {fallback}\nwarning: another\nwarnings: not one\n", ""]
+    assert objective_step_time.warnings_of(stderrs, []) == [fallback, "warning: another"]
+    assert objective_step_time.warnings_of(stderrs, [fallback]) == ["warning: another"]
+    assert objective_step_time.warnings_of(["all quiet\n"], []) == []
