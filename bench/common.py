@@ -4,6 +4,7 @@ built once into .cache/bench/ and reused by every later process), and timing tha
 GPU (synchronised) as on a CPU."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -102,6 +103,15 @@ def rekeyed(runs: dict) -> dict:
     its features takes the key with them (records written before the key named them)."""
     return {record_key(run, run) if run["device"] == "cpu" and "cpu_capability" in run else key: run
             for key, run in runs.items()}
+
+
+def record_name(value: str) -> str:
+    """An argparse type: the name of a figures file in reports/bench/ (`--name`), or a part of one
+    (`--variant`), checked before anything is measured: a path would put the record elsewhere."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a name for a file in reports/bench/: letters, digits, '.', '_' "
+                                         "and '-' only")
+    return value
 
 
 def write_result(script: str, device: torch.device, figures: dict, settings: dict,

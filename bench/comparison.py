@@ -55,7 +55,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
-from common import ROOT, workspace_env, write_result
+from common import ROOT, record_name, workspace_env, write_result
 
 from storyrewrite.io import run_cli, write_text_atomic
 from storyrewrite.queue import ended, running
@@ -376,7 +376,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--name", default="timed", help="the comparison's name: runs/NAME, reports/NAME (default timed)")
     parser.add_argument("--mps", action="store_true", help="share the GPU through NVIDIA's MPS (COMPARISON_MPS=1)")
     parser.add_argument("--here", action="store_true", help="run in this repository, not in a fresh workspace")
-    parser.add_argument("--variant", default="", help="a suffix for the figures file (comparison-VARIANT.json)")
+    parser.add_argument("--variant", default="", type=record_name, help="a suffix for the figures file (comparison-VARIANT.json)")
     parser.add_argument("--keep", type=Path, help="the fresh workspace's folder, kept (default: a temporary one, removed)")
     parser.add_argument("--interim-every", type=float, default=60.0,
                         help="seconds between two interim records while the parts run (complete: false; 0: none)")

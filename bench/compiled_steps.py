@@ -28,7 +28,7 @@ import sys
 import time
 
 import torch
-from common import GPU_BUSY_TARGET, clock, count_syncs, describe, gpu_busy, peak_memory_gb, train_run, write_result
+from common import GPU_BUSY_TARGET, clock, count_syncs, describe, gpu_busy, peak_memory_gb, record_name, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from objective_step_time import add_build_arguments, add_objectives_argument, count_flops, overlay_settings, stage_flags, step
 
@@ -130,7 +130,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--profile-steps", type=int, default=4, help="compiled steps under the profiler (CUDA)")
     parser.add_argument("--backend", default="inductor", help="torch.compile's backend (aot_eager: the same tracing, "
                         "no generated kernels, for a quick check of the path on a CPU)")
-    parser.add_argument("--name", default="compiled_steps", help="the figures' file in reports/bench/")
+    parser.add_argument("--name", default="compiled_steps", type=record_name, help="the figures' file in reports/bench/")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
     return parser
 

@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import GPU_BUSY_TARGET, clock, count_syncs, describe, gpu_busy, nan_fill, peak_memory_gb, train_run, write_result
+from common import GPU_BUSY_TARGET, clock, count_syncs, describe, gpu_busy, nan_fill, peak_memory_gb, record_name, train_run, write_result
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.trainer.connectors.accelerator_connector import _set_torch_flags
 from torch.utils import flop_counter
@@ -312,7 +312,7 @@ def arguments() -> argparse.ArgumentParser:
                              "the median of theirs")
     parser.add_argument("--mps", action="store_true", help="run the --side-by-side processes through NVIDIA's MPS "
                         "(storyrewrite.mps): the bench fails where it cannot start")
-    parser.add_argument("--name", help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
+    parser.add_argument("--name", type=record_name, help="the figures' file in reports/bench/ (default: objective_step_time, with -PRECISION "
                         "and -compiled where not 32-true and eager): a run of its own there, each device's last")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one objective, print JSON
     return parser

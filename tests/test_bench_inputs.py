@@ -1,4 +1,5 @@
 """The bench scripts' shared inputs (bench/common.py): what they build is built once."""
+import importlib
 import subprocess
 import sys
 
@@ -622,3 +623,18 @@ def test_the_step_bench_keeps_each_warning_its_processes_print_once():
     assert objective_step_time.warnings_of(stderrs, []) == [fallback, "warning: another"]
     assert objective_step_time.warnings_of(stderrs, [fallback]) == ["warning: another"]
     assert objective_step_time.warnings_of(["all quiet\n"], []) == []
+
+
+@pytest.mark.parametrize("script, flag, good", [("objective_step_time", "--name", "objective_step_time-rloo-static"),
+                                                ("compiled_steps", "--name", "compiled_steps"),
+                                                ("comparison", "--variant", "smoke-core")])
+def test_a_record_name_that_is_a_path_is_refused_before_anything_runs(script, flag, good, capsys):
+    """`--name` / `--variant` name a file in reports/bench/: a path (which put the record elsewhere,
+    and then failed on printing where) is refused as the options are read, naming the flag."""
+    bench = importlib.import_module(script)
+    assert getattr(bench.arguments().parse_args([flag, good]), flag.removeprefix("--")) == good
+    for bad in ("/tmp/figures", "../figures", "a b"):
+        with pytest.raises(SystemExit) as stopped:
+            bench.arguments().parse_args([flag, bad])
+        assert stopped.value.code == 2
+        assert f"argument {flag}: {bad!r} is not a name for a file in reports/bench/" in capsys.readouterr().err
