@@ -512,6 +512,11 @@ def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
     path = f"/usr/bin{os.pathsep}/bin"
     assert shutil.which("dvc", path=path) is None
     env = {**os.environ, "PATH": path}
+    # Outside a DVC repository: said at once (`dvc exp show` would fail each of its tries, seconds apart).
+    outside = subprocess.run([sys.executable, "-m", "storyrewrite.report.gather", "--out", "runs/x", "--finished"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert outside.returncode == 2 and outside.stderr == (f"error: {tmp_path}: not in a DVC repository (`dvc init` makes one); "
+                                                          "run this where `dvc exp show` lists the experiments\n")
     for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
         subprocess.run(command, cwd=tmp_path, env=env, check=True, capture_output=True)
     result = subprocess.run([sys.executable, "-m", "storyrewrite.report.gather", "--out", "runs/x", "--names", "gpu-*"],
@@ -554,6 +559,7 @@ def test_a_rev_that_names_no_commit_is_refused_before_dvc_is_asked(tmp_path, mon
     import subprocess
 
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".dvc").mkdir()  # (a DVC repository's root, as DVC finds one: `dvc exp show` itself is a stub here)
     monkeypatch.chdir(tmp_path)
     asked = []
     monkeypatch.setattr("storyrewrite.report.gather.exp_show_output", lambda command, **_: asked.append(command) or "[]")

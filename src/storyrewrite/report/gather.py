@@ -302,6 +302,8 @@ def leave_queue(names: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     from dvc.api import DVCFileSystem
+    from dvc.exceptions import NotDvcRepoError
+    from dvc.repo import Repo
 
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.gather", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -330,6 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         exp_show = read_json(args.json)
     else:
+        try:  # (outside a repository `dvc exp show` fails every time: said at once, not after its retries)
+            Repo.find_root()
+        except NotDvcRepoError:
+            raise InputError(f"{Path.cwd()}: not in a DVC repository (`dvc init` makes one); run this where "
+                             "`dvc exp show` lists the experiments") from None
         if args.rev and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.rev}^{{commit}}"],
                                        capture_output=True).returncode != 0:  # (DVC's refusal would be asked again)
             raise InputError(f"--rev {args.rev}: not a commit of this repository")
