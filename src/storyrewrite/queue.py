@@ -72,17 +72,24 @@ def task_states(queue) -> dict[str, tuple[str | None, str]]:
     return dict(sorted(found.items(), key=lambda item: STATES.index(item[1][1])))  # (a stable sort)
 
 
-def status(repo: Path, ask_workers: bool = False) -> list[str]:
-    """A line per experiment task of the DVC repository at `repo` (its revision, name and status:
-    Queued, Running, Success or Failed), then, with `ask_workers`, a blank line and the workers'."""
+def dvc_root(folder: Path, where: str) -> str:
+    """The root of the DVC repository that `folder` lies in (DVC's own lookup, up the parents); else
+    one line naming the folder, and `where` to run the command instead."""
     from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
     try:
-        dvc_repo = Repo(str(repo))
+        return Repo.find_root(str(folder))
     except NotDvcRepoError:
-        raise InputError(f"{repo}: not in a DVC repository (`dvc init` makes one); run this where `dvc queue status` runs") from None
-    with dvc_repo:
+        raise InputError(f"{folder}: not in a DVC repository (`dvc init` makes one); run this where {where}") from None
+
+
+def status(repo: Path, ask_workers: bool = False) -> list[str]:
+    """A line per experiment task of the DVC repository at `repo` (its revision, name and status:
+    Queued, Running, Success or Failed), then, with `ask_workers`, a blank line and the workers'."""
+    from dvc.repo import Repo
+
+    with Repo(dvc_root(repo, "`dvc queue status` runs")) as dvc_repo:
         queue = dvc_repo.experiments.celery_queue
         lines = [f"{rev[:7]}  {name or '-'}  {state}" for rev, (name, state) in task_states(queue).items()]
         if ask_workers:

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
+from storyrewrite.queue import dvc_root
 
 # What a run's stages write that the tables need (models and predictions stay behind).
 GATHERED = ("params.yaml", "dvc.lock", "reports/data_counts.json", "reports/metrics", "reports/sanity/metrics",
@@ -302,8 +303,6 @@ def leave_queue(names: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     from dvc.api import DVCFileSystem
-    from dvc.exceptions import NotDvcRepoError
-    from dvc.repo import Repo
 
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.gather", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -332,11 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         exp_show = read_json(args.json)
     else:
-        try:  # (outside a repository `dvc exp show` fails every time: said at once, not after its retries)
-            Repo.find_root()
-        except NotDvcRepoError:
-            raise InputError(f"{Path.cwd()}: not in a DVC repository (`dvc init` makes one); run this where "
-                             "`dvc exp show` lists the experiments") from None
+        # (outside a repository `dvc exp show` fails every time: said at once, not after its retries)
+        dvc_root(Path.cwd(), "`dvc exp show` lists the experiments")
         if args.rev and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.rev}^{{commit}}"],
                                        capture_output=True).returncode != 0:  # (DVC's refusal would be asked again)
             raise InputError(f"--rev {args.rev}: not a commit of this repository")
