@@ -54,9 +54,11 @@ running_reports() {  # in $HOME/proj: the stage records and the training curves 
   local folder
   for folder in .dvc/tmp/exps/{,standalone/}*/reports/{stages,train}; do [ -d "$folder" ] && echo "$folder"; done
 }
+in_project() {  # in_project COMMAND...: COMMAND in $HOME/proj, with the machine's Python and the project's packages
+  (cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} "$@")
+}
 failed_logs() {  # in $HOME/proj: the logs of a comparison's experiments that failed (DVC's, which say why)
-  [ ! -s "$JOB/name" ] || (source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
-    python -m storyrewrite.queue --failed-logs 2>/dev/null) || true
+  [ ! -s "$JOB/name" ] || in_project python -m storyrewrite.queue --failed-logs 2>/dev/null || true
 }
 to_out() {  # to_out FILE NAME: FILE as $OUT/NAME or, past OUT_FILE_MIB MiB (unset: no limit), as
   # NAME.part_00, NAME.part_01, ... with the whole's sha256 in $OUT/parts.sha256, for an $OUT that
@@ -167,8 +169,7 @@ poll)
     # A comparison's experiments that have finished since the last poll, gathered (quietly: others still run).
     # At most 5 minutes: a poll goes on to bring back what it has (`dvc exp show` can hang, report.gather).
     if [ -s "$JOB/name" ]; then
-      (cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
-        timeout 300 python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1)
+      in_project timeout 300 python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1
     fi
     # The Chrome traces (tens of MB each) stay behind: $OUT may limit the size of a file. The
     # stage records and curves of the experiments still running come too: where and how long each
@@ -201,7 +202,6 @@ poll)
   # and wall time, and the step its training under way has reached (storyrewrite.queue --running:
   # what the run cache restored, and the training summaries the commit holds, are not its progress);
   # then each experiment that failed, with the end of its log (the whole log is in the tar).
-  [ ! -s "$JOB/name" ] || { cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} \
-    python -m storyrewrite.queue --running --failed; } || true ;;
+  [ ! -s "$JOB/name" ] || in_project python -m storyrewrite.queue --running --failed || true ;;
 *) sed -n 2,30p "$0"; exit 2 ;;
 esac
