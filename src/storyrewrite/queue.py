@@ -139,6 +139,13 @@ def ended(repo: Path, since: float) -> dict[str, list[str]]:
     return {how: sorted(names) for how, names in sorted(found.items())}
 
 
+def failed_logs(repo: Path, since: float = 0.0) -> dict[str, Path]:
+    """{name: its log} of each experiment that failed since `since` (seconds since the epoch), as
+    DVC's record of it says; the log may be gone."""
+    return dict(sorted((name, infofile.with_suffix(LOG_SUFFIX)) for name, info, infofile in _records(repo, since)
+                       if ENDED.get(info.get("status")) == "failed"))
+
+
 def failures(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> dict[str, tuple[Path, list[str]]]:
     """{name: (its log, the log's last `lines` lines)} of each experiment that failed since `since`
     (seconds since the epoch), as DVC's record of it says. The log is what `dvc queue logs NAME`
@@ -148,10 +155,7 @@ def failures(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> dict[
     carriage returns, counts as its last drawing. An experiment with no log left is named with
     none."""
     found: dict[str, tuple[Path, list[str]]] = {}
-    for name, info, infofile in _records(repo, since):
-        if ENDED.get(info.get("status")) != "failed":
-            continue
-        log = infofile.with_suffix(LOG_SUFFIX)
+    for name, log in failed_logs(repo, since).items():
         try:
             with log.open("rb") as file:
                 file.seek(max(file.seek(0, 2) - LOG_TAIL_BYTES, 0))
@@ -163,7 +167,7 @@ def failures(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> dict[
         while shown and not shown[-1]:
             shown.pop()
         found[name] = (log, shown[-lines:] if lines > 0 else [])
-    return dict(sorted(found.items()))
+    return found
 
 
 def failure_lines(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> list[str]:
@@ -374,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.lines < 1:
         parser.error(f"--lines must be at least 1, got {args.lines}")
     if args.failed_logs:
-        if logs := [str(log.relative_to(Path.cwd())) for log, _ in failures(Path.cwd(), args.since, 1).values() if log.exists()]:
+        if logs := [str(log.relative_to(Path.cwd())) for log in failed_logs(Path.cwd(), args.since).values() if log.exists()]:
             print(*logs, sep="\n")
         return
     if args.trainings:
