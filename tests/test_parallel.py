@@ -154,20 +154,24 @@ def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(
     monkeypatch.setattr(parallel, "cores", lambda: 64)
     monkeypatch.setattr(parallel, "host_available_gb", lambda: 1000.0)
     records = []
-    for name, peak in (("train", 5.35), ("score", 2.1), ("report", None)):
+    # A record's GPU peak: what torch's pool held where it says (newer records), else what it handed out.
+    for name, peak, held in (("train", 5.35, 6.46), ("score", 2.1, None), ("report", None, None)):
         records.append(tmp_path / f"{name}.json")
-        records[-1].write_text(f'{{"stage": "{name}", "peak_cuda_gb": {"null" if peak is None else peak}, "peak_rss_gb": 4.0}}')
+        records[-1].write_text(f'{{"stage": "{name}", "peak_cuda_gb": {"null" if peak is None else peak}, "peak_rss_gb": 4.0'
+                               + ("}" if held is None else f', "peak_cuda_reserved_gb": {held}}}'))
     (tmp_path / "torn.json").write_text('{"st')
-    assert parallel.peak_gb([*records, tmp_path / "torn.json"]) == (5.35, 2)
+    assert parallel.peak_gb([*records, tmp_path / "torn.json"]) == (6.46, 2)
+    assert parallel.peak_gb(records, "peak_cuda_gb") == (5.35, 2)
     parallel.main(["workers", "--experiments", "40", "--records", *map(str, records), str(tmp_path / "torn.json")])
     out, err = capsys.readouterr()
     free = 143000 * 2**20 / 1e9  # 149.9 GB
-    assert out == f"{int(free * 0.9 // 5.35)}\n" == "25\n"
-    assert "GPU 0: 149.9 GB free x 0.9 / 5.35 GB a worker: 25" in err and "the largest peak of 2 GPU stage record(s)" in err
+    assert out == f"{int(free * 0.9 // (6.46 + 0.54))}\n" == "19\n"  # + a CUDA context
+    assert "GPU 0: 149.9 GB free x 0.9 / 7.00 GB a worker: 19" in err
+    assert "the largest peak of 2 GPU stage record(s), 6.46 GB, + 0.54 GB of CUDA context" in err
     assert "host: 1000.0 GB available x 0.8 / 4.00 GB a worker: 200" in err
     monkeypatch.setattr(parallel, "host_available_gb", lambda: 100.0)  # 80 GB for workers of 4 GB (the records'), 9 GB (none)
     parallel.main(["workers", "--experiments", "40", "--records", *map(str, records)])
-    assert capsys.readouterr()[0] == "20\n"
+    assert capsys.readouterr()[0] == "19\n"
     parallel.main(["workers", "--experiments", "40"])
     out, err = capsys.readouterr()
     assert out == "8\n" and "(a worker's host memory, 9.00 GB: no stage record: assumed)" in err
@@ -200,3 +204,44 @@ def test_a_stage_says_its_share_of_the_machine_and_a_command_does_not(monkeypatc
     with pytest.raises(SystemExit) as ended:
         run_cli(lambda: (_ for _ in ()).throw(InputError("bad.yaml:3: no such key")))
     assert ended.value.code == 2 and capsys.readouterr().err == "error: bad.yaml:3: no such key\n"
+
+
+def test_stages_beside_other_workers_take_expandable_segments_unless_set(monkeypatch):
+    """torch's allocator settings are read when CUDA starts in the process, after share_machine."""
+    for name in parallel.ALLOC_CONF_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # (share_machine's, restored by monkeypatch)
+    before = torch.get_num_threads()
+    try:
+        parallel.share_machine(1)
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+        parallel.share_machine(2)
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+        monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:128")  # a user's own, under the newer name
+        parallel.share_machine(2)
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:128"
+    finally:
+        torch.set_num_threads(before)
+        monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+
+
+def test_workers_on_one_gpu_cap_their_memory_at_an_equal_share(monkeypatch, capsys):
+    """On one GPU of 80 GB, four workers each cap torch's pool at 0.9 / 4 of it (18 GB), once a
+    process; nothing is capped on a CPU, with one worker, or with a GPU a worker."""
+    calls = []
+    monkeypatch.setattr(parallel, "_capped", {})
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("Props", (), {"total_memory": 80e9})())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, index: calls.append((fraction, index)))
+    assert parallel.share_gpu_memory(torch.device("cpu"), 4) is None
+    assert parallel.share_gpu_memory(torch.device("cuda"), 1) is None and calls == []
+    assert parallel.share_gpu_memory(torch.device("cuda"), 4) == pytest.approx(18.0)
+    assert parallel.share_gpu_memory(torch.device("cuda", 0), 4) == pytest.approx(18.0)
+    assert calls == [(pytest.approx(0.225), 0)]
+    assert capsys.readouterr().err == ("GPU memory: at most 18.0 of 80.0 GB (0.9 / 4), this process's share of one of 4 "
+                                       "concurrent workers\n")
+    monkeypatch.setattr(parallel, "_capped", {})
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parallel.share_gpu_memory(torch.device("cuda", 1), 2) is None and len(calls) == 1

@@ -111,7 +111,8 @@ class Record(Open):
     unit: str | None
     items_per_s: float | None
     peak_rss_gb: float | None = None
-    peak_cuda_gb: float | None = None
+    peak_cuda_gb: float | None = None  # torch's max_memory_allocated
+    peak_cuda_reserved_gb: float | None = None  # torch's max_memory_reserved: its pool, what it held of the GPU
     started_at: str | None = None
     startup_s: float | None = None  # from the process's start to the stage's: interpreter, imports, arguments
     experiment: str | None = None

@@ -7,6 +7,9 @@ own.
 - CPU threads: the cores this process may use, divided by the workers (at least 1), for torch's
   intra-op pool. Two processes with two threads each on two cores run several times slower than
   one after the other; with one thread each they share the machine.
+- GPU memory: with several workers on one GPU, torch's caching allocator in each process holds
+  at most its share of the GPU (`share_gpu_memory`), in expandable segments (`share_machine`).
+  A process's cache would otherwise keep what it freed, and another process find the GPU full.
 - GPUs: with several workers and several GPUs, each process takes the first free one, holding an
   exclusive lock on `<repo>/.dvc/tmp/storyrewrite/gpu-<index>.lock` for its whole life (the
   system releases it when the process ends, a kill included). `device: auto` and the training
@@ -19,8 +22,8 @@ own.
   that fit (`comparison.sh -j auto`): the cores over the threads each worker should keep, the
   host's available memory over a worker's peak resident memory (the largest `peak_rss_gb` of the
   stage records given), each GPU's free memory over a worker's GPU peak (their largest
-  `peak_cuda_gb`), one worker a GPU where there are several, and never more than the
-  experiments to run.
+  `peak_cuda_reserved_gb`, else `peak_cuda_gb`, plus a CUDA context), one worker a GPU where
+  there are several, and never more than the experiments to run.
 
 No torch import at module level: `run_stage` applies the share in every stage, torch or not.
 """
@@ -125,6 +128,9 @@ def share_machine(concurrent: int | None = None) -> int | None:
     torch = sys.modules.get("torch")
     threads = thread_share(torch.get_num_threads() if torch is not None else cores(), concurrent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if not any(name in os.environ for name in ALLOC_CONF_ENVS):
+        # Read when CUDA starts in this process, which is later: stages import torch but touch no GPU first.
+        os.environ[ALLOC_CONF_ENVS[0]] = EXPANDABLE
     if torch is not None:
         torch.set_num_threads(threads)
     else:
@@ -132,8 +138,47 @@ def share_machine(concurrent: int | None = None) -> int | None:
     return threads
 
 
+# torch's allocator settings (the second is the newer name). Expandable segments grow one mapping
+# per stream instead of caching blocks of every size the batches ask for: what a process holds
+# stays near what it uses, where batches of varying length fragment the cache (PyTorch's own
+# advice in its out-of-memory message).
+ALLOC_CONF_ENVS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+EXPANDABLE = "expandable_segments:True"
+_capped: dict[int, float] = {}  # GPU index -> the cap in GB this process set
+
+
+def share_gpu_memory(device, concurrent: int | None = None) -> float | None:
+    """With several workers (`concurrent`, default `workers()`) on one GPU, caps torch's caching
+    allocator in this process at GPU_HEADROOM / workers of the GPU's memory
+    (`torch.cuda.set_per_process_memory_fraction`), and says so once. At the cap the allocator
+    returns its cached blocks to the GPU before it fails: one process's cache cannot take what the
+    others need. A stage that needs more than its share fails in itself, with torch's message and
+    this line above it. Returns the cap in GB; None on a CPU, with one worker, or with several GPUs
+    (each worker has one of its own, `assigned_gpu`)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    concurrent = workers() if concurrent is None else concurrent
+    if concurrent < 2 or torch.cuda.device_count() != 1:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capped:
+        fraction = GPU_HEADROOM / concurrent
+        total_gb = torch.cuda.get_device_properties(index).total_memory / 1e9
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
+        _capped[index] = fraction * total_gb
+        print(f"GPU memory: at most {_capped[index]:.1f} of {total_gb:.1f} GB ({GPU_HEADROOM} / {concurrent}), "
+              f"this process's share of one of {concurrent} concurrent workers", file=sys.stderr)
+    return _capped[index]
+
+
 DEFAULT_PEAK_GB = 8.0  # a worker's GPU memory where no stage record says (a 135M model's training: 5.4 GB)
 GPU_HEADROOM = 0.9  # of each GPU's free memory: the rest for the CUDA contexts' own and fragmentation
+# A CUDA context's own memory, beside torch's pool: 516 MiB a process on an H200 (CUDA 13.0,
+# torch 2.11, MPS on), as torch's out-of-memory message there reported for a process that had
+# allocated nothing yet. Added to a worker's peak, which the records count in torch's pool alone.
+GPU_CONTEXT_GB = 0.54
 # A worker's resident memory where no stage record says: RLOO's training of the 135M model on a
 # CPU (the largest stage there, with its reference model and the scorer) peaks at 8.8 GB.
 DEFAULT_RSS_GB = 9.0
@@ -168,14 +213,20 @@ def gpu_free_gb() -> list[float]:
     return free
 
 
-def peak_gb(records: list[Path], key: str = "peak_cuda_gb") -> tuple[float | None, int]:
-    """The largest memory peak (`key`: `peak_cuda_gb`, the GPU's; `peak_rss_gb`, the process's
-    resident memory) of the stage records (storyrewrite.records) given, and how many records had
-    one; (None, 0) where none did (for the GPU's: none ran on a GPU)."""
+GPU_PEAK_KEYS = ("peak_cuda_reserved_gb", "peak_cuda_gb")  # what torch's pool held, else what it handed out
+
+
+def peak_gb(records: list[Path], key: str | tuple[str, ...] = GPU_PEAK_KEYS) -> tuple[float | None, int]:
+    """The largest memory peak (`key`: GPU_PEAK_KEYS, the GPU's, each record's first key it
+    holds; `peak_rss_gb`, the process's resident memory) of the stage records
+    (storyrewrite.records) given, and how many records had one; (None, 0) where none did (for the
+    GPU's: none ran on a GPU)."""
+    keys = (key,) if isinstance(key, str) else key
     peaks = []
     for path in records:
         try:
-            peak = json.loads(Path(path).read_text(encoding="utf-8")).get(key)
+            record = json.loads(Path(path).read_text(encoding="utf-8"))
+            peak = next((record[name] for name in keys if record.get(name) is not None), None)
         except (OSError, ValueError, AttributeError):
             continue  # not a stage record, or one being written
         if isinstance(peak, (int, float)) and peak > 0:
@@ -204,16 +255,22 @@ def choose_workers(cores: int, threads_per_worker: int, free_gb: list[float], wo
     return chosen, [f"{why}: {bound}" for bound, why in bounds]
 
 
-def worker_memory(records: list[Path], key: str, given: float | None, option: str, default: float, kind: str
-                  ) -> tuple[float, str]:
-    """A worker's memory in GB (`given` by `option`, else the records' largest `key`, else
-    `default`) and where that figure comes from; `kind` names the records that count."""
+def worker_memory(records: list[Path], key: str | tuple[str, ...], given: float | None, option: str, default: float, kind: str,
+                  overhead: tuple[float, str] | None = None) -> tuple[float, str]:
+    """A worker's memory in GB (`given` by `option`, else the records' largest `key` plus
+    `overhead` (GB, what it is), else `default`) and where that figure comes from; `kind` names
+    the records that count."""
     if given is not None:
         if given <= 0:
             raise InputError(f"{option} must be a number of GB > 0, got {given}")
         return given, option
     peak, counted = peak_gb(records, key)
-    return (peak, f"the largest peak of {counted} {kind} record(s)") if peak is not None else (default, f"no {kind} record: assumed")
+    if peak is None:
+        return default, f"no {kind} record: assumed"
+    source = f"the largest peak of {counted} {kind} record(s)"
+    if overhead is not None:
+        return peak + overhead[0], f"{source}, {peak:.2f} GB, + {overhead[0]:.2f} GB {overhead[1]}"
+    return peak, source
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,8 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     choose.add_argument("--experiments", type=int, required=True, help="experiments to run")
     choose.add_argument("--threads-per-worker", type=int, default=2, help="CPU threads each worker keeps (default 2)")
     choose.add_argument("--records", type=Path, nargs="*", default=[],
-                        help="stage records (reports/stages/*.json) whose largest peak_cuda_gb and peak_rss_gb are a worker's "
-                             "GPU and host memory")
+                        help="stage records (reports/stages/*.json) whose largest peak_cuda_reserved_gb (else peak_cuda_gb) "
+                             "and peak_rss_gb are a worker's GPU and host memory")
     choose.add_argument("--peak-gb", type=float, help=f"a worker's GPU memory, in place of the records' (default: theirs, "
                         f"else {DEFAULT_PEAK_GB})")
     choose.add_argument("--rss-gb", type=float, help=f"a worker's host memory, in place of the records' (default: theirs, "
@@ -234,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("experiments", "threads_per_worker"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
-    gpu, gpu_source = worker_memory(args.records, "peak_cuda_gb", args.peak_gb, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage")
+    gpu, gpu_source = worker_memory(args.records, GPU_PEAK_KEYS, args.peak_gb, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage",
+                                    overhead=(GPU_CONTEXT_GB, "of CUDA context"))
     rss, rss_source = worker_memory(args.records, "peak_rss_gb", args.rss_gb, "--rss-gb", DEFAULT_RSS_GB, "stage")
     free, host = gpu_free_gb(), host_available_gb()
     chosen, lines = choose_workers(cores(), args.threads_per_worker, free, gpu, args.experiments, host, rss)

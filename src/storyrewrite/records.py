@@ -139,7 +139,9 @@ def _peak_memory(device: str) -> dict:
     if device.startswith("cuda"):
         import torch
 
+        # Handed out to tensors, and held by torch's pool (what the GPU's other processes cannot have).
         peak["peak_cuda_gb"] = round(torch.cuda.max_memory_allocated(torch.device(device)) / 2**30, 2)
+        peak["peak_cuda_reserved_gb"] = round(torch.cuda.max_memory_reserved(torch.device(device)) / 2**30, 2)
     return peak
 
 
@@ -259,6 +261,7 @@ def stage_rows(records: list[dict]) -> list[list[str]]:
         if r.get("cache_hits"):  # an LLM stage: the replies its response cache held cost no request
             work += f" (+{r['cache_hits']} from the response cache)"
         rate = "-" if not r["items_per_s"] else f"{r['items_per_s']:.3g} {r['unit']}/s"
-        memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GB" + (f", CUDA {r['peak_cuda_gb']} GB" if "peak_cuda_gb" in r else "")
+        memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GB" + (f", CUDA {r['peak_cuda_gb']} GB" if "peak_cuda_gb" in r else "") + (
+            f" ({r['peak_cuda_reserved_gb']} GB held)" if "peak_cuda_reserved_gb" in r else "")
         rows.append([r["stage"], where, r["dtype"] or "-", _seconds(r["wall_s"]), work, rate, memory])
     return rows

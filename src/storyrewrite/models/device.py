@@ -8,16 +8,18 @@ from __future__ import annotations
 import torch
 
 from storyrewrite.io import InputError
-from storyrewrite.parallel import assigned_gpu
+from storyrewrite.parallel import assigned_gpu, share_gpu_memory
 
 
 def resolve_device(spec: str) -> torch.device:
     """The params' `device`: `auto` is a CUDA GPU if there is one (the first; with several
     concurrent workers and several GPUs, the one this process holds: storyrewrite.parallel),
     else the CPU; `cpu`, `cuda` and `cuda:N` are taken as they are (a GPU that is not there is
-    an error). A CUDA device also keeps attention off cuDNN's kernels (`attention_off_cudnn`)."""
+    an error). A CUDA device also keeps attention off cuDNN's kernels (`attention_off_cudnn`), and a
+    GPU that several workers share gives this process its share of the memory (`share_gpu_memory`)."""
     device = _resolve(spec)
     attention_off_cudnn(device)
+    share_gpu_memory(device)
     return device
 
 

@@ -24,7 +24,7 @@ from storyrewrite.io import InputError, sha256_file, write_text_atomic
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
 from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_objective
-from storyrewrite.parallel import assigned_gpu
+from storyrewrite.parallel import assigned_gpu, share_gpu_memory
 from storyrewrite.params import ModelsConfig, Params, Section, TrainConfig
 from storyrewrite.records import cpu_has_bf16
 from storyrewrite.systems import TRAINING_PLAN
@@ -338,8 +338,9 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         if resume_from is None:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
         raise refused_here(run.section, run.config, error) from None
-    module, datamodule = assemble(run, diagnostics)
     device = trainer.strategy.root_device
+    share_gpu_memory(device)  # before the models take any of it
+    module, datamodule = assemble(run, diagnostics)
     warning = bf16_emulation_warning(run.section, run.config.precision, device,
                                      cpu_has_bf16() if device.type == "cpu" else None)  # (/proc/cpuinfo read on a CPU only)
     if warning and trainer.is_global_zero:
