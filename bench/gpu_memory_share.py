@@ -34,6 +34,7 @@ from common import ROOT, write_result
 VOCAB, HIDDEN = 49152, 576  # SmolLM2-135M's vocabulary and hidden size
 SETTINGS = ("torch-default", "shared")
 GB = 2**30
+BARRIER_S = 60  # the longest a process holds its memory, waiting for the others
 
 
 def work(steps: int, seed: int, device: torch.device) -> None:
@@ -85,51 +86,63 @@ def graphs_match(device: torch.device) -> dict:
 
 
 def worker(setting: str, steps: int, seed: int, barrier: Path, processes: int) -> dict:
-    """One process of a setting: its figures as a dict (printed as JSON by main)."""
+    """One process of a setting: its figures as a dict (printed as JSON by main). It holds what it
+    took until every process of the setting is done (`<seed>.done` in `barrier`; the parent marks
+    one that ended early), or BARRIER_S has passed."""
     from storyrewrite.parallel import share_gpu_memory, share_machine
 
     if setting == "shared":
         share_machine(processes)  # expandable segments, before CUDA starts here
     device = torch.device("cuda", 0)
-    cap = share_gpu_memory(device, processes) if setting == "shared" else None
-    figures = {"cap_gb": cap, "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    figures = {"cap_gb": None, "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "out_of_memory": None}
     started = time.perf_counter()
     try:
+        figures["cap_gb"] = share_gpu_memory(device, processes) if setting == "shared" else None
         work(steps, seed, device)
         torch.cuda.synchronize(device)
-        figures["out_of_memory"] = None
     except torch.OutOfMemoryError as error:
         figures["out_of_memory"] = str(error).splitlines()[0]
+    except Exception as error:  # noqa: BLE001 - a CUDA error of another kind: said, and the barrier still reached
+        figures["error"] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
     figures["seconds"] = round(time.perf_counter() - started, 2)
     figures["peak_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / GB, 2)
     figures["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved(device) / GB, 2)
     if setting == "shared" and seed == 0:
         figures["graphs"] = graphs_match(device)
-    (barrier / str(seed)).touch()
-    deadline = time.monotonic() + 120
-    while len(list(barrier.iterdir())) < processes and time.monotonic() < deadline:
-        time.sleep(0.2)  # holding what this process took until every process has ended its work
+    (barrier / f"{seed}.done").touch()
+    deadline = time.monotonic() + BARRIER_S
+    while len(list(barrier.glob("*.done"))) < processes and time.monotonic() < deadline:
+        time.sleep(0.2)
     return figures
 
 
 def run_setting(setting: str, processes: int, steps: int, env: dict) -> dict:
-    with tempfile.TemporaryDirectory() as barrier:
+    with tempfile.TemporaryDirectory() as folder:
+        barrier, logs = Path(folder, "barrier"), Path(folder)
+        barrier.mkdir()
         started = time.perf_counter()
-        children = [subprocess.Popen([sys.executable, __file__, "--worker", setting, "--seed", str(seed), "--steps", str(steps),
-                                      "--processes", str(processes), "--barrier", barrier],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                    for seed in range(processes)]
-        outputs = [child.communicate(timeout=600) for child in children]
+        children = []
+        for seed in range(processes):
+            with open(logs / f"{seed}.out", "w") as out, open(logs / f"{seed}.err", "w") as err:
+                children.append(subprocess.Popen(
+                    [sys.executable, __file__, "--worker", setting, "--seed", str(seed), "--steps", str(steps),
+                     "--processes", str(processes), "--barrier", str(barrier)], stdout=out, stderr=err, env=env))
+        while any(child.poll() is None for child in children):
+            for seed, child in enumerate(children):
+                if child.poll() is not None:
+                    (barrier / f"{seed}.done").touch()  # one that ended early keeps no other waiting
+            time.sleep(0.2)
         wall = time.perf_counter() - started
-    each = []
-    for child, (out, err) in zip(children, outputs, strict=True):
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        each.append(json.loads(lines[-1]) if child.returncode == 0 and lines else
-                    {"failed": f"exit {child.returncode}: {(err.strip().splitlines() or ['no output'])[-1]}"})
+        each = []
+        for seed, child in enumerate(children):
+            lines = [line for line in (logs / f"{seed}.out").read_text().splitlines() if line.startswith("{")]
+            err = (logs / f"{seed}.err").read_text().strip().splitlines() or ["no output"]
+            each.append(json.loads(lines[-1]) if child.returncode == 0 and lines else {"failed": f"exit {child.returncode}: {err[-1]}"})
     ran = [e for e in each if "failed" not in e]
     return {
         "processes": processes, "wall_s": round(wall, 1),
-        "out_of_memory": sum(1 for e in ran if e["out_of_memory"]), "failed": sum(1 for e in each if "failed" in e),
+        "out_of_memory": sum(1 for e in ran if e["out_of_memory"]),
+        "failed": sum(1 for e in each if "failed" in e or e.get("error")),
         "peak_allocated_gb_max": max((e["peak_allocated_gb"] for e in ran), default=None),
         "peak_reserved_gb_max": max((e["peak_reserved_gb"] for e in ran), default=None),
         "peak_reserved_gb_sum": round(sum(e["peak_reserved_gb"] for e in ran), 2),
