@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from common import ROOT, write_result
 
+from storyrewrite.io import InputError, run_cli
+
 VOCAB, HIDDEN = 49152, 576  # SmolLM2-135M's vocabulary and hidden size
 SETTINGS = ("torch-default", "shared")
 GB = 2**30
@@ -150,7 +152,7 @@ def run_setting(setting: str, processes: int, steps: int, env: dict) -> dict:
     }
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=8, help="processes side by side (default 8)")
     parser.add_argument("--steps", type=int, default=200, help="batches each process runs (default 200)")
@@ -158,14 +160,18 @@ def main() -> None:
     parser.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     if args.processes < 1 or args.steps < 1:
-        parser.error("--processes and --steps must be whole numbers >= 1")
+        raise InputError(f"--processes and --steps must be whole numbers >= 1, got {args.processes} and {args.steps}")
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.seed, args.barrier, args.processes)))
         return
     if not torch.cuda.is_available():
-        raise SystemExit("error: needs a CUDA GPU (this measures how processes share one)")
+        raise InputError("bench/gpu_memory_share.py needs a CUDA GPU: it measures how processes share one")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
     mps_dir, mps = None, "off"
@@ -198,4 +204,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -36,6 +36,7 @@ BENCHES=(
    --side-by-side 4 --set rl.early_stop=true --name objective_step_time-bf16-mixed-rloo-side-by-side4-early-stop --profile-steps 1"
   "rloo-side-by-side-mps objective_step_time_rloo_side_by_side_mps.txt $STEPS --batch-size 16 --objectives nll rloo --side-by-side 4
    --set rl.early_stop=false --mps --name objective_step_time-bf16-mixed-rloo-side-by-side4-mps --profile-steps 1"
+  "memory-share gpu_memory_share.txt bench/gpu_memory_share.py --mps"
   "startup stage_startup.txt bench/stage_startup.py --stages train generate score significance --side-by-side 8"
   "compile compiled_steps.txt bench/compiled_steps.py $TRAINING --batch-sizes 16 32 64"
 )

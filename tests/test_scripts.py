@@ -518,7 +518,7 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
                                              "bench/objective_step_time.py", "bench/objective_step_time.py",
                                              "bench/objective_step_time.py", "bench/objective_step_time.py",
                                              "bench/objective_step_time.py", "bench/objective_step_time.py",
-                                             "bench/stage_startup.py"]
+                                             "bench/gpu_memory_share.py", "bench/stage_startup.py"]
     assert calls[0] == "bench/training_paths.py --device cuda --profile params/gpu.yaml --tiny"  # every objective
     assert calls[2].endswith("--cudnn-attention") and calls[6].endswith("--cache static")
     for paired in (calls[3], calls[5]):  # the targets' batch and precision, as `steps`
@@ -539,9 +539,10 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
                               "--profile-steps 1")
     assert calls[14].endswith("--set rl.early_stop=false --mps --name objective_step_time-bf16-mixed-rloo-side-by-side4-mps "
                               "--profile-steps 1")
+    assert calls[15] == "bench/gpu_memory_share.py --mps"  # eight processes of CPO's memory pattern, as workers share the GPU
     assert not any("compiled_steps" in c for c in calls)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "llm_batching.txt", "nan_fill.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
+        "gpu_memory_share.txt", "llm_batching.txt", "nan_fill.txt", "nll_throughput.txt", "nll_throughput_cudnn.txt", "nll_throughput_static.txt",
         "nvidia-smi.csv", "objective_pairs.txt", "objective_step_time.txt", "objective_step_time_batch64.txt", "objective_step_time_others.txt",
         "objective_step_time_rloo_side_by_side.txt", "objective_step_time_rloo_side_by_side_early_stop.txt",
         "objective_step_time_rloo_side_by_side_mps.txt", "objective_step_time_rloo_static.txt", "scorer_and_bootstrap.txt", "stage_startup.txt", "training_paths.txt"]
@@ -554,13 +555,13 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     assert calls[0].endswith("--cudnn-attention")
     assert "warning: the compiled step bench failed" in result.stderr
     result, calls = run("out3", "all", "compile")
-    assert result.returncode == 0 and len(calls) == 17 and "compiled_steps" in calls[-1]
+    assert result.returncode == 0 and len(calls) == 18 and "compiled_steps" in calls[-1]
 
     result, calls = run("out4", "generation", "compiled")
     assert result.returncode == 2 and calls == []
     assert ("error: no bench 'compiled'; valid: training generation generation-cudnn pairs steps nan-fill generation-static scorer llm "
-            "steps-batch64 steps-others steps-rloo-static rloo-side-by-side rloo-side-by-side-early-stop rloo-side-by-side-mps startup "
-            "compile all"
+            "steps-batch64 steps-others steps-rloo-static rloo-side-by-side rloo-side-by-side-early-stop rloo-side-by-side-mps memory-share "
+            "startup compile all"
             in result.stderr)
     # Without nvidia-smi (a machine without an NVIDIA GPU; PATH: the stub python alone): one line,
     # and nothing run or written.
@@ -577,7 +578,7 @@ def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_fa
     (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                                     'case "$*" in *nll_throughput*--steps\\ 20*|*--cudnn-attention*) exit 1;; esac\nexit 0\n')
     result, calls = run("out5")
-    assert result.returncode == 1 and len(calls) == 16
+    assert result.returncode == 1 and len(calls) == 17
     assert "these benches failed (their output in out5): nll_throughput.txt nll_throughput_cudnn.txt" in result.stderr
 
 
@@ -592,7 +593,7 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = [line.split() for line in log.read_text().splitlines()]
-    assert len(calls) == 17
+    assert len(calls) == 18
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     for script, *argv in calls:
         assert script.startswith("bench/") and script.endswith(".py"), script
@@ -605,7 +606,7 @@ def test_every_call_of_the_gpu_bench_parses_with_its_bench_scripts_own_command_l
                 pytest.fail(f"scripts/gpu_bench.sh calls `{script} {' '.join(argv)}`, which its parser refuses: {errors.getvalue()}")
             with pytest.raises(SystemExit):  # the parser refuses what it does not know
                 parser.parse_args([*argv, "--no-such-flag"])
-        if script != "bench/stage_startup.py":  # (it reads no params)
+        if script not in ("bench/stage_startup.py", "bench/gpu_memory_share.py"):  # (they read no params)
             assert args.profile and all((ROOT / profile).is_file() for profile in args.profile), (script, args.profile)
         if getattr(args, "set", None):  # keys of params.yaml, one value each, as the bench applies them
             assert len(with_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), args.set)) == 1, (script, args.set)
