@@ -638,3 +638,25 @@ def test_a_record_name_that_is_a_path_is_refused_before_anything_runs(script, fl
             bench.arguments().parse_args([flag, bad])
         assert stopped.value.code == 2
         assert f"argument {flag}: {bad!r} is not a name for a file in reports/bench/" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_memory_share_bench_waits_for_no_process_that_died(monkeypatch):
+    """Each process of bench/gpu_memory_share.py holds its memory until all are done; one that
+    dies before it says so is marked done by the parent, so the others stop waiting then, not at
+    BARRIER_S. Here (no CUDA) every process fails: the first dies outside the measured work, the
+    second records its error; the setting ends within seconds and counts both."""
+    import os
+    import time
+
+    import gpu_memory_share
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "CUDA_VISIBLE_DEVICES": ""}
+    started = time.perf_counter()
+    figures = gpu_memory_share.run_setting("shared", 2, 1, env)
+    assert time.perf_counter() - started < gpu_memory_share.BARRIER_S / 2
+    assert figures["processes"] == 2 and figures["failed"] == 2 and figures["out_of_memory"] == 0
+    died, recorded = figures["each"]
+    assert died["failed"].startswith("exit 1: ")
+    assert recorded["error"] and recorded["allocator"] == "expandable_segments:True"  # the stages' share, set before CUDA
