@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,9 @@ from pathlib import Path
 import torch
 from common import ROOT, write_result
 
+from storyrewrite import mps as nvidia_mps
 from storyrewrite.io import InputError, run_cli
+from storyrewrite.parallel import ALLOC_CONF_ENVS, share_gpu_memory, share_machine
 
 VOCAB, HIDDEN = 49152, 576  # SmolLM2-135M's vocabulary and hidden size
 SETTINGS = ("torch-default", "shared")
@@ -56,6 +59,11 @@ def work(steps: int, seed: int, device: torch.device) -> None:
                 head.weight.grad = None
 
 
+def said(error: Exception) -> str:
+    """An error in one line, for the record: its type and its message's first line."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
 def graphs_match(device: torch.device) -> dict:
     """A compiled function replayed as CUDA graphs, and a captured graph, against eager."""
     def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -69,7 +77,7 @@ def graphs_match(device: torch.device) -> dict:
         outputs = [compiled(x, w).clone() for _ in range(4)]  # recorded, then replayed
         result["compiled_reduce_overhead"] = all(torch.allclose(out, expected, rtol=1e-3, atol=1e-4) for out in outputs)
     except Exception as error:  # noqa: BLE001 - the record says what failed
-        result["compiled_reduce_overhead"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        result["compiled_reduce_overhead"] = said(error)
     try:
         static_x = x.clone()
         stream = torch.cuda.Stream()
@@ -83,7 +91,7 @@ def graphs_match(device: torch.device) -> dict:
         graph.replay()
         result["captured_graph"] = bool(torch.allclose(static_out, expected, rtol=1e-3, atol=1e-4))
     except Exception as error:  # noqa: BLE001
-        result["captured_graph"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        result["captured_graph"] = said(error)
     return result
 
 
@@ -91,12 +99,10 @@ def worker(setting: str, steps: int, seed: int, barrier: Path, processes: int) -
     """One process of a setting: its figures as a dict (printed as JSON by main). It holds what it
     took until every process of the setting is done (`<seed>.done` in `barrier`; the parent marks
     one that ended early), or BARRIER_S has passed."""
-    from storyrewrite.parallel import share_gpu_memory, share_machine
-
     if setting == "shared":
         share_machine(processes)  # expandable segments, before CUDA starts here
     device = torch.device("cuda", 0)
-    figures = {"cap_gb": None, "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "out_of_memory": None}
+    figures = {"cap_gb": None, "allocator": os.environ.get(ALLOC_CONF_ENVS[0], ""), "out_of_memory": None}
     started = time.perf_counter()
     try:
         figures["cap_gb"] = share_gpu_memory(device, processes) if setting == "shared" else None
@@ -105,7 +111,7 @@ def worker(setting: str, steps: int, seed: int, barrier: Path, processes: int) -
     except torch.OutOfMemoryError as error:
         figures["out_of_memory"] = str(error).splitlines()[0]
     except Exception as error:  # noqa: BLE001 - a CUDA error of another kind: said, and the barrier still reached
-        figures["error"] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+        figures["error"] = said(error)
     figures["seconds"] = round(time.perf_counter() - started, 2)
     figures["peak_allocated_gb"] = round(torch.cuda.max_memory_allocated(device) / GB, 2)
     figures["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved(device) / GB, 2)
@@ -172,12 +178,10 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         raise InputError("bench/gpu_memory_share.py needs a CUDA GPU: it measures how processes share one")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONF_ENVS}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
     mps_dir, mps = None, "off"
     if args.mps:
-        from storyrewrite import mps as nvidia_mps
-
         mps_dir = Path(tempfile.mkdtemp(prefix="gpu-memory-share-mps."))
         why = nvidia_mps.start(mps_dir)  # None: started (else measured without it, and the record says why)
         mps = "on" if why is None else f"off: {why}"
@@ -192,10 +196,10 @@ def main() -> None:
                   f"peak per process {f['peak_allocated_gb_max']} GB handed out, {f['peak_reserved_gb_max']} GB held; "
                   f"held together {f['peak_reserved_gb_sum']} GB; {f['wall_s']} s", flush=True)
     finally:
-        if mps_dir is not None and mps == "on":
-            from storyrewrite import mps as nvidia_mps
-
-            nvidia_mps.stop(mps_dir)
+        if mps_dir is not None:
+            if mps == "on":
+                nvidia_mps.stop(mps_dir)
+            shutil.rmtree(mps_dir, ignore_errors=True)
     graphs = next((e.get("graphs") for e in figures["shared"]["each"] if "graphs" in e), None)
     print(f"graphs in the shared setting: {graphs}")
     total = torch.cuda.get_device_properties(0).total_memory / GB

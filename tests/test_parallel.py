@@ -210,7 +210,7 @@ def test_stages_beside_other_workers_take_expandable_segments_unless_set(monkeyp
     """torch's allocator settings are read when CUDA starts in the process, after share_machine."""
     for name in parallel.ALLOC_CONF_ENVS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # (share_machine's, restored by monkeypatch)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # (share_machine sets it: restored after the test)
     before = torch.get_num_threads()
     try:
         parallel.share_machine(1)
