@@ -580,6 +580,9 @@ def param_cell(run: Run, key: str) -> str:
 def experiments_markdown(runs: list[Run], alpha: float) -> str:
     params = frame(runs).filter(like="params.", axis=1).map(json.dumps)
     varying = [c.removeprefix("params.") for c in params.columns if params[c].nunique() > 1 and c != "params.objective"]
+    # A column of no run's own setting (`-` or absent in every row: rl.early_stop where no run is
+    # RLOO's and older runs lack the key) tells nothing.
+    varying = [key for key in varying if any(param_cell(run, key) not in ("-", "") for run in runs)]
     columns = all_columns([run.metrics(FINETUNED) or {} for run in runs])
     header = ["Experiment", "objective", *varying, *(column_label(c) for c in columns), "best val NLL", "NLL BARTScore (M)"]
     rows = [[run.name, str(run.params.get("objective", "")), *(param_cell(run, k) for k in varying),
@@ -591,7 +594,9 @@ def experiments_markdown(runs: list[Run], alpha: float) -> str:
         "# Experiments", table(header, rows),
         f"\\* p < {alpha}, the run's own significance stage (`finetuned` against its NLL model, its `significance.unit`). "
         "Rows with n/a have not been run to the score stage."
-        + (" -: a setting of another objective, which the run's does not read." if any("-" in row[2:2 + len(varying)] for row in rows) else ""),
+        + (" -: a setting of another objective, which the run's does not read." if any("-" in row[2:2 + len(varying)] for row in rows) else "")
+        + (" Empty: the run's params.yaml has no such setting (its commit predates it)."
+           if any("" in row[2:2 + len(varying)] for row in rows) else ""),
         "## In DVC", in_dvc_markdown(runs),
     ]) + "\n"
 
