@@ -21,7 +21,7 @@
 #   bash offline/job.sh poll [SECONDS]      waits up to SECONDS (default 540) while the job
 #       runs, and every 10 s gathers a comparison's finished experiments into runs/NAME and
 #       copies its log, a tar of bench-out/, reports/bench/, runs/NAME, the stage records and
-#       curves of the experiments still running and the logs of those that failed (in
+#       curves of the experiments still running, the logs of those and of those that failed (in
 #       .dvc/tmp/exps/), and a git bundle of the finished experiments (exps.bundle, for
 #       offline/unpack.sh) to $OUT: a command cut short when the machine goes still brings back
 #       what the job had measured, every experiment that finished, where the time of one that had
@@ -57,8 +57,9 @@ running_reports() {  # in $HOME/proj: the stage records and the training curves 
 in_project() {  # in_project COMMAND...: COMMAND in $HOME/proj, with the machine's Python and the project's packages
   (cd "$HOME/proj" && source "$HOME/env.sh" && PYTHONPATH=$HOME/site:$HOME/proj/src:${PYTHONPATH:-} "$@")
 }
-failed_logs() {  # in $HOME/proj: the logs of a comparison's experiments that failed (DVC's, which say why)
-  [ ! -s "$JOB/name" ] || in_project python -m storyrewrite.queue --failed-logs 2>/dev/null || true
+experiment_logs() {  # in $HOME/proj: DVC's logs of a comparison's experiments that failed, which say why, and
+  # of those still running, which say what their stages printed so far (a compile's warnings, say)
+  [ ! -s "$JOB/name" ] || in_project python -m storyrewrite.queue --failed-logs --running-logs 2>/dev/null || true
 }
 to_out() {  # to_out FILE NAME: FILE as $OUT/NAME or, past OUT_FILE_MIB MiB (unset: no limit), as
   # NAME.part_00, NAME.part_01, ... with the whole's sha256 in $OUT/parts.sha256, for an $OUT that
@@ -172,10 +173,10 @@ poll)
       in_project timeout 300 python -m storyrewrite.report.gather --out "runs/$(cat "$JOB/name")" --finished >/dev/null 2>&1
     fi
     # The Chrome traces (tens of MB each) stay behind: $OUT may limit the size of a file. The
-    # stage records and curves of the experiments still running come too: where and how long each
-    # finished stage ran, and how far a training got, even if the machine goes before the experiment
-    # ends. A workspace DVC removes while tar reads it is skipped (tar's exit 1: a file changed).
-    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_reports) $(failed_logs); do
+    # stage records, curves and logs of the experiments still running come too: where and how long
+    # each finished stage ran, how far a training got and what it printed, even if the machine goes
+    # before the experiment ends. A workspace DVC removes while tar reads it is skipped (tar's exit 1: a file changed).
+    (cd "$HOME/proj" && found=() && for path in bench-out reports/bench "runs/$(cat "$JOB/name")" $(running_reports) $(experiment_logs); do
         if [ -e "$path" ] && [ "$path" != runs/ ]; then found+=("$path"); fi; done \
       && { tar czf "$JOB/results.tmp" --ignore-failed-read --exclude='traces*/*.json' "${found[@]}" 2>/dev/null; [ $? -le 1 ]; }) \
       && to_out "$JOB/results.tmp" results.tar.gz

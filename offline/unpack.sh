@@ -4,7 +4,7 @@
 # The tar's runs/NAME becomes runs/NAME.<n>, the next free n: a later machine given that folder
 # skips the runs it holds, and `bash scripts/comparison.sh NAME ...` collects them. Its
 # reports/bench/ lands as it is; bench-out/, the records and curves of experiments that had not
-# finished and the logs of those that failed (run/<rev>/<rev>.out) go to bench-out/NAME.<n>/
+# finished, and the logs of those and of those that failed (run/<rev>/<rev>.out) go to bench-out/NAME.<n>/
 # (ignored by git). The bundle's experiments, DVC's git refs,
 # are fetched. Each derives from a commit the machine made of a copy of the tree: where that tree
 # is the one of the commit the runs name (their `source_commit`), the experiment is filed under

@@ -142,6 +142,7 @@ else:
     os.makedirs("models/.checkpoints/finetuned", exist_ok=True)
     with open("models/.checkpoints/finetuned/plan.json", "w") as f:
         json.dump({"steps": 10, "from_step": 0, "started_at": time.time() - 60}, f)
+    print("waiting for the gate", file=sys.stderr, flush=True)
     end = time.time() + 90
     while not os.path.exists(gate) and time.time() < end:
         time.sleep(0.1)
@@ -193,12 +194,19 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         # The trainings' lines alone, as scripts/comparison.sh prints them: the stage's line left out.
         trainings = run(sys.executable, "-m", "storyrewrite.queue", "--trainings")
         assert trainings.startswith("exp-a: finetuned trained to step 3 of 10 (") and trainings.count("\n") == 1, trainings
+        # Its log so far (DVC's, beside its record), which a machine's poll brings back: what the
+        # stage printed while it waits; no failed experiment's.
+        (log,) = queue.running_logs(repo).values()
+        assert "waiting for the gate" in log.read_text()
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--failed-logs", "--running-logs") == f"{log.relative_to(repo)}\n"
+        assert run(sys.executable, "-m", "storyrewrite.queue", "--failed-logs") == ""
         gate.touch()
         assert queue.ended(repo, queued_at) == {}
         while (queue.running(repo) or not queue.ended(repo, queued_at)) and time.time() < end:
             time.sleep(0.2)
         assert queue.running(repo) == {} and run(sys.executable, "-m", "storyrewrite.queue", "--running") == ""
         assert run(sys.executable, "-m", "storyrewrite.queue", "--trainings") == ""
+        assert queue.running_logs(repo) == {} and run(sys.executable, "-m", "storyrewrite.queue", "--running-logs") == ""
         assert queue.ended(repo, queued_at) == {"succeeded": ["exp-a"]}
         assert queue.ended(repo, time.time() + 60) == {}  # none since then
     finally:

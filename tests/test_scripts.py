@@ -1101,7 +1101,9 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         # and one record being written.
         'mkdir -p .dvc/tmp/exps/standalone/tmpab12/reports/stages .dvc/tmp/exps/tmpcd34/reports/stages .dvc/tmp/exps/run/ab .dvc/tmp/exps/run/cd\n'
         """echo "{\\"name\\": \\"gpu.shared-nll\\", \\"root_dir\\": \\"$PWD/.dvc/tmp/exps/standalone/tmpab12\\"}" > .dvc/tmp/exps/run/ab/ab.run\n"""
-        """echo "{\\"name\\": \\"gpu-dto-score\\", \\"root_dir\\": \\"$PWD/.dvc/tmp/exps/tmpcd34\\"}" > .dvc/tmp/exps/run/cd/cd.run\n"""
+        """echo "{\\"name\\": \\"gpu-dto-score\\", \\"root_dir\\": \\"$PWD/.dvc/tmp/exps/tmpcd34\\", \\"status\\": 2}" > .dvc/tmp/exps/run/cd/cd.run\n"""
+        # Its log so far (DVC's), which says what its stages printed: brought back with the rest.
+        """printf "Running stage 'train':\\ntorch: skipping cudagraphs due to mutated inputs\\n" > .dvc/tmp/exps/run/cd/cd.out\n"""
         """echo '{"stage": "train_nll", "device": "cuda:0", "wall_s": 98.5, "experiment": "gpu.shared-nll"}' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json\n"""
         """echo '{"st' > .dvc/tmp/exps/standalone/tmpab12/reports/stages/models.json\n"""
         """echo '{"stage": "llm_index", "device": "cuda:0", "wall_s": 2.2, "experiment": "gpu-dto-score"}' > .dvc/tmp/exps/tmpcd34/reports/stages/llm_index.json\n"""
@@ -1187,7 +1189,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         assert {"runs/gpu/gpu-nll-continued.json", ".dvc/tmp/exps/standalone/tmpab12/reports/stages/train_nll.json",
                 ".dvc/tmp/exps/tmpcd34/reports/stages/llm_index.json", ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/metrics.json",
                 ".dvc/tmp/exps/tmpcd34/reports/train/finetuned/plots/metrics/train_loss.tsv",
-                ".dvc/tmp/exps/run/ef/ef.out"} <= set(archive.getnames())
+                ".dvc/tmp/exps/run/ef/ef.out", ".dvc/tmp/exps/run/cd/cd.out"} <= set(archive.getnames())
         assert not any(name.endswith(".run") for name in archive.getnames())
         assert not any(name.startswith("runs/gpu.1") for name in archive.getnames())
     assert "== comparison -j 3 gpu all params/gpu.yaml" in (out / "log.txt").read_text()
@@ -1217,6 +1219,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert unpacked.returncode == 0, unpacked.stderr
     assert (here / "runs" / "gpu.1" / "blob.bin").read_bytes() == blob
     assert (here / "bench-out" / "gpu.1" / "run" / "ef" / "ef.out").read_text().endswith("error: boom\nERROR: failed to reproduce 'train'\n")
+    assert "torch: skipping cudagraphs" in (here / "bench-out" / "gpu.1" / "run" / "cd" / "cd.out").read_text()
     (out / "results.tar.gz.part_01").write_bytes(b"a part of another poll")
     mixed = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
     assert mixed.returncode == 1 and "joined do not match the sha256 of results.tar.gz" in mixed.stderr

@@ -5,6 +5,7 @@
     python -m storyrewrite.queue --running   # the stages each running experiment has ended, its training's step, pace and time to go
     python -m storyrewrite.queue --trainings # the trainings' lines of --running alone
     python -m storyrewrite.queue --failed    # each failed experiment: the end of its log (DVC's), which says why
+    python -m storyrewrite.queue --failed-logs --running-logs  # the paths of those experiments' logs
 
 The lines are those of `dvc queue status` (the time column left out). Our own, as DVC's command
 always asks the workers: a celery broadcast through kombu's file broker, whose workers can read a
@@ -34,6 +35,7 @@ from storyrewrite.systems import CHECKPOINTS, TRAIN_STAGES, TRAINING_PLAN
 EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
 # DVC's TaskStatus (dvc.repo.experiments.executor.base) of an experiment that has ended.
 ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
+STARTED = {1, 2}  # PREPARING, RUNNING: started, not ended
 # The curve every training step adds a row to, and only a training step (training.monitor).
 STEP_CURVE = "train_loss"
 # The curves of a training's clock that `--running` shows beside its step (their means over the
@@ -144,6 +146,14 @@ def failed_logs(repo: Path, since: float = 0.0) -> dict[str, Path]:
     DVC's record of it says; the log may be gone."""
     return dict(sorted((name, infofile.with_suffix(LOG_SUFFIX)) for name, info, infofile in _records(repo, since)
                        if ENDED.get(info.get("status")) == "failed"))
+
+
+def running_logs(repo: Path) -> dict[str, Path]:
+    """{name: its log} of each experiment that has started and not ended, as DVC's record of it
+    says, whose log is there: what its stages have printed so far (a compile's warnings, say),
+    for a machine that may go before the experiment ends."""
+    return dict(sorted((name, log) for name, info, infofile in _records(repo)
+                       if info.get("status") in STARTED and (log := infofile.with_suffix(LOG_SUFFIX)).exists()))
 
 
 def failures(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> dict[str, tuple[Path, list[str]]]:
@@ -374,11 +384,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="--failed: only experiments that ended at this time or later (seconds since the epoch)")
     parser.add_argument("--failed-logs", action="store_true",
                         help="instead: the failed experiments' logs, a path a line (relative to the repository)")
+    parser.add_argument("--running-logs", action="store_true",
+                        help="instead: the logs of the experiments still running, a path a line (relative to the repository)")
     args = parser.parse_args(argv)
     if args.lines < 1:
         parser.error(f"--lines must be at least 1, got {args.lines}")
-    if args.failed_logs:
-        if logs := [str(log.relative_to(Path.cwd())) for log in failed_logs(Path.cwd(), args.since).values() if log.exists()]:
+    if args.failed_logs or args.running_logs:
+        found = [*(failed_logs(Path.cwd(), args.since).values() if args.failed_logs else []),
+                 *(running_logs(Path.cwd()).values() if args.running_logs else [])]
+        if logs := [str(log.relative_to(Path.cwd())) for log in found if log.exists()]:
             print(*logs, sep="\n")
         return
     if args.trainings:
