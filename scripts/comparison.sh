@@ -58,12 +58,20 @@ OVERRIDES=()
 # folders: the gathered folders of this comparison (with a run's manifest), here (runs/NAME) and
 # from other machines (runs/NAME.<anything>).
 folders() { local folder; for folder in runs/"$NAME" runs/"$NAME".*; do ! compgen -G "$folder/*.json" >/dev/null || echo "$folder"; done; }
+shopt -s nullglob
+RECORDS=(reports/stages/*.json "runs/$NAME".*/stages/*.json)  # the stage records that say what a worker needs
+shopt -u nullglob
 if [ "$JOBS" = auto ]; then
-  shopt -s nullglob
-  JOBS=$(python -m storyrewrite.parallel workers --experiments "$PLANNED" --records reports/stages/*.json "runs/$NAME".*/stages/*.json)
-  shopt -u nullglob
+  JOBS=$(python -m storyrewrite.parallel workers --experiments "$PLANNED" --records "${RECORDS[@]}")
 fi
 export STORYREWRITE_WORKERS=$JOBS
+# What each worker needs of a GPU they share, by the same records: a stage caps its memory at what
+# the other workers leave it (storyrewrite.parallel.share_gpu_memory), so that one larger than the
+# records' (RLOO's training) still fits. Unused on a CPU.
+if [ "$JOBS" -gt 1 ]; then
+  STORYREWRITE_WORKER_GPU_GB=$(python -m storyrewrite.parallel gpu-reserve --records "${RECORDS[@]}")
+  export STORYREWRITE_WORKER_GPU_GB
+fi
 
 # workers: the pids of this repository's DVC queue workers (`dvc exp queue-worker` processes whose
 # working directory is the repository).

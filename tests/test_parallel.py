@@ -1,5 +1,6 @@
 """Sharing the machine between concurrent stages: the worker count, the CPU threads each takes,
 and one GPU per worker, with fake DVC workers and fake GPU counts."""
+import json
 import os
 import subprocess
 import sys
@@ -245,3 +246,38 @@ def test_workers_on_one_gpu_cap_their_memory_at_an_equal_share(monkeypatch, caps
     monkeypatch.setattr(parallel, "_capped", {})
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert parallel.share_gpu_memory(torch.device("cuda", 1), 2) is None and len(calls) == 1
+
+
+def test_with_each_workers_need_known_a_stage_may_take_what_the_others_leave(monkeypatch, capsys):
+    """On one GPU of 80 GB, four workers that each need 9 GB (STORYREWRITE_WORKER_GPU_GB): a stage
+    caps its pool at 0.9 of the GPU less 3 x 9 GB, 45 GB, so that one larger than the records'
+    fits beside three of theirs; never below the equal share (18 GB) where the others need more.
+    A value that is no positive number of GB is refused, naming the variable."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("Props", (), {"total_memory": 80e9})())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, index: calls.append(fraction))
+    for need, cap in (("9", 0.9 * 80 - 3 * 9), ("30", 0.9 * 80 / 4)):
+        monkeypatch.setattr(parallel, "_capped", {})
+        assert parallel.share_gpu_memory(torch.device("cuda"), 4, {parallel.RESERVE_ENV: need}) == pytest.approx(cap)
+        assert calls[-1] * 80 == pytest.approx(cap)
+    assert capsys.readouterr().err.splitlines() == [
+        "GPU memory: at most 45.0 of 80.0 GB (0.9 of it less 9.00 GB for each of 3 other concurrent workers)",
+        "GPU memory: at most 18.0 of 80.0 GB (0.9 / 4), this process's share of one of 4 concurrent workers"]
+    for bad in ("0", "-2", "many", "nan"):
+        monkeypatch.setattr(parallel, "_capped", {})
+        with pytest.raises(InputError, match=f"environment: STORYREWRITE_WORKER_GPU_GB = '{bad}' must be a number of GB > 0"):
+            parallel.share_gpu_memory(torch.device("cuda"), 4, {parallel.RESERVE_ENV: bad})
+
+
+def test_the_gpu_reserve_is_the_records_largest_peak_with_a_cuda_context(tmp_path, capsys):
+    """`gpu-reserve` prints what `workers` counts for a worker's GPU memory: the records' largest
+    peak (held, else handed out) plus a CUDA context; the default without a GPU record."""
+    (tmp_path / "a.json").write_text(json.dumps({"stage": "train", "peak_cuda_gb": 8.19, "peak_cuda_reserved_gb": 8.71}))
+    (tmp_path / "b.json").write_text(json.dumps({"stage": "train_nll", "peak_cuda_gb": 5.25}))
+    (tmp_path / "c.json").write_text(json.dumps({"stage": "significance", "peak_rss_gb": 0.3}))
+    parallel.main(["gpu-reserve", "--records", *(str(tmp_path / f"{n}.json") for n in "abc")])
+    assert capsys.readouterr().out == f"{8.71 + parallel.GPU_CONTEXT_GB:.2f}\n"
+    parallel.main(["gpu-reserve", "--records", str(tmp_path / "c.json")])
+    assert capsys.readouterr().out == f"{parallel.DEFAULT_PEAK_GB:.2f}\n"

@@ -92,6 +92,7 @@ exit 0""",
         "python": f"""echo "python $*" >> {log}
 {polls}if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 if [ "$3" = get ]; then echo "zero_shot rag"; fi
+if [ "$2 $3" = "storyrewrite.parallel gpu-reserve" ]; then echo 9.25; fi
 if [ "$2 $3" = "storyrewrite.report.gather --plan" ]; then {plan}; fi
 if [ "$2 $3" = "storyrewrite.report.gather --dedupe" ]; then echo {dedupe}; echo "mine: $(xargs < "${{@: -1}}")" >> {log}; fi
 {python}
@@ -232,6 +233,7 @@ def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
     try:
         result, calls = _run(tmp_path, "-j", "2", "grid", "core", env={"COMPARISON_WORKER_WAIT": "30"},
                              python=f"""echo "WORKERS=$STORYREWRITE_WORKERS" >> {tmp_path / "calls.log"}
+echo "RESERVE=${{STORYREWRITE_WORKER_GPU_GB:-}}" >> {tmp_path / "calls.log"}
 if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; then echo "worker alive as the sweeps are queued" >> {tmp_path / "calls.log"}; fi
 {GATHERED}""")
         assert left.wait(timeout=10) == -signal.SIGTERM
@@ -241,6 +243,12 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert "worker alive as the sweeps are queued" in calls
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
     assert not any(c == "WORKERS=" for c in calls)
+    # What each worker needs of the GPU, by the stage records, for the stages' memory caps: asked
+    # once, before anything is queued, and handed to every command after it.
+    reserve = calls.index("python -m storyrewrite.parallel gpu-reserve --records")
+    assert reserve < calls.index("dvc exp run --queue -n grid.shared-nll train_nll")
+    assert calls[reserve + 1] == "WORKERS=2" and calls[reserve + 2] == "RESERVE="
+    assert all(c == "RESERVE=9.25" for c in calls[reserve + 3:] if c.startswith("RESERVE="))
     # The stages every run shares first, side by side, each group its own targets (an LLM mode each,
     # from the profile's llm.modes); then the NLL model's scores, queued first beside the sweeps. The
     # sweeps were planned before any of it; their workers end by themselves, never sent `dvc queue

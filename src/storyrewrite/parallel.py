@@ -8,7 +8,8 @@ own.
   intra-op pool. Two processes with two threads each on two cores run several times slower than
   one after the other; with one thread each they share the machine.
 - GPU memory: with several workers on one GPU, torch's caching allocator in each process holds
-  at most its share of the GPU (`share_gpu_memory`), in expandable segments (`share_machine`).
+  at most what the other workers leave it (`share_gpu_memory`: their need from
+  `STORYREWRITE_WORKER_GPU_GB`, else an equal share), in expandable segments (`share_machine`).
   A process's cache would otherwise keep what it freed, and another process find the GPU full.
 - GPUs: with several workers and several GPUs, each process takes the first free one, holding an
   exclusive lock on `<repo>/.dvc/tmp/storyrewrite/gpu-<index>.lock` for its whole life (the
@@ -42,6 +43,7 @@ from pathlib import Path
 from storyrewrite.errors import InputError
 
 WORKERS_ENV = "STORYREWRITE_WORKERS"
+RESERVE_ENV = "STORYREWRITE_WORKER_GPU_GB"  # each worker's GPU memory (share_gpu_memory), set by scripts/comparison.sh
 _held: dict[int, int] = {}  # GPU index -> the file descriptor whose lock this process holds
 
 
@@ -147,14 +149,33 @@ EXPANDABLE = "expandable_segments:True"
 _capped: dict[int, float] = {}  # GPU index -> the cap in GB this process set
 
 
-def share_gpu_memory(device, concurrent: int | None = None) -> float | None:
+def worker_gpu_reserve(environ=os.environ) -> float | None:
+    """`STORYREWRITE_WORKER_GPU_GB`: the GPU memory each worker needs, in GB (scripts/comparison.sh:
+    the largest peak of the stage records, `python -m storyrewrite.parallel gpu-reserve`); None
+    where unset."""
+    value = environ.get(RESERVE_ENV)
+    if value is None:
+        return None
+    try:
+        reserve = float(value)
+    except ValueError:
+        reserve = math.nan
+    if not math.isfinite(reserve) or reserve <= 0:
+        raise InputError(f"environment: {RESERVE_ENV} = {value!r} must be a number of GB > 0")
+    return reserve
+
+
+def share_gpu_memory(device, concurrent: int | None = None, environ=os.environ) -> float | None:
     """With several workers (`concurrent`, default `workers()`) on one GPU, caps torch's caching
-    allocator in this process at GPU_HEADROOM / workers of the GPU's memory
-    (`torch.cuda.set_per_process_memory_fraction`), and says so once. At the cap the allocator
-    returns its cached blocks to the GPU before it fails: one process's cache cannot take what the
-    others need. A stage that needs more than its share fails in itself, with torch's message and
-    this line above it. Returns the cap in GB; None on a CPU, with one worker, or with several GPUs
-    (each worker has one of its own, `assigned_gpu`)."""
+    allocator in this process (`torch.cuda.set_per_process_memory_fraction`), and says so once:
+    at GPU_HEADROOM of the GPU's memory less what each other worker needs, where
+    `worker_gpu_reserve` says that, else at an equal share (GPU_HEADROOM / workers); never below
+    the equal share. At the cap the allocator returns its cached blocks to the GPU before it fails:
+    one process's cache cannot take what the others need, and a stage larger than the others
+    (RLOO's training beside CPO's) may still take what they leave. A stage that needs more than
+    its cap fails in itself, with torch's message and this line above it. Returns the cap in GB;
+    None on a CPU, with one worker, or with several GPUs (each worker has one of its own,
+    `assigned_gpu`)."""
     import torch
 
     if device.type != "cuda":
@@ -164,12 +185,16 @@ def share_gpu_memory(device, concurrent: int | None = None) -> float | None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _capped:
-        fraction = GPU_HEADROOM / concurrent
+        reserve = worker_gpu_reserve(environ)
         total_gb = torch.cuda.get_device_properties(index).total_memory / 1e9
+        equal = GPU_HEADROOM / concurrent
+        fraction = equal if reserve is None else max(equal, GPU_HEADROOM - (concurrent - 1) * reserve / total_gb)
         torch.cuda.set_per_process_memory_fraction(fraction, index)
         _capped[index] = fraction * total_gb
-        print(f"GPU memory: at most {_capped[index]:.1f} of {total_gb:.1f} GB ({GPU_HEADROOM} / {concurrent}), "
-              f"this process's share of one of {concurrent} concurrent workers", file=sys.stderr)
+        why = (f"({GPU_HEADROOM} / {concurrent}), this process's share of one of {concurrent} concurrent workers"
+               if fraction == equal else
+               f"({GPU_HEADROOM} of it less {reserve:.2f} GB for each of {concurrent - 1} other concurrent workers)")
+        print(f"GPU memory: at most {_capped[index]:.1f} of {total_gb:.1f} GB {why}", file=sys.stderr)
     return _capped[index]
 
 
@@ -287,7 +312,15 @@ def main(argv: list[str] | None = None) -> None:
                         f"else {DEFAULT_PEAK_GB})")
     choose.add_argument("--rss-gb", type=float, help=f"a worker's host memory, in place of the records' (default: theirs, "
                         f"else {DEFAULT_RSS_GB})")
+    reserve = commands.add_parser("gpu-reserve", help=f"print a worker's GPU memory in GB, as `workers` counts it "
+                                  f"(for {RESERVE_ENV})")
+    reserve.add_argument("--records", type=Path, nargs="*", default=[], help="stage records, as for `workers`")
     args = parser.parse_args(argv)
+    if args.command == "gpu-reserve":
+        gpu, _ = worker_memory(args.records, GPU_PEAK_KEYS, None, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage",
+                               overhead=(GPU_CONTEXT_GB, "of CUDA context"))
+        print(f"{gpu:.2f}")
+        return
     for name in ("experiments", "threads_per_worker"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
