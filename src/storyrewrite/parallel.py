@@ -298,6 +298,13 @@ def worker_memory(records: list[Path], key: str | tuple[str, ...], given: float 
     return peak, source
 
 
+def worker_gpu_gb(records: list[Path], given: float | None = None) -> tuple[float, str]:
+    """A worker's GPU memory (`workers`, and `gpu-reserve` for RESERVE_ENV): `given` by --peak-gb,
+    else the records' largest held peak plus a CUDA context, else DEFAULT_PEAK_GB; and its source."""
+    return worker_memory(records, GPU_PEAK_KEYS, given, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage",
+                         overhead=(GPU_CONTEXT_GB, "of CUDA context"))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.parallel",
                                      description="How many DVC queue workers this machine runs at once.")
@@ -317,15 +324,12 @@ def main(argv: list[str] | None = None) -> None:
     reserve.add_argument("--records", type=Path, nargs="*", default=[], help="stage records, as for `workers`")
     args = parser.parse_args(argv)
     if args.command == "gpu-reserve":
-        gpu, _ = worker_memory(args.records, GPU_PEAK_KEYS, None, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage",
-                               overhead=(GPU_CONTEXT_GB, "of CUDA context"))
-        print(f"{gpu:.2f}")
+        print(f"{worker_gpu_gb(args.records)[0]:.2f}")
         return
     for name in ("experiments", "threads_per_worker"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
-    gpu, gpu_source = worker_memory(args.records, GPU_PEAK_KEYS, args.peak_gb, "--peak-gb", DEFAULT_PEAK_GB, "GPU stage",
-                                    overhead=(GPU_CONTEXT_GB, "of CUDA context"))
+    gpu, gpu_source = worker_gpu_gb(args.records, args.peak_gb)
     rss, rss_source = worker_memory(args.records, "peak_rss_gb", args.rss_gb, "--rss-gb", DEFAULT_RSS_GB, "stage")
     free, host = gpu_free_gb(), host_available_gb()
     chosen, lines = choose_workers(cores(), args.threads_per_worker, free, gpu, args.experiments, host, rss)

@@ -150,10 +150,10 @@ def failed_logs(repo: Path, since: float = 0.0) -> dict[str, Path]:
 
 def running_logs(repo: Path) -> dict[str, Path]:
     """{name: its log} of each experiment that has started and not ended, as DVC's record of it
-    says, whose log is there: what its stages have printed so far (a compile's warnings, say),
-    for a machine that may go before the experiment ends."""
-    return dict(sorted((name, log) for name, info, infofile in _records(repo)
-                       if info.get("status") in STARTED and (log := infofile.with_suffix(LOG_SUFFIX)).exists()))
+    says: what its stages have printed so far (a compile's warnings, say), for a machine that may
+    go before the experiment ends; the log may not be there yet."""
+    return dict(sorted((name, infofile.with_suffix(LOG_SUFFIX)) for name, info, infofile in _records(repo)
+                       if info.get("status") in STARTED))
 
 
 def failures(repo: Path, since: float = 0.0, lines: int = FAILED_LINES) -> dict[str, tuple[Path, list[str]]]:
