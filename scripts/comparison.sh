@@ -246,8 +246,18 @@ if [ "${COMPARISON_MPS:-0}" = 1 ] && [ "$JOBS" -gt 1 ] && [ ${#PLAN[@]} -gt 0 ];
   [ -z "${COMPARISON_MPS_STATE:-}" ] || echo "$mps" > "$COMPARISON_MPS_STATE"  # (bench/comparison.py's record)
 fi
 SHARED=()  # the shared stages' experiments, removed at the end (their stages are in the run cache)
-# remove_shared: one at a time, as DVC removes none of the names given when one is unknown.
-remove_shared() { local name; for name in "${SHARED[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done; }
+# remove_shared: those DVC knows (an experiment's ref, or a task of its queue), in one call (each
+# call costs about a second); one at a time where that fails, as DVC removes none of the names given
+# when one is unknown (a group that failed).
+remove_shared() {
+  local name known present=()
+  [ ${#SHARED[@]} -gt 0 ] || return 0
+  known=$( { git for-each-ref --format='%(refname:lstrip=4)' refs/exps/ 2>/dev/null || true; queue_state 2>/dev/null | awk '{print $2}' || true; } )
+  for name in "${SHARED[@]}"; do ! grep -qxF -- "$name" <<<"$known" || present+=("$name"); done
+  [ ${#present[@]} -gt 0 ] || return 0
+  dvc exp remove "${present[@]}" >/dev/null 2>&1 && return 0
+  for name in "${present[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done
+}
 if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 0 ]; then
   # The stages every run shares run first, side by side, each group an experiment of its own
   # targets: the NLL model (with what comes before it), each LLM mode, and the copy baselines' scores
@@ -265,7 +275,12 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 
   SCORES="nll-scores|score@nll"  # after `train` in DVC's order: queued beside the sweeps
   for group in "${GROUPS_[@]}" "$SCORES"; do SHARED+=("$NAME.shared-${group%%|*}"); done
   remove_shared  # what an interrupted comparison left
-  for group in "${GROUPS_[@]}"; do queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"; done
+  for group in "${GROUPS_[@]}"; do
+    queue -n "$NAME.shared-${group%%|*}" "${OVERRIDES[@]}" "${group#*|}"
+    # The NLL model's group, which the sweeps wait for, starts as soon as it is queued: one worker
+    # runs it while the other groups are queued (a few seconds each); run_queue starts the others.
+    [ "$group" != "${GROUPS_[0]}" ] || dvc queue start -j 1
+  done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
   run_queue "$NAME.shared-nll" || true  # (a queue given up on: the sweeps still go in, their workers started again)
   echo "== the NLL model's group ended ($(date -u +%H:%M:%S))"

@@ -81,7 +81,9 @@ def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED, plan: 
     log, queued, running = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "running"
     # `running`: one line for each poll that still shows an experiment running, whose workers answer ANSWERING. Queued:
     # more lines than a pipe holds (a poll `| grep -q` would end it early, and fail under pipefail).
-    polls = _queue_stub(f"rm -f {running}.shown; if [ -s {running} ]; then printf 'abc  exp-9  Running\\n'; sed -i 1d {running}; "
+    # LISTED: experiments that the queue lists as done (what an interrupted comparison left, the shared groups).
+    polls = _queue_stub(f"rm -f {running}.shown; for name in ${{LISTED:-}}; do printf 'abc  %s  Success\\n' $name; done; "
+                        f"if [ -s {running} ]; then printf 'abc  exp-9  Running\\n'; sed -i 1d {running}; "
                         f"touch {running}.shown; fi; if [ -f {queued} ]; then printf 'abc  exp-1  Queued\\n'; seq 20000 || exit; fi",
                         f"[ ! -f {running}.shown ] || printf 'Worker status: %s active, 0 idle\\n' \"${{ANSWERING:-0}}\"")
     bin_dir = _write_stubs(tmp_path, {
@@ -228,10 +230,13 @@ def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
         assert f"error: COMPARISON_SEEDS must be range(A,B) or whole numbers separated by commas, got '{bad}'" in result.stderr
 
 
+LISTED = "grid.shared-nll grid.shared-llm-rag"  # shared groups the queue lists
+
+
 def test_workers_share_the_machine_and_the_shared_stages_run_first(tmp_path):
     left = _worker(tmp_path)  # one of the queue's workers: it runs on while the sweeps are queued, stopped at the end
     try:
-        result, calls = _run(tmp_path, "-j", "2", "grid", "core", env={"COMPARISON_WORKER_WAIT": "30"},
+        result, calls = _run(tmp_path, "-j", "2", "grid", "core", env={"COMPARISON_WORKER_WAIT": "30", "LISTED": LISTED},
                              python=f"""echo "WORKERS=$STORYREWRITE_WORKERS" >> {tmp_path / "calls.log"}
 echo "RESERVE=${{STORYREWRITE_WORKER_GPU_GB:-}}" >> {tmp_path / "calls.log"}
 if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; then echo "worker alive as the sweeps are queued" >> {tmp_path / "calls.log"}; fi
@@ -258,16 +263,19 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert queued == [f"-n grid.shared-{group}" for group in shared] + ["-n grid.shared-nll-scores score@nll"] + CORE
     plan = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
     start, scores = calls.index("dvc queue start -j 2"), calls.index("dvc exp run --queue -n grid.shared-nll-scores score@nll")
-    assert plan < calls.index("dvc exp run --queue -n grid.shared-nll train_nll") < start < scores < calls.index(
-        "dvc exp run --queue " + CORE[0])
-    # Removed before (what an interrupted run left) and at the end, each on its own (DVC removes none
-    # of several names when one is unknown: a group that failed).
+    nll = calls.index("dvc exp run --queue -n grid.shared-nll train_nll")
+    assert plan < nll < start < scores < calls.index("dvc exp run --queue " + CORE[0])
+    # The NLL model's group, which the sweeps wait for, runs as soon as it is queued: one worker,
+    # started before the other groups are queued; the others once they are.
+    assert calls[nll + 1] == "dvc queue start -j 1" and calls.count("dvc queue start -j 1") == 1
+    assert nll + 1 < calls.index("dvc exp run --queue -n grid.shared-sanity validity") < start
+    # Removed before (what an interrupted run left) and at the end: those the queue lists (or DVC
+    # has a ref of), in one call.
     removes = [i for i, c in enumerate(calls) if c.startswith("dvc exp remove")]
-    names = [f"dvc exp remove grid.shared-{group.split()[0]}" for group in shared] + ["dvc exp remove grid.shared-nll-scores"]
-    assert [calls[i] for i in removes] == 2 * names
+    assert [calls[i] for i in removes] == 2 * [f"dvc exp remove {LISTED}"]
     gather = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --out"))
     last_start = max(i for i, c in enumerate(calls) if c == "dvc queue start -j 2")
-    assert all(i < start for i in removes[:len(names)]) and all(last_start < i < gather for i in removes[len(names):])
+    assert removes[0] < nll and last_start < removes[1] < gather
     assert "dvc queue stop" not in calls
     # A part after one that ran them (bench/comparison.py's cpo after core) queues no shared group:
     # its experiments restore those stages from the run cache.
@@ -275,6 +283,21 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     result, calls = _run(tmp_path / "after", "-j", "2", "grid", "cpo", env={"COMPARISON_SHARED": "0"}, python=GATHERED)
     assert result.returncode == 0, result.stderr
     assert _queued(calls) == [CPO] and not any(c.startswith("dvc exp remove") for c in calls)
+    # DVC removes none of several names when one is unknown (a group that failed): then one at a time.
+    # With none listed, no call at all.
+    (tmp_path / "unknown").mkdir()
+    refuses = '[ "$1 $2" != "exp remove" ] || [ $# -eq 3 ] || exit 1\n'
+    stub_env, log = _stubs(tmp_path / "unknown", python=GATHERED)
+    dvc = tmp_path / "unknown" / "bin" / "dvc"
+    dvc.write_text(dvc.read_text().replace("exit 0", refuses + "exit 0"))
+    subprocess.run(["bash", str(SCRIPT), "-j", "2", "grid", "core"], cwd=tmp_path / "unknown", env={**stub_env, "LISTED": LISTED},
+                   capture_output=True, text=True, timeout=60, check=True)
+    removes = [c for c in log.read_text().splitlines() if c.startswith("dvc exp remove")]
+    one_by_one = [f"dvc exp remove {LISTED}"] + [f"dvc exp remove {name}" for name in LISTED.split()]
+    assert removes == 2 * one_by_one
+    (tmp_path / "none").mkdir()
+    result, calls = _run(tmp_path / "none", "-j", "2", "grid", "core", python=GATHERED)
+    assert result.returncode == 0 and not any(c.startswith("dvc exp remove") for c in calls)
     bad = subprocess.run(["bash", str(SCRIPT), "-j", "0", "grid", "core"], cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and "error: -j must be a whole number >= 1 or auto, got '0'" in bad.stderr
 
@@ -320,7 +343,9 @@ def test_the_sweeps_are_queued_once_the_nll_models_group_ends_while_the_others_r
     (here Failed: each run then trains it itself), while another group still runs, with no worker
     stopped or started in between; then the whole queue is waited for."""
     log, polls = tmp_path / "calls.log", tmp_path / "polls"
-    states = ["Running Running", "Running Running", "Failed Running", "- Running", "- -"]  # the nll group, an LLM group: per poll
+    # the nll group, an LLM group: per poll (the first: the one before anything is queued, which
+    # finds no group left by an earlier comparison to remove)
+    states = ["- -", "Running Running", "Running Running", "Failed Running", "- Running", "- -"]
     table = " ".join(f'"{state}"' for state in states)
     state = (f"n=$(($(cat {polls} 2>/dev/null || echo 0) + 1)); echo $n > {polls}; states=({table})\n"
              f"read -r nll llm <<< \"${{states[$(( n <= {len(states)} ? n - 1 : {len(states) - 1} ))]}}\"\n"
@@ -343,11 +368,12 @@ if [ "$3" = --dedupe ]; then echo exp-a; fi
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     scores = calls.index("dvc exp run --queue -n grid.shared-nll-scores score@nll")
-    assert calls[:scores].count(QUEUE) == 3 and calls.index("dvc exp run --queue " + CORE[0]) > scores
+    first = calls.index(QUEUE, calls.index("dvc exp run --queue -n grid.shared-nll train_nll"))
+    assert calls[first:scores].count(QUEUE) == 3 and calls.index("dvc exp run --queue " + CORE[0]) > scores
     assert "== the NLL model's group ended" in result.stdout
-    assert not any(c.startswith(("dvc queue start", "dvc queue stop")) for c in calls[calls.index(QUEUE):scores])
+    assert not any(c.startswith(("dvc queue start", "dvc queue stop")) for c in calls[first:scores])
     gather = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --out"))
-    assert calls[scores:gather].count(QUEUE) == 2  # the LLM group still running, then an empty queue
+    assert calls[scores:gather].count(QUEUE) == 3  # the LLM group still running, an empty queue, then the removal's
 
 
 def _dvc_order(workspace: Path, *targets: str) -> list[str]:
