@@ -281,6 +281,12 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 
     # runs it while the other groups are queued (a few seconds each); run_queue starts the others.
     [ "$group" != "${GROUPS_[0]}" ] || dvc queue start -j 1
   done
+  # Once that worker has taken the group (60 s at most): `dvc queue start` starts a second worker
+  # of a name whose worker is still booting, as it does not answer yet.
+  for _ in $(seq 60); do
+    [ "$(queue_state 2>/dev/null | awk -v name="$NAME.shared-nll" '$2 == name {print $NF; exit}')" = Queued ] || break
+    sleep 1
+  done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
   run_queue "$NAME.shared-nll" || true  # (a queue given up on: the sweeps still go in, their workers started again)
   echo "== the NLL model's group ended ($(date -u +%H:%M:%S))"

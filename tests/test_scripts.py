@@ -339,13 +339,15 @@ echo "MPS=${{CUDA_MPS_PIPE_DIRECTORY:-}}" >> {tmp_path / "off" / "calls.log"}
 
 
 def test_the_sweeps_are_queued_once_the_nll_models_group_ends_while_the_others_run(tmp_path):
-    """The sweeps wait for the NLL model's group alone: queued on the first poll that shows it ended
-    (here Failed: each run then trains it itself), while another group still runs, with no worker
+    """The NLL model's group starts on one worker; the others start once it has taken the group.
+    The sweeps wait for that group alone: queued on the first poll that shows it ended (here
+    Failed: each run then trains it itself), while another group still runs, with no worker
     stopped or started in between; then the whole queue is waited for."""
     log, polls = tmp_path / "calls.log", tmp_path / "polls"
-    # the nll group, an LLM group: per poll (the first: the one before anything is queued, which
-    # finds no group left by an earlier comparison to remove)
-    states = ["- -", "Running Running", "Running Running", "Failed Running", "- Running", "- -"]
+    # the nll group, an LLM group: per poll. The first: the one before anything is queued, which
+    # finds no group left by an earlier comparison to remove; then two while the first worker
+    # boots, the NLL model's group still queued, then one that has it running.
+    states = ["- -", "Queued Queued", "Running Queued", "Running Queued", "Running Running", "Failed Running", "- Running", "- -"]
     table = " ".join(f'"{state}"' for state in states)
     state = (f"n=$(($(cat {polls} 2>/dev/null || echo 0) + 1)); echo $n > {polls}; states=({table})\n"
              f"read -r nll llm <<< \"${{states[$(( n <= {len(states)} ? n - 1 : {len(states) - 1} ))]}}\"\n"
@@ -368,10 +370,13 @@ if [ "$3" = --dedupe ]; then echo exp-a; fi
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     scores = calls.index("dvc exp run --queue -n grid.shared-nll-scores score@nll")
-    first = calls.index(QUEUE, calls.index("dvc exp run --queue -n grid.shared-nll train_nll"))
-    assert calls[first:scores].count(QUEUE) == 3 and calls.index("dvc exp run --queue " + CORE[0]) > scores
+    nll = calls.index("dvc exp run --queue -n grid.shared-nll train_nll")
+    assert calls[nll + 1] == "dvc queue start -j 1"
+    first = calls.index(QUEUE, nll)
+    assert calls[first:first + 2] == [QUEUE, QUEUE] and calls[first + 3] == "dvc queue start -j 2"  # (after run_queue's own poll)
+    assert [c for c in calls[:scores] if c.startswith("dvc queue")] == ["dvc queue start -j 1", "dvc queue start -j 2"]
+    assert calls[first + 3:scores].count(QUEUE) == 2 and calls.index("dvc exp run --queue " + CORE[0]) > scores
     assert "== the NLL model's group ended" in result.stdout
-    assert not any(c.startswith(("dvc queue start", "dvc queue stop")) for c in calls[first:scores])
     gather = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --out"))
     assert calls[scores:gather].count(QUEUE) == 3  # the LLM group still running, an empty queue, then the removal's
 
