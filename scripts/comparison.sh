@@ -315,12 +315,14 @@ fi
 RUNS=($( { echo "$KEEP"; cat "$KEPT/standins"; } | awk 'NF && !seen[$0]++'))
 echo "== ${#RUNS[@]} experiment(s) of $PLANNED to gather, $JOBS worker(s) ($(date -u +%H:%M:%S))"
 run_queue && stop_workers
+echo "== the queue is empty ($(date -u +%H:%M:%S))"  # (the times: where the end of a run goes)
 remove_shared
 # Why each experiment that failed since this comparison started did: the end of its log, as
 # `dvc queue logs NAME` prints it (the failed stage's error, then DVC's line naming the stage).
 queue_state --failed --since "$STARTED" >&2 || true
 
 FAILED=0
+[ ${#RUNS[@]} -eq 0 ] || echo "== gathering ${#RUNS[@]} experiment(s) into runs/$NAME ($(date -u +%H:%M:%S))"
 [ ${#RUNS[@]} -eq 0 ] || python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" || FAILED=1
 # shellcheck disable=SC2207  # the folders' names are words without spaces
 FOLDERS=($(folders))
@@ -328,5 +330,7 @@ if [ ${#FOLDERS[@]} -eq 0 ]; then
   echo "error: nothing of $NAME ran here or was gathered before (runs/$NAME, runs/$NAME.*): no tables to collect" >&2
   exit 1
 fi
+echo "== collecting reports/$NAME from ${FOLDERS[*]} ($(date -u +%H:%M:%S))"
 python -m storyrewrite.report.collect "${FOLDERS[@]}" --out "reports/$NAME" --title "$NAME (${*:-params.yaml})" || FAILED=1
+echo "== collected ($(date -u +%H:%M:%S))"
 exit $FAILED

@@ -141,6 +141,10 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
                                   "python -m storyrewrite.report.gather --out runs/gpu --names exp-a exp-b",
                                   "python -m storyrewrite.report.collect runs/gpu --out reports/gpu --title gpu (params/gpu.yaml)"]
     assert "== 2 experiment(s) of 19 to gather, 1 worker(s)" in result.stdout
+    # The end of the run, each step with the time it began (UTC): where its last minute goes.
+    steps = [line for line in result.stdout.splitlines() if line.startswith(("== the queue is empty", "== gathering", "== collect"))]
+    assert [re.sub(r" \(\d\d:\d\d:\d\d\)$", "", line) for line in steps] == [
+        "== the queue is empty", "== gathering 2 experiment(s) into runs/gpu", "== collecting reports/gpu from runs/gpu", "== collected"]
 
 
 def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
