@@ -166,16 +166,18 @@ def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(
     parallel.main(["workers", "--experiments", "40", "--records", *map(str, records), str(tmp_path / "torn.json")])
     out, err = capsys.readouterr()
     free = 143000 * 2**20 / 1e9  # 149.9 GB
-    assert out == f"{int(free * 0.9 // (6.46 + 0.54))}\n" == "19\n"  # + a CUDA context
-    assert "GPU 0: 149.9 GB free x 0.9 / 7.00 GB a worker: 19" in err
-    assert "the largest peak of 2 GPU stage record(s), 6.46 GB, + 0.54 GB of CUDA context" in err
-    assert "host: 1000.0 GB available x 0.8 / 4.00 GB a worker: 200" in err
-    monkeypatch.setattr(parallel, "host_available_gb", lambda: 100.0)  # 80 GB for workers of 4 GB (the records'), 9 GB (none)
+    # The records count GiB (torch's bytes / 2**30): 6.46 GiB held is 6.936 GB, beside free memory in GB.
+    held_gb, rss_gb = 6.46 * 1024**3 / 1000**3, 4.0 * 1024**3 / 1000**3
+    assert out == f"{int(free * 0.9 // (held_gb + 0.54))}\n" == "18\n"  # + a CUDA context
+    assert "GPU 0: 149.9 GB free x 0.9 / 7.48 GB a worker: 18" in err
+    assert "(a worker's GPU memory, 7.48 GB: the largest peak of 2 GPU stage record(s), 6.46 GiB, + 0.54 GB of CUDA context)" in err
+    assert f"host: 1000.0 GB available x 0.8 / 4.29 GB a worker: {int(800 // rss_gb)}" in err and int(800 // rss_gb) == 186
+    monkeypatch.setattr(parallel, "host_available_gb", lambda: 100.0)  # 80 GB for workers of 4.29 GB (the records'), 9.5 GB (none)
     parallel.main(["workers", "--experiments", "40", "--records", *map(str, records)])
-    assert capsys.readouterr()[0] == "19\n"
+    assert capsys.readouterr()[0] == f"{int(80 // rss_gb)}\n" == "18\n"
     parallel.main(["workers", "--experiments", "40"])
     out, err = capsys.readouterr()
-    assert out == "8\n" and "(a worker's host memory, 9.00 GB: no stage record: assumed)" in err
+    assert out == "8\n" and "(a worker's host memory, 9.50 GB: no stage record: assumed)" in err
     parallel.main(["workers", "--experiments", "40", "--rss-gb", "40"])
     assert capsys.readouterr()[0] == "2\n"
     parallel.main(["workers", "--experiments", "40", "--peak-gb", "30"])
@@ -278,6 +280,6 @@ def test_the_gpu_reserve_is_the_records_largest_peak_with_a_cuda_context(tmp_pat
     (tmp_path / "b.json").write_text(json.dumps({"stage": "train_nll", "peak_cuda_gb": 5.25}))
     (tmp_path / "c.json").write_text(json.dumps({"stage": "significance", "peak_rss_gb": 0.3}))
     parallel.main(["gpu-reserve", "--records", *(str(tmp_path / f"{n}.json") for n in "abc")])
-    assert capsys.readouterr().out == f"{8.71 + parallel.GPU_CONTEXT_GB:.2f}\n"
+    assert capsys.readouterr().out == f"{8.71 * 2**30 / 1e9 + parallel.GPU_CONTEXT_GB:.2f}\n" == "9.89\n"  # (GiB recorded, GB printed)
     parallel.main(["gpu-reserve", "--records", str(tmp_path / "c.json")])
     assert capsys.readouterr().out == f"{parallel.DEFAULT_PEAK_GB:.2f}\n"

@@ -24,7 +24,8 @@ own.
   host's available memory over a worker's peak resident memory (the largest `peak_rss_gb` of the
   stage records given), each GPU's free memory over a worker's GPU peak (their largest
   `peak_cuda_reserved_gb`, else `peak_cuda_gb`, plus a CUDA context), one worker a GPU where
-  there are several, and never more than the experiments to run.
+  there are several, and never more than the experiments to run. The records count GiB, the
+  free memory GB: the peaks are converted.
 
 No torch import at module level: `run_stage` applies the share in every stage, torch or not.
 """
@@ -198,15 +199,15 @@ def share_gpu_memory(device, concurrent: int | None = None, environ=os.environ) 
     return _capped[index]
 
 
-DEFAULT_PEAK_GB = 8.0  # a worker's GPU memory where no stage record says (a 135M model's training: 5.4 GB)
+DEFAULT_PEAK_GB = 8.0  # a worker's GPU memory where no stage record says (a 135M model's training: 5.7 GB)
 GPU_HEADROOM = 0.9  # of each GPU's free memory: the rest for the CUDA contexts' own and fragmentation
 # A CUDA context's own memory, beside torch's pool: 516 MiB a process on an H200 (CUDA 13.0,
 # torch 2.11, MPS on), as torch's out-of-memory message there reported for a process that had
 # allocated nothing yet. Added to a worker's peak, which the records count in torch's pool alone.
 GPU_CONTEXT_GB = 0.54
 # A worker's resident memory where no stage record says: RLOO's training of the 135M model on a
-# CPU (the largest stage there, with its reference model and the scorer) peaks at 8.8 GB.
-DEFAULT_RSS_GB = 9.0
+# CPU (the largest stage there, with its reference model and the scorer) peaks at 8.8 GiB, 9.4 GB.
+DEFAULT_RSS_GB = 9.5
 HOST_HEADROOM = 0.8  # of the host's available memory: the rest for DVC, the data loaders' workers and the page cache
 
 
@@ -239,10 +240,13 @@ def gpu_free_gb() -> list[float]:
 
 
 GPU_PEAK_KEYS = ("peak_cuda_reserved_gb", "peak_cuda_gb")  # what torch's pool held, else what it handed out
+# The stage records' memory peaks (storyrewrite.records: `*_gb` keys) are GiB, bytes / 2**30; the
+# free memory they are held against (nvidia-smi's, the host's, torch's total) is counted here in GB.
+RECORD_UNIT_GB = 2**30 / 1e9
 
 
 def peak_gb(records: list[Path], key: str | tuple[str, ...] = GPU_PEAK_KEYS) -> tuple[float | None, int]:
-    """The largest memory peak (`key`: GPU_PEAK_KEYS, the GPU's, each record's first key it
+    """The largest memory peak, in the records' GiB (`key`: GPU_PEAK_KEYS, the GPU's, each record's first key it
     holds; `peak_rss_gb`, the process's resident memory) of the stage records
     (storyrewrite.records) given, and how many records had one; (None, 0) where none did (for the
     GPU's: none ran on a GPU)."""
@@ -292,10 +296,11 @@ def worker_memory(records: list[Path], key: str | tuple[str, ...], given: float 
     peak, counted = peak_gb(records, key)
     if peak is None:
         return default, f"no {kind} record: assumed"
-    source = f"the largest peak of {counted} {kind} record(s)"
+    gb = peak * RECORD_UNIT_GB  # (the records' GiB, as GB: the unit of the free memory it is held against)
+    source = f"the largest peak of {counted} {kind} record(s), {peak:.2f} GiB"
     if overhead is not None:
-        return peak + overhead[0], f"{source}, {peak:.2f} GB, + {overhead[0]:.2f} GB {overhead[1]}"
-    return peak, source
+        return gb + overhead[0], f"{source}, + {overhead[0]:.2f} GB {overhead[1]}"
+    return gb, source
 
 
 def worker_gpu_gb(records: list[Path], given: float | None = None) -> tuple[float, str]:
