@@ -124,6 +124,7 @@ run | run-comparison)  # (internal: the detached job)
   source "$HOME/env.sh"
   export PYTHONPATH=$HOME/site:$HOME/proj/src
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
+  python -m compileall -q src > /dev/null 2>&1 || true  # (every stage imports the project from here: see machine.sh's compile_site)
   if [ "$verb" = run-comparison ]; then
     jobs=$1 mps=()
     [ "$2" != --mps ] || mps=(--mps)

@@ -1326,8 +1326,9 @@ def _follow_the_gpu_job(job, results, home, out, log) -> None:
     assert {"bench-out/steps/objective_step_time.txt", "bench-out/steps/traces/nll.txt",
             "reports/bench/objective_step_time.json", "reports/bench/training_paths.json"} <= results()
     assert "bench-out/steps/traces/nll.json" not in results()
-    # The versions first (torch's, transformers'), then the benches.
-    assert log.read_text().splitlines() == ["-c commit=abc1234", "bench/training_paths.py commit=abc1234",
+    # The project's bytecode first (every stage imports it from there), the versions (torch's,
+    # transformers'), then the benches.
+    assert log.read_text().splitlines() == ["-m commit=abc1234", "-c commit=abc1234", "bench/training_paths.py commit=abc1234",
                                             "bench/objective_step_time.py commit=abc1234"]
 
 
@@ -1422,7 +1423,11 @@ def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environ
     site = f"--target {home / 'site'}"
     assert calls[0].endswith(f"{site} .device/whl.2/whl.2-1.0-py3-none-any.whl") and "--no-index --no-deps" in calls[0]
     assert calls[1].endswith(f"{site} .device/whl/whl-1.0-py3-none-any.whl")
-    assert calls[2].startswith("python3 -c import storyrewrite, dvc, rouge_score, torch")
+    # Then the bytecode of all it installed, at once on every core (pip's --no-compile: none yet),
+    # before anything imports it; then the import check, which says whether imports write bytecode.
+    assert calls[2] == f"python3 -m compileall -q -j 0 {home / 'site'}"
+    assert calls[3].startswith("python3 -c import storyrewrite, dvc, rouge_score, torch, sys")
+    assert "bytecode written on import:" in calls[3]
     assert f"PYTHONPATH={home / 'site'}:$PWD/src" in (home / "env.sh").read_text()
     assert shutil.which("dvc", path=f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin") is None
     subprocess.run(["bash", "-c", "source $HOME/env.sh && dvc queue start -j 2"], cwd=copy, check=True, timeout=60,
