@@ -1400,6 +1400,29 @@ esac"""}) / "python"
         assert (home / "site" / package / "model.bin").read_bytes() == (site / package / "model.bin").read_bytes()
 
 
+def test_the_machine_compiles_its_sites_bytecode_and_the_images_where_torch_has_none(tmp_path):
+    """machine.sh's compile_site (run by `install` and `assemble`), with the real python3: every
+    module of $HOME/site gets its bytecode, even where imports write none; the image's packages
+    only where its torch has none, said in one line; a second run says nothing."""
+    function = re.search(r"^compile_site\(\) \{\n.*?^\}\n", (ROOT / "offline" / "machine.sh").read_text(), re.M | re.S).group(0)
+    site, image = tmp_path / "site", tmp_path / "image"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("x = 1\n")
+    (image / "torch").mkdir(parents=True)
+    (image / "torch" / "__init__.py").write_text("y = 2\n")
+    (image / "other.py").write_text("z = 3\n")
+    env = {**os.environ, "PYTHONPATH": str(image), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def compile_site() -> str:
+        return subprocess.run(["bash", "-c", f'SITE="$1"\n{function}compile_site', "-", str(site)], env=env, capture_output=True,
+                              text=True, timeout=120, check=True).stdout
+
+    assert compile_site() == f"compiling {image}: its torch has no bytecode\n"
+    compiled = {path.relative_to(tmp_path).parts[:-1] for path in tmp_path.rglob("*.pyc")}
+    assert compiled == {("site", "pkg", "__pycache__"), ("image", "torch", "__pycache__"), ("image", "__pycache__")}
+    assert compile_site() == ""  # torch has its bytecode now: the image is left as it is
+
+
 def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environment(tmp_path):
     """`machine.sh wheels` installs a further command's wheels, `install` the main folder's, each
     with pip offline into $HOME/site (a stub python3 logs it); `install` then writes env.sh and
@@ -1425,9 +1448,9 @@ def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environ
     assert calls[1].endswith(f"{site} .device/whl/whl-1.0-py3-none-any.whl")
     # Then the bytecode of all it installed, at once on every core (pip's --no-compile: none yet),
     # before anything imports it; then the import check, which says whether imports write bytecode.
-    assert calls[2] == f"python3 -m compileall -q -j 0 {home / 'site'}"
-    assert calls[3].startswith("python3 -c import storyrewrite, dvc, rouge_score, torch, sys")
-    assert "bytecode written on import:" in calls[3]
+    assert calls[2] == f"python3 -m compileall -q -j 0 {home / 'site'}" and "find_spec(\"torch\")" in calls[3]
+    assert calls[4].startswith("python3 -c import storyrewrite, dvc, rouge_score, torch, sys")
+    assert "bytecode written on import:" in calls[4]
     assert f"PYTHONPATH={home / 'site'}:$PWD/src" in (home / "env.sh").read_text()
     assert shutil.which("dvc", path=f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin") is None
     subprocess.run(["bash", "-c", "source $HOME/env.sh && dvc queue start -j 2"], cwd=copy, check=True, timeout=60,
