@@ -20,12 +20,15 @@ install_wheels() {  # install_wheels FOLDER: its wheels into $SITE, no resolver,
 # celery, nltk and Lightning took 10.1 s there against 7.9 s compiled, means of three), and side by
 # side on the first imports where it is not.
 # Files that do not compile (a package's test data) are skipped.
-# The image's own packages too where its torch came without bytecode (said, so the call's output shows it).
+# The image's own packages too where its torch came without bytecode (said, so the call's output shows
+# it), in the background: all of them (JAX, ONNX, ...) take longer than the install should wait, and
+# a process that imports one before its turn compiles it as before.
 compile_site() {
   local image
   python3 -m compileall -q -j 0 "$SITE" > /dev/null 2>&1 || true
   image=$(python3 -c 'import importlib.util as u, os; s = u.find_spec("torch"); print("" if s is None or os.path.exists(u.cache_from_source(s.origin)) else os.path.dirname(os.path.dirname(s.origin)))' 2>/dev/null)
-  [ -z "$image" ] || { echo "compiling $image: its torch has no bytecode"; python3 -m compileall -q -j 0 "$image" > /dev/null 2>&1 || true; }
+  [ -z "$image" ] || { echo "compiling $image in the background: its torch has no bytecode"
+    setsid nohup python3 -m compileall -q -j 0 "$image" > /dev/null 2>&1 < /dev/null & }
 }
 case "${1:-}" in
 wheels)
