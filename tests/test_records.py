@@ -110,11 +110,11 @@ def test_records_are_read_in_pipeline_order_and_tabulated(tmp_path):
     records = read_records(tmp_path)
     assert [r["stage"] for r in records] == ["train_nll", "generate-finetuned", "llm-rag", "score-nll", "significance"]
     rows = stages_table(records).splitlines()
-    assert rows[2] == "| train_nll | cuda:0 (NVIDIA H100) | - | 102 s | 316 steps | 3.09 steps/s | RSS 2.5 GB |"
+    assert rows[2] == "| train_nll | cuda:0 (NVIDIA H100) | - | 102 s | 316 steps | 3.09 steps/s | RSS 2.5 GiB |"
     # The replies an LLM stage found in its response cache, beside the requests it made.
-    assert rows[4] == "| llm-rag | cpu | - | 2.0 s | 0 requests (+8 from the response cache) | - | RSS 2.5 GB |"
-    assert rows[5] == "| score-nll | cuda:0 (NVIDIA H100) | - | 12 s | 5613 predictions | 468 predictions/s | RSS 2.5 GB, CUDA 4.0 GB |"
-    assert rows[6] == "| significance | cpu | - | 3.0 s | 60000 resamples | 2e+04 resamples/s | RSS 2.5 GB |"
+    assert rows[4] == "| llm-rag | cpu | - | 2.0 s | 0 requests (+8 from the response cache) | - | RSS 2.5 GiB |"
+    assert rows[5] == "| score-nll | cuda:0 (NVIDIA H100) | - | 12 s | 5613 predictions | 468 predictions/s | RSS 2.5 GiB, CUDA 4.0 GiB |"
+    assert rows[6] == "| significance | cpu | - | 3.0 s | 60000 resamples | 2e+04 resamples/s | RSS 2.5 GiB |"
 
 
 def test_a_file_that_is_not_a_record_is_named(tmp_path):

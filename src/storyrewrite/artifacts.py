@@ -110,7 +110,7 @@ class Record(Open):
     items: int | None
     unit: str | None
     items_per_s: float | None
-    peak_rss_gb: float | None = None
+    peak_rss_gb: float | None = None  # GiB (bytes / 2**30), as the other peaks
     peak_cuda_gb: float | None = None  # torch's max_memory_allocated
     peak_cuda_reserved_gb: float | None = None  # torch's max_memory_reserved: its pool, what it held of the GPU
     started_at: str | None = None

@@ -7,6 +7,7 @@ Every stage that loads a model (and the bootstrap) writes one when it succeeds:
      "items_per_s": 179.9, "peak_rss_gb": 3.1, "peak_cuda_gb": 9.8, "started_at": "...",
      "experiment": "gpu-dto-score", "torch": "2.13.0", "cuda": "12.8"}
 
+Memory peaks are GiB (bytes / 2**30) under their `_gb` keys, as records have always held them.
 The report and the experiment collector turn them into a table, so a GPU run states which stage
 ran where (the issue's "no model stage on the CPU") and what each cost. The wall time runs from
 `StageRecord.start` (after the stage's imports and argument parsing; loading models and starting
@@ -261,7 +262,8 @@ def stage_rows(records: list[dict]) -> list[list[str]]:
         if r.get("cache_hits"):  # an LLM stage: the replies its response cache held cost no request
             work += f" (+{r['cache_hits']} from the response cache)"
         rate = "-" if not r["items_per_s"] else f"{r['items_per_s']:.3g} {r['unit']}/s"
-        memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GB" + (f", CUDA {r['peak_cuda_gb']} GB" if "peak_cuda_gb" in r else "") + (
-            f" ({r['peak_cuda_reserved_gb']} GB held)" if "peak_cuda_reserved_gb" in r else "")
+        # (GiB: the records' `*_gb` keys hold bytes / 2**30, as _peak_memory measures them)
+        memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GiB" + (f", CUDA {r['peak_cuda_gb']} GiB" if "peak_cuda_gb" in r else "") + (
+            f" ({r['peak_cuda_reserved_gb']} GiB held)" if "peak_cuda_reserved_gb" in r else "")
         rows.append([r["stage"], where, r["dtype"] or "-", _seconds(r["wall_s"]), work, rate, memory])
     return rows

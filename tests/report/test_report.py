@@ -72,7 +72,7 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     table = [line for line in markdown.split("## Training")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == ["| NLL", "| finetuned"]
     assert "llm_old" not in markdown and "llm-old" not in markdown
-    assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GB, CUDA 9.5 GB |" \
+    assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GiB, CUDA 9.5 GiB |" \
         in markdown.split("## Stages")[1]
     assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
