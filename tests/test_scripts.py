@@ -1401,10 +1401,13 @@ esac"""}) / "python"
 
 
 def test_the_machine_compiles_its_sites_bytecode_and_the_images_where_torch_has_none(tmp_path):
-    """machine.sh's compile_site (run by `install` and `assemble`), with the real python3: every
-    module of $HOME/site gets its bytecode, even where imports write none; the image's packages
-    only where its torch has none, in the background, said in one line; a second run says nothing."""
-    function = re.search(r"^compile_site\(\) \{\n.*?^\}\n", (ROOT / "offline" / "machine.sh").read_text(), re.M | re.S).group(0)
+    """machine.sh's compile_site (run by `install` and `assemble`) and compile_image (by `install`),
+    with the real python3: every module of $HOME/site gets its bytecode, even where imports write
+    none; the image's packages only where its torch has none, in the background, said in one line;
+    a second run says nothing."""
+    script = (ROOT / "offline" / "machine.sh").read_text()
+    function = (re.search(r"^compile_site\(\) \{.*?\}\n", script, re.M).group(0)
+                + re.search(r"^compile_image\(\) \{\n.*?^\}\n", script, re.M | re.S).group(0))
     site, image = tmp_path / "site", tmp_path / "image"
     (site / "pkg").mkdir(parents=True)
     (site / "pkg" / "__init__.py").write_text("x = 1\n")
@@ -1414,7 +1417,7 @@ def test_the_machine_compiles_its_sites_bytecode_and_the_images_where_torch_has_
     env = {**os.environ, "PYTHONPATH": str(image), "PYTHONDONTWRITEBYTECODE": "1"}
 
     def compile_site() -> str:
-        return subprocess.run(["bash", "-c", f'SITE="$1"\n{function}compile_site', "-", str(site)], env=env, capture_output=True,
+        return subprocess.run(["bash", "-c", f'SITE="$1"\n{function}compile_site && compile_image', "-", str(site)], env=env, capture_output=True,
                               text=True, timeout=120, check=True).stdout
 
     assert compile_site() == f"compiling {image} in the background: its torch has no bytecode\n"
