@@ -107,6 +107,7 @@ workers() {
 # prints the time, how many run and are queued, and each training under way: its step of its
 # total, its pace so far and its time to go (`python -m storyrewrite.queue --trainings`).
 queue_state() { python -m storyrewrite.queue "$@"; }  # [--workers]: the workers' line too
+state_of() { awk -v name="$1" '$2 == name {print $NF; exit}'; }  # state_of NAME < a poll's lines: its status
 run_queue() {
   local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-15}
   local status idle=0 restarts=0 failures=0 orphaned=0 answering active alive queued running last_queued= progress_at=$SECONDS
@@ -125,7 +126,7 @@ run_queue() {
     fi
     failures=0
     if [ -n "$until" ]; then
-      state=$(awk -v name="$until" '$2 == name {print $NF; exit}' <<<"$status")
+      state=$(state_of "$until" <<<"$status")
       [ "$state" = Queued ] || [ "$state" = Running ] || break
     fi
     queued=$(grep -cw Queued <<<"$status" || true)
@@ -284,7 +285,7 @@ if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 
   # Once that worker has taken the group (60 s at most): `dvc queue start` starts a second worker
   # of a name whose worker is still booting, as it does not answer yet.
   for _ in $(seq 60); do
-    [ "$(queue_state 2>/dev/null | awk -v name="$NAME.shared-nll" '$2 == name {print $NF; exit}')" = Queued ] || break
+    [ "$(queue_state 2>/dev/null | state_of "$NAME.shared-nll")" = Queued ] || break
     sleep 1
   done
   echo "== the shared stages: ${#GROUPS_[@]} group(s), $JOBS worker(s) ($(date -u +%H:%M:%S))"
