@@ -257,6 +257,19 @@ def test_a_training_under_way_says_its_step_of_its_total_its_pace_and_its_time_t
     assert queue.progress_lines(done, now=299 * 45.0 + 90) == ["exp-a: finetuned trained to step 299 of 300 (45 s a step so far: about 0 s to go)"]
 
 
+def test_a_training_line_shows_the_clock_curves_mean_and_a_count_curves_last_value(tmp_path):
+    """RLOO's `decoding_graphs` (graphs compiled while sampling so far) at its last value, 2; the
+    clock's curves at the mean of their last RECENT_STEPS values (12 rows: the last 10, 0.375)."""
+    repo = _training_under_way(tmp_path, {"step": 12, "train_loss": 1.25}, {"steps": 300, "from_step": 0, "started_at": 1000.0},
+                               logged_at=1120.0)
+    curves = tmp_path / "workspace" / "reports" / "train" / "finetuned" / "plots" / "metrics"
+    curves.mkdir(parents=True, exist_ok=True)
+    (curves / "sample_time_share.tsv").write_text("step\tsample_time_share\n" + "".join(f"{s}\t{s / 20}\n" for s in range(1, 13)))
+    (curves / "decoding_graphs.tsv").write_text("step\tdecoding_graphs\n1\t1\n2\t1\n3\t2\n")
+    (line,) = queue.progress_lines(repo, now=1120.0)
+    assert line.endswith("; train_loss 1.25, sample_time_share 0.375, decoding_graphs 2)"), line
+
+
 def test_a_validation_under_way_does_not_slow_the_pace_the_next_step_carries_it(tmp_path):
     # Started at time 1000 from step 0; step 100 logged at 1600 (6 s a step); its validation then
     # ran 300 s and rewrote the summary at the same step (logged at 1900). Read at 1900, the pace is

@@ -41,6 +41,8 @@ STEP_CURVE = "train_loss"
 # The curves of a training's clock that `--running` shows beside its step (their means over the
 # last RECENT_STEPS steps): DVCLive's summary leaves them out, their TSVs have them.
 CLOCK_CURVES, RECENT_STEPS = ("sample_time_share", "sample_read_time_share", "cpu_wait_time_share", "tokens_per_s"), 10
+# The curves shown there at their last value: a count so far, not a rate (RLOO's static cache).
+COUNT_CURVES = ("decoding_graphs",)
 
 
 # DVC's log of each queued experiment beside its record (dvc-task's ManagedProcess: the stdout and
@@ -330,13 +332,23 @@ def _recent(tsv: Path) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _last(tsv: Path) -> float | None:
+    """A DVCLive curve's last value (as `_recent` reads it); None for a curve not there or empty."""
+    try:
+        values = [row["value"] for row in read_curve(tsv)]
+    except (OSError, InputError):
+        return None
+    return values[-1] if values else None
+
+
 def training_line(name: str, workspace: Path, system: str, training: Training, now: float) -> str:
     """`NAME: SYSTEM trained to step N of M (S s a step so far: about T to go; train_loss ..., and
     the clock's curves)` for the training of `system` under way in the experiment `name` (`of M`,
     the pace and the time to go where its plan tells them: pace), measured at the time `now`.
     Before its first step has ended: `NAME: SYSTEM started at step N of M T ago, no step ended yet`."""
     curves = workspace / "reports" / "train" / system / "plots" / "metrics"
-    shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES}}
+    shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES},
+             **{curve: _last(curves / f"{curve}.tsv") for curve in COUNT_CURVES}}
     shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
     plan, step = training.plan, training.summary["step"]
     per_step, left = pace(plan, training.logged_step, training.logged_at, now)

@@ -483,11 +483,12 @@ def test_a_failed_compile_of_the_decoding_step_falls_back_to_the_dynamic_cache_w
     compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
     monkeypatch.setattr(rloo.Sampling, "compile_config", compile_config)
     sampling = rloo.Sampling(rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW)), early_stop=True)
-    assert sampling.curves() == {"static_cache": torch.tensor(1.0)}
+    assert sampling.curves() == {"static_cache": torch.tensor(1.0), "decoding_graphs": torch.tensor(0.0)}
     for seed in (5, 6):
         new, sources = sampling.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
         assert (rloo.completion_ids(new, tokens[0])[0], sources) == (lambda c, _, s: (c, s))(*rloo.sample(model, batch, 3, seed, MAX_NEW, 1.0, *tokens))
-    assert len(attempts) == 1 and sampling.caches is None and sampling.curves() == {"static_cache": torch.tensor(0.0)}
+    assert len(attempts) == 1 and sampling.caches is None
+    assert sampling.curves() == {"static_cache": torch.tensor(0.0), "decoding_graphs": torch.tensor(0.0)}
     warned = capsys.readouterr().err
     assert warned.count("warning: rl.cache static: compiling the decoding step failed (RuntimeError: no compiler for this device)") == 1
     assert rloo.Sampling(None, early_stop=True).curves() == {}
@@ -497,3 +498,32 @@ def test_a_failed_compile_of_the_decoding_step_falls_back_to_the_dynamic_cache_w
         static, dynamic = static_loss(model, batch, 7), loss(model, batch, 7)
     assert static.loss.item() == dynamic.loss.item()
     assert static.diagnostics()["static_cache"].item() == 0.0 and "static_cache" not in dynamic.diagnostics()
+
+
+def test_the_decoding_graphs_curve_counts_the_sampling_compiles_and_a_first_sampling_without_one_is_named(
+        tiny_model_dirs, small_prepared, monkeypatch, capsys):
+    """Compiled as planned: one graph for three samplings of one row count, counted by the
+    compiler itself; nothing said. Where transformers would compile but torch compiles nothing (its
+    dynamo disabled, as a frame past its recompile limit runs eagerly): the curve stays 0 and the
+    first sampling says so once. Where transformers compiles nothing (a CPU): neither."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    graphs, compile_config = _counted_compiles()
+    monkeypatch.setattr(rloo.Sampling, "compile_config", compile_config)
+    length = rloo.static_cache_length(False, 96, MAX_NEW)
+    sampling = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
+    for seed in (5, 6, 7):
+        sampling.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
+    assert len(graphs) == 1 and sampling.curves()["decoding_graphs"].item() == 1.0
+    assert "compiled no decoding step" not in capsys.readouterr().err
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    eager = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
+    for seed in (5, 6):
+        eager.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
+    assert len(graphs) == 1 and eager.curves() == {"static_cache": torch.tensor(1.0), "decoding_graphs": torch.tensor(0.0)}
+    assert capsys.readouterr().err.count("warning: rl.cache static: the first sampling compiled no decoding step") == 1
+    monkeypatch.setattr(rloo.Sampling, "compile_config", CompileConfig(backend=compile_config.backend, mode=None))
+    cpu = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
+    cpu.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+    assert cpu.curves()["decoding_graphs"].item() == 0.0 and "compiled no decoding step" not in capsys.readouterr().err

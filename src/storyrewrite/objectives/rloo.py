@@ -61,6 +61,7 @@ from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
 from storyrewrite.objectives.nll import nll_loss
 from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
 from storyrewrite.params import RLConfig
+from storyrewrite.records import compile_counts
 
 
 def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -269,13 +270,37 @@ class Sampling:
     eager. It says why once on stderr, and `static_cache` (1 while the static caches sample)
     falls to 0 in the curves. Our own: transformers has no fallback, and torch's
     (`torch._dynamo.config.suppress_errors`) is set for the whole process, the training step's
-    compile included."""
+    compile included.
+
+    A compile can also do nothing without raising: transformers compiles only where it judges it
+    can, and torch runs a frame eagerly once its guards fail too often. `decoding_graphs` counts
+    the graphs torch compiled during the run's samplings (the decoding step's: 1 or 2 where it
+    compiled as planned), and where transformers would compile (a CUDA device, or a compile
+    config for every device) a first sampling that compiled none says so once on stderr: the
+    decoding then runs a kernel launch per operator, which a step's time shows and nothing else."""
 
     compile_config: CompileConfig | None = None  # (None: transformers' own, inductor's reduce-overhead on a GPU)
 
     def __init__(self, caches: StaticCaches | None, early_stop: bool):
         self.caches, self.early_stop = caches, early_stop
-        self.static = caches is not None  # whether `rl.cache` is static: the curve is logged then alone
+        self.static = caches is not None  # whether `rl.cache` is static: the curves are logged then alone
+        self.graphs, self.checked = 0, False  # graphs compiled while sampling; whether the first sampling was checked
+
+    def compiled(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int,
+                 temperature: float, eos_id: int, pad_id: int, greedy: bool) -> tuple[torch.Tensor, list[list[int]]]:
+        """`sample_tokens` with the static caches, counting the graphs torch compiled meanwhile."""
+        before = compile_counts().get("compiled_graphs", 0)
+        result = sample_tokens(generator, batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy,
+                               caches=self.caches, compile_config=self.compile_config, early_stop=self.early_stop)
+        self.graphs += compile_counts().get("compiled_graphs", 0) - before
+        if not self.checked:
+            self.checked = True
+            everywhere = getattr(self.compile_config, "_compile_all_devices", False)  # (transformers' own switch)
+            if self.graphs == 0 and (generator.device.type == "cuda" or everywhere):
+                print("warning: rl.cache static: the first sampling compiled no decoding step (torch compiled no graph): "
+                      "each new token runs eagerly, a kernel launch per operator; the curve decoding_graphs stays 0",
+                      file=sys.stderr, flush=True)
+        return result
 
     def tokens(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
                eos_id: int, pad_id: int, greedy: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
@@ -283,7 +308,7 @@ class Sampling:
         arguments = (generator, batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy)
         if self.caches is not None:
             try:
-                return sample_tokens(*arguments, caches=self.caches, compile_config=self.compile_config, early_stop=self.early_stop)
+                return self.compiled(*arguments)
             except torch._dynamo.exc.TorchDynamoException as error:
                 cause = getattr(error, "inner_exception", None) or error
                 why = " ".join(f"{type(cause).__name__}: {cause}".split())
@@ -293,8 +318,11 @@ class Sampling:
         return sample_tokens(*arguments, early_stop=self.early_stop)
 
     def curves(self) -> dict[str, torch.Tensor]:
-        """`static_cache` where `rl.cache` is static: 1 while its caches sample, 0 once they fell back."""
-        return {"static_cache": torch.tensor(float(self.caches is not None))} if self.static else {}
+        """Where `rl.cache` is static: `static_cache`, 1 while its caches sample, 0 once they fell back;
+        `decoding_graphs`, the graphs torch compiled while sampling so far."""
+        if not self.static:
+            return {}
+        return {"static_cache": torch.tensor(float(self.caches is not None)), "decoding_graphs": torch.tensor(float(self.graphs))}
 
 
 def build(context: ObjectiveContext[RLConfig]) -> Loss:
