@@ -1,5 +1,7 @@
 """RLOO against computations made another way: per-sample forwards, hand-made advantages, the
 exact gradient of an expected reward, a hand-written greedy decode."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -505,7 +507,9 @@ def test_the_decoding_graphs_curve_counts_the_sampling_compiles_and_a_first_samp
     """Compiled as planned: one graph for three samplings of one row count, counted by the
     compiler itself; nothing said. Where transformers would compile but torch compiles nothing (its
     dynamo disabled, as a frame past its recompile limit runs eagerly): the curve stays 0 and the
-    first sampling says so once. Where transformers compiles nothing (a CPU): neither."""
+    first sampling says so once, and that torch.compile was not entered; where dynamo saw the frame
+    but ran it eagerly (its recompile limit), it says that instead. Where transformers compiles
+    nothing (a CPU): neither."""
     config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
     tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
     graphs, compile_config = _counted_compiles()
@@ -522,7 +526,17 @@ def test_the_decoding_graphs_curve_counts_the_sampling_compiles_and_a_first_samp
     for seed in (5, 6):
         eager.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
     assert len(graphs) == 1 and eager.curves() == {"static_cache": torch.tensor(1.0), "decoding_graphs": torch.tensor(0.0)}
-    assert capsys.readouterr().err.count("warning: rl.cache static: the first sampling compiled no decoding step") == 1
+    assert capsys.readouterr().err.count("warning: rl.cache static: the first sampling compiled no decoding step (torch.compile "
+                                         "was not entered: transformers did not compile it, or dynamo is disabled)") == 1
+    # Entered, but every frame runs eagerly (its recompile limit reached at once): said apart.
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 0)
+    limited = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
+    limited.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+    assert len(graphs) == 1 and limited.curves()["decoding_graphs"].item() == 0.0
+    assert re.search(r"compiled no decoding step \(dynamo saw [1-9]\d* frame\(s\) and compiled none; "
+                     r"TORCH_LOGS=recompiles,graph_breaks says why\)", capsys.readouterr().err)
     monkeypatch.setattr(rloo.Sampling, "compile_config", CompileConfig(backend=compile_config.backend, mode=None))
     cpu = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
     cpu.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)

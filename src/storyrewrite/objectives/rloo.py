@@ -205,6 +205,13 @@ class StaticCaches:
         return cache
 
 
+def dynamo_frames() -> int:
+    """The Python frames torch.compile's dynamo has been asked to compile in this process (0 where
+    it was never imported): with no graph compiled, whether torch.compile was entered at all."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.counters["frames"]["total"] if utils is not None else 0
+
+
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
            eos_id: int, pad_id: int, greedy: bool = False, *, caches: StaticCaches | None = None,
            compile_config: CompileConfig | None = None, early_stop: bool = True
@@ -276,8 +283,9 @@ class Sampling:
     can, and torch runs a frame eagerly once its guards fail too often. `decoding_graphs` counts
     the graphs torch compiled during the run's samplings (the decoding step's: 1 or 2 where it
     compiled as planned), and where transformers would compile (a CUDA device, or a compile
-    config for every device) a first sampling that compiled none says so once on stderr: the
-    decoding then runs a kernel launch per operator, which a step's time shows and nothing else."""
+    config for every device) a first sampling that compiled none says so once on stderr, and
+    whether torch.compile was entered at all (dynamo's frame count): the decoding then runs a
+    kernel launch per operator, which a step's time shows and nothing else."""
 
     compile_config: CompileConfig | None = None  # (None: transformers' own, inductor's reduce-overhead on a GPU)
 
@@ -289,7 +297,7 @@ class Sampling:
     def compiled(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int,
                  temperature: float, eos_id: int, pad_id: int, greedy: bool) -> tuple[torch.Tensor, list[list[int]]]:
         """`sample_tokens` with the static caches, counting the graphs torch compiled meanwhile."""
-        before = compile_counts().get("compiled_graphs", 0)
+        before, frames = compile_counts().get("compiled_graphs", 0), dynamo_frames()
         result = sample_tokens(generator, batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy,
                                caches=self.caches, compile_config=self.compile_config, early_stop=self.early_stop)
         self.graphs += compile_counts().get("compiled_graphs", 0) - before
@@ -297,9 +305,11 @@ class Sampling:
             self.checked = True
             everywhere = getattr(self.compile_config, "_compile_all_devices", False)  # (transformers' own switch)
             if self.graphs == 0 and (generator.device.type == "cuda" or everywhere):
-                print("warning: rl.cache static: the first sampling compiled no decoding step (torch compiled no graph): "
-                      "each new token runs eagerly, a kernel launch per operator; the curve decoding_graphs stays 0",
-                      file=sys.stderr, flush=True)
+                seen = dynamo_frames() - frames
+                why = ("torch.compile was not entered: transformers did not compile it, or dynamo is disabled" if seen == 0 else
+                       f"dynamo saw {seen} frame(s) and compiled none; TORCH_LOGS=recompiles,graph_breaks says why")
+                print(f"warning: rl.cache static: the first sampling compiled no decoding step ({why}): each new token "
+                      "runs eagerly, a kernel launch per operator; the curve decoding_graphs stays 0", file=sys.stderr, flush=True)
         return result
 
     def tokens(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
