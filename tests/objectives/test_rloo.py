@@ -521,19 +521,19 @@ def test_the_decoding_graphs_curve_counts_the_sampling_compiles_and_a_first_samp
     assert len(graphs) == 1 and sampling.curves()["decoding_graphs"].item() == 1.0
     assert "compiled no decoding step" not in capsys.readouterr().err
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     eager = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
-    for seed in (5, 6):
-        eager.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
+    with torch._dynamo.config.patch(disable=True):
+        for seed in (5, 6):
+            eager.tokens(model, batch, 3, seed, MAX_NEW, 1.0, *tokens)
     assert len(graphs) == 1 and eager.curves() == {"static_cache": torch.tensor(1.0), "decoding_graphs": torch.tensor(0.0)}
     assert capsys.readouterr().err.count("warning: rl.cache static: the first sampling compiled no decoding step (torch.compile "
                                          "was not entered: transformers did not compile it, or dynamo is disabled)") == 1
     # Entered, but every frame runs eagerly (its recompile limit reached at once): said apart.
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "disable", False)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 0)
     limited = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
-    limited.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+    with torch._dynamo.config.patch(recompile_limit=0):
+        limited.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
+    torch._dynamo.reset()
     assert len(graphs) == 1 and limited.curves()["decoding_graphs"].item() == 0.0
     assert re.search(r"compiled no decoding step \(dynamo saw [1-9]\d* frame\(s\) and compiled none; "
                      r"TORCH_LOGS=recompiles,graph_breaks says why\)", capsys.readouterr().err)
