@@ -322,23 +322,14 @@ def running(repo: Path) -> dict[str, dict]:
     return found
 
 
-def _recent(tsv: Path) -> float | None:
-    """The mean of a DVCLive curve's last RECENT_STEPS values (storyrewrite.curves: a last line
-    still being written is left out); None for a curve not there, empty or malformed."""
+def _recent(tsv: Path, steps: int = RECENT_STEPS) -> float | None:
+    """The mean of a DVCLive curve's last `steps` values (storyrewrite.curves: a last line still
+    being written is left out; 1: its last value); None for a curve not there, empty or malformed."""
     try:
-        values = [row["value"] for row in read_curve(tsv)[-RECENT_STEPS:]]
+        values = [row["value"] for row in read_curve(tsv)[-steps:]]
     except (OSError, InputError):
         return None
     return sum(values) / len(values) if values else None
-
-
-def _last(tsv: Path) -> float | None:
-    """A DVCLive curve's last value (as `_recent` reads it); None for a curve not there or empty."""
-    try:
-        values = [row["value"] for row in read_curve(tsv)]
-    except (OSError, InputError):
-        return None
-    return values[-1] if values else None
 
 
 def training_line(name: str, workspace: Path, system: str, training: Training, now: float) -> str:
@@ -348,7 +339,7 @@ def training_line(name: str, workspace: Path, system: str, training: Training, n
     Before its first step has ended: `NAME: SYSTEM started at step N of M T ago, no step ended yet`."""
     curves = workspace / "reports" / "train" / system / "plots" / "metrics"
     shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES},
-             **{curve: _last(curves / f"{curve}.tsv") for curve in COUNT_CURVES}}
+             **{curve: _recent(curves / f"{curve}.tsv", 1) for curve in COUNT_CURVES}}
     shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
     plan, step = training.plan, training.summary["step"]
     per_step, left = pace(plan, training.logged_step, training.logged_at, now)
