@@ -171,15 +171,27 @@ class _SkipReasons(logging.Handler):
             print(f"torch: {message}", file=sys.stderr)
 
 
+def _dynamo_counters():
+    """torch._dynamo's counters in this process; None where it was never imported (no import here)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return None if utils is None else utils.counters
+
+
 def compile_counts() -> dict[str, int]:
     """What torch.compile has done in this process so far (torch._dynamo's counters; none where
     it was never imported): graphs compiled, graph breaks, graphs not replayed as CUDA graphs."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
+    counters = _dynamo_counters()
+    if counters is None:
         return {}
-    counters = utils.counters
     return {"compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": counters["graph_break"].total(),
             "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+
+
+def dynamo_frames() -> int:
+    """The Python frames torch.compile's dynamo has been asked to compile in this process so far (0
+    where it was never imported): with no graph compiled, whether torch.compile was entered at all."""
+    counters = _dynamo_counters()
+    return 0 if counters is None else counters["frames"]["total"]
 
 
 class StageRecord:

@@ -61,7 +61,7 @@ from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
 from storyrewrite.objectives.nll import nll_loss
 from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
 from storyrewrite.params import RLConfig
-from storyrewrite.records import compile_counts
+from storyrewrite.records import compile_counts, dynamo_frames
 
 
 def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -203,13 +203,6 @@ class StaticCaches:
             cache = EncoderDecoderCache(cache, StaticCache(config=decoder, max_cache_len=encoder_length))
         self.caches[key] = cache
         return cache
-
-
-def dynamo_frames() -> int:
-    """The Python frames torch.compile's dynamo has been asked to compile in this process (0 where
-    it was never imported): with no graph compiled, whether torch.compile was entered at all."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    return utils.counters["frames"]["total"] if utils is not None else 0
 
 
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
