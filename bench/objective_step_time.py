@@ -11,7 +11,8 @@ Targets: DTO-Score / NLL <= 1.5x and DTO-Score+Delta / NLL <= 1.8x (CPU; GPU in 
 diagnostics <= 5 % of a step; on CUDA, the GPU busy >= 60 % of a step (common.GPU_BUSY_TARGET). RLOO (`--objectives nll score score_delta rloo`: the params' `rl`
 section, its reward `rl.reward`) has no target: its ratio and the share of its step spent
 sampling (`sample share`: the sampling's time over the step's, steps with diagnostics) are the
-result. Figures go to reports/bench/objective_step_time.json (`-bf16-mixed`, `-compiled` added
+result; with `rl.cache=static`, `decoding graphs` is how many graphs its samplings compiled (0:
+the timed and profiled steps decoded eagerly). Figures go to reports/bench/objective_step_time.json (`-bf16-mixed`, `-compiled` added
 for those runs; `--name` names another file, so that a run of other objectives keeps the
 targets' run beside it).
 
@@ -220,17 +221,6 @@ def measure(objective: str, args) -> dict:
               "batch_size": len(batch["ids"]), "tokens": batch["num_tokens"],
               "deterministic": torch.are_deterministic_algorithms_enabled(),
               "nan_fill": nan_fill()}
-    if not args.compile:  # (a compiled body's kernels are its own, and a dispatch mode would change how it runs)
-        # The operators of one step but the optimiser's (the same for every objective, and fused
-        # into a few kernels on CUDA, where a CPU's AdamW runs a dozen per parameter tensor).
-        started = time.perf_counter()
-        with OpCounter() as counter:
-            step(module, optimizer, batch, device, args.precision, True, optimise=False)
-        result["ops"] = counter.ops
-        phases["ops_s"] = time.perf_counter() - started
-        started = time.perf_counter()  # (a pass of its own: the FLOP counter decomposes operators it has no formula for)
-        result["flops"] = count_flops(lambda: step(module, optimizer, batch, device, args.precision, True, optimise=False))
-        phases["flops_s"] = time.perf_counter() - started
     if device.type == "cuda":
         profiling = time.perf_counter()  # the profiler's own start and post-processing included
         result["gpu_busy"], profiler = gpu_busy(lambda: step(module, optimizer, batch, device, args.precision, True),
@@ -243,6 +233,25 @@ def measure(objective: str, args) -> dict:
             (Path(args.trace) / f"{objective}.txt").write_text(averages.table(sort_by="self_device_time_total", row_limit=30))
             profiler.export_chrome_trace(str(Path(args.trace) / f"{objective}.json"))
         phases["profile_s"] = time.perf_counter() - profiling
+    # RLOO with `rl.cache: static`: the graphs its samplings compiled so far (0 where the timed and
+    # profiled steps decoded eagerly).
+    result["decoding_graphs"] = float(module.step_logs["decoding_graphs"]) if "decoding_graphs" in module.step_logs else None
+    # The counts last: they dispatch the step under torch dispatch modes, and dynamo skips a
+    # compiled function's code for the rest of the process once it was called under one (torch
+    # 2.13: "non-infra torch dispatch mode present", applied to the code). RLOO's decoding step,
+    # which transformers compiles on a GPU with `rl.cache: static`, would run eagerly in the
+    # profiled steps after them.
+    if not args.compile:  # (a compiled body's kernels are its own, and a dispatch mode would change how it runs)
+        # The operators of one step but the optimiser's (the same for every objective, and fused
+        # into a few kernels on CUDA, where a CPU's AdamW runs a dozen per parameter tensor).
+        started = time.perf_counter()
+        with OpCounter() as counter:
+            step(module, optimizer, batch, device, args.precision, True, optimise=False)
+        result["ops"] = counter.ops
+        phases["ops_s"] = time.perf_counter() - started
+        started = time.perf_counter()  # (a pass of its own: the FLOP counter decomposes operators it has no formula for)
+        result["flops"] = count_flops(lambda: step(module, optimizer, batch, device, args.precision, True, optimise=False))
+        phases["flops_s"] = time.perf_counter() - started
     return result | {"phases": phases}
 
 
@@ -415,7 +424,7 @@ def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
     # table formats the same value.
     digits = {"s_per_step": 4, "ratio": 3, "ratio_per_repeat": 3, "peak_memory_gb": 2, "diagnostics_ratio": 3,
               "first_step_s": 2, "sample_share": 3, "sample_read_share": 3, "gpu_busy": 3, "syncs_per_step": None, "ops_per_step": None, "ops_ratio": 3,
-              "gflop_per_step": 3, "tflop_per_s": 4, "flop_ratio": 3}
+              "gflop_per_step": 3, "tflop_per_s": 4, "flop_ratio": 3, "decoding_graphs": None}
     figures = {}
     for objective in objectives:
         share = statistics.mean(r["sample_share"] for r in runs[objective]) if runs[objective][0]["sample_share"] is not None else None
@@ -429,6 +438,9 @@ def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
             "first_step_s": mean(objective, "first"),
             **({"sample_share": share, "sample_read_share": read} if share is not None else {}),
             **({"gpu_busy": mean(objective, "gpu_busy"), "syncs_per_step": max(r["syncs"] for r in runs[objective])} if busy else {}),
+            # (RLOO with a static cache: the fewest graphs a run's samplings compiled; 0, it decoded eagerly)
+            **({"decoding_graphs": min(r["decoding_graphs"] for r in runs[objective])}
+               if runs[objective][0].get("decoding_graphs") is not None else {}),
             **({"ops_per_step": mean(objective, "ops"), "ops_ratio": mean(objective, "ops") / mean(base, "ops"),
                 "gflop_per_step": mean(objective, "flops") / 1e9,
                 # the arithmetic's rate: far below the device's matrix units', the step waits on something else
@@ -443,7 +455,8 @@ def measure_all(args: argparse.Namespace, env: dict[str, str]) -> None:
               + ((f"{share:>13.0%}{read:>11.0%}" if share is not None else f"{'-':>14}{'-':>12}") if sampling else "")
               + (f"{v['gpu_busy']:>9.0%}" if busy else "")
               + (f"{v['ops_per_step']:>10.0f}{v['ops_ratio']:>10.2f}x{v['gflop_per_step']:>12.2f}{v['flop_ratio']:>11.2f}x"
-                 f"{v['tflop_per_s']:>9.3f}" if counted else ""))
+                 f"{v['tflop_per_s']:>9.3f}" if counted else "")
+              + (f"  decoding graphs {v['decoding_graphs']:.0f}" if "decoding_graphs" in v else ""))
     print(f"ratio: s/step against {base}'s; per repeat: the same within each repeat of the sequence (its spread is the "
           f"machine's drift); diagnostics: s/step with them / without them (their own work timed); peak memory: "
           f"{'allocated by torch on the GPU' if busy else 'the process RSS'}; first step: the untimed step before them "

@@ -395,6 +395,8 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
         row = {"with": 0.2, "without": 0.19, "first": 1.0, "sample_share": None, "sample_read_share": None, "peak_memory_gb": 1.0,
                "device": "cuda:0 (stub)", "batch_size": 16, "tokens": 1898, "deterministic": True, "nan_fill": False,
                "gpu_busy": 0.1, "syncs": 3 if command[command.index("--one") + 1] == "rloo" else 0, "phases": {"build_s": 1.0}}
+        if command[command.index("--one") + 1] == "rloo":
+            row["decoding_graphs"] = 2.0
         return types.SimpleNamespace(returncode=0, communicate=lambda: (json.dumps(row) + "\n", ""))
 
     monkeypatch.setattr(subprocess, "Popen", process)
@@ -410,9 +412,66 @@ def test_the_step_bench_hands_its_profiled_steps_to_each_process_and_records_the
     # The syncs a step makes: a target of none for every objective but RLOO, whose rewards are the host's.
     assert written["figures"]["rloo"]["syncs_per_step"] == 3 and written["figures"]["nll"]["syncs_per_step"] == 0
     assert written["targets"]["nll.syncs_per_step"] == {"max": 0} and "rloo.syncs_per_step" not in written["targets"]
+    # The graphs RLOO's static-cache samplings compiled, where it reports them.
+    assert written["figures"]["rloo"]["decoding_graphs"] == 2 and "decoding_graphs" not in written["figures"]["nll"]
     monkeypatch.setattr(sys, "argv", ["objective_step_time.py", "--profile-steps", "0"])
     with pytest.raises(SystemExit, match="--profile-steps must be at least 1, not 0"):
         objective_step_time.main()
+
+
+def test_the_step_bench_profiles_and_reads_the_decoding_graphs_before_it_counts_operators(monkeypatch):
+    """On CUDA the profiled steps and the `decoding_graphs` read come before the operator and FLOP
+    counts: those run the step under torch dispatch modes, after which a compiled decoding step
+    decodes eagerly (tests/objectives/test_rloo.py). The step and its tools are stubs that log
+    the order."""
+    import types
+
+    import objective_step_time
+    import torch
+
+    events = []
+
+    class Logs(dict):
+        def __getitem__(self, key):
+            events.append(f"read {key}")
+            return super().__getitem__(key)
+
+    module = types.SimpleNamespace(step_logs=Logs(sample_seconds=0.1, sample_read_seconds=0.0, decoding_graphs=1.0))
+    batch = {"ids": [0, 1], "num_tokens": 10}
+
+    class Counter:
+        ops = 7
+
+        def __enter__(self):
+            events.append("ops")
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def profile(work, device, steps):
+        events.append("profile")
+        work()
+        return 0.5, None
+
+    def step(*args, timed=None, **kwargs):
+        events.append("step")
+        if timed is not None:  # (the diagnostics' own seconds)
+            timed.append(0.0)
+
+    ticks = iter(range(1000))  # (a second a clock read)
+    stubs = {"resolve_device": lambda name: torch.device("cuda"), "build": lambda objective, args, device: (module, None, batch),
+             "step": step, "clock": lambda device: next(ticks),
+             "peak_memory_gb": lambda device: 1.0, "describe": lambda device: "cuda:0 (stub)", "nan_fill": lambda: False,
+             "gpu_busy": profile, "count_syncs": lambda work: events.append("syncs") or 0, "OpCounter": Counter,
+             "count_flops": lambda work: events.append("flops") or 100}
+    for name, stub in stubs.items():
+        monkeypatch.setattr(objective_step_time, name, stub)
+    args = objective_step_time.arguments().parse_args(["--device", "cuda", "--steps", "1", "--profile-steps", "1"])
+    result = objective_step_time.measure("rloo", args)
+    order = [event for event in events if event != "step" and not event.startswith("read sample")]
+    assert order == ["profile", "syncs", "read decoding_graphs", "ops", "flops"], events
+    assert result["decoding_graphs"] == 1.0 and result["gpu_busy"] == 0.5 and result["ops"] == 7 and result["flops"] == 100
 
 
 def test_a_set_key_overlays_the_params_a_bench_trains_with():

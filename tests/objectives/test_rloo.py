@@ -541,3 +541,41 @@ def test_the_decoding_graphs_curve_counts_the_sampling_compiles_and_a_first_samp
     cpu = rloo.Sampling(rloo.StaticCaches(length), early_stop=False)
     cpu.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)
     assert cpu.curves()["decoding_graphs"].item() == 0.0 and "compiled no decoding step" not in capsys.readouterr().err
+
+
+def test_a_compiled_decoding_step_sampled_once_under_a_dispatch_mode_decodes_eagerly_from_then_on(
+        tiny_model_dirs, small_prepared):
+    """Why bench/objective_step_time.py profiles before it counts operators: the compiled decoding
+    step replays its graph at every sampling, until one sampling runs under a torch dispatch mode
+    (the bench's operator counter). From then on dynamo skips that code, with no mode active and
+    no new graph: each token runs eagerly for the rest of the process."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
+    from objective_step_time import OpCounter
+
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    graphs, calls = [], []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return lambda *inputs: calls.append(1) or graph.forward(*inputs)
+
+    torch._dynamo.reset()
+    compile_config = CompileConfig(backend=backend, mode=None)
+    compile_config._compile_all_devices = True
+    settings = {"caches": rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW)), "compile_config": compile_config,
+                "early_stop": False}
+
+    def replays() -> int:
+        before = len(calls)
+        rloo.sample_tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
+        return len(calls) - before
+    try:
+        assert replays() == replays() == MAX_NEW - 1  # every token after the prompt's, compiled
+        with OpCounter() as counter:
+            assert replays() == 0
+        assert counter.ops > 0 and replays() == 0 and len(graphs) == 1
+    finally:
+        torch._dynamo.reset()
