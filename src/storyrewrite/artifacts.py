@@ -120,6 +120,10 @@ class Record(Open):
     graph_breaks: int | None = None
     cudagraph_skips: int | None = None  # graphs inductor ran without replaying them as CUDA graphs
     cudagraph_skip_reason: str | None = None
+    # A train stage's: train_s, the seconds of its fit (the starting weights' validation included),
+    # and validate_s, those of them spent validating.
+    train_s: float | None = None
+    validate_s: float | None = None
 
 
 class Significance(Artifact):

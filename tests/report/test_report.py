@@ -113,6 +113,12 @@ def test_the_training_section_reads_the_runs_summaries_and_the_wall_time_from_th
     # validation's); diagnostics from validation where it has them (delta), else from training.
     assert table[2] == ("| DTO-Score | 10 | 42 s | 10 | 2.9 | 3.1 → 2.75 | "
                         "m_target -3.21 → -2.95; m_original (val) -2.5 → -2.6; delta (val) 0.2 → 0.25 |")
+    # The part of it spent validating, where the record has it (an older record has none).
+    validating = train_seconds([{"stage": "train", "train_s": 42.4, "validate_s": 17.6}], "validate_s")
+    assert validating == {"finetuned": 17.6} and train_seconds([{"stage": "train", "train_s": 42.4}], "validate_s") == {}
+    table = training_section(read_summaries(["finetuned"], tmp_path), curves, {"finetuned": "DTO-Score"}, seconds,
+                             validating).splitlines()
+    assert table[2].startswith("| DTO-Score | 10 | 42 s (18 s validating) | 10 |")
     # A run without validate_at_start: the start is n/a; without its stage record, so is the wall time.
     summary = json.loads((tmp_path / "finetuned" / "metrics.json").read_text())
     summary["start_val_loss"] = None

@@ -24,11 +24,12 @@ def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
             if (path := train_logs / s / "metrics.json").exists()}
 
 
-def train_seconds(records: list[dict]) -> dict[str, float]:
-    """system -> its training's wall time, from its train stage's record."""
+def train_seconds(records: list[dict], key: str = "train_s") -> dict[str, float]:
+    """system -> its training's wall time (`key` validate_s: the part of it spent validating), from
+    its train stage's record."""
     by_stage = {record["stage"]: record for record in records}
-    return {system: by_stage[stage]["train_s"] for system, stage in TRAIN_STAGES.items()
-            if stage in by_stage and "train_s" in by_stage[stage]}
+    return {system: by_stage[stage][key] for system, stage in TRAIN_STAGES.items()
+            if stage in by_stage and by_stage[stage].get(key) is not None}
 
 
 def echo_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
@@ -82,9 +83,10 @@ def _value(number: float) -> str:
 
 
 def training_section(summaries: dict[str, dict], curves: dict[str, dict[str, list[dict]]], labels: dict[str, str],
-                     seconds: dict[str, float]) -> str:
+                     seconds: dict[str, float], validating: dict[str, float] | None = None) -> str:
     """A table of the trained systems from their runs' summaries and curves (system -> name ->
-    rows, storyrewrite.curves): steps, wall time, the step of the exported (best-on-validation)
+    rows, storyrewrite.curves): steps, wall time (with the part of it spent validating, where
+    `validating` has it), the step of the exported (best-on-validation)
     checkpoint, the final training loss, the validation loss of the starting weights and of the
     exported checkpoint (did training improve its own objective on validation?), and the first →
     last values of the objective's main diagnostics: on validation where it logs them (the same
@@ -103,6 +105,8 @@ def training_section(summaries: dict[str, dict], curves: dict[str, dict[str, lis
         start, best = info.get("start_val_loss"), info.get("best_val_loss")
         val = " → ".join(_value(v) if v is not None else "n/a" for v in (start, best))
         wall = f"{seconds[system]:.0f} s" if system in seconds else "n/a"
+        if system in seconds and system in (validating or {}):
+            wall += f" ({validating[system]:.0f} s validating)"
         rows.append([labels[system], info["global_step"], wall, info.get("best_step") or "n/a", train, val,
                      "; ".join(shown) or "-"])
     return table(["System", "steps", "wall time", "best step", "final train loss", "val loss, start → best",
@@ -224,7 +228,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         *([f"\\* one-tailed paired bootstrap against {labels[baseline]}, p < {alpha}, as above."] if following else []),
         *kept,
         *validity_section,
-        "## Training", training_section(summaries, curves, labels, train_seconds(records)),
+        "## Training", training_section(summaries, curves, labels, train_seconds(records),
+                                         train_seconds(records, "validate_s")),
         *([f"Main curves: {', '.join(f'`{train_logs.name}/{s}.png`' for s in summaries)}."] if shown_figure else []),
         "Every logged quantity over the steps: `dvc plots show reports/train/<system>/plots/metrics` "
         "(`dvc plots diff <experiment>` to compare runs); docs/training.md says what each curve tells.",

@@ -461,6 +461,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     summaries = {e.label: summary for e in entries if e.kind in ("baseline", "trained") and (summary := e.run.summary(e.system))}
     curves = {e.label: e.run.curves(e.system) for e in entries if e.label in summaries}
     seconds = {e.label: wall for e in entries if (wall := train_seconds(e.run.records).get(e.system)) is not None}
+    validating = {e.label: wall for e in entries if (wall := train_seconds(e.run.records, "validate_s").get(e.system)) is not None}
     n_resamples = bootstrap_settings(reference)[0]
     return "\n\n".join([
         f"# Results: {title}",
@@ -483,7 +484,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *([markdown_table(rows, alpha, coherence), "Marks as above."] if (coherence := coherence_columns(rows)) else []),
         *coherence_notes(base_metrics, usages),
         "## The copy of the original ending", copy_against_trained(entries), *kept_original(entries),
-        "## Training", training_section(summaries, curves, {label: label for label in summaries}, seconds),
+        "## Training", training_section(summaries, curves, {label: label for label in summaries}, seconds, validating),
         "Curves: `train/<run>/<system>/plots/metrics/` (DVCLive, one TSV per quantity); every stage's device and wall "
         "time: stages.md; each system's per-instance scores: `scores/<run>/<system>.jsonl.gz` (`python -m "
         "storyrewrite.significance.compare A B` tests any two again).",

@@ -104,6 +104,10 @@ class TrainingMonitor(Callback):
         # The last step's logged tensors, not yet read: (step, tensors, terms, lr, tokens, times)
         self._pending: tuple[int, dict[str, torch.Tensor], tuple[str, ...], float, int, ThreadTimes] | None = None
         self.last_loss: float | None = None  # the latest step's loss read, for the progress bar
+        # Seconds spent validating (the starting weights' validation and Lightning's sanity check
+        # included): from the start of each validation, after the last step's read waited for the
+        # device, to its end, after its values were read.
+        self.validate_seconds, self._validation_started = 0.0, None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         """The logger, on the first process only (under DDP every process runs the stage: a
@@ -165,14 +169,18 @@ class TrainingMonitor(Callback):
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._read(trainer)
+        self._validation_started = time.perf_counter()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._read(trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        values = {name: float(value) for name, value in trainer.callback_metrics.items() if name.startswith("val_")}
+        if self._validation_started is not None:
+            self.validate_seconds += time.perf_counter() - self._validation_started
+            self._validation_started = None
         if trainer.sanity_checking:
             return
-        values = {name: float(value) for name, value in trainer.callback_metrics.items() if name.startswith("val_")}
         # The validation of the starting weights (Trainer.validate, before fit) has no optimiser yet.
         lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         self._check(trainer, {"val_loss": values["val_loss"]}, None, lr)

@@ -369,7 +369,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir)
         artifacts.write(log_dir / "metrics.json", summary)
         write_text_atomic(finished, f"{trainer.global_step}\n")
-    return {**summary.model_dump(), "train_seconds": round(elapsed, 1)}
+    return {**summary.model_dump(), "train_seconds": round(elapsed, 1), "validate_seconds": round(monitor.validate_seconds, 1)}
 
 
 def _load_best(best: ModelCheckpoint) -> dict | None:

@@ -33,4 +33,4 @@ def main(section: str, description: str, objective: str | None = None) -> None:
     print(json.dumps(summary, indent=2))
     if record:
         record.finish(summary["device"], summary["precision"], summary["global_step"], "steps",
-                      train_s=summary["train_seconds"], objective=objective)
+                      train_s=summary["train_seconds"], validate_s=summary["validate_seconds"], objective=objective)
