@@ -176,7 +176,7 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     """The gathered experiments' stage records: figures (`stage_wall_s`, seconds summed by stage,
     each stage run once however many experiments restored it; `experiment_wall_s`, each
     experiment's own, restored ones included; `between_stages`; `compiled`; `step_time`;
-    `scoring_s`), when each
+    `scoring_s`; `validating_s`), when each
     experiment's last stage ended (experiment_ends), and the names of the experiments of `core`
     (every objective but CPO's)."""
     by_stage: dict[str, float] = defaultdict(float)
@@ -195,7 +195,8 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     core = {run.name for run in runs if run.params.get("objective") != "cpo"}
     figures = {"stage_wall_s": {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())},
                "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values()),
-               "step_time": step_time(runs), "scoring_s": scoring_seconds(ran.values())}
+               "step_time": step_time(runs), "scoring_s": scoring_seconds(ran.values()),
+               "validating_s": validating_seconds(records_of)}
     return figures, experiment_ends(records_of), core
 
 
@@ -295,6 +296,16 @@ def scoring_seconds(records: Iterable[dict]) -> dict[str, float]:
         for part, seconds in (record.get("seconds") or {}).items():
             found[part] += seconds
     return {part: round(seconds, 1) for part, seconds in sorted(found.items(), key=lambda item: -item[1])}
+
+
+def validating_seconds(records_of: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Each experiment's training stages that ran validation: their `train_s` and the `validate_s`
+    of it (the stage records of storyrewrite.training.stage), keyed by stage; experiments whose
+    records have neither are left out."""
+    found = {name: {r["stage"]: {"train_s": r["train_s"], "validate_s": r["validate_s"]} for r in records
+                    if r.get("validate_s") is not None and r.get("train_s") is not None}
+             for name, records in records_of.items()}
+    return {name: stages for name, stages in sorted(found.items()) if stages}
 
 
 # The fine-tuning's wall-time curves (docs/training.md): where its steps' time went.

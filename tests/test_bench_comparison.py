@@ -155,6 +155,15 @@ def test_the_scoring_stages_time_is_summed_by_part_over_the_stages_that_ran():
     assert list(comparison.scoring_seconds(records)) == ["bartscore", "cf_pmi", "load_models", "rouge_l"]
 
 
+def test_the_time_each_training_spent_validating_is_kept_beside_its_training_time():
+    records = {"rloo-a": [{**record("a", None, 130.0, stage="train"), "train_s": 120.0, "validate_s": 55.5},
+                          {**record("b", None, 90.0, stage="train_nll"), "train_s": 80.0, "validate_s": 20.0},
+                          record("c", None, 9.0, stage="generate-finetuned")],
+               "older": [{**record("d", None, 130.0, stage="train"), "train_s": 120.0}]}  # a record from before validate_s
+    assert comparison.validating_seconds(records) == {"rloo-a": {"train": {"train_s": 120.0, "validate_s": 55.5},
+                                                                 "train_nll": {"train_s": 80.0, "validate_s": 20.0}}}
+
+
 def test_a_resumed_comparison_names_the_runs_gathered_before(tmp_path):
     """The runs of runs/NAME and runs/NAME.<n> at the start (here the four that one H200 ran,
     committed in runs/gpu.2), one per params; a folder of records only (runs/gpu.1), an empty one
