@@ -211,7 +211,7 @@ class RLConfig(Section):
     max_new_tokens: Positive  # at most this many tokens per sample (TRL's max_completion_length)
     baseline: Literal["leave_one_out", "greedy"] = "leave_one_out"  # greedy: self-critical
     # The samples' KV cache: static (fixed-size) lets a GPU replay each decoding step as a CUDA
-    # graph (transformers compiles it, at most twice a run: its first row count, then any); the same samples as dynamic
+    # graph (transformers compiles it once a run, the row count symbolic); the same samples as dynamic
     cache: Literal["dynamic", "static"] = "dynamic"
     # Stop sampling once every sample has ended, which reads the device after each token (false:
     # always max_new_tokens steps, no read until the end; the same samples)

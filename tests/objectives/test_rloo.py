@@ -311,9 +311,11 @@ def test_a_static_cache_samples_what_the_dynamic_cache_does(tiny_model_dirs, sma
     assert len(caches.caches) == (2 if kind == "bart" else 1)  # (a seq2seq model's: one per encoder length)
 
 
-def _counted_compiles() -> tuple[list, CompileConfig]:
+def _counted_compiles(dynamic: bool | None = True) -> tuple[list, CompileConfig]:
     """(the graphs dynamo compiles, a compile config for transformers' auto-compile that appends
-    each and runs it as traced), on any device, with no graph another test compiled."""
+    each and runs it as traced), on any device, with no graph another test compiled. The run's
+    own config (`Sampling.compile_config`) with that backend; `dynamic` None: torch's automatic
+    dynamic shapes instead (transformers' default)."""
     graphs = []
 
     def backend(graph, example_inputs):
@@ -321,7 +323,9 @@ def _counted_compiles() -> tuple[list, CompileConfig]:
         return graph.forward
 
     torch._dynamo.reset()  # (dynamo keeps its graphs by code object, across models and tests)
-    compile_config = CompileConfig(backend=backend, mode=None)  # (mode: inductor's; reduce-overhead on a GPU)
+    # (mode: inductor's; reduce-overhead on a GPU)
+    compile_config = CompileConfig(**{**rloo.Sampling.compile_config.to_dict(), "backend": backend, "mode": None,
+                                      **({"dynamic": None} if dynamic is None else {})})
     compile_config._compile_all_devices = True  # (transformers compiles on a GPU only otherwise)
     return graphs, compile_config
 
@@ -371,23 +375,31 @@ def test_every_compiled_decoding_step_gets_the_same_cache_tensors(tiny_model_dir
     assert set(addresses) == {addresses[0]}
 
 
-def test_a_compiled_static_cache_step_compiles_twice_for_any_rows_in_validation_and_training(tiny_model_dirs, small_prepared):
+def test_a_compiled_static_cache_step_compiles_once_for_any_rows_in_validation_and_training(tiny_model_dirs, small_prepared):
     """Lightning validates in inference mode and trains with gradients on; batches of other sizes
-    give other row counts. The decoding step compiles for its first rows, then once more with the
-    row count symbolic (torch's automatic dynamic shapes), and never again."""
+    give other row counts. With the run's compile config the decoding step compiles once, the row
+    count symbolic, and samples what the eager dynamic cache samples; left to torch's automatic
+    dynamic shapes it compiles for the first rows, then once more at the next."""
     config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
     tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
-    graphs, compile_config = _counted_compiles()
-    settings = {"caches": rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW)), "compile_config": compile_config}
     validation, training, last = _batches(encoder, small_prepared, sizes=(4, 2, 1))
-    with torch.inference_mode():
-        rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
-    for seed in (5, 6):
-        rloo.sample(model, training, 3, seed, MAX_NEW, 1.0, *tokens, **settings)
-    with torch.inference_mode():
-        rloo.sample(model, last, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
-        rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings)
-    assert len(graphs) == 2
+    eager = {}
+    for dynamic, compiles in ((True, 1), (None, 2)):
+        graphs, compile_config = _counted_compiles(dynamic)
+        settings = {"caches": rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW)), "compile_config": compile_config}
+        samples = []
+        with torch.inference_mode():
+            samples.append(rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings))
+        for seed in (5, 6):
+            samples.append(rloo.sample(model, training, 3, seed, MAX_NEW, 1.0, *tokens, **settings))
+        with torch.inference_mode():
+            samples.append(rloo.sample(model, last, 3, 5, MAX_NEW, 1.0, *tokens, **settings))
+            samples.append(rloo.sample(model, validation, 3, 5, MAX_NEW, 1.0, *tokens, **settings))
+        assert len(graphs) == compiles, dynamic
+        eager = eager or {"samples": [rloo.sample(model, b, 3, s, MAX_NEW, 1.0, *tokens)
+                                      for b, s in ((validation, 5), (training, 5), (training, 6), (last, 5), (validation, 5))]}
+        assert samples == eager["samples"]
+    torch._dynamo.reset()
 
 
 def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_path, tiny_model_dirs, small_prepared):

@@ -178,7 +178,7 @@ CURVES: dict[str, dict[str, str]] = {
                                   "device to decode what the host had queued (a wall-time curve)",
         "static_cache": "with `rl.cache: static` alone: 1 while its caches sample, 0 once compiling the decoding step "
                         "failed and the run went on with the dynamic cache (the same samples, eager)",
-        "decoding_graphs": "with `rl.cache: static` alone: the graphs torch compiled while sampling so far (1 or 2 where "
+        "decoding_graphs": "with `rl.cache: static` alone: the graphs torch compiled while sampling so far (1 where "
                            "the decoding step compiled as planned; 0 on a GPU: it runs eagerly, a launch per operator)",
     },
 }

@@ -32,8 +32,8 @@ drawn with a fixed seed per batch): the best checkpoint is the one whose samples
 `rl.cache: static` samples with a fixed-size KV cache, sized for the longest source, so that on a
 GPU transformers compiles the decoding step and replays it as a CUDA graph, one graph per row
 count: the samples of the dynamic cache, without a kernel launch per operator of each new token.
-It compiles at most twice in a run: for the first row count, then, at the first other row count,
-with the row count symbolic (torch's automatic dynamic shapes), whatever the row counts after.
+It compiles once in a run, with the row count symbolic (`Sampling.compile_config`), whatever the
+row counts of the training and validation batches.
 The run keeps one such cache per row count and reuses it at every step (`StaticCaches`).
 Where the compile fails, the run goes on with the dynamic cache, the same samples (`Sampling`).
 `rl.early_stop: false` decodes `rl.max_new_tokens` steps without the host read per token with
@@ -230,7 +230,8 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
     `caches`: the static KV cache of the batch's row count from those, the same size for every
     call, so that the decoding step keeps one shape (and one set of cache tensors) per row count;
     on a GPU transformers then compiles that step (`compile_config`, default: inductor's
-    reduce-overhead, CUDA graphs). None: the dynamic cache, eager. `early_stop` False: always
+    reduce-overhead, CUDA graphs; given on a CPU only with transformers' `_compile_all_devices`).
+    None: the dynamic cache, eager. `early_stop` False: always
     `max_new_tokens` decoding steps, without a host read per token (`stop_at_max_length`)."""
     seq2seq = bool(generator.config.is_encoder_decoder)
     ids, mask, rows = source_rows(batch, seq2seq)
@@ -239,7 +240,9 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
         temperature=temperature if not greedy else None, top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
         repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=eos_id, pad_token_id=pad_id,
         decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None,
-        **({"compile_config": compile_config} if caches is not None else {}))
+        # (given only where transformers compiles: elsewhere it warns that it will not)
+        **({"compile_config": compile_config} if caches is not None and compile_config is not None and (
+            ids.device.type != "cpu" or getattr(compile_config, "_compile_all_devices", False)) else {}))
     was_training = generator.training
     generator.eval()
     devices = [ids.device] if ids.is_cuda else []
@@ -274,13 +277,18 @@ class Sampling:
 
     A compile can also do nothing without raising: transformers compiles only where it judges it
     can, and torch runs a frame eagerly once its guards fail too often. `decoding_graphs` counts
-    the graphs torch compiled during the run's samplings (the decoding step's: 1 or 2 where it
-    compiled as planned), and where transformers would compile (a CUDA device, or a compile
+    the graphs torch compiled during the run's samplings (the decoding step's: 1 where it compiled
+    as planned), and where transformers would compile (a CUDA device, or a compile
     config for every device) a first sampling that compiled none says so once on stderr, and
     whether torch.compile was entered at all (dynamo's frame count): the decoding then runs a
     kernel launch per operator, which a step's time shows and nothing else."""
 
-    compile_config: CompileConfig | None = None  # (None: transformers' own, inductor's reduce-overhead on a GPU)
+    # transformers' own compile (inductor's reduce-overhead: CUDA graphs, one per row count) with
+    # the row count symbolic from the first compile. Left to torch's automatic dynamic shapes, the
+    # first other row count (training's after the starting validation's) compiles the step a second
+    # time; on an H200 a static cache's compile made generation's warm-up 46 s against 5.6 s
+    # (reports/bench/nll_throughput-static.json).
+    compile_config: CompileConfig | None = CompileConfig(dynamic=True)
 
     def __init__(self, caches: StaticCaches | None, early_stop: bool):
         self.caches, self.early_stop = caches, early_stop
