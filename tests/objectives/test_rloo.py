@@ -176,6 +176,35 @@ def test_kl_zero_loads_no_reference_model_and_the_kl_term_is_the_log_ratio(tiny_
     assert out.diagnostics()["kl"].item() == pytest.approx(sum(kls) / len(kls), abs=1e-4)
 
 
+def test_validation_runs_the_generator_over_its_samples_only_for_a_kl_term(tiny_model_dirs, small_prepared, monkeypatch):
+    """The samples' log π under the generator (a forward of every sample) is the training loss's;
+    in validation (loss: −mean reward) only the KL term reads it. Without a reference model
+    validation skips that forward and gives the same loss and reward; training and the KL's
+    validation still run it (with the reference model's beside it)."""
+    directory = tiny_model_dirs["llama"]
+    forwards = []
+    sequence_log_probs = rloo.sequence_log_probs
+    monkeypatch.setattr(rloo, "sequence_log_probs", lambda model, *args: forwards.append(model) or sequence_log_probs(model, *args))
+    config, loss, encoder, batch, model = _setup(directory, small_prepared)
+    with torch.no_grad():
+        out = loss(model, batch, 3, validation=True)
+        assert forwards == []
+        completions, _, sources = rloo.sample(model, batch, config.samples, 3, MAX_NEW, 1.0, encoder.tokenizer.eos_token_id,
+                                              encoder.tokenizer.pad_token_id)
+    rewards = loss.scorer.score_ids(completions * 2, [t for t in batch["targets"] for _ in range(config.samples)]
+                                    + [o for o in batch["original_endings"] for _ in range(config.samples)], 2 * len(completions))
+    metric = rloo.combine_rewards(torch.tensor(rewards[:len(completions)], dtype=torch.float64),
+                                  torch.tensor(rewards[len(completions):], dtype=torch.float64), config.reward)
+    assert out.loss.item() == pytest.approx(-metric.mean().item(), rel=1e-6) and out.terms["reward"].item() == pytest.approx(metric.mean().item(), rel=1e-6)
+    loss(model, batch, 3)
+    assert forwards == [model]
+    forwards.clear()
+    config, loss, encoder, batch, model = _setup(directory, small_prepared, kl_beta=0.5)
+    with torch.no_grad():
+        loss(model, batch, 3, validation=True)
+    assert len(forwards) == 2 and forwards[0] is model and forwards[1] is loss.frozen[0]
+
+
 def test_the_end_token_ends_a_completion_and_padding_gets_no_gradient(tiny_model_dirs):
     eos = 2
     rows, ended = rloo.completion_ids(torch.tensor([[5, 6, eos, 7, 1], [5, 6, 7, 8, 9]]), eos)

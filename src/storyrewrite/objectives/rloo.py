@@ -390,7 +390,10 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         sampled, reading = finished - started, finished - launched
         repeat = lambda texts: [text for text in texts for _ in range(count)]  # noqa: E731
         originals = repeat(batch["original_endings"]) if needs_original else None
-        logps = sequence_log_probs(generator, encoder, sources, completions, config.temperature)  # B·K, with gradient
+        # B·K, with gradient: the loss's; in validation only the KL term reads them (a generator
+        # forward of every sample, skipped without a reference model)
+        logps = (sequence_log_probs(generator, encoder, sources, completions, config.temperature)
+                 if not validation or reference is not None else None)
         reward, metric, kl = (v.view(size, count) for v in rewards(completions, sources, repeat(batch["targets"]),
                                                                     originals, lambda: logps))
         if config.baseline == "greedy":
@@ -406,7 +409,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
             advantages = reward - baseline.view(size, 1)
         else:
             advantages = leave_one_out_advantages(reward)
-        device = logps.device
+        device = generator.device
         if validation:
             loss = -reward.mean().to(device, torch.float32)
             nll = nll_loss(target_logits(generator, batch), batch["target_ids"], batch["target_mask"]).detach()
