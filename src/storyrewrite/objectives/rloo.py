@@ -205,6 +205,12 @@ class StaticCaches:
         return cache
 
 
+def transformers_compiles(device: torch.device, compile_config: CompileConfig | None) -> bool:
+    """Whether transformers' `generate` compiles a static cache's decoding step on `device`: the
+    devices its `_valid_auto_compile_criteria` names, or any with the config's own switch."""
+    return device.type in ("cuda", "xpu", "neuron", "tpu") or bool(getattr(compile_config, "_compile_all_devices", False))
+
+
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
            eos_id: int, pad_id: int, greedy: bool = False, *, caches: StaticCaches | None = None,
            compile_config: CompileConfig | None = None, early_stop: bool = True
@@ -230,7 +236,7 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
     `caches`: the static KV cache of the batch's row count from those, the same size for every
     call, so that the decoding step keeps one shape (and one set of cache tensors) per row count;
     on a GPU transformers then compiles that step (`compile_config`, default: inductor's
-    reduce-overhead, CUDA graphs; given on a CPU only with transformers' `_compile_all_devices`).
+    reduce-overhead, CUDA graphs; given only where it compiles, `transformers_compiles`).
     None: the dynamic cache, eager. `early_stop` False: always
     `max_new_tokens` decoding steps, without a host read per token (`stop_at_max_length`)."""
     seq2seq = bool(generator.config.is_encoder_decoder)
@@ -241,8 +247,8 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
         repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=eos_id, pad_token_id=pad_id,
         decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None,
         # (given only where transformers compiles: elsewhere it warns that it will not)
-        **({"compile_config": compile_config} if caches is not None and compile_config is not None and (
-            ids.device.type != "cpu" or getattr(compile_config, "_compile_all_devices", False)) else {}))
+        **({"compile_config": compile_config}
+           if caches is not None and compile_config is not None and transformers_compiles(ids.device, compile_config) else {}))
     was_training = generator.training
     generator.eval()
     devices = [ids.device] if ids.is_cuda else []
@@ -278,7 +284,7 @@ class Sampling:
     A compile can also do nothing without raising: transformers compiles only where it judges it
     can, and torch runs a frame eagerly once its guards fail too often. `decoding_graphs` counts
     the graphs torch compiled during the run's samplings (the decoding step's: 1 where it compiled
-    as planned), and where transformers would compile (a CUDA device, or a compile
+    as planned), and where transformers would compile (`transformers_compiles`: a GPU, or a compile
     config for every device) a first sampling that compiled none says so once on stderr, and
     whether torch.compile was entered at all (dynamo's frame count): the decoding then runs a
     kernel launch per operator, which a step's time shows and nothing else."""
@@ -304,8 +310,7 @@ class Sampling:
         self.graphs += compile_counts().get("compiled_graphs", 0) - before
         if not self.checked:
             self.checked = True
-            everywhere = getattr(self.compile_config, "_compile_all_devices", False)  # (transformers' own switch)
-            if self.graphs == 0 and (generator.device.type == "cuda" or everywhere):
+            if self.graphs == 0 and transformers_compiles(generator.device, self.compile_config):
                 seen = dynamo_frames() - frames
                 why = ("torch.compile was not entered: transformers did not compile it, or dynamo is disabled" if seen == 0 else
                        f"dynamo saw {seen} frame(s) and compiled none; TORCH_LOGS=recompiles,graph_breaks says why")
