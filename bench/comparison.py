@@ -22,7 +22,9 @@ last stage ended (seconds from the start: the last one holds the run back), and 
 stages: in their processes before the work (imports) and outside them (exit, DVC), what
 torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA graphs), and where
 each fine-tuning's steps spent their time (`step_time`: the means of its wall-time curves), and
-the scoring stages' time by part (`scoring_s`: loading the models, each metric).
+the scoring stages' time by part (`scoring_s`: loading the models, each metric), and each
+part's edges (`part_edges_s`: from its start to its first stage's process, from its last stage's
+end to its own end; the GPU idles through both).
 Targets on one H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
 
@@ -172,11 +174,11 @@ def workspace(into: Path) -> Path:
     return repo
 
 
-def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
+def stage_walls(repo: Path, name: str, spans: dict[str, tuple[float, float]] | None = None) -> tuple[dict, dict, set]:
     """The gathered experiments' stage records: figures (`stage_wall_s`, seconds summed by stage,
     each stage run once however many experiments restored it; `experiment_wall_s`, each
     experiment's own, restored ones included; `between_stages`; `compiled`; `step_time`;
-    `scoring_s`; `validating_s`), when each
+    `scoring_s`; `validating_s`; `part_edges_s` of the parts that ended, `spans`), when each
     experiment's last stage ended (experiment_ends), and the names of the experiments of `core`
     (every objective but CPO's)."""
     by_stage: dict[str, float] = defaultdict(float)
@@ -196,7 +198,7 @@ def stage_walls(repo: Path, name: str) -> tuple[dict, dict, set]:
     figures = {"stage_wall_s": {stage: round(seconds, 1) for stage, seconds in sorted(by_stage.items())},
                "experiment_wall_s": by_experiment, "between_stages": between_stages(ran.values()), "compiled": compiled(ran.values()),
                "step_time": step_time(runs), "scoring_s": scoring_seconds(ran.values()),
-               "validating_s": validating_seconds(records_of)}
+               "validating_s": validating_seconds(records_of), "part_edges_s": part_edges(ran.values(), spans or {})}
     return figures, experiment_ends(records_of), core
 
 
@@ -371,6 +373,30 @@ def between_stages(records: Iterable[dict]) -> dict:
     return {"startup_s": round(sum(r.get("startup_s") or 0.0 for r in records), 1), "between_s": round(between, 1)}
 
 
+def part_edges(records: Iterable[dict], spans: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Where each part's wall time went before its first stage and after its last, the GPU idle
+    throughout. `spans`: each part's start and end, in seconds since the epoch; `records`: the
+    stages that ran (a stage belongs to the part in which it started). `to_first_stage_s`: from
+    the part's start to the process start of its first stage (planning and queueing the runs,
+    starting the queue's workers, DVC setting up the first experiment and restoring the stages
+    before it). `after_last_stage_s`: from the end of its last stage to the part's end (the
+    process's exit, DVC ending the experiments, the queue's polls, stopping the workers,
+    gathering, collecting). A part that started no stage is left out."""
+    found = {}
+    for part, (begun, finished) in spans.items():
+        starts, ends = [], []
+        for record in records:
+            if record.get("started_at") is None:
+                continue
+            start = datetime.fromisoformat(record["started_at"]).timestamp()
+            if begun <= start <= finished:
+                starts.append(start - (record.get("startup_s") or 0.0))
+                ends.append(start + record["wall_s"])
+        if starts:
+            found[part] = {"to_first_stage_s": round(min(starts) - begun, 1), "after_last_stage_s": round(finished - max(ends), 1)}
+    return found
+
+
 def core_in_all(ends: dict[str, float], core: set[str], begun: float) -> float | None:
     """Seconds from `begun` (the start of the part `all`) to the end of its last core experiment
     (experiment_ends), None where none ended. Core's experiments are queued first and the CPO runs
@@ -426,10 +452,14 @@ def main() -> None:
         parts, failed, begun_at, now = {}, [], {}, {}
         started, started_at = time.perf_counter(), time.time()
 
+        def spans() -> dict[str, tuple[float, float]]:
+            """Each part that ended: its start and end, in seconds since the epoch."""
+            return {part: (begun_at[part], begun_at[part] + parts[part]) for part in list(parts) if part in begun_at}
+
         def interim() -> None:
             """The record so far (complete: false), for a run cut short."""
             elapsed = round(time.perf_counter() - started, 1)
-            walls, ends, _ = stage_walls(repo, args.name)
+            walls, ends, _ = stage_walls(repo, args.name, spans())
             current = dict(now)  # (one read: the parts' loop changes it)
             part_now = (current["part"], round(current["begun"] - started, 1)) if current else None
             if args.mps and part_now and (state := mps_said(mps_state)) is not None:
@@ -459,7 +489,7 @@ def main() -> None:
                 else:  # its shared stages are in the run cache: the next part's experiments restore them
                     env["COMPARISON_SHARED"] = "0"
         total = round(time.perf_counter() - started, 1)
-        walls, ends, core = stage_walls(repo, args.name)
+        walls, ends, core = stage_walls(repo, args.name, spans())
     if "all" in parts and (within := core_in_all(ends, core, begun_at["all"])) is not None:
         parts["core_in_all"] = within
     by_stage, overheads = walls["stage_wall_s"], walls["between_stages"]
@@ -471,6 +501,8 @@ def main() -> None:
         target = TARGETS_S.get({"total": "all", "core_in_all": "core"}.get(part, part))
         ratio = f"  {seconds / target:.2f}x of the target {target} s" if device.type == "cuda" and target and not before else ""
         print(f"{part:<12} {seconds:>8.1f}{ratio}")
+    for part, edges in walls["part_edges_s"].items():
+        print(f"{part}: {edges['to_first_stage_s']:.1f} s to its first stage, {edges['after_last_stage_s']:.1f} s after its last")
     if ends:
         last = max(ends, key=ends.get)
         print(f"last to end: {last} ({'core' if last in core else 'cpo'}), {ends[last] - started_at:.1f} s after the start")

@@ -55,6 +55,26 @@ def test_each_experiment_ends_with_its_last_stage_and_core_within_all_ends_with_
     assert comparison.core_in_all(ends, {"d"}, midnight + 10) is None
 
 
+def test_each_part_says_how_long_it_ran_before_its_first_stage_and_after_its_last():
+    """Worked by hand: core runs 00:00:00 to 00:05:00. Its first stage's process started at
+    00:00:40 - 5 s (35 s in), its last stage ended at 00:04:20 + 10 s (30 s before the end). cpo
+    runs 00:05:00 to 00:08:00: a record restored from core's run (started 00:00:40) is no stage
+    of it; its one stage starts at 00:06:00 - 2 s (58 s in) and ends at 00:07:00 (60 s before its
+    end). A part with no stage started in it is left out."""
+    midnight = 1795910400.0  # 2026-11-29T00:00:00+00:00
+    records = [record("a", "2026-11-29T00:00:40+00:00", 30.0, 5.0, "train_nll"),
+               record("a", "2026-11-29T00:04:20+00:00", 10.0, 3.0, "score-finetuned"),
+               record("b", "2026-11-29T00:02:00+00:00", 100.0, 2.0),
+               record("c", "2026-11-29T00:06:00+00:00", 60.0, 2.0),
+               {"stage": "report", "experiment": "a", "wall_s": 1.0}]  # (no start: not placed)
+    spans = {"core": (midnight, midnight + 300), "cpo": (midnight + 300, midnight + 480),
+             "seeds": (midnight + 480, midnight + 500)}
+    assert comparison.part_edges(records, spans) == {
+        "core": {"to_first_stage_s": 35.0, "after_last_stage_s": 30.0},
+        "cpo": {"to_first_stage_s": 58.0, "after_last_stage_s": 60.0}}
+    assert comparison.part_edges(records, {}) == {}
+
+
 def test_what_torch_compile_did_is_summed_by_stage_and_objective_with_the_first_reason_for_a_skip():
     records = [
         {**record("a", None, 1.0), "objective": "rloo", "compiled_graphs": 3, "graph_breaks": 0, "cudagraph_skips": 1,
