@@ -102,15 +102,27 @@ workers() {
 # experiment whose worker was killed mid-run shows Running for ever (its result never comes): with
 # nothing queued, no worker answering and none of this repository's alive, seen on three polls in a
 # row, it is named and not waited for.
-# run_queue NAME: waits only until the experiment NAME has left the queue and ended (polls 5 s apart).
-# Gives up with 1. While experiments run, every COMPARISON_PROGRESS_SECONDS (300; 0: each poll) it
+# The polls are COMPARISON_POLL_SECONDS apart: by default 15 s, or 5 s on a host of 8 cores or more
+# (a GPU machine), where a poll's half second of one core is under 1 % of the host. Where fewer
+# experiments are queued or running than at the poll before, those that finished are gathered
+# into runs/NAME while the others run (gather_finished): the gather at the end reads the rest.
+# run_queue NAME: waits only until the experiment NAME has left the queue and ended (polls 5 s apart),
+# and gathers nothing. Gives up with 1. While experiments run, every COMPARISON_PROGRESS_SECONDS (300; 0: each poll) it
 # prints the time, how many run and are queued, and each training under way: its step of its
 # total, its pace so far and its time to go (`python -m storyrewrite.queue --trainings`).
 queue_state() { python -m storyrewrite.queue "$@"; }  # [--workers]: the workers' line too
+POLL_SECONDS=15
+[ "$(nproc 2>/dev/null || echo 1)" -lt 8 ] || POLL_SECONDS=5
+# gather_finished: the experiments of RUNS that finished, gathered (quietly: the others still run;
+# a gather that fails here is tried again at the end).
+gather_finished() {
+  [ ${#RUNS[@]} -gt 0 ] || return 0
+  python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" --finished >/dev/null 2>&1 || true
+}
 state_of() { awk -v name="$1" '$2 == name {print $NF; exit}'; }  # state_of NAME < a poll's lines: its status
 run_queue() {
-  local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-15}
-  local status idle=0 restarts=0 failures=0 orphaned=0 answering active alive queued running last_queued= progress_at=$SECONDS
+  local until=${1:-} state poll=${COMPARISON_POLL_SECONDS:-$POLL_SECONDS}
+  local status idle=0 restarts=0 failures=0 orphaned=0 answering active alive queued running last_queued= left= progress_at=$SECONDS
   [ -z "$until" ] || poll=${COMPARISON_POLL_SECONDS:-5}
   # Workers only for what is queued; what still runs (a worker an interrupted comparison left) is waited for.
   ! grep -qw Queued <<<"$(queue_state 2>/dev/null)" || dvc queue start -j "$JOBS"
@@ -132,6 +144,8 @@ run_queue() {
     queued=$(grep -cw Queued <<<"$status" || true)
     running=$(grep -cw Running <<<"$status" || true)
     [ $((queued + running)) -gt 0 ] || break
+    [ -n "$until" ] || [ -z "$left" ] || [ $((queued + running)) -ge "$left" ] || gather_finished
+    left=$((queued + running))
     if [ "$running" -gt 0 ] && [ $((SECONDS - progress_at)) -ge "${COMPARISON_PROGRESS_SECONDS:-300}" ]; then
       progress_at=$SECONDS
       echo "== $(date -u +%H:%M:%S): $running running, $queued queued"
@@ -233,6 +247,7 @@ queue() {
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
   python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
+echo "== planned: ${#PLAN[@]} call(s) of dvc exp run --queue ($(date -u +%H:%M:%S))"  # (the times: where the start of a run goes)
 if [ "${COMPARISON_MPS:-0}" = 1 ] && [ "$JOBS" -gt 1 ] && [ ${#PLAN[@]} -gt 0 ]; then
   # Before any worker starts: the workers, and the stages they start, inherit the variables that make them its clients.
   MPS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/storyrewrite-mps.XXXXXX")

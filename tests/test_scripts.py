@@ -79,11 +79,13 @@ def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED, plan: 
     every sweep queued as it is) for `gather --plan`, prints `dedupe` for `gather --dedupe`, and runs
     `python` (a bash snippet)."""
     log, queued, running = tmp_path / "calls.log", tmp_path / "queued", tmp_path / "running"
-    # `running`: one line for each poll that still shows an experiment running, whose workers answer ANSWERING. Queued:
+    # `running`: one line for each poll that still shows an experiment running (exp-9; a line of names
+    # separated by commas, exp-*: those), whose workers answer ANSWERING. Queued:
     # more lines than a pipe holds (a poll `| grep -q` would end it early, and fail under pipefail).
     # LISTED: experiments that the queue lists as done (what an interrupted comparison left, the shared groups).
     polls = _queue_stub(f"rm -f {running}.shown; for name in ${{LISTED:-}}; do printf 'abc  %s  Success\\n' $name; done; "
-                        f"if [ -s {running} ]; then printf 'abc  exp-9  Running\\n'; sed -i 1d {running}; "
+                        f"if [ -s {running} ]; then line=$(head -n 1 {running}); [[ $line == exp-* ]] || line=exp-9; "
+                        f"printf 'abc  %s  Running\\n' ${{line//,/ }}; sed -i 1d {running}; "
                         f"touch {running}.shown; fi; if [ -f {queued} ]; then printf 'abc  exp-1  Queued\\n'; seq 20000 || exit; fi",
                         f"[ ! -f {running}.shown ] || printf 'Worker status: %s active, 0 idle\\n' \"${{ANSWERING:-0}}\"")
     bin_dir = _write_stubs(tmp_path, {
@@ -189,6 +191,35 @@ def test_no_queue_worker_starts_when_every_run_ran_before(tmp_path):
     gather = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
     assert calls[:gather].count(QUEUE) == 7 and calls[:gather].count(ASKED) == 5
     assert "trained to step" not in result.stdout  # progress: every 5 minutes by default
+
+
+def test_what_finished_is_gathered_while_the_others_run_and_the_polls_are_closer_on_a_large_host(tmp_path):
+    """Two experiments run, then one: the one that finished is gathered at that poll (quietly,
+    --finished), the rest at the end. With no COMPARISON_POLL_SECONDS the polls are 15 s apart on
+    a host of fewer than 8 cores and 5 s apart on one of 8 or more (`nproc`)."""
+    for cores, seconds in (("2", "15"), ("16", "5")):
+        here = tmp_path / cores
+        here.mkdir()
+        (here / "bin").mkdir()
+        slept = here / "slept"
+        (here / "bin" / "nproc").write_text(f"#!/usr/bin/env bash\necho {cores}\n")
+        (here / "bin" / "sleep").write_text(f'#!/usr/bin/env bash\necho "$1" >> {slept}\n')
+        for stub in ("nproc", "sleep"):
+            (here / "bin" / stub).chmod(0o755)
+        env, log = _stubs(here, dedupe="done-a busy", python=(
+            f'if [ "$3" = --dedupe ]; then rm -f {here / "queued"}; printf "%s\\n" exp-8,exp-9 exp-8,exp-9 exp-9 exp-9 > {here / "running"}; fi\n'
+            f'{GATHERED}'))
+        del env["COMPARISON_POLL_SECONDS"]
+        env["ANSWERING"] = "1"
+        result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=here, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        calls = log.read_text().splitlines()
+        during = [i for i, c in enumerate(calls) if c == "python -m storyrewrite.report.gather --out runs/grid --names done-a busy --finished"]
+        end = calls.index("python -m storyrewrite.report.gather --out runs/grid --names done-a busy")
+        # Polls: 2 running (the first read, then the wait's first poll), 1 (gathered), 1, none.
+        assert len(during) == 1 and calls[during[0] - 1] == QUEUE and during[0] < end
+        assert calls[during[0]:end].count(QUEUE) == 2
+        assert slept.read_text().split() == 3 * [seconds]  # (the polls that saw one running; stopping no worker sleeps not)
 
 
 def test_a_long_wait_says_every_few_minutes_how_far_each_training_under_way_has_got(tmp_path):

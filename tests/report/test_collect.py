@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import subprocess
 
 import pytest
@@ -152,6 +153,25 @@ def test_experiments_are_read_from_dvc_exp_show_and_selected_by_name(tmp_path, m
         _gather_from(tmp_path / "c", monkeypatch, exp_show, "tpu-*")
 
 
+def test_a_run_gathered_before_at_its_revision_is_not_read_again(tmp_path, monkeypatch, capsys):
+    """A poller gathered gpu-dto while cpu-dto ran: the gather at the end reads cpu-dto alone
+    through DVC, names gpu-dto as gathered before, and leaves its manifest as it was."""
+    import dvc.api
+
+    exp_show = [{"rev": "abcdef1234", "name": "main", "data": {},
+                 "experiments": [{"name": "gpu-dto", "revs": [{"rev": "9876", "name": "gpu-dto", "data": {}}]},
+                                 {"name": "cpu-dto", "revs": [{"rev": "5432", "name": "cpu-dto", "data": {}}]}]}]
+    assert _gather_from(tmp_path, monkeypatch, exp_show, "gpu-dto") == ["gpu-dto"]
+    first = (tmp_path / "runs" / "gpu-dto.json").read_text()
+    opened = []
+    monkeypatch.setattr(dvc.api, "DVCFileSystem", lambda root, rev: opened.append(rev) or DictFS(_files(rev, "score", 1.45, 0.3, -1.7)))
+    capsys.readouterr()
+    gather(["--json", str(tmp_path / "show.json"), "--out", str(tmp_path / "runs")])
+    assert opened == ["5432"] and (tmp_path / "runs" / "gpu-dto.json").read_text() == first
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "gpu-dto (9876): gathered before" and re.fullmatch(r"cpu-dto \(5432\): \d+ files", said[1])
+
+
 def test_experiments_of_the_queue_that_did_not_finish_are_named_not_gathered(tmp_path, monkeypatch):
     """`dvc exp show --json` lists the queue's experiments beside those that ran (DVC 3.67's shape:
     `executor.state` on the experiment, a failed one's `error` on its revision), each with the commit
@@ -275,6 +295,9 @@ def test_a_poller_gathers_a_run_once_and_again_only_at_another_revision(tmp_path
     assert not gathered_before(tmp_path, run)
     gather_run(DictFS(_files("dto", "score", 1.45, 0.3, -1.7)), run, tmp_path)
     assert gathered_before(tmp_path, run) and not gathered_before(tmp_path, {**run, "rev": "b" * 40})
+    # A manifest whose files are not all there (a folder copied in part) is gathered again.
+    next((tmp_path / "blobs").iterdir()).unlink()
+    assert not gathered_before(tmp_path, run)
 
 
 def test_an_output_missing_from_the_dvc_cache_is_named_with_its_experiment(tmp_path):

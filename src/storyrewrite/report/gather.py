@@ -192,9 +192,15 @@ def sweep_settings(line: str, where: str) -> list[str]:
 
 
 def gathered_before(out: Path, run: dict) -> bool:
-    """Whether `out` holds the manifest of this run at this revision."""
+    """Whether `out` holds the manifest of this run at this revision, with each of its files. A
+    run's revision never changes and its manifest is written after its files: such a run is
+    gathered already (by a poller while the others ran: scripts/comparison.sh, offline/job.sh)."""
     path = Path(out) / f"{run['name']}.json"
-    return path.exists() and read_json(path).get("rev") == run["rev"]
+    if not path.exists():
+        return False
+    manifest = read_json(path)
+    return manifest.get("rev") == run["rev"] and all(
+        (Path(out) / "blobs" / f"{digest}.gz").exists() for digest in (manifest.get("files") or {}).values())
 
 
 def store_blob(data: bytes, blobs: Path) -> str:
@@ -380,8 +386,11 @@ def main(argv: list[str] | None = None) -> None:
         names = ", ".join(run["name"] for run in everything) or "none"
         raise InputError(f"--names {' '.join(args.names)!r} matches no experiment; experiments: {names}")
     for run in runs:
-        # (A poller gathers every few seconds: a run's revision never changes, so one gathered stays so.)
-        if run["state"] is None and not (args.finished and gathered_before(args.out, run)):
+        if run["state"] is None:
+            if gathered_before(args.out, run):
+                if not args.finished:
+                    print(f"{run['name']} ({run['rev'][:7]}): gathered before")
+                continue
             manifest = gather_run(DVCFileSystem(".", rev=run["rev"]), run, args.out)
             print(f"{run['name']} ({run['rev'][:7]}): {len(manifest['files'])} files")
     left = [f"{run['name']} ({run['state']})" for run in runs if run["state"]]
