@@ -24,7 +24,8 @@ torch.compile did in each stage (graphs, breaks, graphs not replayed as CUDA gra
 each fine-tuning's steps spent their time (`step_time`: the means of its wall-time curves), and
 the scoring stages' time by part (`scoring_s`: loading the models, each metric), and each
 part's edges (`part_edges_s`: from its start to its first stage's process, from its last stage's
-end to its own end; the GPU idles through both).
+end to its own end; the GPU idles through both), and each part's steps as the script printed them
+(`steps_s`: its `== ` lines, each with the seconds from the part's start at which it came).
 Targets on one H100/H200-class GPU: core <= 6 min, all <= 12 min (none on a CPU). Figures go to
 reports/bench/comparison[-VARIANT].json; the exit status is 1 if an experiment failed.
 
@@ -70,6 +71,50 @@ TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 # experiments that the run's record names (seconds from its start, as experiment_end_s).
 IDLE_BELOW_PCT, IDLE_WINDOW_S, IDLE_WINDOWS_KEPT = 5.0, 10.0, 5
 TIMELINE_EVERY = 20  # samples between two rewrites of the --timeline file
+
+
+STEP_CHARS = 120  # a step's line in the record, cut there (a queued sweep's names every override)
+
+
+def run_part(command: list[str], cwd: Path, env: dict, steps: list, interval: float = 0.2) -> int:
+    """Runs a part's scripts/comparison.sh, its output passed on as it comes, and appends to `steps`
+    each line it prints of a step (`== ...`): {at_s: when it came, in seconds from the part's start
+    (at most `interval` late), step: the line without `== `, cut at STEP_CHARS}. Returns the
+    script's exit status.
+
+    The output goes through a file, not a pipe: the DVC queue workers and NVIDIA's MPS daemon that
+    the script starts outlive it, and one that kept a pipe's end open would hold a reader of the
+    pipe until it ended."""
+    begun = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="comparison-part-") as folder:
+        path = Path(folder) / "out.txt"
+        with path.open("w", encoding="utf-8") as out:
+            process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out)
+        with path.open(encoding="utf-8") as read:  # (an offset of its own: the script's writes go on at theirs)
+            pending = ""
+
+            def take() -> None:
+                nonlocal pending
+                pending += read.read()
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    print(line, flush=True)
+                    if line.startswith("== "):
+                        step = line[3:] if len(line) <= STEP_CHARS + 3 else line[3:STEP_CHARS + 2] + "…"
+                        steps.append({"at_s": round(time.perf_counter() - begun, 1), "step": step})
+
+            try:
+                while process.poll() is None:
+                    take()
+                    time.sleep(interval)
+            except KeyboardInterrupt:  # (Ctrl-C reached the script too: it ends once DVC has put dvc.lock back)
+                process.wait(timeout=120)
+                raise
+            take()
+            if pending:
+                pending += "\n"
+                take()
+    return process.returncode
 
 
 class Sampler:
@@ -449,7 +494,7 @@ def main() -> None:
         mps_state = Path(temporary) / "mps-state"
         if args.mps:
             env.update(COMPARISON_MPS="1", COMPARISON_MPS_STATE=str(mps_state))
-        parts, failed, begun_at, now = {}, [], {}, {}
+        parts, failed, begun_at, now, steps = {}, [], {}, {}, {}
         started, started_at = time.perf_counter(), time.time()
 
         def spans() -> dict[str, tuple[float, float]]:
@@ -467,7 +512,8 @@ def main() -> None:
             figures = {"complete": False, "elapsed_s": elapsed, "wall_s": dict(parts),
                        **({"part_running": {"part": part_now[0], "from_s": part_now[1]}} if part_now else {}),
                        **run_figures(walls, ends, started_at, sampler.figures()),
-                       "running": running(repo), "ended": ended(repo, started_at), "failed_parts": list(failed)}
+                       "running": running(repo), "ended": ended(repo, started_at), "failed_parts": list(failed),
+                       "steps_s": {part: list(lines) for part, lines in list(steps.items())}}
             write_result(result_name, device, figures, settings,
                          targets_for(parts, device.type == "cuda", bool(before), elapsed, part_now), quiet=True)
 
@@ -477,14 +523,14 @@ def main() -> None:
                 now.update(part=part, begun=begun)
                 print(f"== {part}: scripts/comparison.sh -j {args.jobs} {args.name} {part} {' '.join(map(str, args.profile))}",
                       flush=True)
-                result = subprocess.run(["bash", "scripts/comparison.sh", "-j", str(args.jobs), args.name, part,
-                                         *map(str, args.profile)], cwd=repo, env=env)
+                returncode = run_part(["bash", "scripts/comparison.sh", "-j", str(args.jobs), args.name, part,
+                                       *map(str, args.profile)], repo, env, steps.setdefault(part, []))
                 parts[part] = round(time.perf_counter() - begun, 1)
                 now.clear()
                 if args.mps:  # (nothing written: one worker, or nothing queued)
                     settings["mps"][part] = mps_said(mps_state) or "not started"
                     mps_state.unlink(missing_ok=True)
-                if result.returncode != 0:
+                if returncode != 0:
                     failed.append(part)
                 else:  # its shared stages are in the run cache: the next part's experiments restore them
                     env["COMPARISON_SHARED"] = "0"
@@ -494,7 +540,7 @@ def main() -> None:
         parts["core_in_all"] = within
     by_stage, overheads = walls["stage_wall_s"], walls["between_stages"]
     figures = {"complete": True, "wall_s": {**parts, "total": total}, **run_figures(walls, ends, started_at, sampler.figures()),
-               "failed_parts": failed}
+               "failed_parts": failed, "steps_s": steps}
     write_result(result_name, device, figures, settings, targets_for(parts, device.type == "cuda", bool(before)))
     print(f"{'part':<12} {'wall s':>8}")
     for part, seconds in [*parts.items(), ("total", total)]:

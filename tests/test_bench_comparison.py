@@ -75,6 +75,25 @@ def test_each_part_says_how_long_it_ran_before_its_first_stage_and_after_its_las
     assert comparison.part_edges(records, {}) == {}
 
 
+def test_a_parts_steps_are_kept_with_when_they_came_and_its_output_passed_on(tmp_path, capsys):
+    """A stand-in script prints two steps 0.6 s apart, a line that is no step, and a last step
+    without a newline, then leaves a child behind that holds its output open: the part ends with
+    the script, its lines are passed on, and each step is kept with when it came."""
+    script = tmp_path / "part.sh"
+    long = "queued: " + " ".join(f"-S key{i}=value" for i in range(20))
+    script.write_text(f'echo "== planned (12:00:00)"; sleep 0.6; echo "a line of a table"; echo "== {long}"\n'
+                      '(sleep 30 &) ; printf "== collected"; exit 3\n')
+    steps = []
+    started = time.perf_counter()
+    assert comparison.run_part(["bash", str(script)], tmp_path, dict(os.environ), steps, interval=0.05) == 3
+    assert time.perf_counter() - started < 10  # (not held by the child until it ends)
+    cut = long[:comparison.STEP_CHARS - 1] + "…"
+    assert [step["step"] for step in steps] == ["planned (12:00:00)", cut, "collected"] and len(cut) == comparison.STEP_CHARS
+    at = [step["at_s"] for step in steps]
+    assert 0 <= at[0] < 0.5 and 0.5 <= at[1] - at[0] and at[1] <= at[2]
+    assert capsys.readouterr().out.splitlines() == ["== planned (12:00:00)", "a line of a table", f"== {long}", "== collected"]
+
+
 def test_what_torch_compile_did_is_summed_by_stage_and_objective_with_the_first_reason_for_a_skip():
     records = [
         {**record("a", None, 1.0), "objective": "rloo", "compiled_graphs": 3, "graph_breaks": 0, "cudagraph_skips": 1,
@@ -252,7 +271,7 @@ def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_ru
     for resumed in (False, True):
         repo = tmp_path / f"repo-{resumed}"
         (repo / "scripts").mkdir(parents=True)
-        (repo / "scripts" / "comparison.sh").write_text("sleep 1\n")
+        (repo / "scripts" / "comparison.sh").write_text("echo '== planned'; sleep 1; echo '== collected'\n")
         if resumed:
             shutil.copytree(ROOT / "runs" / "gpu.2", repo / "runs" / "gpu.2")
         monkeypatch.setattr(comparison, "workspace", lambda into, repo=repo: repo)
@@ -261,6 +280,7 @@ def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_ru
         comparison.main()
         *interim, (name, figures, settings, targets, quiet) = written
         assert name == "comparison" and not quiet and figures["complete"] is True and 1 <= figures["wall_s"]["core"] < 5
+        assert [step["step"] for step in figures["steps_s"]["core"]] == ["planned", "collected"]
         assert interim and all(record[1]["complete"] is False and record[4] for record in interim)
         # Each names the part running when it was written; one written after the part ended (before
         # the whole run's record, on a slow machine) names none, and has the part's wall time.
