@@ -100,7 +100,8 @@ def run_part(command: list[str], cwd: Path, env: dict, steps: list, interval: fl
                 for line in lines:
                     print(line, flush=True)
                     if line.startswith("== "):
-                        step = line[3:] if len(line) <= STEP_CHARS + 3 else line[3:STEP_CHARS + 2] + "…"
+                        step = line.removeprefix("== ")
+                        step = step if len(step) <= STEP_CHARS else step[:STEP_CHARS - 1] + "…"
                         steps.append({"at_s": round(time.perf_counter() - begun, 1), "step": step})
 
             try:
