@@ -168,6 +168,9 @@ poll)
   [[ ${OUT_FILE_MIB:-1} =~ ^[1-9][0-9]*$ ]] || { echo "error: OUT_FILE_MIB must be a whole number of MiB >= 1, got '$OUT_FILE_MIB'" >&2; exit 2; }
   [ -f "$JOB/state" ] || { echo "error: no job ($JOB/state): 'start' it first" >&2; exit 1; }
   while :; do
+    # The job's state before this round's snapshot: a job that ended after the snapshot began gets
+    # one more round, so the last snapshot is always taken after the job's end.
+    state=$(cat "$JOB/state")
     # A comparison's experiments that have finished since the last poll, gathered (quietly: others still run).
     # At most 5 minutes: a poll goes on to bring back what it has (`dvc exp show` can hang, report.gather).
     if [ -s "$JOB/name" ]; then
@@ -190,7 +193,7 @@ poll)
       [ ! -f "$JOB/exps.bundle" ] || to_out "$JOB/exps.bundle" exps.bundle
     fi
     cp "$JOB/log.txt" "$OUT/log.tmp" && mv "$OUT/log.tmp" "$OUT/log.txt"
-    [ "$(cat "$JOB/state")" = running ] && [ "$(date +%s)" -lt "$end" ] || break
+    [ "$state" = running ] && [ "$(date +%s)" -lt "$end" ] || break
     sleep "${GPU_JOB_INTERVAL:-10}"  # (seconds; the tests' is shorter)
   done
   cat "$JOB/state"
