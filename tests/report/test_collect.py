@@ -280,6 +280,14 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
         entry("q7", {**params("rloo"), "rl": {"reward": "score", "cache": "static", "early_stop": False}}, "queued"),
         entry("q8", {**params("rloo"), "rl": {"reward": "delta", "early_stop": False}}, "queued")]}]
     assert duplicates(fast, gathered=[{**params("rloo"), "rl": {"reward": "score"}}])[:2] == (["q8"], ["q7"])
+    # The settings of another objective tell no two runs apart (a DTO run reads no `rl`, a CPO run
+    # no `dto`); its own objective's do, and an objective the registry does not know keeps them all.
+    other = [{"rev": "abcdef1234", "experiments": [
+        entry("q11", {**params("score"), "rl": {"reward": "score"}}, "queued"), entry("q12", {**params("cpo"), "dto": {"tau": 2.0}}, "queued"),
+        entry("q13", {**params("rloo"), "rl": {"reward": "score"}}, "queued"), entry("q14", {**params("mine"), "rl": {"reward": "score"}}, "queued")]}]
+    before = [{**params("score"), "rl": {"reward": "delta"}}, {**params("cpo"), "dto": {"tau": 1.0}}, {**params("rloo"), "rl": {"reward": "delta"}},
+              {**params("mine"), "rl": {"reward": "delta"}}]
+    assert duplicates(other, gathered=before)[:2] == (["q13", "q14"], ["q11", "q12"])
     # A setting added later stands, where a gathered run lacks it, at the value that computes what
     # the run did (`score.fp32_matmul: ieee`), and at no other value.
     scored = [{"rev": "abcdef1234", "experiments": [

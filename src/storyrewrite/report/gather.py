@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
+from storyrewrite.objectives.registry import OBJECTIVES
 from storyrewrite.queue import dvc_root
 
 # What a run's stages write that the tables need (models and predictions stay behind).
@@ -77,9 +78,16 @@ ADDED_LATER = {"score": {"fp32_matmul": "ieee"}}
 
 def params_key(params: dict) -> str:
     """What tells two runs apart: their params, whatever the order of keys, without SPEED_ONLY's,
-    and with ADDED_LATER's value where a run has no such key."""
+    with ADDED_LATER's value where a run has no such key, and without the settings sections of
+    objectives other than its own (`rl` for a DTO run, say): only the train stage reads them, and
+    only its objective's (objectives.registry; a test checks the stage). A run of an objective
+    the registry does not know keeps them all."""
+    own = OBJECTIVES.get(params.get("objective"))
+    unread = {o.settings for o in OBJECTIVES.values() if o.settings} - {own.settings} if own is not None else set()
     kept = {}
     for section, value in params.items():
+        if section in unread:
+            continue
         if isinstance(value, dict):
             value = {**ADDED_LATER.get(section, {}), **value}
             value = {k: v for k, v in value.items() if k not in SPEED_ONLY.get(section, ())}
