@@ -501,7 +501,7 @@ def test_a_bench_script_refuses_bad_input_in_one_line():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "error: -S rl.cach=static: unknown key `rl.cach`; valid keys in `rl`: samples, temperature, max_new_tokens, reward, "
-        "kl_beta, baseline, cache, early_stop"]
+        "kl_beta, baseline, cache, early_stop, sample_dtype"]
 
 
 def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_against_its_flops():

@@ -293,8 +293,8 @@ def test_profiles_compose_and_every_section_stays_valid():
     assert rehearsal.data.max_train == 24 and rehearsal.train_nll.max_steps == 4
     # On a CPU without bf16 instructions: the same rehearsal, float32 throughout.
     in_fp32 = Params(overlay(overlay(overlay(base, gpu), smoke), fp32))
-    assert (in_fp32.train_nll.precision, in_fp32.train.precision, in_fp32.generate.dtype, in_fp32.score.dtype,
-            in_fp32.llm.local_dtype) == ("32-true", "32-true", "float32", "float32", "float32")
+    assert (in_fp32.train_nll.precision, in_fp32.train.precision, in_fp32.rl.sample_dtype, in_fp32.generate.dtype,
+            in_fp32.score.dtype, in_fp32.llm.local_dtype) == ("32-true", "32-true", "float32", "float32", "float32", "float32")
     # A profile under it that scores in bf16 scores in float32 again.
     assert Params(overlay(overlay(base, {"score": {"dtype": "bfloat16"}}), fp32)).score.dtype == "float32"
     assert in_fp32.data.max_train == 24 and in_fp32.train.max_steps == 4 and in_fp32.generate.batch_size == 8
@@ -357,7 +357,8 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
     assert capsys.readouterr().out.rstrip("\n").endswith("-S train.batch_size=16 -S train.val_batch_size=64 -S train.max_steps=300 "
         "-S train.val_check_interval=100 -S train.checkpoint_every_n_steps=100 -S train.precision=bf16-mixed "
         "-S train.num_workers=4 -S generate.batch_size=512 -S generate.dtype=bfloat16 -S score.batch_size=64 "
-        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S rl.cache=static -S rl.early_stop=false -S objective=delta -S llm.modes=[rag]")
+        "-S llm.local_batch_size=256 -S llm.local_dtype=bfloat16 -S rl.cache=static -S rl.early_stop=false "
+        "-S rl.sample_dtype=bfloat16 -S objective=delta -S llm.modes=[rag]")
 
 
 def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, capsys):
@@ -393,6 +394,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_qu
         return False
 
     assert emulated_bf16(rehearsal, False, no_gpu) == every
+    # RLOO's sampling copy, in an RLOO run alone (no other objective reads it).
+    assert emulated_bf16({**rehearsal, "objective": "rloo"}, False, no_gpu) == [*every[:2], "rl.sample_dtype=bfloat16", *every[2:]]
     # Not where the CPU has bf16 instructions or is not known, where a GPU takes the run, or in
     # float32 (params.yaml, fp32.yaml).
     assert emulated_bf16(rehearsal, True, no_gpu) == [] and emulated_bf16(rehearsal, None, no_gpu) == []

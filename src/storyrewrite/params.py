@@ -216,6 +216,9 @@ class RLConfig(Section):
     # Stop sampling once every sample has ended, which reads the device after each token (false:
     # always max_new_tokens steps, no read until the end; the same samples)
     early_stop: bool = True
+    # The weights' dtype while sampling: null, the generator's own (float32 under a mixed
+    # precision); bfloat16 or float16, a copy of it in that dtype, refreshed before each sampling
+    sample_dtype: Dtype | None = None
 
     @field_validator("baseline")
     @classmethod

@@ -95,7 +95,10 @@ def lookup(tree: dict, key: str) -> Any:
 # with the setting that places its stage: a training section's `accelerator` (Lightning's), or
 # the top-level `device` for generation, scoring and the LLM baselines.
 BF16_SETTINGS = (("train_nll.precision", "train_nll.accelerator"), ("train.precision", "train.accelerator"),
-                 ("generate.dtype", "device"), ("score.dtype", "device"), ("llm.local_dtype", "device"))
+                 ("rl.sample_dtype", "train.accelerator"), ("generate.dtype", "device"), ("score.dtype", "device"),
+                 ("llm.local_dtype", "device"))
+# Those that one objective's training alone reads: named for a run of that objective only.
+OBJECTIVE_SETTINGS = {"rl.sample_dtype": "rloo"}
 
 
 def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) -> list[str]:
@@ -116,7 +119,8 @@ def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) ->
     if has_bf16 is not False:
         return []
     return [f"{key}={value}" for key, place in BF16_SETTINGS
-            if str(value := setting(key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(place))]
+            if str(value := setting(key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(place))
+            and OBJECTIVE_SETTINGS.get(key, setting("objective")) == setting("objective")]
 
 
 def cuda_available() -> bool:

@@ -323,6 +323,39 @@ def test_samples_are_drawn_outside_autocast_in_either_cache(tiny_model_dirs, sma
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_a_sample_dtype_samples_from_the_trained_weights_in_that_dtype(tmp_path, tiny_model_dirs, small_prepared, kind):
+    """`rl.sample_dtype: bfloat16`: the samples of the model as transformers loads it in bfloat16
+    (another route to the same weights), and after the optimiser updates the weights in place,
+    those of the updated model loaded so; the generator itself stays float32. In its own dtype,
+    the generator samples, as without the setting."""
+    directory = tiny_model_dirs[kind]
+    config, loss, encoder, batch, model = _setup(directory, small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    loaded = lambda folder: rloo.sample_tokens(load_model(folder, "bfloat16").eval(), batch, 3, 5, MAX_NEW, 1.0, *tokens)[0]  # noqa: E731
+    sampling = rloo.Sampling(None, early_stop=True, dtype=torch.bfloat16)
+    drawn = sampling.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)[0]
+    assert torch.equal(drawn, loaded(directory))
+    # Samples at temperature 1 seldom tell the two dtypes apart; the logits they come from do.
+    first = sampling.copy
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")} | (
+        {"decoder_input_ids": batch["input_ids"][:, :3]} if kind == "bart" else {})
+    with torch.no_grad():
+        logits = [m(**inputs).logits for m in (first, load_model(directory, "bfloat16").eval(), model)]
+    assert torch.equal(logits[0], logits[1]) and not torch.equal(logits[0].float(), logits[2])
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter), alpha=0.5)
+    model.save_pretrained(tmp_path / "updated")
+    redrawn = sampling.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)[0]
+    assert torch.equal(redrawn, loaded(tmp_path / "updated")) and not torch.equal(redrawn, drawn)
+    assert sampling.copy is first and {p.dtype for p in first.parameters()} == {torch.bfloat16}
+    assert not any(p.requires_grad for p in first.parameters()) and {p.dtype for p in model.parameters()} == {torch.float32}
+    own = rloo.Sampling(None, early_stop=True, dtype=torch.float32)
+    assert torch.equal(own.tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)[0],
+                       rloo.sample_tokens(model, batch, 3, 5, MAX_NEW, 1.0, *tokens)[0]) and own.copy is None
+
+
+@pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_static_cache_samples_what_the_dynamic_cache_does(tiny_model_dirs, small_prepared, kind):
     directory = tiny_model_dirs[kind]
     config, loss, encoder, batch, model = _setup(directory, small_prepared)
@@ -432,12 +465,13 @@ def test_a_compiled_static_cache_step_compiles_once_for_any_rows_in_validation_a
 
 
 def test_a_static_cache_run_trains_to_the_weights_of_a_dynamic_cache_run(tmp_path, tiny_model_dirs, small_prepared):
-    """Through Lightning's fit in the GPU profile's bf16-mixed (the KL term's reference model beside
-    the generator, validation in batches of another size): the same reward curve and the same
-    trained weights."""
+    """Through Lightning's fit in the GPU profile's bf16-mixed, sampling from a bf16 copy of the
+    weights (the KL term's reference model beside the generator, validation in batches of another
+    size): the same reward curve and the same trained weights."""
     directory, weights = tiny_model_dirs["llama"], {}
     for cache in ("dynamic", "static"):
-        run = tiny_run(directory, small_prepared, "rloo", RL.model_copy(update={"cache": cache}), directory, section="train",
+        settings = RL.model_copy(update={"cache": cache, "sample_dtype": "bfloat16"})
+        run = tiny_run(directory, small_prepared, "rloo", settings, directory, section="train",
                        max_steps=2, val_check_interval=2, val_batch_size=4, precision="bf16-mixed")
         fit(run, tmp_path / cache, tmp_path / f"{cache}_ckpt", tmp_path / f"{cache}_logs")
         weights[cache] = load_file(tmp_path / cache / "model.safetensors")

@@ -15,7 +15,7 @@ import yaml
 from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, param_cell, systems_without_a_run, write_bundle
-from storyrewrite.params import ScoreConfig
+from storyrewrite.params import RLConfig, ScoreConfig
 from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
 
@@ -281,13 +281,16 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
         entry("q8", {**params("rloo"), "rl": {"reward": "delta", "early_stop": False}}, "queued")]}]
     assert duplicates(fast, gathered=[{**params("rloo"), "rl": {"reward": "score"}}])[:2] == (["q8"], ["q7"])
     # The settings of another objective tell no two runs apart (a DTO run reads no `rl`, a CPO run
-    # no `dto`); its own objective's do, and an objective the registry does not know keeps them all.
+    # no `dto`); an RLOO run gathered before `rl.sample_dtype` existed stands for one sampling in
+    # the weights' own dtype (null), not in bfloat16.
+    half = {"reward": "score", "sample_dtype": "bfloat16"}
     other = [{"rev": "abcdef1234", "experiments": [
-        entry("q11", {**params("score"), "rl": {"reward": "score"}}, "queued"), entry("q12", {**params("cpo"), "dto": {"tau": 2.0}}, "queued"),
-        entry("q13", {**params("rloo"), "rl": {"reward": "score"}}, "queued"), entry("q14", {**params("mine"), "rl": {"reward": "score"}}, "queued")]}]
-    before = [{**params("score"), "rl": {"reward": "delta"}}, {**params("cpo"), "dto": {"tau": 1.0}}, {**params("rloo"), "rl": {"reward": "delta"}},
-              {**params("mine"), "rl": {"reward": "delta"}}]
-    assert duplicates(other, gathered=before)[:2] == (["q13", "q14"], ["q11", "q12"])
+        entry("q11", {**params("score"), "rl": half}, "queued"), entry("q12", {**params("cpo"), "dto": {"tau": 2.0}}, "queued"),
+        entry("q13", {**params("rloo"), "rl": half}, "queued"), entry("q14", {**params("rloo"), "rl": {**half, "sample_dtype": None}}, "queued"),
+        entry("q15", {**params("mine"), "rl": half}, "queued")]}]
+    before = [{**params("score"), "rl": {"reward": "delta"}}, {**params("cpo"), "dto": {"tau": 1.0}}, {**params("rloo"), "rl": {"reward": "score"}},
+              {**params("mine"), "rl": {"reward": "score"}}]
+    assert duplicates(other, gathered=before)[:2] == (["q13", "q15"], ["q11", "q12", "q14"])
     # A setting added later stands, where a gathered run lacks it, at the value that computes what
     # the run did (`score.fp32_matmul: ieee`), and at no other value.
     scored = [{"rev": "abcdef1234", "experiments": [
@@ -296,6 +299,7 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
     before = [{**params("score"), "score": {"batch_size": 64}}, {**params("delta"), "score": {"batch_size": 64}}]
     assert duplicates(scored, gathered=before)[:2] == (["q10"], ["q9"])
     assert all(ScoreConfig.model_fields[key].default == value for key, value in ADDED_LATER["score"].items())
+    assert all(RLConfig.model_fields[key].default == value for key, value in ADDED_LATER["rl"].items())
 
 
 def test_a_poller_gathers_a_run_once_and_again_only_at_another_revision(tmp_path):

@@ -5,7 +5,8 @@ comparison with DTO.
 Per training instance x, K endings ŷ_1..ŷ_K are sampled from the current generator (`rl.samples`;
 temperature `rl.temperature`, no top-k/top-p and none of the checkpoint's decoding defaults, so
 that the samples come from π itself; at most `rl.max_new_tokens` new tokens; eval mode, no
-gradient, no autocast: the weights in their own dtype), seeded by the run's seed and the step.
+gradient, no autocast: the weights in their own dtype, or in `rl.sample_dtype`), seeded by the
+run's seed and the step.
 Each gets the reward of `rl.reward`, the frozen scorer's M (BARTScore) with the discrete sample
 as its source, as DTO's soft ending is:
 
@@ -38,12 +39,18 @@ The run keeps one such cache per row count and reuses it at every step (`StaticC
 Where the compile fails, the run goes on with the dynamic cache, the same samples (`Sampling`).
 `rl.early_stop: false` decodes `rl.max_new_tokens` steps without the host read per token with
 which transformers checks whether every sample has ended (`stop_at_max_length`): the same samples.
+`rl.sample_dtype` (say bfloat16 under bf16-mixed) samples from a copy of the generator with its
+parameters in that dtype, refreshed from the trained weights before each sampling (`Sampling`):
+on a GPU the decoding's matrix products and attention then run in half precision, where the
+float32 weights run float32 kernels. Autocast's forward, which the loss differentiates, rounds
+the linear weights the same way; the copy also keeps its residual stream in that dtype.
 The curves split a step's sampling in two: `sample_time_share`, all of it, and
 `sample_read_time_share`, the read of the samples at its end. Without early stop on a GPU that
 read is where the host waits for the decoding it queued; the rest is the host's own time.
 """
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from collections.abc import Callable
@@ -296,10 +303,38 @@ class Sampling:
     # (reports/bench/nll_throughput-static.json).
     compile_config: CompileConfig | None = CompileConfig(dynamic=True)
 
-    def __init__(self, caches: StaticCaches | None, early_stop: bool):
+    def __init__(self, caches: StaticCaches | None, early_stop: bool, dtype: torch.dtype | None = None):
         self.caches, self.early_stop = caches, early_stop
         self.static = caches is not None  # whether `rl.cache` is static: the curves are logged then alone
         self.graphs, self.checked = 0, False  # graphs compiled while sampling; whether the first sampling was checked
+        self.dtype = dtype  # `rl.sample_dtype`: None samples with the generator's weights as they are
+        self.copy: PreTrainedModel | None = None  # the generator's copy in `dtype`, made at the first sampling
+
+    def sampler(self, generator: PreTrainedModel) -> PreTrainedModel:
+        """The model that samples: the generator itself, or, where `dtype` is not its weights', a
+        copy with its parameters in `dtype` (buffers as they are: the rotary frequencies stay
+        float32), their values refreshed from the generator's. Made once and refreshed in place,
+        so a compiled decoding step's CUDA graphs find the weights where they recorded them. Ours:
+        transformers' `generate` samples from the model it is given, in its dtype (TRL's
+        generation with vLLM makes such a copy in the inference engine)."""
+        if self.dtype is None or generator.dtype == self.dtype:
+            return generator
+        # Outside inference mode (a Trainer's validation may run in it): the copy is refreshed
+        # in place during training, which an inference tensor refuses.
+        with torch.inference_mode(False), torch.no_grad():
+            if self.copy is None:
+                self.copy = copy.deepcopy(generator).eval()
+                for module in self.copy.modules():  # (a compiled body's wrapper calls the original's)
+                    module._compiled_call_impl = None
+                self.copy.__dict__.pop("_compiled_call", None)  # (transformers' compiled decoding step, the same)
+                for parameter in self.copy.parameters():  # (tied weights: one parameter, cast once)
+                    parameter.requires_grad_(False)
+                    parameter.grad = None
+                    parameter.data = parameter.data.to(self.dtype)
+            else:
+                copies, sources = list(self.copy.parameters()), list(generator.parameters())
+                torch._foreach_copy_(copies, sources)
+        return self.copy
 
     def compiled(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int,
                  temperature: float, eos_id: int, pad_id: int, greedy: bool) -> tuple[torch.Tensor, list[list[int]]]:
@@ -320,8 +355,8 @@ class Sampling:
 
     def tokens(self, generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
                eos_id: int, pad_id: int, greedy: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
-        """`sample_tokens` with the run's cache."""
-        arguments = (generator, batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy)
+        """`sample_tokens` with the run's cache, from `sampler(generator)`."""
+        arguments = (self.sampler(generator), batch, count, seed, max_new_tokens, temperature, eos_id, pad_id, greedy)
         if self.caches is not None:
             try:
                 return self.compiled(*arguments)
@@ -358,7 +393,7 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
     needs_original = config.reward != "score"
     sampling = Sampling(StaticCaches(static_cache_length(encoder.seq2seq, context.max_input_tokens, config.max_new_tokens,
                                                          context.pad_to_multiple_of)) if config.cache == "static" else None,
-                        config.early_stop)
+                        config.early_stop, getattr(torch, config.sample_dtype) if config.sample_dtype else None)
 
     def rewards(completions, sources, targets, originals, logps: Callable[[], torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

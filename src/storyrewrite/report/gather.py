@@ -73,7 +73,7 @@ def listed(exp_show: list[dict]) -> list[dict]:
 SPEED_ONLY = {"rl": ("cache", "early_stop")}
 # Settings added after runs were gathered, each with the value that computes what those runs did:
 # a run gathered without the key stands for a run with this value, and for no other.
-ADDED_LATER = {"score": {"fp32_matmul": "ieee"}}
+ADDED_LATER = {"score": {"fp32_matmul": "ieee"}, "rl": {"sample_dtype": None}}
 
 
 def params_key(params: dict) -> str:
