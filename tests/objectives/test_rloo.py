@@ -322,6 +322,30 @@ def test_samples_are_drawn_outside_autocast_in_either_cache(tiny_model_dirs, sma
             assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, caches=caches) == plain
 
 
+def test_a_sampling_runs_without_deterministic_algorithms_and_leaves_them_as_they_were(tiny_model_dirs, small_prepared,
+                                                                                      monkeypatch):
+    """Under the Trainer's deterministic algorithms a static cache samples what it samples without
+    them, with them off while it decodes (its index_copy_ the plain kernel), and on again after."""
+    config, loss, encoder, batch, model = _setup(tiny_model_dirs["llama"], small_prepared)
+    tokens = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    caches = rloo.StaticCaches(rloo.static_cache_length(False, 96, MAX_NEW))
+    free = rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, caches=caches)
+    seen, generate = [], type(model).generate
+
+    def watched(self, *args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return generate(self, *args, **kwargs)
+    monkeypatch.setattr(type(model), "generate", watched)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        assert rloo.sample(model, batch, 3, 5, MAX_NEW, 1.0, *tokens, caches=caches) == free
+        assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) == (True, True)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert seen == [False]
+
+
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_sample_dtype_samples_from_the_trained_weights_in_that_dtype(tmp_path, tiny_model_dirs, small_prepared, kind):
     """`rl.sample_dtype: bfloat16`: the samples of the model as transformers loads it in bfloat16

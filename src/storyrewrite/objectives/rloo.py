@@ -143,6 +143,26 @@ def plain_decoding(model: PreTrainedModel):
 
 
 @contextmanager
+def plain_index_copy():
+    """torch's deterministic algorithms off for a sampling, and back as they were after it.
+
+    The train stage's Trainer turns them on (`deterministic`), and under them a static cache's
+    `index_copy_` of each new token's keys and values runs as a sorting index_put, eagerly and,
+    as inductor's fallback, in compiled code too. In the H200 operator table of an RLOO step
+    (reports/bench/traces/nvidia-h200/rloo.txt) its 2,881 calls took 859 ms of host time, with
+    sorts, bounds checks and asserts on the GPU beside them. The cache writes each position once,
+    so the plain kernel writes the same values (a test samples both ways); none of the decoding's
+    other operators is one that the setting swaps (top-k, top-p and the repetition penalty, which
+    scatter, are off). The generate stage runs without them too."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+@contextmanager
 def stop_at_max_length(max_length: int):
     """transformers' decoding loop, stopped at `max_length` tokens only: no host read per token.
 
@@ -266,7 +286,7 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
         # Inference mode, as Lightning validates: a compiled decoding step is then not compiled
         # again for the grad mode of a training step (only the token ids leave, as lists).
         with (torch.inference_mode(), torch.autocast(ids.device.type, enabled=False), torch.random.fork_rng(devices=devices),
-              plain_decoding(generator),
+              plain_decoding(generator), plain_index_copy(),
               nullcontext() if early_stop else stop_at_max_length((1 if seq2seq else ids.shape[1]) + max_new_tokens)):
             cache = {} if caches is None else {
                 "past_key_values": caches.get(generator, len(ids) * count, ids.shape[1] if seq2seq else None)}
