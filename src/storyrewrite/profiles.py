@@ -23,7 +23,7 @@ from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
 from storyrewrite.models.catalogue import ROLES, check_specs, local_models
-from storyrewrite.objectives.registry import get_objective
+from storyrewrite.objectives.registry import get_objective, reads_section
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides, yaml_scalar
 from storyrewrite.records import cpu_has_bf16
 
@@ -97,16 +97,14 @@ def lookup(tree: dict, key: str) -> Any:
 BF16_SETTINGS = (("train_nll.precision", "train_nll.accelerator"), ("train.precision", "train.accelerator"),
                  ("rl.sample_dtype", "train.accelerator"), ("generate.dtype", "device"), ("score.dtype", "device"),
                  ("llm.local_dtype", "device"))
-# Those that one objective's training alone reads: named for a run of that objective only.
-OBJECTIVE_SETTINGS = {"rl.sample_dtype": "rloo"}
 
 
 def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) -> list[str]:
     """The settings of `raw` (`key=value`) that ask for bf16 where torch would emulate it: a stage
     placed on the CPU (its placing setting `cpu`, or `auto` with `cuda()` false: no CUDA GPU here)
     on a CPU without bf16 instructions (`has_bf16`: records.cpu_has_bf16; None, not known, is no
-    warning). The stages warn too, but in a queue worker's log; the comparison warns before it
-    queues hours of it."""
+    warning), of a section the run reads (RLOO's `rl.sample_dtype` in an RLOO run alone). The
+    stages warn too, but in a queue worker's log; the comparison warns before it queues hours of it."""
     def setting(key: str) -> Any:
         try:
             return lookup(raw, key)
@@ -120,7 +118,7 @@ def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) ->
         return []
     return [f"{key}={value}" for key, place in BF16_SETTINGS
             if str(value := setting(key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(place))
-            and OBJECTIVE_SETTINGS.get(key, setting("objective")) == setting("objective")]
+            and reads_section(setting("objective"), key.split(".")[0])]
 
 
 def cuda_available() -> bool:

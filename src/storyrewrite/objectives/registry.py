@@ -205,6 +205,14 @@ OBJECTIVES: dict[str, Objective] = {
 }
 
 
+def reads_section(objective: str | None, section: str) -> bool:
+    """Whether a run of `objective` reads the params section `section`: every section but the
+    settings of other objectives (`rl` for a DTO run), which only the train stage reads, its own
+    objective's alone. A run of an objective not registered here reads them all."""
+    own = OBJECTIVES.get(objective)
+    return own is None or section == own.settings or all(o.settings != section for o in OBJECTIVES.values())
+
+
 def get_objective(name: str, task: str) -> Objective:
     """The objective `name`, checked against the task: one that needs the original ending is
     refused where the task has none, naming the objectives that work there."""

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
-from storyrewrite.objectives.registry import OBJECTIVES
+from storyrewrite.objectives.registry import reads_section
 from storyrewrite.queue import dvc_root
 
 # What a run's stages write that the tables need (models and predictions stay behind).
@@ -78,15 +78,11 @@ ADDED_LATER = {"score": {"fp32_matmul": "ieee"}, "rl": {"sample_dtype": None}}
 
 def params_key(params: dict) -> str:
     """What tells two runs apart: their params, whatever the order of keys, without SPEED_ONLY's,
-    with ADDED_LATER's value where a run has no such key, and without the settings sections of
-    objectives other than its own (`rl` for a DTO run, say): only the train stage reads them, and
-    only its objective's (objectives.registry; a test checks the stage). A run of an objective
-    the registry does not know keeps them all."""
-    own = OBJECTIVES.get(params.get("objective"))
-    unread = {o.settings for o in OBJECTIVES.values() if o.settings} - {own.settings} if own is not None else set()
+    with ADDED_LATER's value where a run has no such key, and without the sections it does not
+    read (another objective's settings: registry.reads_section; a test checks the train stage's)."""
     kept = {}
     for section, value in params.items():
-        if section in unread:
+        if not reads_section(params.get("objective"), section):
             continue
         if isinstance(value, dict):
             value = {**ADDED_LATER.get(section, {}), **value}
