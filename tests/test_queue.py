@@ -214,6 +214,29 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         run("dvc", "queue", "stop")
 
 
+@pytest.mark.slow
+def test_an_experiment_run_in_the_workspace_is_not_taken_for_one_still_running(tmp_path):
+    """On real DVC: `dvc exp run` in the workspace leaves a record of its stash revision behind at
+    PREPARING, the repository as its root. Once the run has ended, nothing runs, no log is listed,
+    `--running` prints nothing, and no queued experiment has ended."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run = _runner(repo)
+    run("git", "init", "-q")
+    run("dvc", "init", "-q")
+    (repo / "params.yaml").write_text("objective: nll\n")
+    (repo / "dvc.yaml").write_text("stages:\n  train:\n    cmd: python -c \"open('model.txt', 'w').write('x')\"\n"
+                                   "    params: [objective]\n    outs: [model.txt]\n")
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    started = time.time()
+    run("dvc", "exp", "run", "-n", "exp-w", "-S", "objective=score")
+    left = [json.loads(path.read_text()) for path in repo.glob(queue.EXECUTOR_INFO)]
+    assert [(info["name"], info["location"], info["status"]) for info in left] == [("exp-w", "workspace", 1)]  # (DVC's leftover)
+    assert queue.running(repo) == {} and queue.running_logs(repo) == {} and queue.ended(repo, started) == {}
+    assert run(sys.executable, "-m", "storyrewrite.queue", "--running") == ""
+
+
 def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: float = 1180.0,
                         step_curve: tuple[str, float] | None = None) -> Path:
     """A repository whose one queued experiment, exp-a, trains `finetuned` in its own workspace:

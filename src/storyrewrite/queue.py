@@ -36,6 +36,12 @@ EXECUTOR_INFO = ".dvc/tmp/exps/run/*/*.run"
 # DVC's TaskStatus (dvc.repo.experiments.executor.base) of an experiment that has ended.
 ENDED = {3: "succeeded", 4: "failed", 5: "canceled", 6: "succeeded"}  # SUCCESS, FAILED, CANCELED, FINISHED (collected)
 STARTED = {1, 2}  # PREPARING, RUNNING: started, not ended
+# A workspace run (`dvc exp run` without --queue or --temp) gets a record of its stash revision
+# first, as a queued one does, which DVC leaves behind at PREPARING with the repository as its
+# root (dvc.repo.experiments.queue.base.init_executor): read as a queued one's, it would stay
+# "running" after the run. Such records (ExecutorInfo.location "workspace"; a queued experiment's
+# is "tempdir") are not read: the queue's experiments are.
+WORKSPACE = "workspace"
 # The curve every training step adds a row to, and only a training step (training.monitor).
 STEP_CURVE = "train_loss"
 # The curves of a training's clock that `--running` shows beside its step (their means over the
@@ -128,7 +134,7 @@ def _records(repo: Path, since: float = 0.0) -> list[tuple[str, dict, Path]]:
             info = json.loads(infofile.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(info, dict):
+        if isinstance(info, dict) and info.get("location") != WORKSPACE:
             found.append((info.get("name") or infofile.stem, info, infofile))
     return found
 
