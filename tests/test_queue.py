@@ -34,6 +34,19 @@ def _start_worker(repo: Path) -> None:
                    timeout=120, check=True)
 
 
+def _pipeline(repo: Path, dvc_yaml: str, files: dict[str, str] | None = None) -> None:
+    """A git repository with DVC in `repo`, committed: `objective: nll` in params.yaml, `dvc_yaml`
+    as dvc.yaml and `files` ({path: text}) beside them."""
+    run = _runner(repo)
+    run("git", "init", "-q")
+    run("dvc", "init", "-q")
+    for path, text in {"params.yaml": "objective: nll\n", "dvc.yaml": dvc_yaml, **(files or {})}.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+
+
 @pytest.mark.slow
 def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
     """`python -m storyrewrite.queue` against DVC's own `dvc queue status` on a real queue:
@@ -51,13 +64,8 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
     outside = subprocess.run([sys.executable, "-m", "storyrewrite.queue"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
     assert outside.returncode == 2 and outside.stderr == (f"error: {tmp_path}: not in a DVC repository (`dvc init` makes one); "
                                                           "run this where `dvc queue status` runs\n")
-    run("git", "init", "-q")
-    run("dvc", "init", "-q")
-    (tmp_path / "params.yaml").write_text("objective: nll\n")
-    (tmp_path / "dvc.yaml").write_text("stages:\n  train:\n    cmd: python -c \"open('m.txt', 'w').write(open('params.yaml').read())\"\n"
-                                       "    params: [objective]\n    outs: [m.txt]\n")
-    run("git", "add", "-A")
-    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    _pipeline(tmp_path, "stages:\n  train:\n    cmd: python -c \"open('m.txt', 'w').write(open('params.yaml').read())\"\n"
+                        "    params: [objective]\n    outs: [m.txt]\n")
     for name, objective in (("exp-a", "score"), ("exp-b", "delta")):
         run("dvc", "exp", "run", "--queue", "-n", name, "-S", f"objective={objective}")
     queued = ours()
@@ -162,19 +170,11 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
     repo.mkdir()
     run = _runner(repo)
 
-    run("git", "init", "-q")
-    run("dvc", "init", "-q")
-    (repo / "stage.py").write_text(STAGE)
-    (repo / "params.yaml").write_text("objective: nll\n")
-    (repo / "dvc.yaml").write_text(
-        f"stages:\n  first:\n    cmd: python stage.py first {gate}\n    deps: [stage.py]\n    outs: [reports/stages]\n"
-        f"  train:\n    cmd: python stage.py train {gate}\n    deps: [stage.py, reports/stages]\n    params: [objective]\n"
-        "    outs: [reports/train/finetuned, model.txt]\n")
     # A training summary the commit holds (as the pipeline's, in git): copied into the workspace, not written there.
-    (repo / "reports" / "train" / "nll").mkdir(parents=True)
-    (repo / "reports" / "train" / "nll" / "metrics.json").write_text('{"step": 30, "train_loss": 2.5}')
-    run("git", "add", "-A")
-    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    _pipeline(repo, f"stages:\n  first:\n    cmd: python stage.py first {gate}\n    deps: [stage.py]\n    outs: [reports/stages]\n"
+              f"  train:\n    cmd: python stage.py train {gate}\n    deps: [stage.py, reports/stages]\n    params: [objective]\n"
+              "    outs: [reports/train/finetuned, model.txt]\n",
+              {"stage.py": STAGE, "reports/train/nll/metrics.json": '{"step": 30, "train_loss": 2.5}'})
     assert queue.running(repo) == {}
     queued_at = time.time()
     run("dvc", "exp", "run", "--queue", "-n", "exp-a", "-S", "objective=score")
@@ -222,13 +222,8 @@ def test_an_experiment_run_in_the_workspace_is_not_taken_for_one_still_running(t
     repo = tmp_path / "repo"
     repo.mkdir()
     run = _runner(repo)
-    run("git", "init", "-q")
-    run("dvc", "init", "-q")
-    (repo / "params.yaml").write_text("objective: nll\n")
-    (repo / "dvc.yaml").write_text("stages:\n  train:\n    cmd: python -c \"open('model.txt', 'w').write('x')\"\n"
-                                   "    params: [objective]\n    outs: [model.txt]\n")
-    run("git", "add", "-A")
-    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    _pipeline(repo, "stages:\n  train:\n    cmd: python -c \"open('model.txt', 'w').write('x')\"\n    params: [objective]\n"
+              "    outs: [model.txt]\n")
     started = time.time()
     run("dvc", "exp", "run", "-n", "exp-w", "-S", "objective=score")
     left = [json.loads(path.read_text()) for path in repo.glob(queue.EXECUTOR_INFO)]
@@ -351,18 +346,11 @@ def test_a_failed_experiment_is_named_with_the_end_of_its_log_which_says_why(tmp
     not named."""
     run = _runner(tmp_path)
 
-    run("git", "init", "-q")
-    run("dvc", "init", "-q")
-    (tmp_path / "stage.py").write_text(
-        "import sys, yaml\nobjective = yaml.safe_load(open('params.yaml'))['objective']\n"
-        "if objective == 'bad':\n    print('progress 10%\\rprogress 50%', file=sys.stderr)\n"
-        "    sys.exit('error: params.yaml, line 1: `objective` = bad is not valid; valid values: nll, score')\n"
-        "open('m.txt', 'w').write(objective)\n")
-    (tmp_path / "params.yaml").write_text("objective: nll\n")
-    (tmp_path / "dvc.yaml").write_text("stages:\n  train:\n    cmd: python stage.py\n    deps: [stage.py]\n"
-                                       "    params: [objective]\n    outs: [m.txt]\n")
-    run("git", "add", "-A")
-    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline")
+    _pipeline(tmp_path, "stages:\n  train:\n    cmd: python stage.py\n    deps: [stage.py]\n    params: [objective]\n    outs: [m.txt]\n",
+              {"stage.py": "import sys, yaml\nobjective = yaml.safe_load(open('params.yaml'))['objective']\n"
+                           "if objective == 'bad':\n    print('progress 10%\\rprogress 50%', file=sys.stderr)\n"
+                           "    sys.exit('error: params.yaml, line 1: `objective` = bad is not valid; valid values: nll, score')\n"
+                           "open('m.txt', 'w').write(objective)\n"})
     queued_at = time.time()
     for name, objective in (("exp-bad", "bad"), ("exp-good", "score")):
         run("dvc", "exp", "run", "--queue", "-n", name, "-S", f"objective={objective}")
