@@ -78,6 +78,23 @@ def _cuda_settings_restored():
     torch.backends.cuda.matmul.fp32_precision = precision
 
 
+# The objectives this repository ships, in the registry's order.
+SHIPPED_OBJECTIVES = ("nll", "cpo", "score", "delta", "score_delta", "rloo")
+
+
+@pytest.fixture
+def shipped_objectives(monkeypatch):
+    """The objectives registry as this repository ships it, for a test that spells out its whole
+    list (an error's valid values, the systems a comparison has no run of). An objective a user
+    adds (docs/extending.md) is left out there; the tests of what it needs (test_dvc_deps.py, the
+    docs' generated tables, test_extending.py) still read the registry whole."""
+    from storyrewrite.objectives import registry
+
+    for name in set(registry.OBJECTIVES) - set(SHIPPED_OBJECTIVES):
+        monkeypatch.delitem(registry.OBJECTIVES, name)
+    assert tuple(registry.OBJECTIVES) == SHIPPED_OBJECTIVES
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
     """kind ('bart' or 'llama') -> a materialised tiny model directory."""

@@ -318,7 +318,7 @@ def test_a_profile_may_not_invent_keys(tmp_path):
     assert result.stderr.strip() == f"error: {profile}:1: unknown key `trian`; valid keys: {', '.join(base)}"
 
 
-def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_of_a_sweep(capsys):
+def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_of_a_sweep(capsys, shipped_objectives):
     base = load_yaml(ROOT / "params.yaml")
     # DVC's own parsing: YAML-like values, a list, a sweep expanded as `--queue` expands it.
     experiments = with_overrides(base, ["train.lr=2e-5", "llm.modes=[rag,zero_shot]", "objective=choice(score,delta)",

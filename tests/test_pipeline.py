@@ -77,8 +77,10 @@ def _write_params(repo: Path, *layers: dict) -> None:
 @pytest.mark.slow
 def test_default_profile_end_to_end(tmp_path):
     _copy_repo(tmp_path)
-    _write_params(tmp_path, TINY, {"models": {"generator": "tiny:llama", "scorer": "tiny:llama", "judge": "tiny:llama",
-                                              "embedder": "tiny:roberta"}, "llm": {"modes": list(MODES)}})
+    # The objective as params.yaml ships it: NLL continued, whatever a clone has made its default.
+    _write_params(tmp_path, TINY, {"objective": "nll", "models": {"generator": "tiny:llama", "scorer": "tiny:llama",
+                                                                 "judge": "tiny:llama", "embedder": "tiny:roberta"},
+                                   "llm": {"modes": list(MODES)}})
     output = _dvc(tmp_path, "repro")
     assert _ran(output) == ALL_STAGES
     for system in ("nll", "finetuned"):

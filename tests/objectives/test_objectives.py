@@ -225,7 +225,7 @@ def test_delta_step_moves_the_right_way_and_only_the_generator_learns(dto_setup)
 
 
 @pytest.mark.parametrize("name", ["delta", "score_delta", "cpo"])
-def test_objectives_that_need_the_original_ending_refuse_art(name):
+def test_objectives_that_need_the_original_ending_refuse_art(name, shipped_objectives):
     with pytest.raises(InputError, match=rf"`objective` = '{name}' needs the original ending, which task 'art' does not have; "
-                                         r"objectives for this task: nll, score"):
+                                         r"objectives for this task: nll, score, rloo$"):
         get_objective(name, "art")

@@ -340,7 +340,7 @@ def test_gathering_stores_each_file_once_by_content(gathered):
     assert len(list((gathered / "blobs").iterdir())) < sum(len(json.loads((gathered / f"{r[0]}.json").read_text())["files"]) for r in RUNS)
 
 
-def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, tmp_path):
+def test_the_bundle_compares_the_best_run_of_each_objective_with_nll(gathered, tmp_path, shipped_objectives):
     out = tmp_path / "reports" / "gpu"
     runs = load_runs([gathered])
     write_bundle(runs, out, "test profile")
@@ -819,7 +819,7 @@ def test_runs_with_their_own_nll_seeds_show_the_nll_models_spread_too(tmp_path):
     assert rows[1].split(" | ")[2] == f"{nll.mean():.3f} ± {nll.std(ddof=1):.3f}"
 
 
-def test_the_systems_without_a_run_are_those_the_task_can_train():
+def test_the_systems_without_a_run_are_those_the_task_can_train(shipped_objectives):
     """ART has no original ending: DTO-Delta, DTO-Score+Delta, CPO and RLOO on those rewards cannot
     be trained there, so a comparison of ART lacks only what it could have run."""
     from types import SimpleNamespace
@@ -834,7 +834,7 @@ def test_the_systems_without_a_run_are_those_the_task_can_train():
     assert systems_without_a_run(every) == ["RLOO-Score+Delta"]
 
 
-def test_the_readme_says_what_the_collected_comparison_shows(gathered, tmp_path, monkeypatch):
+def test_the_readme_says_what_the_collected_comparison_shows(gathered, tmp_path, monkeypatch, shipped_objectives):
     """The README's three sentences (storyrewrite.docs, block gpu-results) restate the page the
     collector wrote: the marks of both bootstrap levels, the copy's column-by-column count and
     the systems with no run."""

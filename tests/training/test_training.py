@@ -199,8 +199,8 @@ def test_an_objectives_checkpoints_depend_on_its_own_code_only():
     assert run_module.code_digest(OBJECTIVES["nll"]) != run_module.code_digest(OBJECTIVES["score"])
 
 
-def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_prepared):
-    with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll, cpo, score, delta, score_delta"):
+def test_unknown_objective_lists_valid_ones(tmp_path, tiny_model_dirs, small_prepared, shipped_objectives):
+    with pytest.raises(InputError, match=r"`objective` = 'dpo' is not valid; valid values: nll, cpo, score, delta, score_delta, rloo$"):
         _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, objective="dpo"))
 
 
