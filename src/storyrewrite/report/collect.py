@@ -29,7 +29,7 @@ from storyrewrite.params import leaves, yaml_scalar
 from storyrewrite import artifacts
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
-from storyrewrite.objectives.registry import OBJECTIVES
+from storyrewrite.objectives.registry import OBJECTIVES, reads_section
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import (coherence_notes, echo_notes, kept_original_section, llm_label, train_seconds, training_section,
                                        what_m_scores)
@@ -563,17 +563,10 @@ def in_dvc_markdown(runs: list[Run]) -> str:
     return " ".join(lines)
 
 
-# The params sections that only some objectives read (Objective.settings): a run of another objective
-# has them too (params.yaml holds every section), but they do nothing there.
-OBJECTIVE_SECTIONS = {objective.settings for objective in OBJECTIVES.values() if objective.settings}
-
-
 def param_cell(run: Run, key: str) -> str:
     """A param as params.yaml and `-S` spell it (`null`, `true`, `1.0e-05`), `-` where the run's
     objective does not read its section (cpo.beta in a DTO run), empty where the run has no such key."""
-    section = key.split(".")[0]
-    objective = OBJECTIVES.get(str(run.params.get("objective")))
-    if section in OBJECTIVE_SECTIONS and objective is not None and objective.settings != section:
+    if not reads_section(run.params.get("objective"), key.split(".")[0]):
         return "-"
     return yaml_scalar(run.flat_params[key]) if key in run.flat_params else ""
 
