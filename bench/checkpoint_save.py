@@ -33,6 +33,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from storyrewrite.io import run_cli
 from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.objectives.base import NLL
 from storyrewrite.training.checkpointing import AtomicCheckpointIO
 from storyrewrite.training.run import Run, assemble
 
@@ -55,7 +56,7 @@ def training_state(steps: int) -> tuple[dict, float]:
     """The state `last.ckpt` holds after `steps` NLL steps of the default profile, and the median
     seconds of a training step."""
     params, pretrained, prepared = inputs()
-    run = Run.from_params(params, "train_nll", "nll", resolve_model_dir(pretrained), prepared)
+    run = Run.from_params(params, "train_nll", NLL, resolve_model_dir(pretrained), prepared)
     module, datamodule = assemble(run)
     datamodule.setup()
     optimizer = module.configure_optimizers()["optimizer"]

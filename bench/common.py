@@ -29,6 +29,7 @@ from storyrewrite.io import InputError, atomic_dir
 from storyrewrite.models import materialise as materialise_module
 from storyrewrite.models.materialise import materialise
 from storyrewrite.models.catalogue import EVAL_ROLES
+from storyrewrite.objectives.registry import SETTINGS, get_objective
 from storyrewrite.params import Params, load_yaml, overlay, with_overrides
 from storyrewrite.records import cpu_facts, cpu_features, peak_rss_gb
 
@@ -170,7 +171,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None, sets: list[
         if len(experiments) != 1:
             raise InputError(f"--set {' '.join(sets)}: a sweep ({len(experiments)} experiments); a bench measures one value a key")
         raw_params = experiments[0][1]
-    params, workspace = Params(raw_params), Params.load(ROOT / "params.yaml")
+    params, workspace = Params(raw_params, settings=SETTINGS), Params.load(ROOT / "params.yaml", settings=SETTINGS)
     pretrained = ROOT / "models" / "pretrained"
     if params.models != workspace.models or not (pretrained / "index.json").exists():
         pretrained = cached("models", [params.models.model_dump(), params.seed], materialise_module.__file__,
@@ -197,7 +198,7 @@ def train_run(profiles: list[Path], objective: str, overrides: dict | None = Non
     from storyrewrite.training.run import Run
 
     params, pretrained, prepared = inputs(profiles, overrides, sets)
-    run = Run.from_params(params, "train", objective, resolve_model_dir(pretrained), prepared, resolve_model_dir(pretrained, "scorer"))
+    run = Run.from_params(params, "train", get_objective(objective, params.task), resolve_model_dir(pretrained), prepared, resolve_model_dir(pretrained, "scorer"))
     return dataclasses.replace(run, config=run.config.model_copy(update=changes))
 
 

@@ -37,6 +37,7 @@ from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.io import read_jsonl, run_cli
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
+from storyrewrite.objectives.base import NLL
 from storyrewrite.training.run import Run, assemble, trainer_kwargs, without_nan_fill
 
 
@@ -78,7 +79,7 @@ def main() -> None:
         torch.backends.cuda.enable_cudnn_sdp(True)
     config = params.train_nll
     model_dir = resolve_model_dir(pretrained)
-    module, datamodule = assemble(Run.from_params(params, "train_nll", "nll", model_dir, prepared))
+    module, datamodule = assemble(Run.from_params(params, "train_nll", NLL, model_dir, prepared))
     datamodule.setup()
     # Training batches as the stage draws them (seeded order), the first few.
     order = [datamodule.train_rows[i] for i in range((args.steps + 1) * config.batch_size)]

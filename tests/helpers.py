@@ -7,7 +7,8 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from storyrewrite.params import DTOConfig, ModelsConfig, RLConfig, TrainConfig, build, load_yaml
+from storyrewrite.objectives.registry import DTOConfig, RLConfig, get_objective
+from storyrewrite.params import ModelsConfig, TrainConfig, build, load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "data" / "bundled"
@@ -29,7 +30,7 @@ def tiny_run(model_dir: Path, prepared: Path, objective: str = "nll", settings=N
     from storyrewrite.training.run import Run
 
     return Run(section=section, config=tiny_train_config(**config_changes), models=tiny_models_config(kind), task=task,
-               seed=0, objective=objective, settings=settings, init_dir=Path(model_dir), prepared_dir=Path(prepared),
+               seed=0, objective=get_objective(objective, task), settings=settings, init_dir=Path(model_dir), prepared_dir=Path(prepared),
                scorer_dir=scorer_dir)
 
 

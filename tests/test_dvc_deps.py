@@ -136,6 +136,23 @@ def test_no_training_stage_depends_on_the_metrics_code():
     assert shared == {"train_nll": [], "train": []}
 
 
+def test_only_the_train_stage_depends_on_the_objective_registry():
+    """A new objective (docs/extending.md) edits the registry, its own module, params.yaml and the
+    train stage's entries: the NLL model and every stage before `train` or beside it keep their
+    outputs. So no other stage lists the registry or another objective's module, and params.py,
+    which every stage lists, holds no objective's settings."""
+    from storyrewrite.objectives.registry import SETTINGS
+    from storyrewrite.params import SECTIONS
+
+    objective_code = {f"src/storyrewrite/objectives/{name}.py" for name in ("registry", "dto", "cpo", "rloo")}
+    using = sorted(name for name, (_, deps) in stage_deps(_dvc()).items() if objective_code & set(deps))
+    assert using == ["train"]
+    assert not set(SETTINGS) & set(SECTIONS)
+    nll = stage_deps(_dvc())["train_nll"][1]
+    assert [d for d in nll if d.startswith("src/storyrewrite/objectives/")] == [
+        "src/storyrewrite/objectives/__init__.py", "src/storyrewrite/objectives/base.py", "src/storyrewrite/objectives/nll.py"]
+
+
 def test_an_objective_the_train_stage_misses_is_named_with_the_fix():
     """The objective is none a user adds: not docs/extending.md's `smoothed_nll`, which a tree that
     followed that page registers, imports and lists."""

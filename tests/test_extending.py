@@ -64,6 +64,7 @@ def smoothing(tmp_path, monkeypatch):
     for name, table in (("registry", registry.OBJECTIVES), ("curves", registry.CURVES)):
         for key, value in eval("{" + example(name) + "}", scope).items():
             monkeypatch.setitem(table, key, value)
+    monkeypatch.setitem(registry.SETTINGS, "smoothing", config)  # as the edited registry derives it from its entries
     return config, module
 
 

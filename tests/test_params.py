@@ -8,7 +8,7 @@ import yaml
 
 from storyrewrite.io import InputError
 from storyrewrite.llm.modes import MODES
-from storyrewrite.objectives.registry import OBJECTIVES
+from storyrewrite.objectives.registry import OBJECTIVES, SETTINGS
 from storyrewrite.params import (LIGHTNING_ACCELERATORS, LIGHTNING_PRECISION_ALIASES, LIGHTNING_PRECISIONS, LIGHTNING_STRATEGIES,
                                  DataConfig, DownloadConfig, ModelsConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
 from storyrewrite.models.materialise import materialise
@@ -18,11 +18,11 @@ from helpers import ROOT
 
 
 def _params(**changes) -> Params:
-    return Params({**load_yaml(ROOT / "params.yaml"), **changes})
+    return Params({**load_yaml(ROOT / "params.yaml"), **changes}, settings=SETTINGS)
 
 
 def test_default_params_build_every_section():
-    params = Params.load(ROOT / "params.yaml")
+    params = Params.load(ROOT / "params.yaml", settings=SETTINGS)
     params.check_all()
     assert params.task == "timetravel" and params.device == "auto"
     assert params.train_nll.batch_size == 2 and params.data.max_eval == 24
@@ -43,6 +43,24 @@ def test_unknown_key_names_key_and_valid_keys():
         build(DataConfig, {"val_fraction": 0.1, "max_tran": 3}, "data")
     with pytest.raises(InputError, match=r"unknown key\(s\) `seeed` in .*; valid keys: seed, task,"):
         _params(seeed=1)
+
+
+def test_the_objectives_sections_are_checked_where_the_objectives_are_known():
+    """params.py knows no objective's section (the registry does: a new objective edits neither
+    params.py nor the NLL stage's code). Without the registry's sections, a top-level mapping
+    params.py does not know is an objective's, left unread; a scalar is a typo everywhere. With
+    them (the train stage, `profiles check`), either is an error naming every valid key."""
+    raw = load_yaml(ROOT / "params.yaml")
+    assert set(SETTINGS) == {"dto", "cpo", "rl"} <= set(raw)
+    plain = Params({**raw, "smoothing": {"epsilon": 0.1}})
+    assert plain.train_nll.lr == 3e-5
+    with pytest.raises(InputError, match=r"^params: no section `dto`; valid: seed, task, .*, llm$"):
+        plain.section("dto")
+    with pytest.raises(InputError, match=r"`seeed` .*; valid keys: seed, .*, llm, or an objective's section \(a mapping\)$"):
+        Params({**raw, "seeed": 1})
+    with pytest.raises(InputError, match=r"unknown key\(s\) `smoothing` in .*; valid keys: seed, .*, train, cpo, dto, rl, generate, .*, llm$"):
+        Params({**raw, "smoothing": {"epsilon": 0.1}}, settings=SETTINGS)
+    assert Params(raw, settings=SETTINGS).rl.samples == raw["rl"]["samples"]
 
 
 def test_a_typo_in_a_nested_container_is_the_same_unknown_key_error():
@@ -281,7 +299,7 @@ def test_profiles_compose_and_every_section_stays_valid():
         merged = base
         for layer in layers:
             merged = overlay(merged, layer)
-        Params(merged).check_all()
+        Params(merged, settings=SETTINGS).check_all()
     both = Params(overlay(overlay(base, gpu), paper))
     # The paper's models and token budgets, the GPU profile's precision and data.
     assert both.models.generator == "facebook/bart-large-cnn" and both.models.max_input_tokens == 1024
@@ -292,7 +310,7 @@ def test_profiles_compose_and_every_section_stays_valid():
     assert rehearsal.train.precision == "bf16-mixed" and rehearsal.train.num_workers == 0
     assert rehearsal.data.max_train == 24 and rehearsal.train_nll.max_steps == 4
     # On a CPU without bf16 instructions: the same rehearsal, float32 throughout.
-    in_fp32 = Params(overlay(overlay(overlay(base, gpu), smoke), fp32))
+    in_fp32 = Params(overlay(overlay(overlay(base, gpu), smoke), fp32), settings=SETTINGS)
     assert (in_fp32.train_nll.precision, in_fp32.train.precision, in_fp32.rl.sample_dtype, in_fp32.generate.dtype,
             in_fp32.score.dtype, in_fp32.llm.local_dtype) == ("32-true", "32-true", "float32", "float32", "float32", "float32")
     # A profile under it that scores in bf16 scores in float32 again.

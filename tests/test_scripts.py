@@ -458,7 +458,7 @@ def test_every_run_of_the_gpu_comparisons_sweeps_is_a_valid_setting(tmp_path):
     train: a key renamed in params.yaml fails here rather than on the GPU machine."""
     from dvc.utils.hydra import get_hydra_sweeps
 
-    from storyrewrite.objectives.registry import get_objective
+    from storyrewrite.objectives.registry import SETTINGS, get_objective
     from storyrewrite.params import Params, load_yaml, overlay
 
     sweeps = []
@@ -478,7 +478,7 @@ def test_every_run_of_the_gpu_comparisons_sweeps_is_a_valid_setting(tmp_path):
             for part in reversed(key.split(".")):
                 change = {part: change}
             raw = overlay(raw, change, source=override)
-        params = Params(raw, " ".join(run))
+        params = Params(raw, " ".join(run), SETTINGS)
         params.check_all()
         assert get_objective(params.objective, params.task).name == params.objective
 

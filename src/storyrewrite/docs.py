@@ -93,9 +93,12 @@ def _type_name(annotation: Any) -> str:
 
 
 def _schema_comments() -> dict[str, str]:
-    """class name.field -> the comment on the field's line in storyrewrite/params.py."""
+    """class name.field -> the comment on the field's line in storyrewrite/params.py and, for the
+    objectives' sections, storyrewrite/objectives/registry.py."""
     found, current = {}, None
-    for line in read_text(Path(__file__).with_name("params.py")).splitlines():
+    here = Path(__file__).parent
+    lines = read_text(here / "params.py").splitlines() + read_text(here / "objectives" / "registry.py").splitlines()
+    for line in lines:
         if match := re.match(r"^class (\w+)\(", line):
             current = match.group(1)
         elif current and (match := re.match(r"^    (\w+): .*?#\s*(.*)$", line)):
@@ -107,12 +110,15 @@ def params() -> str:
     """Every key of params.yaml, its type (storyrewrite.params) and value and comment there."""
     from pydantic import BaseModel
 
+    from storyrewrite.objectives.registry import SETTINGS
     from storyrewrite.params import SECTIONS, leaves, load_yaml
 
     raw = load_yaml(ROOT / "params.yaml")
     comments, schema = _yaml_comments(ROOT / "params.yaml"), _schema_comments()
+    kinds = {**SECTIONS, **SETTINGS}
     rows = []
-    for section, kind in SECTIONS.items():
+    for section in sorted(kinds, key=lambda name: list(raw).index(name) if name in raw else len(raw)):  # params.yaml's order
+        kind = kinds[section]
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             for name, field in kind.model_fields.items():
                 key = field.alias or name

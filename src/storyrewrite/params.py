@@ -189,45 +189,6 @@ class TrainConfig(Section):
         return value
 
 
-class DTOConfig(Section):
-    """`dto`: differentiable training objectives (objective score | delta | score_delta)."""
-    tau: PositiveFloat  # Gumbel-softmax temperature (paper: 1.0, no annealing)
-    hard: bool  # straight-through one-hot samples instead of soft ones (paper: soft)
-    scorer_dtype: Dtype = "float32"
-
-
-class CPOConfig(Section):
-    """`cpo` (paper grid: beta ∈ {0.1, 0.5, 1, 2}, lambda ∈ {0.5, 1, 2})."""
-    beta: PositiveFloat
-    lambda_: float = Field(alias="lambda", ge=0)  # `lambda` is a Python keyword
-
-
-class RLConfig(Section):
-    """`rl`: policy-gradient training on the DTO reward (objective rloo)."""
-    samples: Positive  # K samples per instance (the leave-one-out baseline needs two)
-    temperature: PositiveFloat  # sampling temperature (no top-k / top-p)
-    reward: Literal["score", "delta", "score_delta"]  # the metric reward, as DTO's objectives
-    kl_beta: float = Field(ge=0)  # KL penalty against the starting model, in the reward (0: no reference model)
-    max_new_tokens: Positive  # at most this many tokens per sample (TRL's max_completion_length)
-    baseline: Literal["leave_one_out", "greedy"] = "leave_one_out"  # greedy: self-critical
-    # The samples' KV cache: static (fixed-size) lets a GPU replay each decoding step as a CUDA
-    # graph (transformers compiles it once a run, the row count symbolic); the same samples as dynamic
-    cache: Literal["dynamic", "static"] = "dynamic"
-    # Stop sampling once every sample has ended, which reads the device after each token (false:
-    # always max_new_tokens steps, no read until the end; the same samples)
-    early_stop: bool = True
-    # The weights' dtype while sampling: null, the generator's own (float32 under a mixed
-    # precision); bfloat16 or float16, a copy of it in that dtype, refreshed before each sampling
-    sample_dtype: Dtype | None = None
-
-    @field_validator("baseline")
-    @classmethod
-    def _enough_samples(cls, value: str, info) -> str:
-        if value == "leave_one_out" and info.data.get("samples", 2) < 2:
-            raise ValueError("leave_one_out needs rl.samples >= 2 (or baseline: greedy)")
-        return value
-
-
 class GenerateConfig(Section):
     """`generate`: decoding of the trained systems' predictions."""
     batch_size: Positive
@@ -284,12 +245,14 @@ class LLMConfig(Section):
 
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]
 
-# Every top-level key and its type, in params.yaml's order.
+# Every top-level key every stage knows, and its type, in params.yaml's order. The objectives'
+# settings sections (`dto`, `cpo`, `rl`: storyrewrite.objectives.registry.SETTINGS) are not here:
+# a new objective adds its section to the registry, and params.py, a code dep of every stage,
+# stays as it was (nothing reruns but `train`).
 SECTIONS: dict[str, Any] = {
     "seed": int, "task": Task, "objective": Name, "device": Device, "download": DownloadConfig, "data": DataConfig,
-    "models": ModelsConfig, "train_nll": TrainConfig, "train": TrainConfig, "dto": DTOConfig, "cpo": CPOConfig,
-    "rl": RLConfig, "generate": GenerateConfig, "score": ScoreConfig, "significance": SignificanceConfig, "report": ReportConfig,
-    "llm": LLMConfig,
+    "models": ModelsConfig, "train_nll": TrainConfig, "train": TrainConfig, "generate": GenerateConfig,
+    "score": ScoreConfig, "significance": SignificanceConfig, "report": ReportConfig, "llm": LLMConfig,
 }
 
 
@@ -322,33 +285,41 @@ def build(kind: Any, value: Any, key: str) -> Any:
 
 
 class Params:
-    """The whole of params.yaml; each top-level key is an attribute, built on first read."""
+    """The whole of params.yaml; each top-level key is an attribute, built on first read.
 
-    def __init__(self, raw: dict, source: str = "params.yaml"):
+    `settings`: the objectives' sections (storyrewrite.objectives.registry.SETTINGS), given by
+    the code that knows the objectives (the train stage, `profiles check`). Without them, a
+    top-level mapping outside SECTIONS is taken for an objective's section, left unread and
+    unchecked; a top-level scalar outside SECTIONS is an error everywhere."""
+
+    def __init__(self, raw: dict, source: str = "params.yaml", settings: dict[str, type[Section]] | None = None):
         if not isinstance(raw, dict):
             raise InputError(f"{source}: expected a mapping of sections at the top level")
-        unknown = sorted(set(raw) - set(SECTIONS))
+        # params.yaml's order: the objectives' sections follow `train`, the section they tune
+        before = list(SECTIONS)[:list(SECTIONS).index("train") + 1]
+        self.kinds = {**{k: SECTIONS[k] for k in before}, **(settings or {}), **SECTIONS}
+        unknown = sorted(k for k in set(raw) - set(self.kinds) if settings is not None or not isinstance(raw[k], dict))
         if unknown:
-            raise InputError(f"params: unknown key(s) {', '.join(f'`{k}`' for k in unknown)} in {source}; "
-                             f"valid keys: {', '.join(SECTIONS)}")
+            valid = ", ".join(self.kinds) if settings is not None else f"{', '.join(SECTIONS)}, or an objective's section (a mapping)"
+            raise InputError(f"params: unknown key(s) {', '.join(f'`{k}`' for k in unknown)} in {source}; valid keys: {valid}")
         self.raw, self.source, self.built = raw, source, {}
 
     @classmethod
-    def load(cls, path: str | Path = "params.yaml") -> "Params":
-        return cls(load_yaml(path), str(path))
+    def load(cls, path: str | Path = "params.yaml", settings: dict[str, type[Section]] | None = None) -> "Params":
+        return cls(load_yaml(path), str(path), settings)
 
     def section(self, name: str) -> Any:
         """The key `name` (for code that is told which section to read, e.g. `--section train`)."""
-        if name not in SECTIONS:
-            raise InputError(f"params: no section `{name}`; valid: {', '.join(SECTIONS)}")
+        if name not in self.kinds:
+            raise InputError(f"params: no section `{name}`; valid: {', '.join(self.kinds)}")
         if name not in self.built:
             if name not in self.raw:
                 raise InputError(f"params: missing key `{name}` in {self.source}", key=name)
-            self.built[name] = build(SECTIONS[name], self.raw[name], name)
+            self.built[name] = build(self.kinds[name], self.raw[name], name)
         return self.built[name]
 
     def __getattr__(self, name: str) -> Any:
-        if name in SECTIONS:
+        if name in self.__dict__.get("kinds", SECTIONS):
             return self.section(name)
         raise AttributeError(name)
 
@@ -357,7 +328,7 @@ class Params:
         up in a registry, `objective` and `llm.modes`, are checked by the stage that reads them
         and by storyrewrite.profiles, which imports the registries.)"""
         errors = []
-        for name in SECTIONS:
+        for name in self.kinds:
             try:
                 self.section(name)
             except InputError as error:

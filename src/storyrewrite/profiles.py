@@ -23,7 +23,7 @@ from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
 from storyrewrite.models.catalogue import ROLES, check_specs, local_models
-from storyrewrite.objectives.registry import get_objective, reads_section
+from storyrewrite.objectives.registry import SETTINGS, get_objective, reads_section
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides, yaml_scalar
 from storyrewrite.records import cpu_has_bf16
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         overridden, errors = override_keys(args.overrides), []
         for label, raw in experiments:
             try:
-                params = Params(raw, f"{source} {label}".strip())
+                params = Params(raw, f"{source} {label}".strip(), SETTINGS)
                 found = params.errors() + check_registered_names(params)
             except InputError as error:  # a top-level key params.yaml lacks (`-S +foo=1`)
                 found = [error]

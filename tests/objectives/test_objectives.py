@@ -7,11 +7,10 @@ from storyrewrite.data.formatting import causal_prompt
 from storyrewrite.io import InputError
 from storyrewrite.models.encoding import Encoder, target_logits
 from storyrewrite.models.store import load_model, load_tokenizer
-from storyrewrite.objectives.registry import ObjectiveContext, get_objective
+from storyrewrite.objectives.registry import CPOConfig, DTOConfig, ObjectiveContext, get_objective
 from storyrewrite.objectives.cpo import cpo_loss
 from storyrewrite.objectives.dto import gumbel_softmax
 from storyrewrite.objectives.nll import nll_loss
-from storyrewrite.params import CPOConfig, DTOConfig
 from storyrewrite.training.data import Collate
 
 from helpers import host_reads, read_jsonl

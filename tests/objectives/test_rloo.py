@@ -15,8 +15,7 @@ from storyrewrite.models.encoding import Encoder, target_logits
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.objectives import rloo
-from storyrewrite.objectives.registry import ObjectiveContext, get_objective
-from storyrewrite.params import RLConfig
+from storyrewrite.objectives.registry import SETTINGS, ObjectiveContext, RLConfig, get_objective
 from storyrewrite.training.data import Collate
 from storyrewrite.training.run import fit
 
@@ -294,8 +293,8 @@ def test_a_run_reads_only_its_objectives_sections(tmp_path, objective, read):
     raw = load_yaml(ROOT / "params.yaml")
     for name in {"dto", "cpo", "rl", "generate"} - read:
         raw[name] = {"not_a_key": 1}
-    params = Params(raw)
-    Run.from_params(params, "train", objective, tmp_path, tmp_path, tmp_path)
+    params = Params(raw, settings=SETTINGS)
+    Run.from_params(params, "train", get_objective(objective, params.task), tmp_path, tmp_path, tmp_path)
     assert set(params.built) == read
 
 

@@ -15,7 +15,8 @@ import yaml
 from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, param_cell, systems_without_a_run, write_bundle
-from storyrewrite.params import RLConfig, ScoreConfig
+from storyrewrite.objectives.registry import RLConfig
+from storyrewrite.params import ScoreConfig
 from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
 

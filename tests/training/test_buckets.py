@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.params import CPOConfig
+from storyrewrite.objectives.registry import CPOConfig
 from storyrewrite.training import monitor as monitor_module
 from storyrewrite.training.module import RewriteModule
 from storyrewrite.training.run import assemble, fit

@@ -17,7 +17,9 @@ from safetensors.torch import load_file
 from storyrewrite.errors import locate
 from storyrewrite.io import InputError
 from storyrewrite.models.materialise import materialise
-from storyrewrite.params import CPOConfig, load_yaml
+from storyrewrite.objectives.base import NLL
+from storyrewrite.objectives.registry import CPOConfig
+from storyrewrite.params import load_yaml
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.systems import TRAINING_PLAN
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
@@ -505,7 +507,7 @@ def test_a_training_sections_own_seed_changes_its_randomness_and_nothing_else(tm
     assert training_seed(default, "train") == training_seed(default, "train_nll") == raw["seed"]
     seeded = Params(overlay(raw, {"train": {"seed": raw["seed"] + 7}}))
     assert training_seed(seeded, "train") == raw["seed"] + 7 and training_seed(seeded, "train_nll") == raw["seed"]
-    run = Run.from_params(seeded, "train", "nll", tmp_path, tmp_path)
+    run = Run.from_params(seeded, "train", NLL, tmp_path, tmp_path)
     assert run.seed == raw["seed"] + 7
     with pytest.raises(InputError, match=r"train\.seed"):
         Params(overlay(raw, {"train": {"seed": "one"}})).section("train")

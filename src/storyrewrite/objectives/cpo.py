@@ -8,9 +8,9 @@ from transformers import PreTrainedModel
 
 from storyrewrite.models.encoding import target_logits
 from storyrewrite.models.logprobs import token_log_probs
+from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
 from storyrewrite.objectives.nll import nll_loss
-from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
-from storyrewrite.params import CPOConfig
+from storyrewrite.objectives.registry import CPOConfig
 
 
 def cpo_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, chosen_nll: torch.Tensor,

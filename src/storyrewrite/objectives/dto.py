@@ -21,9 +21,9 @@ from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer, TargetRows
 from storyrewrite.models.encoding import target_logits
 from storyrewrite.models.logprobs import masked_mean
+from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
 from storyrewrite.objectives.nll import nll_loss
-from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
-from storyrewrite.params import DTOConfig
+from storyrewrite.objectives.registry import DTOConfig
 
 
 def gumbel_softmax(logits: torch.Tensor, tau: float, hard: bool, seed: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ from transformers import PreTrainedModel
 
 from storyrewrite.models.encoding import target_logits
 from storyrewrite.models.logprobs import masked_mean, token_log_probs
-from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
+from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
 
 
 def nll_loss(logits: torch.Tensor, target_ids: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:

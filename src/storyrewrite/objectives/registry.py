@@ -1,130 +1,67 @@
-"""The objective registry: every training objective by name, with what it needs, without its code.
+"""The objective registry: every training objective by name, with what it needs, without its code,
+and the params section each one reads.
 
-An entry says which module holds the objective's code (its loss, a pure function of tensors with
-its formula in the docstring, and the builder that gets those tensors from the generator and a
-batch), which params section it reads (typed), what it needs (a scorer, the original ending,
-chosen/rejected pairs), which tasks it serves and how reports name it. The module is imported
-only when the objective is built: the NLL baseline (`train_nll`) runs, and depends on, the NLL
-code alone, so an edit to a DTO loss reruns `train`, not the NLL model every system starts from.
+An entry (storyrewrite.objectives.base.Objective) says which module holds the objective's code
+(its loss, a pure function of tensors with its formula in the docstring, and the builder that gets
+those tensors from the generator and a batch), which params section it reads (typed: its settings
+class is here), what it needs (a scorer, the original ending, chosen/rejected pairs), which tasks
+it serves and how reports name it. The module is imported only when the objective is built. Only
+the `train` stage depends on this file: the NLL baseline (`train_nll`) runs NLL's entry and code
+alone (base.py, nll.py), and params.py, which every stage runs, knows none of these sections. So an
+edit to a DTO loss, or a new objective, reruns `train`, not the NLL model every system starts from.
 A built objective returns the loss with its terms and its diagnostics (logged with the training
 curves). The training code calls it and never branches on the name: a new objective is one module
-(loss + `build`) and one entry in `OBJECTIVES`.
+(loss + `build`), its settings class and one entry in `OBJECTIVES` here (docs/extending.md).
 """
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Literal
 
-from storyrewrite.data.schema import TASK_COLUMNS
+from pydantic import Field, field_validator
+
 from storyrewrite.io import InputError
-from storyrewrite.params import CPOConfig, DTOConfig, RLConfig, Section
-
-if TYPE_CHECKING:  # the registry names objectives without loading torch: `params check` reads it
-    import torch
-    from transformers import PreTrainedModel
-
-S = TypeVar("S", bound=Section)
+from storyrewrite.objectives.base import NLL, Loss, LossFn, LossOutput, Objective, ObjectiveContext  # noqa: F401  re-exported
+from storyrewrite.params import Dtype, Positive, PositiveFloat, Section
 
 
-@dataclass
-class LossOutput:
-    loss: torch.Tensor  # the scalar that is optimised
-    terms: dict[str, torch.Tensor]  # what the loss is made of (detached scalars): a non-finite one stops training
-    # The teacher-forced NLL of Y_EE (detached), always given in validation: the validation NLL,
-    # comparable across objectives.
-    nll: torch.Tensor | None
-    # Detached scalars for the training curves, computed only when called (under no_grad, from
-    # tensors the step already has), so that a run without diagnostics pays nothing for them.
-    diagnostics: Callable[[], dict[str, torch.Tensor]] = field(default=dict)
+class DTOConfig(Section):
+    """`dto`: differentiable training objectives (objective score | delta | score_delta)."""
+    tau: PositiveFloat  # Gumbel-softmax temperature (paper: 1.0, no annealing)
+    hard: bool  # straight-through one-hot samples instead of soft ones (paper: soft)
+    scorer_dtype: Dtype = "float32"
 
 
-# (generator, batch, noise seed, validation) -> LossOutput. The batch layout is
-# storyrewrite.models.encoding's, plus the texts `targets` and `original_endings`, and `pair`
-# (chosen + rejected) for CPO. `validation` may compute more (e.g. M(Ŷ, X_OE) for DTO-Score).
-LossFn = Callable[["PreTrainedModel", dict, int, bool], LossOutput]
+class CPOConfig(Section):
+    """`cpo` (paper grid: beta ∈ {0.1, 0.5, 1, 2}, lambda ∈ {0.5, 1, 2})."""
+    beta: PositiveFloat
+    lambda_: float = Field(alias="lambda", ge=0)  # `lambda` is a Python keyword
 
 
-@dataclass(frozen=True)
-class ObjectiveContext(Generic[S]):
-    """What an objective is built from: its own params section (typed: `Objective.settings`)."""
+class RLConfig(Section):
+    """`rl`: policy-gradient training on the DTO reward (objective rloo)."""
+    samples: Positive  # K samples per instance (the leave-one-out baseline needs two)
+    temperature: PositiveFloat  # sampling temperature (no top-k / top-p)
+    reward: Literal["score", "delta", "score_delta"]  # the metric reward, as DTO's objectives
+    kl_beta: float = Field(ge=0)  # KL penalty against the starting model, in the reward (0: no reference model)
+    max_new_tokens: Positive  # at most this many tokens per sample (TRL's max_completion_length)
+    baseline: Literal["leave_one_out", "greedy"] = "leave_one_out"  # greedy: self-critical
+    # The samples' KV cache: static (fixed-size) lets a GPU replay each decoding step as a CUDA
+    # graph (transformers compiles it once a run, the row count symbolic); the same samples as dynamic
+    cache: Literal["dynamic", "static"] = "dynamic"
+    # Stop sampling once every sample has ended, which reads the device after each token (false:
+    # always max_new_tokens steps, no read until the end; the same samples)
+    early_stop: bool = True
+    # The weights' dtype while sampling: null, the generator's own (float32 under a mixed
+    # precision); bfloat16 or float16, a copy of it in that dtype, refreshed before each sampling
+    sample_dtype: Dtype | None = None
 
-    settings: S | None = None
-    scorer_dir: Path | None = None  # the frozen scorer's model directory (`needs_scorer`)
-    max_input_tokens: int = 1024
-    max_output_tokens: int = 250
-    init_dir: Path | None = None  # the starting weights (a reference model for a KL term)
-    pad_to_multiple_of: int | None = None  # the training section's length buckets (models.encoding.Encoder)
+    @field_validator("baseline")
+    @classmethod
+    def _enough_samples(cls, value: str, info) -> str:
+        if value == "leave_one_out" and info.data.get("samples", 2) < 2:
+            raise ValueError("leave_one_out needs rl.samples >= 2 (or baseline: greedy)")
+        return value
 
-
-@dataclass(frozen=True)
-class Loss:
-    """A built objective, and the frozen scorer it runs, if any (the training code moves it to
-    the training device; it is never trained, and never saved in checkpoints)."""
-
-    compute: LossFn
-    scorer: object | None = None  # storyrewrite.metrics.lm_scorer.LMScorer, for the objectives that need one
-    frozen: tuple[torch.nn.Module, ...] = ()  # other frozen models it runs (RLOO's reference model)
-    # Host work on a batch that the step would otherwise do (tokenising its texts for the
-    # scorer): the data loader runs it on the batch it made, in its workers where there are
-    # some, and adds what it returns. Picklable (it travels to worker processes): no model in it.
-    prepare: Callable[[dict], dict] | None = None
-
-    def frozen_models(self) -> tuple[torch.nn.Module, ...]:
-        """Every frozen model the loss runs, to be placed on the training device."""
-        return ((self.scorer.model,) if self.scorer is not None else ()) + self.frozen
-
-    def __call__(self, generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool = False) -> LossOutput:
-        return self.compute(generator, batch, noise_seed, validation)
-
-
-@dataclass(frozen=True)
-class Objective:
-    name: str
-    label: str  # how reports name it
-    description: str
-    module: str  # storyrewrite.objectives.<module> holds its loss and its builder
-    builder: str = "build"  # the builder's name there: (ObjectiveContext) -> Loss
-    settings: str | None = None  # the params section it reads (the stage reads no other)
-    settings_type: type[Section] | None = None  # that section's type
-    needs_scorer: bool = False
-    needs_original_ending: bool = False
-    pairs: bool = False  # the batch carries chosen (edited) and rejected (original) endings
-    main_diagnostics: tuple[str, ...] = ()  # what the report's training section shows, first → last
-    # A setting whose values make different systems (RLOO's reward): value -> the system's label,
-    # and value -> the objective it is compared with head to head (the DTO objective of that reward).
-    variant: str | None = None
-    variant_labels: dict[str, str] = field(default_factory=dict)
-    counterparts: dict[str, str] = field(default_factory=dict)
-
-    def system_label(self, settings: Section | None) -> str:
-        """How reports name a run of this objective with `settings`."""
-        return self.variant_labels[getattr(settings, self.variant)] if self.variant else self.label
-
-    def counterpart_label(self, settings: Section | None) -> str | None:
-        """The label of the system this run is tested against head to head, if any."""
-        name = self.counterparts.get(getattr(settings, self.variant)) if self.variant else None
-        return OBJECTIVES[name].label if name else None
-
-    def serves(self, task: str, variant: str | None = None) -> bool:
-        """Whether `task` has what this objective needs, in `variant` as its counterpart needs it
-        (RLOO on the delta reward, as DTO-Delta): the original ending, where it needs one."""
-        counterpart = OBJECTIVES.get(self.counterparts.get(variant, "")) if variant is not None else None
-        needs = self.needs_original_ending or (counterpart is not None and counterpart.needs_original_ending)
-        return not needs or "original_ending" in TASK_COLUMNS[task]
-
-    @property
-    def module_name(self) -> str:
-        return f"storyrewrite.objectives.{self.module}"
-
-    def build(self, context: ObjectiveContext) -> Loss:
-        """Import the objective's code and build it."""
-        if self.settings_type is not None and not isinstance(context.settings, self.settings_type):
-            raise TypeError(f"objective {self.name!r} takes {self.settings_type.__name__} settings, "
-                            f"got {type(context.settings).__name__}")
-        return getattr(importlib.import_module(self.module_name), self.builder)(context)
 
 
 _DTO_MAIN = ("m_target", "m_original", "delta", "gumbel_max_prob", "nll_target")
@@ -183,11 +120,8 @@ CURVES: dict[str, dict[str, str]] = {
     },
 }
 
-OBJECTIVES: dict[str, Objective] = {
-    "nll": Objective("nll", "NLL", "negative log-likelihood of the edited ending", "nll", main_diagnostics=("token_accuracy",)),
-    "cpo": Objective("cpo", "CPO", "CPO: edited ending preferred to the original ending", "cpo", settings="cpo",
-                     settings_type=CPOConfig, needs_original_ending=True, pairs=True,
-                     main_diagnostics=("rewards/margins", "rewards/accuracies", "nll_term")),
+# DTO's objectives, by name (RLOO on each of their rewards is tested against them head to head)
+_DTO: dict[str, Objective] = {
     "score": Objective("score", "DTO-Score", "DTO: −M(Ŷ, Y_EE)", "dto", "build_score", settings="dto",
                        settings_type=DTOConfig, needs_scorer=True, main_diagnostics=_DTO_MAIN),
     "delta": Objective("delta", "DTO-Delta", "DTO: −[M(Ŷ, Y_EE) − M(Ŷ, X_OE)]", "dto", "build_delta", settings="dto",
@@ -195,14 +129,25 @@ OBJECTIVES: dict[str, Objective] = {
     "score_delta": Objective("score_delta", "DTO-Score+Delta", "DTO: −[2·M(Ŷ, Y_EE) − M(Ŷ, X_OE)]", "dto",
                              "build_score_delta", settings="dto", settings_type=DTOConfig, needs_scorer=True,
                              needs_original_ending=True, main_diagnostics=_DTO_MAIN),
+}
+OBJECTIVES: dict[str, Objective] = {
+    "nll": NLL,
+    "cpo": Objective("cpo", "CPO", "CPO: edited ending preferred to the original ending", "cpo", settings="cpo",
+                     settings_type=CPOConfig, needs_original_ending=True, pairs=True,
+                     main_diagnostics=("rewards/margins", "rewards/accuracies", "nll_term")),
+    **_DTO,
     # The original ending is needed by `rl.reward` delta and score_delta only: the loss says so
     # where a task has none.
     "rloo": Objective("rloo", "RLOO", "REINFORCE, leave-one-out baseline, on the reward `rl.reward`", "rloo",
                       settings="rl", settings_type=RLConfig, needs_scorer=True,
                       main_diagnostics=("reward", "reward_std", "kl", "completions/mean_length", "completions/clipped_ratio"),
                       variant="reward", variant_labels={"score": "RLOO-Score", "delta": "RLOO-Delta", "score_delta": "RLOO-Score+Delta"},
-                      counterparts={"score": "score", "delta": "delta", "score_delta": "score_delta"}),
+                      counterparts=_DTO),
 }
+
+# The objectives' params sections, by name: the top-level keys of params.yaml that only the
+# train stage reads (storyrewrite.params.Params takes them from the code that knows them).
+SETTINGS: dict[str, type[Section]] = {o.settings: o.settings_type for o in OBJECTIVES.values() if o.settings}
 
 
 def reads_section(objective: str | None, section: str) -> bool:

@@ -65,9 +65,9 @@ from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.encoding import Encoder, target_logits
 from storyrewrite.models.logprobs import token_log_probs
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
+from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
 from storyrewrite.objectives.nll import nll_loss
-from storyrewrite.objectives.registry import Loss, LossOutput, ObjectiveContext
-from storyrewrite.params import RLConfig
+from storyrewrite.objectives.registry import RLConfig
 from storyrewrite.records import compile_counts, dynamo_frames
 
 

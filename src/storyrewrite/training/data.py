@@ -18,7 +18,7 @@ class Collate:
 
     def __init__(self, encoder: Encoder, task: str, pairs: bool = False,
                  prepare: Callable[[dict], dict] | None = None):
-        # prepare: the objective's own host work on the batch (objectives.registry.Loss.prepare)
+        # prepare: the objective's own host work on the batch (objectives.base.Loss.prepare)
         self.encoder, self.task, self.pairs, self.prepare = encoder, task, pairs, prepare
 
     def __call__(self, instances: list[dict]) -> dict:

@@ -5,7 +5,7 @@ import lightning as L
 import torch
 from transformers import PreTrainedModel
 
-from storyrewrite.objectives.registry import Loss
+from storyrewrite.objectives.base import Loss
 
 VALIDATION_NOISE_OFFSET = 10**9  # validation draws its own Gumbel noise, the same every time
 # The dtype in which Lightning's mixed precisions run a step's matrix products (torch.autocast).

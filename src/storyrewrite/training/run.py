@@ -23,7 +23,7 @@ from storyrewrite import artifacts
 from storyrewrite.io import InputError, sha256_file, write_text_atomic
 from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, save_model, weights_digest
-from storyrewrite.objectives.registry import Objective, ObjectiveContext, get_objective
+from storyrewrite.objectives.base import Objective, ObjectiveContext
 from storyrewrite.parallel import assigned_gpu, share_gpu_memory
 from storyrewrite.params import ModelsConfig, Params, Section, TrainConfig
 from storyrewrite.records import cpu_has_bf16
@@ -79,22 +79,23 @@ class Run:
     models: ModelsConfig
     task: str
     seed: int
-    objective: str
+    # The objective's entry: the train stage looks it up in storyrewrite.objectives.registry,
+    # train_nll runs objectives.base.NLL (this module never reads the registry: train_nll's code)
+    objective: Objective
     settings: Section | None  # the objective's params section (Objective.settings: its type), or None
     init_dir: Path
     prepared_dir: Path
     scorer_dir: Path | None = None
 
     @classmethod
-    def from_params(cls, params: Params, section: str, objective: str, init_dir: Path, prepared_dir: Path,
+    def from_params(cls, params: Params, section: str, objective: Objective, init_dir: Path, prepared_dir: Path,
                     scorer_dir: Path | None = None) -> "Run":
         """The run of `section` with `objective`, reading only the params section that objective
         names (NLL reads neither `dto` nor `cpo`); the scorer only where the objective needs one."""
-        found = get_objective(objective, params.task)
         return cls(section=section, config=params.section(section), models=params.models, task=params.task,
                    seed=training_seed(params, section), objective=objective,
-                   settings=params.section(found.settings) if found.settings else None, init_dir=Path(init_dir),
-                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if found.needs_scorer else None)
+                   settings=params.section(objective.settings) if objective.settings else None, init_dir=Path(init_dir),
+                   prepared_dir=Path(prepared_dir), scorer_dir=Path(scorer_dir) if objective.needs_scorer else None)
 
 
 def training_seed(params: Params, section: str) -> int:
@@ -106,9 +107,9 @@ def training_seed(params: Params, section: str) -> int:
 def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, RewriteDataModule]:
     """The ready Lightning module (generator, the objective's loss, optimiser) and data module.
     `diagnostics: False` leaves out the objective's logged diagnostics (for measuring their cost)."""
-    objective = get_objective(run.objective, run.task)
+    objective = run.objective
     if objective.needs_scorer and run.scorer_dir is None:
-        raise InputError(f"objective {run.objective!r} needs a scorer model directory")
+        raise InputError(f"objective {objective.name!r} needs a scorer model directory")
     tokenizer = load_tokenizer(run.init_dir)
     encoder = Encoder(tokenizer, is_seq2seq(run.init_dir), run.models.max_input_tokens, run.models.max_output_tokens,
                       run.config.pad_to_multiple_of)
@@ -143,7 +144,7 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
     blob = json.dumps({
         # The section's `seed` as the seed it resolves to (`run.seed`): null and the top-level value are one run.
         "settings": {k: v for k, v in run.config.model_dump().items() if k not in (*BUDGET_KEYS, "seed")},
-        "objective": run.objective, "objective_settings": run.settings.model_dump(by_alias=True) if run.settings else None,
+        "objective": run.objective.name, "objective_settings": run.settings.model_dump(by_alias=True) if run.settings else None,
         "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
         "init_weights": weights_digest(run.init_dir),
@@ -299,7 +300,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     the end, the run's summary (`metrics.json`, storyrewrite.artifacts.TrainingSummary).
     `diagnostics: False` logs only the loss, its terms, lr and tokens/s. Returns the summary with
     the training's wall time, `train_seconds` (a stage record's fact: never in the DVC metrics)."""
-    objective = get_objective(run.objective, run.task)
+    objective = run.objective
     out_dir, checkpoint_dir, log_dir = Path(out_dir), Path(checkpoint_dir), Path(log_dir)
     L.seed_everything(run.seed, workers=True, verbose=False)
 
@@ -323,7 +324,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(fingerprint_file, fingerprint + "\n")
 
-    monitor = TrainingMonitor(log_dir, checkpoint_dir / "curves", run.section, run.objective, resumed_step)
+    monitor = TrainingMonitor(log_dir, checkpoint_dir / "curves", run.section, objective.name, resumed_step)
     best = (FreshBest if fresh_best else ModelCheckpoint)(dirpath=checkpoint_dir, filename="best", monitor="val_loss", mode="min",
                                                           save_top_k=1, save_weights_only=True, enable_version_counter=False)
     latest = ResumePoint(dirpath=checkpoint_dir, filename="last", save_top_k=1,
@@ -357,7 +358,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     elapsed = time.perf_counter() - started
     best_checkpoint = _load_best(best)
     summary = artifacts.TrainingSummary(
-        **monitor.latest(), objective=run.objective, label=objective.system_label(run.settings),
+        **monitor.latest(), objective=objective.name, label=objective.system_label(run.settings),
         counterpart=objective.counterpart_label(run.settings),
         settings=run.settings.model_dump(by_alias=True) if run.settings else None,
         task=run.task, global_step=trainer.global_step, world_size=trainer.world_size,
