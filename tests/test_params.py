@@ -10,7 +10,7 @@ from storyrewrite.io import InputError
 from storyrewrite.llm.modes import MODES
 from storyrewrite.objectives.registry import OBJECTIVES, SETTINGS
 from storyrewrite.params import (LIGHTNING_ACCELERATORS, LIGHTNING_PRECISION_ALIASES, LIGHTNING_PRECISIONS, LIGHTNING_STRATEGIES,
-                                 DataConfig, DownloadConfig, ModelsConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
+                                 SECTIONS, DataConfig, DownloadConfig, ModelsConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
 from storyrewrite.models.materialise import materialise
 from storyrewrite.profiles import emulated_bf16, main
 
@@ -51,15 +51,18 @@ def test_the_objectives_sections_are_checked_where_the_objectives_are_known():
     params.py does not know is an objective's, left unread; a scalar is a typo everywhere. With
     them (the train stage, `profiles check`), either is an error naming every valid key."""
     raw = load_yaml(ROOT / "params.yaml")
-    assert set(SETTINGS) == {"dto", "cpo", "rl"} <= set(raw)
-    plain = Params({**raw, "smoothing": {"epsilon": 0.1}})
+    assert {"dto", "cpo", "rl"} <= set(SETTINGS) <= set(raw)
+    plain = Params({**raw, "unlisted": {"epsilon": 0.1}})
     assert plain.train_nll.lr == 3e-5
     with pytest.raises(InputError, match=r"^params: no section `dto`; valid: seed, task, .*, llm$"):
         plain.section("dto")
     with pytest.raises(InputError, match=r"`seeed` .*; valid keys: seed, .*, llm, or an objective's section \(a mapping\)$"):
         Params({**raw, "seeed": 1})
-    with pytest.raises(InputError, match=r"unknown key\(s\) `smoothing` in .*; valid keys: seed, .*, train, cpo, dto, rl, generate, .*, llm$"):
-        Params({**raw, "smoothing": {"epsilon": 0.1}}, settings=SETTINGS)
+    with pytest.raises(InputError, match=r"unknown key\(s\) `unlisted` in params.yaml; valid keys: ") as caught:
+        Params({**raw, "unlisted": {"epsilon": 0.1}}, settings=SETTINGS)
+    valid = str(caught.value).split("valid keys: ")[1].split(", ")
+    # every section, the objectives' after `train` as in params.yaml
+    assert sorted(valid) == sorted([*SECTIONS, *SETTINGS]) and valid.index("train") + 1 == valid.index(next(iter(SETTINGS)))
     assert Params(raw, settings=SETTINGS).rl.samples == raw["rl"]["samples"]
 
 
