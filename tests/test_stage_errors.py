@@ -52,3 +52,21 @@ def test_a_stage_names_the_line_of_a_value_it_refuses_after_reading_it(tmp_path,
 
     assert stderr_of(lambda: refuse(unset, "llm.fixed_example_id.nowhere")) == f"error: {unset}"
     assert stderr_of(lambda: refuse("data/x.jsonl:3: malformed JSON", None)) == "error: data/x.jsonl:3: malformed JSON"
+
+
+def test_an_unknown_top_level_key_is_named_by_its_line(tmp_path):
+    """A typo'd top-level key: a scalar stops every stage; a mapping (an objective's section,
+    for all a stage without the registry knows) stops the train stage, which knows them all.
+    Each names the line of the stage's params.yaml that sets it."""
+    text = (ROOT / "params.yaml").read_text()
+    for typo, stage, args in (("seeed: 3", "prepare.py", ["--raw", "raw", "--out", "out", "--counts", "counts.json"]),
+                              ("smothing:\n  epsilon: 0.1", "train.py", ["--init", "i", "--data", "d", "--out", "out",
+                                                                        "--checkpoints", "c", "--logs", "l"])):
+        (tmp_path / "params.yaml").write_text(text + "\n" + typo + "\n")
+        line = len(text.splitlines()) + 2
+        result = subprocess.run([sys.executable, str(ROOT / "stages" / stage), *args], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+        key = typo.split(":")[0]
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().startswith(f"error: params.yaml:{line}: unknown key(s) `{key}` in params.yaml; valid keys: seed, ")
+        assert not (tmp_path / "out").exists()

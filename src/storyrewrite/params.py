@@ -301,7 +301,8 @@ class Params:
         unknown = sorted(k for k in set(raw) - set(self.kinds) if settings is not None or not isinstance(raw[k], dict))
         if unknown:
             valid = ", ".join(self.kinds) if settings is not None else f"{', '.join(SECTIONS)}, or an objective's section (a mapping)"
-            raise InputError(f"params: unknown key(s) {', '.join(f'`{k}`' for k in unknown)} in {source}; valid keys: {valid}")
+            raise InputError(f"params: unknown key(s) {', '.join(f'`{k}`' for k in unknown)} in {source}; valid keys: {valid}",
+                             key=unknown[0])  # the first one's line is named (storyrewrite.errors.locate)
         self.raw, self.source, self.built = raw, source, {}
 
     @classmethod
