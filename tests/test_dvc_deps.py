@@ -144,11 +144,11 @@ def test_only_the_train_stage_depends_on_the_objective_registry():
     from storyrewrite.objectives.registry import SETTINGS
     from storyrewrite.params import SECTIONS
 
+    deps = stage_deps(_dvc())
     objective_code = {f"src/storyrewrite/objectives/{name}.py" for name in ("registry", "dto", "cpo", "rloo")}
-    using = sorted(name for name, (_, deps) in stage_deps(_dvc()).items() if objective_code & set(deps))
-    assert using == ["train"]
+    assert sorted(name for name, (_, listed) in deps.items() if objective_code & set(listed)) == ["train"]
     assert not set(SETTINGS) & set(SECTIONS)
-    nll = stage_deps(_dvc())["train_nll"][1]
+    nll = deps["train_nll"][1]
     assert [d for d in nll if d.startswith("src/storyrewrite/objectives/")] == [
         "src/storyrewrite/objectives/__init__.py", "src/storyrewrite/objectives/base.py", "src/storyrewrite/objectives/nll.py"]
 

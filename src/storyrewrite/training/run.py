@@ -136,7 +136,7 @@ def code_digest(objective: Objective) -> str:
     return closure.digest(closure.closure(__file__) | closure.closure(closure.module_file(objective.module_name)))
 
 
-def run_fingerprint(run: Run, objective: Objective) -> str:
+def run_fingerprint(run: Run) -> str:
     """What makes two runs the same run (so that one may resume the other): every setting but
     the training budget, the objective and its own settings (NLL reads neither `dto` nor `cpo`),
     the task, the seed, the data, the starting weights, the scorer and the code."""
@@ -148,8 +148,8 @@ def run_fingerprint(run: Run, objective: Objective) -> str:
         "task": run.task, "seed": run.seed, "max_tokens": [run.models.max_input_tokens, run.models.max_output_tokens],
         "train_data": sha256_file(train_file), "val_data": sha256_file(train_file.with_name("val.jsonl")),
         "init_weights": weights_digest(run.init_dir),
-        "scorer": weights_digest(run.scorer_dir) if objective.needs_scorer else None,
-        "code": code_digest(objective),
+        "scorer": weights_digest(run.scorer_dir) if run.objective.needs_scorer else None,
+        "code": code_digest(run.objective),
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -304,7 +304,7 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     out_dir, checkpoint_dir, log_dir = Path(out_dir), Path(checkpoint_dir), Path(log_dir)
     L.seed_everything(run.seed, workers=True, verbose=False)
 
-    fingerprint = run_fingerprint(run, objective)
+    fingerprint = run_fingerprint(run)
     fingerprint_file, finished, last = checkpoint_dir / "fingerprint.txt", checkpoint_dir / "finished", checkpoint_dir / "last.ckpt"
     interrupted = (fingerprint_file.exists() and fingerprint_file.read_text().strip() == fingerprint
                    and not finished.exists() and last.exists())
