@@ -9,6 +9,7 @@ from pathlib import Path
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
+from storyrewrite.metrics.artifacts import SystemMetrics
 from storyrewrite.io import run_stage, write_jsonl_atomic
 from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.evaluate import (COHERENCE_INPUTS, load_scoring_models, read_predictions, score_system,
@@ -48,7 +49,7 @@ def main() -> None:
         rows, metrics = score_system(read_predictions(path, instances), instances, scorer, config.batch_size, evaluators, seconds,
                                      models)
         write_jsonl_atomic(args.scores_dir / f"{path.stem}.jsonl", rows)
-        artifacts.write(args.metrics_dir / f"{path.stem}.json", artifacts.SystemMetrics.model_validate(metrics))
+        artifacts.write(args.metrics_dir / f"{path.stem}.json", SystemMetrics.model_validate(metrics))
         scored += len(rows)
         print(path.stem, {k: v for k, v in metrics.items() if k in (*METRICS, "cf_pmi", "drift", "ents")})
     if record:

@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 from storyrewrite import artifacts
+from storyrewrite.metrics.artifacts import Significance
 from storyrewrite.io import run_stage
 from storyrewrite.params import Params
 from storyrewrite.records import StageRecord
@@ -24,7 +25,7 @@ def main() -> None:
     systems = pipeline_systems(args.systems, params.llm.modes, params.task)
     scores = read_scores(systems, args.scores)
     results = compare(scores, config.baseline, config.n_resamples, params.seed, by_story=config.unit == "story")
-    artifacts.write(args.out, artifacts.Significance(baseline=config.baseline, n_resamples=config.n_resamples, unit=config.unit,
+    artifacts.write(args.out, Significance(baseline=config.baseline, n_resamples=config.n_resamples, unit=config.unit,
                                                      p_values=results))
     for system, p_values in results.items():
         print(system, p_values)

@@ -8,6 +8,7 @@ from pathlib import Path
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
+from storyrewrite.metrics.artifacts import Validity
 from storyrewrite.io import run_stage
 from storyrewrite.metrics.evaluate import COHERENCE_INPUTS, load_scoring_models, timed
 from storyrewrite.metrics.validity import gold_and_copy, read_copy_scores
@@ -30,7 +31,7 @@ def main() -> None:
     params = Params.load()
     config, models = params.score, params.models
     if not set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]):
-        artifacts.write(args.out, artifacts.Validity(not_available=f"task {params.task} has no original ending to copy"))
+        artifacts.write(args.out, Validity(not_available=f"task {params.task} has no original ending to copy"))
         print(f"{args.out}: not available for task {params.task}")
         if record:
             record.finish("cpu", None, 0, "instances")
@@ -44,7 +45,7 @@ def main() -> None:
     copy_scores = read_copy_scores(args.copy_scores, instances) if args.copy_scores else None
     pairs, not_measured = gold_and_copy(instances, evaluators, scorer, config.batch_size, seconds, copy_scores)
     result = validity(pairs, not_measured, params.significance.n_resamples, params.seed)
-    artifacts.write(args.out, artifacts.Validity.model_validate(result))
+    artifacts.write(args.out, Validity.model_validate(result))
     print(markdown(result))
     if record:
         record.finish(device, precision, len(instances), "instances",

@@ -57,7 +57,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def system_metrics(bart: float, rouge: float = 60.0, bleu: float = 30.0, **extra) -> dict:
-    """A system's metrics file (artifacts.SystemMetrics) with these predictive values."""
+    """A system's metrics file (storyrewrite.metrics.artifacts.SystemMetrics) with these predictive values."""
     return {"bartscore": {"predictive": bart, "counterfactual": 2 * bart + 1}, "rougeL": {"predictive": rouge, "counterfactual": 2 * rouge - 70},
             "sacrebleu": {"predictive": bleu, "counterfactual": 0.0}, "instances": 1, "empty_predictions": 0,
             "counterfactual_metrics": "available", "prompt_echo": 0.0, **extra}

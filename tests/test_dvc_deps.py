@@ -136,6 +136,22 @@ def test_no_training_stage_depends_on_the_metrics_code():
     assert shared == {"train_nll": [], "train": []}
 
 
+def test_a_new_metric_reruns_only_the_stages_that_score_test_and_report():
+    """A new overlap metric edits three files (docs/extending.md, A metric): its functions' module,
+    the registry and SystemMetrics' module. Only the stages that score, test and report list them,
+    so the models, the predictions and the LLM replies stay as they are."""
+    import inspect
+
+    from storyrewrite.metrics import lexical, registry
+    from storyrewrite.metrics.artifacts import SystemMetrics
+
+    edited = {Path(inspect.getsourcefile(code)).relative_to(ROOT).as_posix() for code in (lexical, registry, SystemMetrics)}
+    assert len(edited) == 3
+    listing = {name: sorted(edited & set(deps)) for name, (_, deps) in stage_deps(_dvc()).items()}
+    assert {name for name, files in listing.items() if files} == {
+        "score", "score_llm", "score_sanity", "validity", "significance", "report"}, listing
+
+
 def test_only_the_train_stage_depends_on_the_objective_registry():
     """A new objective (docs/extending.md) edits the registry, its own module, params.yaml and the
     train stage's entries: the NLL model and every stage before `train` or beside it keep their

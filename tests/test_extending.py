@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from pydantic import Field, ValidationError
 
 from storyrewrite import closure
-from storyrewrite.artifacts import Overlap, SystemMetrics
+from storyrewrite.metrics.artifacts import Overlap, SystemMetrics
 from storyrewrite.metrics import registry as metric_registry
 from storyrewrite.metrics.evaluate import Evaluators, score_system
 from storyrewrite.metrics.lm_scorer import LMScorer

@@ -5,13 +5,14 @@ after a run is spent. Torch-free.
 
 | file                                   | written by            | model           |
 |----------------------------------------|-----------------------|-----------------|
-| reports/metrics/<system>.json          | score                 | SystemMetrics   |
 | reports/train/<system>/metrics.json    | train_nll, train      | TrainingSummary |
 | reports/llm/<mode>.json                | llm                   | LLMUsage        |
 | reports/stages/<stage>.json            | every model stage     | Record          |
-| reports/significance.json              | significance          | Significance    |
-| reports/validity.json                  | validity              | Validity        |
 | reports/bench/<script>.json            | bench/<script>.py     | BenchRuns       |
+
+The evaluation's files (reports/metrics/, significance.json, validity.json) have their models in
+storyrewrite.metrics.artifacts: every stage lists this module in its deps, and a new metric's
+field there would otherwise train and generate everything again.
 """
 from __future__ import annotations
 
@@ -34,38 +35,6 @@ class Artifact(BaseModel):
 class Open(BaseModel):
     """An artifact that also carries open-ended values beside its named fields."""
     model_config = ConfigDict(extra="allow")
-
-
-class Overlap(Artifact):
-    """An overlap metric's corpus value in each form (storyrewrite.metrics.counterfactual)."""
-    predictive: float
-    delta: float | None = None
-    counterfactual: float | None = None
-
-
-class EvaluatorSpecs(Artifact):
-    judge: str | None
-    embedder: str | None
-    nli: str | None
-    judge_is_scorer: bool
-
-
-class SystemMetrics(Artifact):
-    bartscore: Overlap
-    rougeL: Overlap
-    sacrebleu: Overlap
-    bertscore: Overlap | None = None  # None: `models.bertscore` is null
-    instances: int
-    empty_predictions: int
-    counterfactual_metrics: str  # "available", or why not
-    prompt_echo: float  # the share of predictions that echo a prompt field (storyrewrite.metrics.echo)
-    coherence_metrics: str | None = None  # "available", or why not (None: not computed)
-    cf_pmi: float | None = None
-    cf_follow: float | None = None
-    drift: float | None = None
-    ents: float | None = None
-    hmean: float | None = None
-    evaluators: EvaluatorSpecs | None = None
 
 
 class TrainingSummary(Open):
@@ -124,36 +93,6 @@ class Record(Open):
     # and validate_s, those of them spent validating.
     train_s: float | None = None
     validate_s: float | None = None
-
-
-class Significance(Artifact):
-    baseline: str
-    n_resamples: int
-    unit: str  # instance | story: what the bootstrap resampled
-    p_values: dict[str, dict[str, float]]  # system -> column -> p (H1: system > baseline)
-
-
-class ValidityFigures(Artifact):
-    compared: str
-    instances: int
-    wins: float
-    ties: float
-    losses: float
-    wins_ci: list[float]
-    margin: float
-    margin_ci: list[float]
-    gold_mean: float
-    copy_mean: float
-    separates: bool
-
-
-class Validity(Artifact):
-    instances: int = 0
-    stories: int = 0
-    n_resamples: int = 0
-    metrics: dict[str, ValidityFigures] = {}
-    not_measured: dict[str, str] = {}
-    not_available: str | None = None  # why the task has none (no original ending to copy)
 
 
 class BenchRun(Open):

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from helpers import system_metrics
-from storyrewrite.artifacts import SystemMetrics
+from storyrewrite.metrics.artifacts import SystemMetrics
 from storyrewrite.io import InputError
 from storyrewrite.metrics.bertscore import BERTScore, baseline_file, default_layer
 from storyrewrite.metrics.columns import available

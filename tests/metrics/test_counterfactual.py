@@ -23,11 +23,11 @@ def test_without_an_original_ending_only_the_predictive_form():
 
 def test_the_metrics_files_have_a_field_for_each_registered_overlap_metric_in_its_order():
     """The one place beside its registry entry that docs/extending.md names for a new metric."""
-    from storyrewrite.artifacts import Overlap, SystemMetrics
+    from storyrewrite.metrics.artifacts import Overlap, SystemMetrics
     from storyrewrite.metrics.registry import OVERLAP_METRICS
 
     fields = [name for name, field in SystemMetrics.model_fields.items() if field.annotation in (Overlap, Overlap | None)]
-    assert fields == list(OVERLAP_METRICS), ("storyrewrite.artifacts.SystemMetrics: one `<name>: Overlap` field per metric of "
+    assert fields == list(OVERLAP_METRICS), ("storyrewrite.metrics.artifacts.SystemMetrics: one `<name>: Overlap` field per metric of "
                                              "OVERLAP_METRICS (`Overlap | None = None` for one computed only where its model is named)")
     optional = [name for name, metric in OVERLAP_METRICS.items() if metric.needs not in (None, "scorer")]
     assert all(SystemMetrics.model_fields[name].default is None for name in optional), "an optional metric's field defaults to None"

@@ -2,7 +2,7 @@
 by name, with how it is computed and how reports show it.
 
 An entry is all a new overlap metric takes, besides its field in
-`storyrewrite.artifacts.SystemMetrics` (the schema of `reports/metrics/*.json`). From it:
+`storyrewrite.metrics.artifacts.SystemMetrics` (the schema of `reports/metrics/*.json`). From it:
 - `score` computes it per instance against the edited ending and, where the task has one, the
   original ending (`storyrewrite.metrics.evaluate.score_system`), and its corpus value;
 - its counterfactual forms, significance tests and table columns follow from those two numbers

@@ -5,6 +5,7 @@ import random
 from pathlib import Path
 
 from storyrewrite import artifacts
+from storyrewrite.metrics.artifacts import Significance, SystemMetrics, Validity
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.params import ReportConfig
 from storyrewrite.records import read_records, stages_table
@@ -174,8 +175,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     if baseline not in systems:
         raise InputError(f"params: `significance.baseline` = {baseline!r} is not a system of this run; systems: {', '.join(systems)}",
                          key="significance.baseline")
-    metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), artifacts.SystemMetrics).model_dump() for s in systems}
-    significance = artifacts.read(significance_path, artifacts.Significance)
+    metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), SystemMetrics).model_dump() for s in systems}
+    significance = artifacts.read(significance_path, Significance)
     records = [r for r in read_records(stage_records) if of_the_run(r["stage"], systems)]
     order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
     summaries = read_summaries(order, train_logs)
@@ -202,7 +203,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
 
     coherence = coherence_columns(rows)
     following = [markdown_table(rows, alpha, coherence)] if coherence else []
-    validity = artifacts.read(validity_path, artifacts.Validity) if validity_path is not None else artifacts.Validity()
+    validity = artifacts.read(validity_path, Validity) if validity_path is not None else Validity()
     validity_section = ["## Metric validity"] + (
         ["Does each metric score the reference rewrite Y_EE above the original ending copied unchanged (X_OE), on "
          "this run's test instances? (`reports/metric_validity.md`: the same on the whole test set.)",

@@ -27,6 +27,7 @@ from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.io import InputError, atomic_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.params import leaves, yaml_scalar
 from storyrewrite import artifacts
+from storyrewrite.metrics.artifacts import Significance, SystemMetrics
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
 from storyrewrite.objectives.registry import OBJECTIVES, reads_section
@@ -88,7 +89,7 @@ class Run:
 
     def metrics(self, system: str) -> dict | None:
         path = self._metrics_path(system)
-        return None if path is None else self.artifact(path, artifacts.SystemMetrics)
+        return None if path is None else self.artifact(path, SystemMetrics)
 
     def scores_path(self, system: str) -> str:
         return self._metrics_path(system).replace("/metrics/", "/scores/").removesuffix(".json") + ".jsonl"
@@ -519,7 +520,7 @@ def objectives_markdown(entries: list[Entry], tests: dict, alpha: float, duels: 
 def own_p_values(run: Run) -> dict[str, dict[str, float]]:
     """{system: {column: p}} of the run's own significance stage (its `significance.unit`),
     empty where the run has none."""
-    return (run.artifact("reports/significance.json", artifacts.Significance, optional=True) or {}).get("p_values", {})
+    return (run.artifact("reports/significance.json", Significance, optional=True) or {}).get("p_values", {})
 
 
 def bundle_bases(path: Path) -> dict[str, str]:
