@@ -104,19 +104,21 @@ def test_the_example_objective_trains_and_logs_its_terms(smoothing, tmp_path, ti
     assert (tmp_path / "out" / "config.json").is_file()
 
 
-# The chrF example built from the page's blocks: (its functions by name, its registry entry). It
-# runs here, and as source in a fresh interpreter, where the registry is extended before the
-# modules that read it are imported (as the edited file would be).
+# The chrF example built from the page's blocks: (its functions by name, its registry entry). Its
+# functions run among the names of the module the page puts them in, with that module's import
+# line as the page changes it, so a name the module lacks fails here as it would there. It runs
+# here, and as source in a fresh interpreter, where the registry is extended before the modules
+# that read it are imported (as the edited file would be).
 BUILD_METRIC = """
 import types
 
-import sacrebleu
-
+from storyrewrite.metrics import lexical as lexical_module
 from storyrewrite.metrics.registry import OverlapMetric
 
 
-def build_metric(functions_block, entry_block):
-    functions = {"sacrebleu": sacrebleu}
+def build_metric(import_block, functions_block, entry_block):
+    functions = dict(vars(lexical_module))
+    exec(import_block, functions)
     exec(functions_block, functions)
     lexical = types.SimpleNamespace(**functions)
     return functions, eval(entry_block.strip().rstrip(","), {"OverlapMetric": OverlapMetric, "lexical": lexical})
@@ -128,7 +130,7 @@ build_metric = _built["build_metric"]
 
 def install_metric(monkeypatch) -> dict:
     """The chrF example in this interpreter's registry: its functions by name."""
-    functions, entry = build_metric(example("metric"), example("metric-registry"))
+    functions, entry = build_metric(example("metric-import"), example("metric"), example("metric-registry"))
     monkeypatch.setitem(metric_registry.OVERLAP_METRICS, "chrf", entry)
     return functions
 
@@ -139,6 +141,14 @@ STORIES = [
     {"id": "s2:0", "story_id": "s2", "original_ending": "He ate it for dinner.", "target": "He went home without fish."},
 ]
 PREDICTIONS = {"s1:0": "She threw the cake in the bin.", "s1:1": "She won a prize at the fair.", "s2:0": "He went home."}
+
+
+def test_the_example_metric_changes_an_import_line_the_module_has():
+    """The page's import line is one of lexical.py's with the names the example uses added, so the
+    functions run there with the names build_metric gives them here."""
+    line = example("metric-import").strip()
+    lines = (ROOT / "src" / "storyrewrite" / "metrics" / "lexical.py").read_text(encoding="utf-8").splitlines()
+    assert "\n" not in line and any(line.startswith(f"{existing}, ") for existing in lines if existing.startswith("from ")), line
 
 
 def test_the_example_metric_is_scored_in_both_forms_and_stored(monkeypatch, tiny_model_dirs):
@@ -184,7 +194,7 @@ def test_the_example_metric_becomes_columns_of_the_tables_tests_and_figure():
 import json, sys
 from storyrewrite.metrics import registry
 page = json.loads(sys.argv[1])
-registry.OVERLAP_METRICS["chrf"] = build_metric(page["metric"], page["metric-registry"])[1]
+registry.OVERLAP_METRICS["chrf"] = build_metric(page["metric-import"], page["metric"], page["metric-registry"])[1]
 from storyrewrite.metrics.columns import OVERLAP
 from storyrewrite.report.figure import PANEL_COLUMNS
 from storyrewrite.report.tables import COLUMNS, column_label, plain_cells
@@ -198,7 +208,7 @@ print(json.dumps({"overlap": OVERLAP, "columns": COLUMNS, "panels": PANEL_COLUMN
                   "labels": [column_label(c) for c in COLUMNS], "validity": LABELS["chrf"],
                   "cells": plain_cells(metrics, p_values, 0.05)}))
 """
-    page = {name: example(name) for name in ("metric", "metric-registry")}
+    page = {name: example(name) for name in ("metric-import", "metric", "metric-registry")}
     result = json.loads(subprocess.run([sys.executable, "-c", check, json.dumps(page)], check=True,
                                        capture_output=True, text=True).stdout)
     assert [c for c in result["overlap"] if c.startswith("chrf")] == ["chrf/predictive", "chrf/counterfactual"]
