@@ -159,3 +159,6 @@ def test_the_notes_name_the_llm_rows_the_judge_wrote_itself():
     assert not any("wrote the endings" in note for note in coherence_notes(metrics))
     no_judge = {**metrics, "evaluators": {**metrics["evaluators"], "judge": None}}
     assert not any("wrote the endings" in note for note in coherence_notes(no_judge, usages))
+    # A task without a counterfactual event (ART): the section says why, as the validity section does.
+    assert coherence_notes({"coherence_metrics": "not available: the task has no counterfactual event"}) == [
+        "Not available: the task has no counterfactual event."]

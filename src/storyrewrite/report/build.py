@@ -125,7 +125,8 @@ def coherence_notes(metrics: dict, llm_usages: dict[str, dict] | None = None) ->
     leave out, from a system's metrics (the same evaluators scored every system); of the LLM
     baselines (label -> usage file), those the judge wrote itself are named."""
     if metrics.get("coherence_metrics") != "available":
-        return [f"Following the counterfactual: {metrics.get('coherence_metrics', 'not computed')}."]
+        why = metrics.get("coherence_metrics") or "not computed"  # under the section's heading: why not, alone
+        return [f"{why[0].upper()}{why[1:]}."]
     models = metrics["evaluators"]
     notes = []
     if models.get("judge"):
