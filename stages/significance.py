@@ -26,7 +26,7 @@ def main() -> None:
     scores = read_scores(systems, args.scores)
     results = compare(scores, config.baseline, config.n_resamples, params.seed, by_story=config.unit == "story")
     artifacts.write(args.out, Significance(baseline=config.baseline, n_resamples=config.n_resamples, unit=config.unit,
-                                                     p_values=results))
+                                           p_values=results))
     for system, p_values in results.items():
         print(system, p_values)
     if record:

@@ -11,8 +11,8 @@ after a run is spent. Torch-free.
 | reports/bench/<script>.json            | bench/<script>.py     | BenchRuns       |
 
 The evaluation's files (reports/metrics/, significance.json, validity.json) have their models in
-storyrewrite.metrics.artifacts: every stage lists this module in its deps, and a new metric's
-field there would otherwise train and generate everything again.
+storyrewrite.metrics.artifacts: the stages that train and generate list this module in their
+deps, and a new metric's field here would train and generate everything again.
 """
 from __future__ import annotations
 
