@@ -403,6 +403,18 @@ def test_the_printed_overrides_split_by_the_shell_give_the_profile(tmp_path, cap
         "error: overrides: `llm.openai.model=my model` has a space or a quote")
 
 
+def test_params_yaml_named_as_a_profile_changes_nothing(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    main(["overrides", "params/gpu.yaml"])
+    alone = capsys.readouterr().out
+    main(["overrides", "params.yaml", "params/gpu.yaml", "./params.yaml"])
+    assert capsys.readouterr().out == alone and "-S train.batch_size=16 " in alone
+    main(["overrides", "params.yaml"])
+    assert capsys.readouterr().out == "\n"
+    main(["check", "params.yaml", "params/gpu.yaml", "--elsewhere"])
+    assert capsys.readouterr().out == "ok: params.yaml + params/gpu.yaml\n"
+
+
 def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_queues_it(monkeypatch, capsys):
     base = load_yaml(ROOT / "params.yaml")
     rehearsal = overlay(overlay(base, load_yaml(ROOT / "params/gpu.yaml")), load_yaml(ROOT / "params/smoke.yaml"))

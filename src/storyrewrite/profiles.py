@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def run() -> None:
         merged, changes = load_yaml(args.params), {}
+        # params.yaml named again as a profile changes nothing: dropped, or `overrides` would print
+        # every one of its keys and `check` would name it twice.
+        args.profiles = [profile for profile in args.profiles if profile.resolve() != args.params.resolve()]
         for profile in args.profiles:
             layer = load_yaml(profile)
             try:
