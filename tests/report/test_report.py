@@ -75,6 +75,11 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GiB, CUDA 9.5 GiB |" \
         in markdown.split("## Stages")[1]
     assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
+    assert "Empty endings" not in markdown
+    # A system whose generator wrote nothing: the notes under the table say which and how many.
+    (tmp_path / "metrics" / "finetuned.json").write_text(json.dumps(_metrics(-1.5, empty_predictions=1)))
+    notes = report(["nll", "finetuned"])[0].split("## Following")[0]
+    assert "**Empty endings:** finetuned (1 of 1). These predictions are empty or whitespace" in notes
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
         report(["nll", "finetuned", "llm_rag"])
     # A task without an original ending (ART): the caption says so and what M scores against.

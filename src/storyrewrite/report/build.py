@@ -43,6 +43,16 @@ def echo_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
             "rewrites. Their rows say little about what these models can do."]
 
 
+def empty_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
+    """In plain words, the systems that wrote empty endings, and how many: the tables score an
+    empty ending like any other (ROUGE-L and SacreBLEU 0), so a row of them reads as a weak model."""
+    empty = [f"{labels[s]} ({m['empty_predictions']} of {m['instances']})" for s, m in metrics.items() if m["empty_predictions"]]
+    if not empty:
+        return []
+    return [f"**Empty endings:** {'; '.join(empty)}. These predictions are empty or whitespace, and the tables score "
+            "them as empty rewrites (ROUGE-L and SacreBLEU 0)."]
+
+
 def llm_label(usage: dict) -> str:
     """An LLM baseline's name in reports, from its stage's usage file: model, mode, backend."""
     return f"{usage['model']} {usage['mode_label']} ({usage['backend']})"
@@ -192,6 +202,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.n_resamples} resamples "
         f"over {significance.unit}s), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
         *echo_notes(labels, metrics),
+        *empty_notes(labels, metrics),
     ]
 
     predictions = {system: {row["id"]: row["prediction"] for _, row in read_jsonl(find_file(system, prediction_dirs, ".jsonl"))}
