@@ -10,4 +10,4 @@ from storyrewrite.objectives.registry import SETTINGS, get_objective
 from storyrewrite.training.stage import main
 
 if __name__ == "__main__":
-    run_stage(lambda: main("train", __doc__, lambda params: get_objective(params.objective, params.task), SETTINGS))
+    run_stage(lambda: main("train", __doc__, lambda params: get_objective(params.objective, params.task, params.section), SETTINGS))

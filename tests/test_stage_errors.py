@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from storyrewrite.io import InputError, run_stage
-from storyrewrite.objectives.registry import OBJECTIVES, get_objective
+from storyrewrite.objectives.registry import OBJECTIVES, SETTINGS, get_objective
 from storyrewrite.params import Params, load_yaml
 
 from helpers import ROOT
@@ -70,3 +70,32 @@ def test_an_unknown_top_level_key_is_named_by_its_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().startswith(f"error: params.yaml:{line}: unknown key(s) `{key}` in params.yaml; valid keys: seed, ")
         assert not (tmp_path / "out").exists()
+
+
+def test_the_train_stage_refuses_rloo_on_a_reward_the_task_cannot_give_before_any_model_loads(tmp_path):
+    """RLOO serves ART on the score reward only: `rl.reward` delta needs the original ending. The
+    stage names the line of `reward:`, and the valid values, before it reads a model or the data
+    (none exists here); `profiles check` refuses the same experiment before it is queued."""
+    from storyrewrite.profiles import main as profiles
+
+    params = load_yaml(ROOT / "params.yaml")
+    params.update(task="art", objective="rloo")
+    params["rl"]["reward"] = "delta"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    lines = (tmp_path / "params.yaml").read_text().splitlines()
+    section = lines.index("rl:")
+    line = next(number for number, text in enumerate(lines[section:], section + 1) if text.strip().startswith("reward:"))
+    result = subprocess.run([sys.executable, str(ROOT / "stages" / "train.py"), "--init", "none", "--data", "none",
+                             "--out", "out", "--checkpoints", "ckpt", "--logs", "logs", "--scorer", "none"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    refused = ("`rl.reward` = 'delta' needs the original ending, which task 'art' does not have; "
+               "valid values for this task: score")
+    assert result.returncode == 2 and result.stderr.strip() == f"error: params.yaml:{line}: {refused}"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "logs").exists()
+    with pytest.raises(SystemExit) as stop:
+        profiles(["check", "--params", str(tmp_path / "params.yaml")])
+    assert stop.value.code == 2
+    # On TimeTravel, and with the score reward on ART, the same look-up passes.
+    for task, reward in (("timetravel", "delta"), ("art", "score")):
+        settings = Params({**params, "task": task, "rl": {**params["rl"], "reward": reward}}, "p", SETTINGS)
+        assert get_objective("rloo", task, settings.section).name == "rloo"

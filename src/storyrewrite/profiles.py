@@ -43,7 +43,7 @@ def check_registered_names(params: Params) -> list[InputError]:
 
     look_ups = []
     if (sections := built("objective", "task")) is not None:
-        look_ups.append(lambda: get_objective(*sections))
+        look_ups.append(lambda: get_objective(*sections, lambda name: (built(name) or [None])[0]))
     if (llm := built("llm")) is not None:
         look_ups += [lambda name=name: get_mode(name) for name in llm[0].modes]
     errors = []

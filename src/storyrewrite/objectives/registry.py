@@ -15,7 +15,8 @@ curves). The training code calls it and never branches on the name: a new object
 """
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -158,9 +159,12 @@ def reads_section(objective: str | None, section: str) -> bool:
     return own is None or section == own.settings or all(o.settings != section for o in OBJECTIVES.values())
 
 
-def get_objective(name: str, task: str) -> Objective:
+def get_objective(name: str, task: str, section: Callable[[str], Any] | None = None) -> Objective:
     """The objective `name`, checked against the task: one that needs the original ending is
-    refused where the task has none, naming the objectives that work there."""
+    refused where the task has none, naming the objectives that work there. With `section` (a
+    params section by name: Params.section), the setting that makes its variant (`rl.reward`) is
+    checked too, before any model loads: RLOO on the delta reward needs the original ending (a
+    section that `section` gives as None is not checked)."""
     if name not in OBJECTIVES:
         raise InputError(f"params: `objective` = {name!r} is not valid; valid values: {', '.join(OBJECTIVES)}", key="objective")
     objective = OBJECTIVES[name]
@@ -168,4 +172,12 @@ def get_objective(name: str, task: str) -> Objective:
         usable = [n for n, o in OBJECTIVES.items() if o.serves(task)]
         raise InputError(f"params: `objective` = {name!r} needs the original ending, which task {task!r} does not have; "
                          f"objectives for this task: {', '.join(usable)}", key="objective")
+    if objective.variant and objective.settings and section is not None \
+            and (settings := section(objective.settings)) is not None:  # None: not valid, an error of its own
+        value = getattr(settings, objective.variant)
+        if not objective.serves(task, value):
+            key = f"{objective.settings}.{objective.variant}"
+            usable = [v for v in objective.variant_labels if objective.serves(task, v)]
+            raise InputError(f"params: `{key}` = {value!r} needs the original ending, which task {task!r} does not have; "
+                             f"valid values for this task: {', '.join(usable)}", key=key)
     return objective
