@@ -456,3 +456,22 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_before_a_comparison_qu
     main(["check", "--elsewhere", "params/gpu.yaml", "-S", "device=cpu", "-S", "train.accelerator=cpu"])
     out, err = capsys.readouterr()
     assert out.startswith("ok: ") and err == ""
+
+
+def test_a_seed_outside_what_numpy_and_lightning_take_stops_the_check(capsys):
+    # Lightning's seed_everything refuses a seed outside 0 … 2**32 − 1 and numpy's bootstrap a
+    # negative one, with a ValueError: such a seed would have failed in train_nll, after prepare
+    # had drawn its splits with it.
+    import lightning as L
+    import numpy as np
+
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError):
+            L.seed_everything(bad, verbose=False)
+    with pytest.raises(ValueError):
+        np.random.default_rng(-1)
+    assert _check_errors(capsys, "-S", "seed=-1", "-S", "train.seed=4294967296") == [
+        "error: -S: `seed` = -1: Input should be greater than or equal to 0",
+        "error: -S: `train.seed` = 4294967296: Input should be less than or equal to 4294967295"]
+    main(["check", "-S", "seed=4294967295", "-S", "train_nll.seed=0"])
+    assert capsys.readouterr().out.startswith("ok: params.yaml -S seed=4294967295")

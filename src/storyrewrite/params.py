@@ -22,6 +22,7 @@ Task = Literal["timetravel", "timetravel_ablated", "art"]
 Dtype = Literal["float32", "bfloat16", "float16"]  # a model's weights
 Positive = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]  # the seeds Lightning takes (numpy: none below 0)
 
 # The Trainer's own values, checked here so that a typo stops `profiles check` and the training
 # stage as it starts, with the valid values, rather than Lightning's traceback after the stages
@@ -172,7 +173,7 @@ class TrainConfig(Section):
     # Unlike the top-level `seed`, a section's own leaves the data, the splits, the models' starting
     # points and the bootstrap as they are: runs that differ in it alone measure the spread that
     # training randomness gives (`-S 'train.seed=1,2'`).
-    seed: int | None = None  # this run's batch order, dropout and noise (DTO's, RLOO's samples); None: the top-level seed
+    seed: Seed | None = None  # this run's batch order, dropout and noise (DTO's, RLOO's samples); None: the top-level seed
 
     @field_validator("max_steps")
     @classmethod
@@ -250,7 +251,7 @@ Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]
 # a new objective adds its section to the registry, and params.py, a code dep of every stage,
 # stays as it was (nothing reruns but `train`).
 SECTIONS: dict[str, Any] = {
-    "seed": int, "task": Task, "objective": Name, "device": Device, "download": DownloadConfig, "data": DataConfig,
+    "seed": Seed, "task": Task, "objective": Name, "device": Device, "download": DownloadConfig, "data": DataConfig,
     "models": ModelsConfig, "train_nll": TrainConfig, "train": TrainConfig, "generate": GenerateConfig,
     "score": ScoreConfig, "significance": SignificanceConfig, "report": ReportConfig, "llm": LLMConfig,
 }
