@@ -1,6 +1,6 @@
 """Gather what DVC experiments produced into a plain folder that travels, to collect tables from.
 
-    dvc exp run --queue -S 'train.lr=1e-5,3e-5' && dvc queue start
+    dvc exp run --queue -n lr -S 'train.lr=1e-5,3e-5' && dvc queue start   # named lr-1, lr-2
     python -m storyrewrite.report.gather --out runs/lr --names 'lr-*'
     python -m storyrewrite.report.collect runs/lr --out reports/lr
 
