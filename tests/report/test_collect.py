@@ -938,8 +938,8 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
         entry("waiting", run(device="cuda", objective="cpo", cpo__beta=2, cpo__lambda=1), "queued"),
         entry("broke", run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=1), "failed")]}]
     gathered = [run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=2)]
-    calls, stand_ins, left_out = plan([cpo, dto], params_file, exp_show, gathered)
-    assert (stand_ins, left_out) == (["done", "waiting"], 3)
+    calls, stand_ins, left_out, refused = plan([cpo, dto], params_file, exp_show, gathered)
+    assert (stand_ins, left_out, refused) == (["done", "waiting"], 3, [])
     # 0.1 x 1 failed here: queued again; 0.1 x 2 was gathered; 0.5 x 2 and 2 x 1 are here.
     expected = [["device=cuda", "objective=cpo", f"cpo.beta={beta}", f"cpo.lambda={lam}"]
                 for beta, lam in (("0.1", "1"), ("0.5", "1"), ("2", "2"))]
@@ -964,6 +964,23 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
     monkeypatch.setattr("sys.stdin", io.StringIO("-S device=cuda -S objective=cpo -S cpo.beta=0.5 -S cpo.lambda=2\n"))
     gather(["--json", str(show), "--plan"])
     assert capsys.readouterr().out == ""  # all left out: no call at all, not an empty one
+    # On ART (no original ending) core's and cpo's sweeps queue only what the task serves: NLL
+    # continued, DTO-Score, RLOO on the score reward; the rest is named, not queued to fail.
+    core = [["task=art", "objective=rloo", "rl.reward=score,delta,score_delta"], ["task=art", "objective=nll,score,delta,score_delta"],
+            ["task=art", "objective=cpo", "cpo.beta=0.1,0.5", "cpo.lambda=1"]]
+    calls, stand_ins, left_out, refused = plan(core, params_file, [], [])
+    assert calls == [["task=art", "objective=rloo", "rl.reward=score"], ["task=art", "objective=nll"], ["task=art", "objective=score"]]
+    assert (stand_ins, left_out) == ([], 0) and refused == [
+        "rloo (rl.reward=delta) on art", "rloo (rl.reward=score_delta) on art", "delta on art", "score_delta on art",
+        "cpo on art", "cpo on art"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(" ".join(f"-S {w}" for w in sweep) + "\n" for sweep in core)))
+    gather(["--json", str(show), "--plan"])
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["-S task=art -S objective=rloo -S rl.reward=score", "-S task=art -S objective=nll",
+                                "-S task=art -S objective=score"]
+    assert err.strip() == ("6 run(s) of these sweeps need the original ending, which their task does not have: not queued "
+                           "(rloo (rl.reward=delta) on art, rloo (rl.reward=score_delta) on art, delta on art, score_delta on art, "
+                           "cpo on art ×2)")
     monkeypatch.setattr("sys.stdin", io.StringIO("-S objective=cpo\nobjective=cpo\n"))
     with pytest.raises(InputError, match=r"stdin, line 2: not a line of `-S key=value` pairs: 'objective=cpo'"):
         gather(["--json", str(show), "--plan"])
@@ -989,8 +1006,9 @@ def test_the_gpu_runs_gathered_before_are_not_planned_again():
     words = [word for word in overrides if word != "-S"]
     gathered = gathered_params([ROOT / "runs" / "gpu.2"])
     assert sorted(params["objective"] for params in gathered) == ["delta", "nll", "score", "score_delta"]
-    calls, stand_ins, left_out = plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [], gathered)
-    assert (calls, stand_ins, left_out) == ([], [], 4)
+    calls, stand_ins, left_out, refused = plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [],
+                                               gathered)
+    assert (calls, stand_ins, left_out, refused) == ([], [], 4, [])
 
 
 class _ScoredRun:

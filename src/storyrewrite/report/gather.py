@@ -22,11 +22,13 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
-from storyrewrite.objectives.registry import reads_section
+from storyrewrite.data.schema import TASK_COLUMNS
+from storyrewrite.objectives.registry import OBJECTIVES, reads_section
 from storyrewrite.queue import dvc_root
 
 # What a run's stages write that the tables need (models and predictions stay behind).
@@ -159,32 +161,49 @@ def sweep_runs(settings: list[str], params_file: Path) -> list[tuple[list[str], 
     return runs
 
 
+def unserved(params: dict) -> str | None:
+    """The objective of a run's params, as a plan names it, where the run's task lacks what it
+    needs (DTO-Delta, CPO, RLOO on the delta reward on ART: the original ending); else None."""
+    objective, task = OBJECTIVES.get(params.get("objective")), params.get("task")
+    if objective is None or task not in TASK_COLUMNS:
+        return None  # refused by the train stage, naming the valid values
+    variant = (params.get(objective.settings) or {}).get(objective.variant) if objective.variant else None
+    if objective.serves(task, variant):
+        return None
+    named = f"{objective.name} ({objective.settings}.{objective.variant}={variant})" if variant else objective.name
+    return f"{named} on {task}"
+
+
 def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathered: list[dict]
-         ) -> tuple[list[list[str]], list[str], int]:
+         ) -> tuple[list[list[str]], list[str], int, list[str]]:
     """What to queue of `sweeps` (each the `key=value` words of one `dvc exp run --queue` call),
     leaving out each run whose params equal those of one gathered before (params dicts), of one
     here that finished, runs or is queued (`dvc exp show --json` output), or of one planned before
-    it. Returns the words of each call to make: a sweep as given where it leaves nothing out, else
-    each of its runs to queue on its own; the names of the experiments here that stand in for runs
-    left out; and how many runs it left out.
+    it, and each run whose task lacks what its objective needs (`unserved`: a comparison on ART
+    runs what ART can). Returns the words of each call to make: a sweep as given where it leaves
+    nothing out, else each of its runs to queue on its own; the names of the experiments here that
+    stand in for runs left out; how many runs it left out as run before; and the objectives of
+    those left out for their task, one a run.
 
     scripts/comparison.sh queues the sweeps while queue workers run, and a worker takes a queued
     experiment at once: a duplicate has to be left out before it is queued, not removed after."""
     here = named_by_params(listed(exp_show), (None, "running", "queued"))
     seen = {params_key(params) for params in gathered}
-    calls, stand_ins, left_out = [], [], 0
+    calls, stand_ins, left_out, refused = [], [], 0, []
     for settings in sweeps:
         runs, kept = sweep_runs(settings, params_file), []
         for words, params in runs:
             key = params_key(params)
-            if key in here:
+            if (objective := unserved(params)) is not None:
+                refused.append(objective)
+            elif key in here:
                 stand_ins.append(here[key])
             elif key not in seen:
                 kept.append(words)
             seen.add(key)
         calls += [settings] if len(kept) == len(runs) else kept
         left_out += len(runs) - len(kept)
-    return calls, sorted(set(stand_ins)), left_out
+    return calls, sorted(set(stand_ins)), left_out - len(refused), refused
 
 
 def sweep_settings(line: str, where: str) -> list[str]:
@@ -353,13 +372,17 @@ def main(argv: list[str] | None = None) -> None:
         sweeps = [sweep_settings(line, f"stdin, line {number}") for number, line in enumerate(sys.stdin, 1) if line.strip()]
         if not args.params.is_file():
             raise InputError(f"--params {args.params}: no such file")
-        calls, stand_ins, left_out = plan(sweeps, args.params, exp_show, gathered_params(args.plan))
+        calls, stand_ins, left_out, refused = plan(sweeps, args.params, exp_show, gathered_params(args.plan))
         if args.stand_ins is not None:
             with atomic_path(args.stand_ins) as tmp:
                 tmp.write_text("".join(f"{name}\n" for name in stand_ins), encoding="utf-8")
         if left_out:
             print(f"{left_out} run(s) of these sweeps have the params of one that ran or is queued: not queued"
                   + (f" (here: {', '.join(stand_ins)})" if stand_ins else ""), file=sys.stderr)
+        if refused:
+            named = ", ".join(f"{label} ×{n}" if n > 1 else label for label, n in Counter(refused).items())
+            print(f"{len(refused)} run(s) of these sweeps need the original ending, which their task does not have: "
+                  f"not queued ({named})", file=sys.stderr)
         for call in calls:
             print(" ".join(f"-S {word}" for word in call))
         return
