@@ -12,7 +12,7 @@ from storyrewrite.objectives.registry import OBJECTIVES, SETTINGS
 from storyrewrite.params import (LIGHTNING_ACCELERATORS, LIGHTNING_PRECISION_ALIASES, LIGHTNING_PRECISIONS, LIGHTNING_STRATEGIES,
                                  SECTIONS, DataConfig, DownloadConfig, ModelsConfig, Params, TrainConfig, build, load_yaml, overlay, with_overrides)
 from storyrewrite.models.materialise import materialise
-from storyrewrite.profiles import emulated_bf16, main
+from storyrewrite.profiles import compiled_on_cpu, emulated_bf16, main
 
 from helpers import ROOT
 
@@ -475,3 +475,19 @@ def test_a_seed_outside_what_numpy_and_lightning_take_stops_the_check(capsys):
         "error: -S: `train.seed` = 4294967296: Input should be less than or equal to 4294967295"]
     main(["check", "-S", "seed=4294967295", "-S", "train_nll.seed=0"])
     assert capsys.readouterr().out.startswith("ok: params.yaml -S seed=4294967295")
+
+
+def test_compiling_on_a_cpu_is_named_before_the_run(monkeypatch, capsys):
+    base = load_yaml(ROOT / "params.yaml")
+    compiled = overlay(base, {"train": {"compile": True}, "train_nll": {"compile": "reduce-overhead"}})
+    assert compiled_on_cpu(compiled, lambda: False) == ["train_nll.compile=reduce-overhead", "train.compile=true"]
+    assert compiled_on_cpu(compiled, lambda: True) == []  # `auto` takes the GPU
+    assert compiled_on_cpu(overlay(compiled, {"train": {"accelerator": "cpu"}}), lambda: True) == ["train.compile=true"]
+    assert compiled_on_cpu(base, lambda: False) == []
+    monkeypatch.setattr("storyrewrite.profiles.cuda_available", lambda: False)
+    monkeypatch.chdir(ROOT)
+    main(["check", "-S", "train.compile=choice(true,false)"])
+    err = capsys.readouterr().err
+    assert "warning: train.compile=true would compile on this machine's CPU: torch.compile is for a GPU" in err
+    main(["check", "-S", "train.compile=true", "--elsewhere"])
+    assert "compile" not in capsys.readouterr().err

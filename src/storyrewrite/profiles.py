@@ -121,6 +121,24 @@ def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) ->
             and reads_section(setting("objective"), key.split(".")[0])]
 
 
+COMPILE_SETTINGS = (("train_nll.compile", "train_nll.accelerator"), ("train.compile", "train.accelerator"))
+
+
+def compiled_on_cpu(raw: dict, cuda: Callable[[], bool]) -> list[str]:
+    """The training sections' `compile` settings of `raw` (`key=value`) whose steps would run on
+    the CPU (`accelerator` cpu, or auto with `cuda()` false). torch.compile is for a GPU: on a
+    CPU it compiles before the first step, longer than a short run saves."""
+    found = []
+    for key, place in COMPILE_SETTINGS:
+        try:
+            value, accelerator = lookup(raw, key), lookup(raw, place)
+        except KeyError:
+            continue
+        if value not in (None, False) and (accelerator == "cpu" or (accelerator == "auto" and not cuda())):
+            found.append(f"{key}={spell(value)}")
+    return found
+
+
 def cuda_available() -> bool:
     import torch  # asked only on a CPU without bf16 where bf16 is asked for: torch's import costs seconds
 
@@ -185,6 +203,10 @@ def main(argv: list[str] | None = None) -> None:
             raise InputError("\nerror: ".join(errors))
         if args.action != "get" and not args.elsewhere:
             warn_emulated_bf16([raw for _, raw in experiments])
+            if compiled := dict.fromkeys(setting for _, raw in experiments for setting in compiled_on_cpu(raw, cuda_available)):
+                print(f"warning: {' '.join(compiled)} would compile on this machine's CPU: torch.compile is for a GPU, "
+                      "and on a CPU it compiles before the first step, longer than a short run saves "
+                      "(docs/training.md, Devices and speed)", file=sys.stderr)
         if args.action == "overrides":
             # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
             # spaces and never unquotes: a value with a space or a quote is refused.
