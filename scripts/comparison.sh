@@ -243,10 +243,11 @@ queue() {
 # before it is queued, as the workers are running by then and would take it at once. A sweep that
 # leaves nothing out is queued as it is; else each of its runs on its own. The experiments here that
 # stand in for runs left out are gathered with the rest.
-: > "$KEPT/standins"
+: > "$KEPT/standins"; : > "$KEPT/refused"
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
-  python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" > "$KEPT/plan"
+  python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" --refused "$KEPT/refused" > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
+PLANNED=$((PLANNED - $(wc -l < "$KEPT/refused")))  # (a task without an original ending: the runs it cannot serve, named above)
 echo "== planned: ${#PLAN[@]} call(s) of dvc exp run --queue ($(date -u +%H:%M:%S))"  # (the times: where the start of a run goes)
 if [ "${COMPARISON_MPS:-0}" = 1 ] && [ "$JOBS" -gt 1 ] && [ ${#PLAN[@]} -gt 0 ]; then
   # Before any worker starts: the workers, and the stages they start, inherit the variables that make them its clients.

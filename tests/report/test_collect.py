@@ -974,10 +974,11 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
         "rloo (rl.reward=delta) on art", "rloo (rl.reward=score_delta) on art", "delta on art", "score_delta on art",
         "cpo on art", "cpo on art"]
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(" ".join(f"-S {w}" for w in sweep) + "\n" for sweep in core)))
-    gather(["--json", str(show), "--plan"])
+    gather(["--json", str(show), "--plan", "--refused", "refused"])
     out, err = capsys.readouterr()
     assert out.splitlines() == ["-S task=art -S objective=rloo -S rl.reward=score", "-S task=art -S objective=nll",
                                 "-S task=art -S objective=score"]
+    assert (tmp_path / "refused").read_text().splitlines() == refused  # the script's count of runs to gather drops them
     assert err.strip() == ("6 run(s) of these sweeps need the original ending, which their task does not have: not queued "
                            "(rloo (rl.reward=delta) on art, rloo (rl.reward=score_delta) on art, delta on art, score_delta on art, "
                            "cpo on art ×2)")

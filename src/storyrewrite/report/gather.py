@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
                              "FOLDER, of one here (finished, running or queued), or of one planned before")
     parser.add_argument("--stand-ins", type=Path, help="with --plan: write here the names of the experiments here that "
                         "stand in for runs left out")
+    parser.add_argument("--refused", type=Path, help="with --plan: write here, a line each, the runs left out because "
+                                                     "their task lacks what their objective needs")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="with --plan: the params file the "
                         "sweeps change (default: params.yaml)")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
@@ -379,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
         if left_out:
             print(f"{left_out} run(s) of these sweeps have the params of one that ran or is queued: not queued"
                   + (f" (here: {', '.join(stand_ins)})" if stand_ins else ""), file=sys.stderr)
+        if args.refused is not None:
+            with atomic_path(args.refused) as tmp:
+                tmp.write_text("".join(f"{label}\n" for label in refused), encoding="utf-8")
         if refused:
             named = ", ".join(f"{label} ×{n}" if n > 1 else label for label, n in Counter(refused).items())
             print(f"{len(refused)} run(s) of these sweeps need the original ending, which their task does not have: "
