@@ -99,26 +99,32 @@ BF16_SETTINGS = (("train_nll.precision", "train_nll.accelerator"), ("train.preci
                  ("llm.local_dtype", "device"))
 
 
+def _setting(raw: dict, key: str) -> Any:
+    """The dotted `key` of `raw`, None where it is not set."""
+    try:
+        return lookup(raw, key)
+    except KeyError:
+        return None
+
+
+def _on_cpu(raw: dict, place: str, cuda: Callable[[], bool]) -> bool:
+    """Whether the stage that the setting `place` places runs on the CPU: `cpu`, or `auto` with
+    `cuda()` false (no CUDA GPU here; asked last, as it imports torch)."""
+    value = _setting(raw, place)
+    return value == "cpu" or (value == "auto" and not cuda())
+
+
 def emulated_bf16(raw: dict, has_bf16: bool | None, cuda: Callable[[], bool]) -> list[str]:
     """The settings of `raw` (`key=value`) that ask for bf16 where torch would emulate it: a stage
-    placed on the CPU (its placing setting `cpu`, or `auto` with `cuda()` false: no CUDA GPU here)
-    on a CPU without bf16 instructions (`has_bf16`: records.cpu_has_bf16; None, not known, is no
-    warning), of a section the run reads (RLOO's `rl.sample_dtype` in an RLOO run alone). The
-    stages warn too, but in a queue worker's log; the comparison warns before it queues hours of it."""
-    def setting(key: str) -> Any:
-        try:
-            return lookup(raw, key)
-        except KeyError:
-            return None
-
-    def on_cpu(place: Any) -> bool:
-        return place == "cpu" or (place == "auto" and not cuda())
-
+    placed on the CPU (_on_cpu) on a CPU without bf16 instructions (`has_bf16`:
+    records.cpu_has_bf16; None, not known, is no warning), of a section the run reads (RLOO's
+    `rl.sample_dtype` in an RLOO run alone). The stages warn too, but in a queue worker's log; the
+    comparison warns before it queues hours of it."""
     if has_bf16 is not False:
         return []
     return [f"{key}={value}" for key, place in BF16_SETTINGS
-            if str(value := setting(key)).startswith(("bf16", "bfloat16")) and on_cpu(setting(place))
-            and reads_section(setting("objective"), key.split(".")[0])]
+            if str(value := _setting(raw, key)).startswith(("bf16", "bfloat16")) and _on_cpu(raw, place, cuda)
+            and reads_section(_setting(raw, "objective"), key.split(".")[0])]
 
 
 COMPILE_SETTINGS = (("train_nll.compile", "train_nll.accelerator"), ("train.compile", "train.accelerator"))
@@ -126,21 +132,14 @@ COMPILE_SETTINGS = (("train_nll.compile", "train_nll.accelerator"), ("train.comp
 
 def compiled_on_cpu(raw: dict, cuda: Callable[[], bool]) -> list[str]:
     """The training sections' `compile` settings of `raw` (`key=value`) whose steps would run on
-    the CPU (`accelerator` cpu, or auto with `cuda()` false). torch.compile is for a GPU: on a
-    CPU it compiles before the first step, longer than a short run saves."""
-    found = []
-    for key, place in COMPILE_SETTINGS:
-        try:
-            value, accelerator = lookup(raw, key), lookup(raw, place)
-        except KeyError:
-            continue
-        if value not in (None, False) and (accelerator == "cpu" or (accelerator == "auto" and not cuda())):
-            found.append(f"{key}={spell(value)}")
-    return found
+    the CPU (_on_cpu). torch.compile is for a GPU: on a CPU it compiles before the first step,
+    longer than a short run saves."""
+    return [f"{key}={spell(value)}" for key, place in COMPILE_SETTINGS
+            if (value := _setting(raw, key)) not in (None, False) and _on_cpu(raw, place, cuda)]
 
 
 def cuda_available() -> bool:
-    import torch  # asked only on a CPU without bf16 where bf16 is asked for: torch's import costs seconds
+    import torch  # asked only where a stage placed `auto` asks for bf16 or a compile: torch's import costs seconds
 
     return torch.cuda.is_available()
 
@@ -153,6 +152,15 @@ def warn_emulated_bf16(experiments: list[dict]) -> None:
         print(f"warning: {' '.join(slow)} would run on this machine's CPU, which has no bf16 instructions "
               "(AVX512-BF16, AMX or Arm BF16): torch emulates bf16 there, and each bf16 step takes several times "
               "as long as in float32; add params/fp32.yaml last to run in float32", file=sys.stderr)
+
+
+def warn_compiled_on_cpu(experiments: list[dict]) -> None:
+    """One warning on stderr naming the compile settings of `experiments` that this machine would
+    run on its CPU (compiled_on_cpu), each setting once over a sweep."""
+    if compiled := dict.fromkeys(setting for raw in experiments for setting in compiled_on_cpu(raw, cuda_available)):
+        print(f"warning: {' '.join(compiled)} would compile on this machine's CPU: torch.compile is for a GPU, "
+              "and on a CPU it compiles before the first step, longer than a short run saves "
+              "(docs/training.md, Devices and speed)", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,8 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         merged, changes = load_yaml(args.params), {}
         # params.yaml named again as a profile changes nothing: dropped, or `overrides` would print
         # every one of its keys and `check` would name it twice.
-        args.profiles = [profile for profile in args.profiles if profile.resolve() != args.params.resolve()]
-        for profile in args.profiles:
+        profiles = [profile for profile in args.profiles if profile.resolve() != args.params.resolve()]
+        for profile in profiles:
             layer = load_yaml(profile)
             try:
                 merged = overlay(merged, layer, source=str(profile))
@@ -187,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                 line = line_setting(profile, error.key) if error.key and profile.is_file() else None
                 raise InputError(str(error).replace(f"{profile}:", f"{profile}:{line}:", 1), key=error.key) if line else error from None
             changes = overlay(changes, layer, strict=False)
-        layers = [args.params, *args.profiles]
+        layers = [args.params, *profiles]
         source = " + ".join(map(str, layers))
         experiments = with_overrides(merged, args.overrides)
         overridden, errors = override_keys(args.overrides), []
@@ -203,10 +211,7 @@ def main(argv: list[str] | None = None) -> None:
             raise InputError("\nerror: ".join(errors))
         if args.action != "get" and not args.elsewhere:
             warn_emulated_bf16([raw for _, raw in experiments])
-            if compiled := dict.fromkeys(setting for _, raw in experiments for setting in compiled_on_cpu(raw, cuda_available)):
-                print(f"warning: {' '.join(compiled)} would compile on this machine's CPU: torch.compile is for a GPU, "
-                      "and on a CPU it compiles before the first step, longer than a short run saves "
-                      "(docs/training.md, Devices and speed)", file=sys.stderr)
+            warn_compiled_on_cpu([raw for _, raw in experiments])
         if args.action == "overrides":
             # Each flag one word of `dvc exp run $(... overrides ...)`, which the shell splits at
             # spaces and never unquotes: a value with a space or a quote is refused.
