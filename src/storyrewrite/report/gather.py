@@ -191,19 +191,22 @@ def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathe
     seen = {params_key(params) for params in gathered}
     calls, stand_ins, left_out, refused = [], [], 0, []
     for settings in sweeps:
-        runs, kept = sweep_runs(settings, params_file), []
+        runs, served, kept = sweep_runs(settings, params_file), [], []
         for words, params in runs:
-            key = params_key(params)
             if (objective := unserved(params)) is not None:
                 refused.append(objective)
-            elif key in here:
+            else:
+                served.append((words, params))
+        for words, params in served:
+            key = params_key(params)
+            if key in here:
                 stand_ins.append(here[key])
             elif key not in seen:
                 kept.append(words)
             seen.add(key)
         calls += [settings] if len(kept) == len(runs) else kept
-        left_out += len(runs) - len(kept)
-    return calls, sorted(set(stand_ins)), left_out - len(refused), refused
+        left_out += len(served) - len(kept)
+    return calls, sorted(set(stand_ins)), left_out, refused
 
 
 def sweep_settings(line: str, where: str) -> list[str]:
