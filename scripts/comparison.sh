@@ -61,17 +61,6 @@ folders() { local folder; for folder in runs/"$NAME" runs/"$NAME".*; do ! compge
 shopt -s nullglob
 RECORDS=(reports/stages/*.json "runs/$NAME".*/stages/*.json)  # the stage records that say what a worker needs
 shopt -u nullglob
-if [ "$JOBS" = auto ]; then
-  JOBS=$(python -m storyrewrite.parallel workers --experiments "$PLANNED" --records "${RECORDS[@]}")
-fi
-export STORYREWRITE_WORKERS=$JOBS
-# What each worker needs of a GPU they share, by the same records: a stage caps its memory at what
-# the other workers leave it (storyrewrite.parallel.share_gpu_memory), so that one larger than the
-# records' (RLOO's training) still fits. Unused on a CPU.
-if [ "$JOBS" -gt 1 ]; then
-  STORYREWRITE_WORKER_GPU_GB=$(python -m storyrewrite.parallel gpu-reserve --records "${RECORDS[@]}")
-  export STORYREWRITE_WORKER_GPU_GB
-fi
 
 # workers: the pids of this repository's DVC queue workers (`dvc exp queue-worker` processes whose
 # working directory is the repository).
@@ -243,11 +232,26 @@ queue() {
 # before it is queued, as the workers are running by then and would take it at once. A sweep that
 # leaves nothing out is queued as it is; else each of its runs on its own. The experiments here that
 # stand in for runs left out are gathered with the rest.
-: > "$KEPT/standins"; : > "$KEPT/refused"
+: > "$KEPT/standins"; : > "$KEPT/refused"; echo "$PLANNED" > "$KEPT/runs"
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
-  python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" --refused "$KEPT/refused" > "$KEPT/plan"
+  python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" --refused "$KEPT/refused" \
+    --runs "$KEPT/runs" > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
 PLANNED=$((PLANNED - $(wc -l < "$KEPT/refused")))  # (a task without an original ending: the runs it cannot serve, named above)
+# -j auto: as many workers as the machine holds, and no more than the experiments to run (the runs the
+# plan queues, and those queued here before that stand in for some), counted once the plan is made.
+if [ "$JOBS" = auto ]; then
+  TO_RUN=$(cat "$KEPT/runs")
+  JOBS=$(python -m storyrewrite.parallel workers --experiments "$((TO_RUN > 0 ? TO_RUN : 1))" --records "${RECORDS[@]}")
+fi
+export STORYREWRITE_WORKERS=$JOBS
+# What each worker needs of a GPU they share, by the same records: a stage caps its memory at what
+# the other workers leave it (storyrewrite.parallel.share_gpu_memory), so that one larger than the
+# records' (RLOO's training) still fits. Unused on a CPU.
+if [ "$JOBS" -gt 1 ]; then
+  STORYREWRITE_WORKER_GPU_GB=$(python -m storyrewrite.parallel gpu-reserve --records "${RECORDS[@]}")
+  export STORYREWRITE_WORKER_GPU_GB
+fi
 echo "== planned: ${#PLAN[@]} call(s) of dvc exp run --queue ($(date -u +%H:%M:%S))"  # (the times: where the start of a run goes)
 if [ "${COMPARISON_MPS:-0}" = 1 ] && [ "$JOBS" -gt 1 ] && [ ${#PLAN[@]} -gt 0 ]; then
   # Before any worker starts: the workers, and the stages they start, inherit the variables that make them its clients.

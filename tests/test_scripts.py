@@ -282,7 +282,9 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert result.returncode == 0, result.stderr
     assert "worker alive as the sweeps are queued" in calls
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
-    assert not any(c == "WORKERS=" for c in calls)
+    # Every command after the plan (which counts the experiments to run, and so the workers) sees the count.
+    planned = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
+    assert calls[planned + 1] == "WORKERS=" and not any(c == "WORKERS=" for c in calls[planned + 2:])
     # What each worker needs of the GPU, by the stage records, for the stages' memory caps: asked
     # once, before anything is queued, and handed to every command after it.
     reserve = calls.index("python -m storyrewrite.parallel gpu-reserve --records")
@@ -450,6 +452,21 @@ def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):
     result, calls = _run(tmp_path, "-j", "auto", "grid", "cpo", python=f'if [ "$2" = storyrewrite.parallel ]; then echo 3; fi\n{GATHERED}')
     assert result.returncode == 0, result.stderr
     assert "python -m storyrewrite.parallel workers --experiments 12 --records" in calls and "dvc queue start -j 3" in calls
+
+
+def test_auto_counts_only_the_experiments_the_plan_leaves_to_run(tmp_path):
+    """The workers are counted after the plan, from its count of experiments to run (runs gathered
+    before and runs the task cannot serve need none), and never fewer than one."""
+    for runs, experiments in (("3", "3"), ("0", "1")):
+        plan = f'cat; for ((i = 1; i <= $#; i++)); do if [ "${{!i}}" = --runs ]; then j=$((i + 1)); echo {runs} > "${{!j}}"; fi; done'
+        result, calls = _run(tmp_path, "-j", "auto", "grid", "all", plan=plan,
+                             python=f'if [ "$2 $3" = "storyrewrite.parallel workers" ]; then echo 2; fi\n{GATHERED}')
+        assert result.returncode == 0, result.stderr
+        sizing = [c for c in calls if c.startswith("python -m storyrewrite.parallel workers")]
+        assert sizing == [f"python -m storyrewrite.parallel workers --experiments {experiments} --records"], sizing
+        planning = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
+        assert calls.index(sizing[0]) > planning and "dvc queue start -j 2" in calls
+        (tmp_path / "calls.log").unlink()
 
 
 def test_every_run_of_the_gpu_comparisons_sweeps_is_a_valid_setting(tmp_path):

@@ -938,8 +938,8 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
         entry("waiting", run(device="cuda", objective="cpo", cpo__beta=2, cpo__lambda=1), "queued"),
         entry("broke", run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=1), "failed")]}]
     gathered = [run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=2)]
-    calls, stand_ins, left_out, refused = plan([cpo, dto], params_file, exp_show, gathered)
-    assert (stand_ins, left_out, refused) == (["done", "waiting"], 3, [])
+    calls, stand_ins, left_out, refused, queued = plan([cpo, dto], params_file, exp_show, gathered)
+    assert (stand_ins, left_out, refused, queued) == (["done", "waiting"], 3, [], 3 + 2)
     # 0.1 x 1 failed here: queued again; 0.1 x 2 was gathered; 0.5 x 2 and 2 x 1 are here.
     expected = [["device=cuda", "objective=cpo", f"cpo.beta={beta}", f"cpo.lambda={lam}"]
                 for beta, lam in (("0.1", "1"), ("0.5", "1"), ("2", "2"))]
@@ -956,10 +956,13 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
     show.write_text(json.dumps(exp_show))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.stdin", io.StringIO(" ".join(f"-S {w}" for w in cpo) + "\n\n" + " ".join(f"-S {w}" for w in dto) + "\n"))
-    gather(["--json", str(show), "--plan", str(folder), "--stand-ins", "names"])  # (a folder not there: none gathered)
+    gather(["--json", str(show), "--plan", str(folder), "--stand-ins", "names", "--runs", "runs"])  # (a folder not there: none gathered)
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == "-S device=cuda -S objective=score,delta" and len(out.splitlines()) == 5
     assert (tmp_path / "names").read_text() == "done\nwaiting\n"
+    # The workers' experiments: the 6 runs the calls queue (the 0.1 x 2 one was not gathered into
+    # that folder), and `waiting`, queued here; `done` ran to the end and needs no worker.
+    assert (tmp_path / "runs").read_text() == "7\n"
     assert "2 run(s) of these sweeps have the params of one that ran or is queued: not queued (here: done, waiting)" in err
     monkeypatch.setattr("sys.stdin", io.StringIO("-S device=cuda -S objective=cpo -S cpo.beta=0.5 -S cpo.lambda=2\n"))
     gather(["--json", str(show), "--plan"])
@@ -968,9 +971,9 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
     # continued, DTO-Score, RLOO on the score reward; the rest is named, not queued to fail.
     core = [["task=art", "objective=rloo", "rl.reward=score,delta,score_delta"], ["task=art", "objective=nll,score,delta,score_delta"],
             ["task=art", "objective=cpo", "cpo.beta=0.1,0.5", "cpo.lambda=1"]]
-    calls, stand_ins, left_out, refused = plan(core, params_file, [], [])
+    calls, stand_ins, left_out, refused, queued = plan(core, params_file, [], [])
     assert calls == [["task=art", "objective=rloo", "rl.reward=score"], ["task=art", "objective=nll"], ["task=art", "objective=score"]]
-    assert (stand_ins, left_out) == ([], 0) and refused == [
+    assert (stand_ins, left_out, queued) == ([], 0, 3) and refused == [
         "rloo (rl.reward=delta) on art", "rloo (rl.reward=score_delta) on art", "delta on art", "score_delta on art",
         "cpo on art", "cpo on art"]
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(" ".join(f"-S {w}" for w in sweep) + "\n" for sweep in core)))
@@ -1007,9 +1010,7 @@ def test_the_gpu_runs_gathered_before_are_not_planned_again():
     words = [word for word in overrides if word != "-S"]
     gathered = gathered_params([ROOT / "runs" / "gpu.2"])
     assert sorted(params["objective"] for params in gathered) == ["delta", "nll", "score", "score_delta"]
-    calls, stand_ins, left_out, refused = plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [],
-                                               gathered)
-    assert (calls, stand_ins, left_out, refused) == ([], [], 4, [])
+    assert plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [], gathered) == ([], [], 4, [], 0)
 
 
 class _ScoredRun:

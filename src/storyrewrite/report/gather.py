@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
 from storyrewrite.data.schema import TASK_COLUMNS
@@ -174,22 +175,30 @@ def unserved(params: dict) -> str | None:
     return f"{named} on {task}"
 
 
-def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathered: list[dict]
-         ) -> tuple[list[list[str]], list[str], int, list[str]]:
+class Plan(NamedTuple):
+    """What `plan` queues, and what it leaves out."""
+    calls: list[list[str]]  # the words of each `dvc exp run --queue` call to make
+    stand_ins: list[str]  # the experiments here that stand in for runs left out
+    left_out: int  # runs left out as run (or queued) before
+    refused: list[str]  # the objective of each run left out for its task
+    queued: int  # runs the calls queue
+
+
+def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathered: list[dict]) -> Plan:
     """What to queue of `sweeps` (each the `key=value` words of one `dvc exp run --queue` call),
     leaving out each run whose params equal those of one gathered before (params dicts), of one
     here that finished, runs or is queued (`dvc exp show --json` output), or of one planned before
     it, and each run whose task lacks what its objective needs (`unserved`: a comparison on ART
     runs what ART can). Returns the words of each call to make: a sweep as given where it leaves
     nothing out, else each of its runs to queue on its own; the names of the experiments here that
-    stand in for runs left out; how many runs it left out as run before; and the objectives of
-    those left out for their task, one a run.
+    stand in for runs left out; how many runs it left out as run before; the objectives of
+    those left out for their task, one a run; and how many runs the calls queue.
 
     scripts/comparison.sh queues the sweeps while queue workers run, and a worker takes a queued
     experiment at once: a duplicate has to be left out before it is queued, not removed after."""
     here = named_by_params(listed(exp_show), (None, "running", "queued"))
     seen = {params_key(params) for params in gathered}
-    calls, stand_ins, left_out, refused = [], [], 0, []
+    calls, stand_ins, left_out, refused, queued = [], [], 0, [], 0
     for settings in sweeps:
         runs, served, kept = sweep_runs(settings, params_file), [], []
         for words, params in runs:
@@ -206,7 +215,8 @@ def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathe
             seen.add(key)
         calls += [settings] if len(kept) == len(runs) else kept
         left_out += len(served) - len(kept)
-    return calls, sorted(set(stand_ins)), left_out, refused
+        queued += len(kept)
+    return Plan(calls, sorted(set(stand_ins)), left_out, refused, queued)
 
 
 def sweep_settings(line: str, where: str) -> list[str]:
@@ -357,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
                         "stand in for runs left out")
     parser.add_argument("--refused", type=Path, help="with --plan: write here, a line each, the runs left out because "
                                                      "their task lacks what their objective needs")
+    parser.add_argument("--runs", type=Path, help="with --plan: write here how many experiments the queue's workers "
+                        "will run: the runs the calls queue, and the experiments here, queued or running, that stand in "
+                        "for runs left out (scripts/comparison.sh's `-j auto` counts its workers by it)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="with --plan: the params file the "
                         "sweeps change (default: params.yaml)")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
@@ -377,7 +390,12 @@ def main(argv: list[str] | None = None) -> None:
         sweeps = [sweep_settings(line, f"stdin, line {number}") for number, line in enumerate(sys.stdin, 1) if line.strip()]
         if not args.params.is_file():
             raise InputError(f"--params {args.params}: no such file")
-        calls, stand_ins, left_out, refused = plan(sweeps, args.params, exp_show, gathered_params(args.plan))
+        calls, stand_ins, left_out, refused, queued = plan(sweeps, args.params, exp_show, gathered_params(args.plan))
+        if args.runs is not None:
+            states = {run["name"]: run["state"] for run in listed(exp_show)}
+            waiting = sum(states.get(name) in ("queued", "running") for name in stand_ins)
+            with atomic_path(args.runs) as tmp:
+                tmp.write_text(f"{queued + waiting}\n", encoding="utf-8")
         if args.stand_ins is not None:
             with atomic_path(args.stand_ins) as tmp:
                 tmp.write_text("".join(f"{name}\n" for name in stand_ins), encoding="utf-8")
