@@ -241,8 +241,7 @@ PLANNED=$((PLANNED - $(wc -l < "$KEPT/refused")))  # (a task without an original
 # -j auto: as many workers as the machine holds, and no more than the experiments to run (the runs the
 # plan queues, and those queued here before that stand in for some), counted once the plan is made.
 if [ "$JOBS" = auto ]; then
-  TO_RUN=$(cat "$KEPT/runs")
-  JOBS=$(python -m storyrewrite.parallel workers --experiments "$((TO_RUN > 0 ? TO_RUN : 1))" --records "${RECORDS[@]}")
+  JOBS=$(python -m storyrewrite.parallel workers --experiments "$(cat "$KEPT/runs")" --records "${RECORDS[@]}")
 fi
 export STORYREWRITE_WORKERS=$JOBS
 # What each worker needs of a GPU they share, by the same records: a stage caps its memory at what

@@ -186,6 +186,12 @@ def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(
         parallel.main(["workers", "--experiments", "4", "--peak-gb", "0"])
     with pytest.raises(InputError, match=r"--rss-gb must be a number of GB > 0, got -1.0"):
         parallel.main(["workers", "--experiments", "4", "--rss-gb", "-1"])
+    # None to run (a resumed comparison's plan left every run out): one worker, for what other sweeps left queued.
+    parallel.main(["workers", "--experiments", "0"])
+    out, err = capsys.readouterr()
+    assert out == "1\n" and "0 experiment(s) to run: 1" in err
+    with pytest.raises(InputError, match=r"--experiments must be a whole number >= 0, got -1"):
+        parallel.main(["workers", "--experiments", "-1"])
 
 
 def test_a_stage_says_its_share_of_the_machine_and_a_command_does_not(monkeypatch, capsys):

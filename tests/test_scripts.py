@@ -456,8 +456,8 @@ def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):
 
 def test_auto_counts_only_the_experiments_the_plan_leaves_to_run(tmp_path):
     """The workers are counted after the plan, from its count of experiments to run (runs gathered
-    before and runs the task cannot serve need none), and never fewer than one."""
-    for runs, experiments in (("3", "3"), ("0", "1")):
+    before and runs the task cannot serve need none)."""
+    for runs, experiments in (("3", "3"), ("0", "0")):
         plan = f'cat; for ((i = 1; i <= $#; i++)); do if [ "${{!i}}" = --runs ]; then j=$((i + 1)); echo {runs} > "${{!j}}"; fi; done'
         result, calls = _run(tmp_path, "-j", "auto", "grid", "all", plan=plan,
                              python=f'if [ "$2 $3" = "storyrewrite.parallel workers" ]; then echo 2; fi\n{GATHERED}')

@@ -331,9 +331,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "gpu-reserve":
         print(f"{worker_gpu_gb(args.records)[0]:.2f}")
         return
-    for name in ("experiments", "threads_per_worker"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {getattr(args, name)}")
+    if args.experiments < 0:  # (none to run: one worker, for what other sweeps left queued)
+        raise InputError(f"--experiments must be a whole number >= 0, got {args.experiments}")
+    if args.threads_per_worker < 1:
+        raise InputError(f"--threads-per-worker must be a whole number >= 1, got {args.threads_per_worker}")
     gpu, gpu_source = worker_gpu_gb(args.records, args.peak_gb)
     rss, rss_source = worker_memory(args.records, "peak_rss_gb", args.rss_gb, "--rss-gb", DEFAULT_RSS_GB, "stage")
     free, host = gpu_free_gb(), host_available_gb()
