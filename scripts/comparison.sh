@@ -232,7 +232,7 @@ queue() {
 # before it is queued, as the workers are running by then and would take it at once. A sweep that
 # leaves nothing out is queued as it is; else each of its runs on its own. The experiments here that
 # stand in for runs left out are gathered with the rest.
-: > "$KEPT/standins"; : > "$KEPT/refused"; echo "$PLANNED" > "$KEPT/runs"
+: > "$KEPT/standins"; : > "$KEPT/refused"
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
   python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" --refused "$KEPT/refused" \
     --runs "$KEPT/runs" > "$KEPT/plan"

@@ -448,22 +448,20 @@ def test_an_experiment_reaches_only_the_nll_models_group_before_training(tmp_pat
     assert {"generate@nll", "score@nll", "llm@rag", "score_sanity", "validity"} <= set(_dvc_order(workspace, *later))
 
 
-def test_auto_takes_the_worker_count_the_machine_holds(tmp_path):
-    result, calls = _run(tmp_path, "-j", "auto", "grid", "cpo", python=f'if [ "$2" = storyrewrite.parallel ]; then echo 3; fi\n{GATHERED}')
-    assert result.returncode == 0, result.stderr
-    assert "python -m storyrewrite.parallel workers --experiments 12 --records" in calls and "dvc queue start -j 3" in calls
+def _planning(runs: int) -> str:
+    """A `gather --plan` stub's branch: every sweep queued as it is, and `runs` experiments to run (--runs)."""
+    return f'cat; for ((i = 1; i <= $#; i++)); do if [ "${{!i}}" = --runs ]; then j=$((i + 1)); echo {runs} > "${{!j}}"; fi; done'
 
 
-def test_auto_counts_only_the_experiments_the_plan_leaves_to_run(tmp_path):
+def test_auto_takes_the_worker_count_the_machine_holds_for_the_experiments_the_plan_leaves(tmp_path):
     """The workers are counted after the plan, from its count of experiments to run (runs gathered
-    before and runs the task cannot serve need none)."""
-    for runs, experiments in (("3", "3"), ("0", "0")):
-        plan = f'cat; for ((i = 1; i <= $#; i++)); do if [ "${{!i}}" = --runs ]; then j=$((i + 1)); echo {runs} > "${{!j}}"; fi; done'
-        result, calls = _run(tmp_path, "-j", "auto", "grid", "all", plan=plan,
+    before and runs the task cannot serve need none), and as many start as the count printed."""
+    for runs in (3, 0):
+        result, calls = _run(tmp_path, "-j", "auto", "grid", "all", plan=_planning(runs),
                              python=f'if [ "$2 $3" = "storyrewrite.parallel workers" ]; then echo 2; fi\n{GATHERED}')
         assert result.returncode == 0, result.stderr
         sizing = [c for c in calls if c.startswith("python -m storyrewrite.parallel workers")]
-        assert sizing == [f"python -m storyrewrite.parallel workers --experiments {experiments} --records"], sizing
+        assert sizing == [f"python -m storyrewrite.parallel workers --experiments {runs} --records"], sizing
         planning = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
         assert calls.index(sizing[0]) > planning and "dvc queue start -j 2" in calls
         (tmp_path / "calls.log").unlink()
