@@ -238,10 +238,26 @@ for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
     --runs "$KEPT/runs" > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
 PLANNED=$((PLANNED - $(wc -l < "$KEPT/refused")))  # (a task without an original ending: the runs it cannot serve, named above)
-# -j auto: as many workers as the machine holds, and no more than the experiments to run (the runs the
-# plan queues, and those queued here before that stand in for some), counted once the plan is made.
+# The stages every run shares, where several workers will run them first (below), each group an
+# experiment of its own targets: the NLL model (with what comes before it), the copy baselines' scores
+# with the metric check that reads them (`validity`, after `score_sanity`), each LLM mode, and the
+# NLL model's scores (SCORES: after `train` in DVC's order, queued beside the sweeps).
+# COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py),
+# and so does a plan that queues nothing (every run ran before).
+GROUPS_=() SCORES=
+if [ "$JOBS" != 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 0 ]; then
+  # shellcheck disable=SC2207  # the modes are words without spaces
+  MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
+  GROUPS_=("nll|train_nll" "sanity|validity")
+  for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
+  SCORES="nll-scores|score@nll"
+fi
+# -j auto: as many workers as the machine holds, and no more than the experiments to run, counted once
+# the plan is made: the runs it queues, those queued here before that stand in for some, and the shared
+# stages' groups, which run beside the runs (so many workers that the runs need not wait for them).
 if [ "$JOBS" = auto ]; then
-  JOBS=$(python -m storyrewrite.parallel workers --experiments "$(cat "$KEPT/runs")" --records "${RECORDS[@]}")
+  experiments=$(($(cat "$KEPT/runs") + ${#GROUPS_[@]} + (${#SCORES} > 0)))
+  JOBS=$(python -m storyrewrite.parallel workers --experiments "$experiments" --records "${RECORDS[@]}")
 fi
 export STORYREWRITE_WORKERS=$JOBS
 # What each worker needs of a GPU they share, by the same records: a stage caps its memory at what
@@ -278,21 +294,12 @@ remove_shared() {
   dvc exp remove "${present[@]}" >/dev/null 2>&1 && return 0
   for name in "${present[@]}"; do dvc exp remove "$name" >/dev/null 2>&1 || true; done
 }
-if [ "$JOBS" -gt 1 ] && [ "${COMPARISON_SHARED:-1}" != 0 ] && [ ${#PLAN[@]} -gt 0 ]; then
-  # The stages every run shares run first, side by side, each group an experiment of its own
-  # targets: the NLL model (with what comes before it), each LLM mode, and the copy baselines' scores
-  # with the metric check that reads them (`validity`, after `score_sanity`). The sweeps are queued
-  # as soon as the NLL model's group ends, the other groups still running: in DVC's order
-  # (dvc.yaml's) an experiment reaches their stages only after its `train`, when they have ended
-  # and are in the run cache. The NLL model's scores come after `train` too: queued first beside
-  # the sweeps. A group that failed is run again by each experiment that needs it.
-  # COMPARISON_SHARED=0 skips them where an earlier part of the same comparison ran them (bench/comparison.py),
-  # and so does a plan that queues nothing (every run ran before).
-  # shellcheck disable=SC2207  # the modes are words without spaces
-  MODES=($(python -m storyrewrite.profiles get "$@" --key llm.modes))
-  GROUPS_=("nll|train_nll" "sanity|validity")
-  for mode in "${MODES[@]}"; do GROUPS_+=("llm-$mode|score_llm@$mode"); done
-  SCORES="nll-scores|score@nll"  # after `train` in DVC's order: queued beside the sweeps
+if [ "$JOBS" -gt 1 ] && [ ${#GROUPS_[@]} -gt 0 ]; then
+  # The shared stages (GROUPS_ above) run first, side by side. The sweeps are queued as soon as the
+  # NLL model's group ends, the other groups still running: in DVC's order (dvc.yaml's) an
+  # experiment reaches their stages only after its `train`, when they have ended and are in the run
+  # cache. The NLL model's scores come after `train` too: queued first beside the sweeps. A group
+  # that failed is run again by each experiment that needs it.
   for group in "${GROUPS_[@]}" "$SCORES"; do SHARED+=("$NAME.shared-${group%%|*}"); done
   remove_shared  # what an interrupted comparison left
   for group in "${GROUPS_[@]}"; do

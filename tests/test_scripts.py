@@ -129,6 +129,7 @@ def test_the_whole_comparison_is_dvcs_sweeps_without_dvc_lock_then_gathered_and_
     assert _queued(calls) == [profile + sweep for sweep in (*CORE, CPO)]
     assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
     assert "python -m storyrewrite.profiles overrides params/gpu.yaml" in calls
+    assert not any(c.startswith("python -m storyrewrite.profiles get") for c in calls)  # (no shared groups with one worker)
     # Runs that equal one finished before leave the queue; what is left runs, is gathered by the
     # names DVC gave it, and collected.
     # Of the experiments still queued, only those of these sweeps (the names DVC gave them, as it printed
@@ -282,9 +283,11 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert result.returncode == 0, result.stderr
     assert "worker alive as the sweeps are queued" in calls
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
-    # Every command after the plan (which counts the experiments to run, and so the workers) sees the count.
-    planned = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
-    assert calls[planned + 1] == "WORKERS=" and not any(c == "WORKERS=" for c in calls[planned + 2:])
+    # The count is set once the plan and the shared groups (which count the experiments to run, and
+    # so the workers) are known, and every command from the GPU reserve on sees it.
+    reserve = calls.index("python -m storyrewrite.parallel gpu-reserve --records")
+    assert not any(c == "WORKERS=" for c in calls[reserve:])
+    assert calls.index("python -m storyrewrite.profiles get --key llm.modes") < reserve
     # What each worker needs of the GPU, by the stage records, for the stages' memory caps: asked
     # once, before anything is queued, and handed to every command after it.
     reserve = calls.index("python -m storyrewrite.parallel gpu-reserve --records")
@@ -449,21 +452,24 @@ def test_an_experiment_reaches_only_the_nll_models_group_before_training(tmp_pat
 
 
 def _planning(runs: int) -> str:
-    """A `gather --plan` stub's branch: every sweep queued as it is, and `runs` experiments to run (--runs)."""
-    return f'cat; for ((i = 1; i <= $#; i++)); do if [ "${{!i}}" = --runs ]; then j=$((i + 1)); echo {runs} > "${{!j}}"; fi; done'
+    """A `gather --plan` stub's branch: `runs` experiments to run (--runs), and every sweep queued as
+    it is (none where `runs` is 0)."""
+    return f'{"cat" if runs else "true"}; for ((i = 1; i <= $#; i++)); do if [ "${{!i}}" = --runs ]; then j=$((i + 1)); echo {runs} > "${{!j}}"; fi; done'
 
 
 def test_auto_takes_the_worker_count_the_machine_holds_for_the_experiments_the_plan_leaves(tmp_path):
     """The workers are counted after the plan, from its count of experiments to run (runs gathered
-    before and runs the task cannot serve need none), and as many start as the count printed."""
-    for runs in (3, 0):
+    before and runs the task cannot serve need none) and the shared stages' groups that run beside
+    them (the NLL model, the copy baselines' check, an LLM mode each, the NLL model's scores: 5 with
+    the stub profile's two modes; none where nothing is queued), and as many start as the count printed."""
+    for runs, experiments in ((3, 3 + 5), (0, 0)):
         result, calls = _run(tmp_path, "-j", "auto", "grid", "all", plan=_planning(runs),
                              python=f'if [ "$2 $3" = "storyrewrite.parallel workers" ]; then echo 2; fi\n{GATHERED}')
         assert result.returncode == 0, result.stderr
         sizing = [c for c in calls if c.startswith("python -m storyrewrite.parallel workers")]
-        assert sizing == [f"python -m storyrewrite.parallel workers --experiments {runs} --records"], sizing
+        assert sizing == [f"python -m storyrewrite.parallel workers --experiments {experiments} --records"], sizing
         planning = next(i for i, c in enumerate(calls) if c.startswith("python -m storyrewrite.report.gather --plan"))
-        assert calls.index(sizing[0]) > planning and "dvc queue start -j 2" in calls
+        assert calls.index(sizing[0]) > planning and ("dvc queue start -j 2" in calls) == (runs > 0)
         (tmp_path / "calls.log").unlink()
 
 
