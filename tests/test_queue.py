@@ -229,7 +229,10 @@ def test_an_experiment_run_in_the_workspace_is_not_taken_for_one_still_running(t
     left = [json.loads(path.read_text()) for path in repo.glob(queue.EXECUTOR_INFO)]
     assert [(info["name"], info["location"], info["status"]) for info in left] == [("exp-w", "workspace", 1)]  # (DVC's leftover)
     assert queue.running(repo) == {} and queue.running_logs(repo) == {} and queue.ended(repo, started) == {}
-    assert run(sys.executable, "-m", "storyrewrite.queue", "--running") == ""
+    shown = subprocess.run([sys.executable, "-m", "storyrewrite.queue", "--running"], cwd=repo, env=ENV, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout == "" and shown.stderr == (  # (a person is told; a script reads nothing)
+        "no experiment of this repository's queue is running (`python -m storyrewrite.queue` lists them all)\n")
 
 
 def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: float = 1180.0,

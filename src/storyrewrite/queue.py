@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -410,6 +411,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.running:
         if lines := progress_lines(Path.cwd()):
             print("== stages done in experiments still running", *lines, sep="\n")
+        else:  # (stdout stays empty, as scripts read it; a person gets a line)
+            print("no experiment of this repository's queue is running (`python -m storyrewrite.queue` lists them all)",
+                  file=sys.stderr)
     elif args.workers or not args.failed:
         print("\n".join(status(Path.cwd(), args.workers)))
     if args.failed and (lines := failure_lines(Path.cwd(), args.since, args.lines)):
