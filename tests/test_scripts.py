@@ -283,14 +283,13 @@ if [ "$3" = --dedupe ] && grep -qsa queue-worke[r] /proc/{left.pid}/cmdline; the
     assert result.returncode == 0, result.stderr
     assert "worker alive as the sweeps are queued" in calls
     assert calls.count("dvc queue start -j 2") == 2 and calls.count("WORKERS=2") > 3
-    # The count is set once the plan and the shared groups (which count the experiments to run, and
-    # so the workers) are known, and every command from the GPU reserve on sees it.
+    # What each worker needs of the GPU, by the stage records, for the stages' memory caps: asked
+    # once, before anything is queued, and handed to every command after it. The worker count is set
+    # once the plan and the shared groups (which count the experiments to run, and so the workers)
+    # are known, and every command from the GPU reserve on sees it.
     reserve = calls.index("python -m storyrewrite.parallel gpu-reserve --records")
     assert not any(c == "WORKERS=" for c in calls[reserve:])
     assert calls.index("python -m storyrewrite.profiles get --key llm.modes") < reserve
-    # What each worker needs of the GPU, by the stage records, for the stages' memory caps: asked
-    # once, before anything is queued, and handed to every command after it.
-    reserve = calls.index("python -m storyrewrite.parallel gpu-reserve --records")
     assert reserve < calls.index("dvc exp run --queue -n grid.shared-nll train_nll")
     assert calls[reserve + 1] == "WORKERS=2" and calls[reserve + 2] == "RESERVE="
     assert all(c == "RESERVE=9.25" for c in calls[reserve + 3:] if c.startswith("RESERVE="))
