@@ -455,6 +455,7 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     rows = [Row(e.system, e.label, e.metrics, tests.get(e.label, {}).get("instance", {}), sanity=e.kind == "copy",
                 story_p_values=tests.get(e.label, {}).get("story", {})) for e in entries]
     base_metrics = reference.metrics(BASELINE)
+    labels, by_label = {e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}  # (the notes' arguments)
     usages = {e.label: usage for e in entries if e.kind == "llm" and (usage := llm_usage(e.run, e.system)) is not None}
     bases = sorted({run.base[:7] for run in runs if run.base})
     devices = where_models_ran(runs)
@@ -478,8 +479,8 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
         *([f"No run here trained {', '.join(missing)}: not in these tables."] if (missing := systems_without_a_run(runs)) else []),
-        *echo_notes({e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}),
-        *empty_notes({e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}),
+        *echo_notes(labels, by_label),
+        *empty_notes(labels, by_label),
         *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha, n_resamples),
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
