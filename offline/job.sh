@@ -144,7 +144,8 @@ run | run-comparison)  # (internal: the detached job)
     # as comparison.sh makes them, and reports/bench/comparison.json beside them; the GPU's and
     # the host's load through the whole run, every half second, in bench-out/ (brought back).
     # `all` queues core and the CPO grid at once: the grid fills the workers while RLOO runs.
-    python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" "${mps[@]}" \
+    # COMPARISON_HELD=skip: runs folders that offline/pack.sh HOLD slimmed serve the plan, not the collect.
+    COMPARISON_HELD=skip python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" "${mps[@]}" \
       --timeline bench-out/comparison-timeline.csv --profile "${@:3}"
     rc=$?
     echo "== end $(date +%T)"

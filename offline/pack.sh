@@ -21,8 +21,99 @@
 # assembles the packages and polls, and the poll to repeat follows. offline/job.sh checks it here
 # first (GPU_JOB_CHECK), so that a typo costs no remote command.
 # OUT_FILE_MIB (default: none) goes into the printed polls (offline/job.sh: a larger file in parts).
+# HOLD (default: none) is a folder outside the tree where the pack moves, before it sizes the
+# calls, what travels with every command but no job reads there: the files of the gathered runs
+# (runs/*/) but their manifests, params and stage records (all a comparison's plan reads), and the
+# comparisons' collected tables (reports/NAME/). Each slimmed runs folder gets a `.held` file
+# naming HOLD (scripts/comparison.sh leaves such a folder out of the collect only on the machine).
+# `HOLD=DIR bash offline/pack.sh restore` moves them back.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+HOLD=${HOLD:-}
+# hold_files check|hold|restore: what HOLD's doc above says, in the current folder (check: HOLD only).
+hold_files() {
+  "${PYTHON:-python3}" - "$1" "$HOLD" <<'PY'
+import filecmp, json, shutil, subprocess, sys
+from pathlib import Path
+
+verb, hold = sys.argv[1], Path(sys.argv[2]).resolve()
+restore = f"HOLD={hold} bash offline/pack.sh restore"
+
+
+def prune(top: Path) -> None:  # the empty folders under top, top included
+    for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if top.is_dir() and not any(top.iterdir()):
+        top.rmdir()
+
+
+if verb == "restore":
+    files = sorted(path for path in hold.rglob("*") if path.is_file()) if hold.is_dir() else []
+    if not files:
+        sys.exit(f"error: HOLD={hold} holds nothing to move back")
+    targets = {path: path.relative_to(hold) for path in files}
+    if clash := [str(target) for path, target in targets.items() if target.exists() and not filecmp.cmp(path, target, shallow=False)]:
+        sys.exit(f"error: {len(clash)} held file(s) differ from the tree's, e.g. {clash[0]}: nothing moved back")
+    for path, target in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(path, target)
+    for marker in Path("runs").glob("*/.held"):
+        if marker.read_text().strip() == str(hold):
+            marker.unlink()
+    prune(hold)
+    print(f"moved {len(files)} file(s) back from {hold}")
+    sys.exit()
+if hold == Path.cwd().resolve() or Path.cwd().resolve() in hold.parents:
+    sys.exit(f"error: HOLD={hold} is inside the working tree, which every command carries: name a folder outside it")
+if hold.is_dir() and any(path.is_file() for path in hold.rglob("*")):
+    sys.exit(f"error: HOLD={hold} holds the files of an earlier pack: move them back first: {restore}")
+if verb == "check":
+    sys.exit()
+# What travels (as pack.sh's tree size counts it) under runs/ and reports/.
+listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "runs", "reports"],
+                         capture_output=True, check=True).stdout.split(b"\0")
+travels = {Path(name.decode()) for name in listing if name and Path(name.decode()).is_file()}
+moved, slimmed, names = [], [], set()
+for folder in sorted({Path(*path.parts[:2]) for path in travels if path.parts[0] == "runs" and len(path.parts) > 2}):
+    try:
+        runs = [json.loads(path.read_text()) for path in folder.glob("*.json")]
+    except ValueError:
+        continue
+    if not runs or not all(isinstance(run, dict) and isinstance(run.get("files"), dict) for run in runs):
+        continue  # not a gathered folder (storyrewrite.report.gather's manifests)
+    names.add(folder.name.split(".")[0])
+    # Kept: the manifests, the params blobs they name, the stage records (scripts/comparison.sh's plan and worker count).
+    keep = {folder / "blobs" / f"{run['files'].get('params.yaml')}.gz" for run in runs}
+    held = []
+    for path in travels:
+        if folder in path.parents and path not in keep:
+            inside = path.relative_to(folder).parts
+            if inside[0] != "stages" and not (len(inside) == 1 and path.suffix == ".json"):
+                held.append(path)
+    if held:
+        moved += held
+        slimmed.append(folder)
+for name in sorted(names):  # the collected tables (storyrewrite.report.collect writes experiments.md)
+    if Path("reports", name, "experiments.md").is_file():
+        moved += [path for path in travels if Path("reports", name) in path.parents]
+size = sum(path.stat().st_size for path in moved)
+for path in moved:
+    (hold / path).parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(path, hold / path)
+for folder in slimmed:
+    (folder / ".held").write_text(f"{hold}\n")
+for top in sorted({Path(*path.parts[:2]) for path in moved}):
+    prune(top)
+print(f"held {len(moved)} file(s), {size / 2**20:.1f} MiB, in {hold}: the tables of "
+      f"{' '.join(sorted(names)) or 'no comparison'}, and the runs' files no job reads (after the last command: {restore})")
+PY
+}
+if [ "${1:-}" = restore ]; then
+  [ -n "$HOLD" ] || { echo "error: restore needs HOLD=DIR, the folder the pack held the files in" >&2; exit 2; }
+  hold_files restore
+  exit
+fi
 FETCH=${FETCH:-$ROOT/offline/fetch.sh}
 if [ ! -f "$FETCH" ]; then
   echo "error: FETCH=$FETCH not found" >&2
@@ -48,6 +139,7 @@ start | compare)
   GPU_JOB_CHECK=1 bash "$ROOT/offline/job.sh" "${job[@]}" || exit 2 ;;
 *) echo "error: JOB must start with start or compare (offline/job.sh), got '$JOB'" >&2; exit 2 ;;
 esac
+[ -z "$HOLD" ] || hold_files check
 if [ -d .git ]; then  # a fresh clone may lack .git/info/
   mkdir -p .git/info
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
@@ -61,6 +153,11 @@ for folder in .device/whl.*; do
   fi
 done
 bash "$FETCH" "$ROOT/offline/wheels.txt"
+if [ -n "$HOLD" ]; then
+  hold_files hold
+  # A pack that stops after this point moves them back.
+  trap 'status=$?; [ $status -eq 0 ] || hold_files restore >&2; exit $status' EXIT
+fi
 
 MIB=$((1024 * 1024))
 LIMIT=$(($CARRY_MIB * MIB))
@@ -197,8 +294,11 @@ while read -r folder part; do
 done <<< "$CALLS"
 if [ -n "$JOB" ]; then
   echo "then, until it says done: $POLL 540"
+  [ -z "$HOLD" ] || echo "and once the last poll is unpacked (offline/unpack.sh): HOLD=$(realpath -m "$HOLD") bash offline/pack.sh restore"
   exit 0
 fi
+
 echo "  in the command of the last part, add: && bash .device/machine.sh assemble"
 echo "for the benchmarks (offline/job.sh): to the install command add \" && bash offline/job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); to the command of the last part add \" && bash offline/job.sh poll 500\"; then bash offline/job.sh poll 540 until it says done"
 echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz), to keep as runs/gpu.<n>/; JOB='compare ...' prints these commands whole"
+[ -z "$HOLD" ] || echo "after the last command: HOLD=$(realpath -m "$HOLD") bash offline/pack.sh restore"

@@ -58,6 +58,17 @@ OVERRIDES=()
 # folders: the gathered folders of this comparison (with a run's manifest), here (runs/NAME) and
 # from other machines (runs/NAME.<anything>).
 folders() { local folder; for folder in runs/"$NAME" runs/"$NAME".*; do ! compgen -G "$folder/*.json" >/dev/null || echo "$folder"; done; }
+# A folder that offline/pack.sh HOLD slimmed to its manifests, params and stage records (its `.held`
+# names the folder that holds the rest) serves the plan, not the collect. On the offline machine
+# (COMPARISON_HELD=skip: offline/job.sh) it is left out of the collect; elsewhere it stops the
+# comparison before anything runs, with the command that moves its files back.
+[[ ${COMPARISON_HELD:-} =~ ^(skip)?$ ]] || { echo "error: COMPARISON_HELD must be skip or unset, got '$COMPARISON_HELD'" >&2; exit 2; }
+HELD=()
+for folder in $(folders); do [ ! -f "$folder/.held" ] || HELD+=("$folder"); done
+if [ ${#HELD[@]} -gt 0 ] && [ -z "${COMPARISON_HELD:-}" ]; then
+  echo "error: ${HELD[*]}: offline/pack.sh moved their scores out of the tree; move them back first: HOLD=$(cat "${HELD[0]}/.held") bash offline/pack.sh restore" >&2
+  exit 2
+fi
 shopt -s nullglob
 RECORDS=(reports/stages/*.json "runs/$NAME".*/stages/*.json)  # the stage records that say what a worker needs
 shopt -u nullglob
@@ -351,8 +362,12 @@ queue_state --failed --since "$STARTED" >&2 || true
 FAILED=0
 [ ${#RUNS[@]} -eq 0 ] || echo "== gathering ${#RUNS[@]} experiment(s) into runs/$NAME ($(date -u +%H:%M:%S))"
 [ ${#RUNS[@]} -eq 0 ] || python -m storyrewrite.report.gather --out "runs/$NAME" --names "${RUNS[@]}" || FAILED=1
-# shellcheck disable=SC2207  # the folders' names are words without spaces
-FOLDERS=($(folders))
+FOLDERS=()
+for folder in $(folders); do [ -f "$folder/.held" ] || FOLDERS+=("$folder"); done
+if [ ${#HELD[@]} -gt 0 ]; then
+  echo "== left out of reports/$NAME here: ${HELD[*]} (their scores are held elsewhere: offline/pack.sh HOLD)"
+  [ ${#FOLDERS[@]} -gt 0 ] || exit $FAILED
+fi
 if [ ${#FOLDERS[@]} -eq 0 ]; then
   echo "error: nothing of $NAME ran here or was gathered before (runs/$NAME, runs/$NAME.*): no tables to collect" >&2
   exit 1

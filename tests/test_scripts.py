@@ -6,6 +6,7 @@ offline/job.sh."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import importlib
 import io
@@ -532,6 +533,36 @@ def test_folders_gathered_on_other_machines_are_deduplicated_against_and_collect
     assert (tracked.returncode, ignored.returncode) == (1, 0)
 
 
+def test_a_folder_the_pack_held_serves_the_plan_on_the_machine_and_stops_the_comparison_here(tmp_path):
+    """runs/NAME.<n> slimmed by offline/pack.sh HOLD (a `.held` naming where its scores went):
+    here the comparison stops before anything runs, with the command that moves them back; on the
+    machine (COMPARISON_HELD=skip, offline/job.sh) its runs are planned against as before and the
+    folder is left out of the collect, named."""
+    for folder in ("gpu.2", "gpu.3"):
+        (tmp_path / "runs" / folder).mkdir(parents=True)
+        (tmp_path / "runs" / folder / "a-run.json").write_text("{}")
+    (tmp_path / "runs" / "gpu.2" / ".held").write_text("/elsewhere/hold\n")
+    result, calls = _run(tmp_path, "gpu", "core", "params/gpu.yaml")
+    assert result.returncode == 2 and not any(c.startswith(("dvc", "python -m storyrewrite.report")) for c in calls), calls
+    assert ("error: runs/gpu.2: offline/pack.sh moved their scores out of the tree; move them back first: "
+            "HOLD=/elsewhere/hold bash offline/pack.sh restore") in result.stderr
+    (tmp_path / "calls.log").unlink()
+    result, calls = _run(tmp_path, "gpu", "core", "params/gpu.yaml", env={"COMPARISON_HELD": "skip"})
+    assert result.returncode == 0, result.stderr
+    assert any(c.startswith("python -m storyrewrite.report.gather --dedupe runs/gpu.2 runs/gpu.3 --mine ") for c in calls)
+    assert "== left out of reports/gpu here: runs/gpu.2 (their scores are held elsewhere: offline/pack.sh HOLD)" in result.stdout
+    assert calls[-1] == "python -m storyrewrite.report.collect runs/gpu runs/gpu.3 --out reports/gpu --title gpu (params/gpu.yaml)"
+    # Every run gathered before, in held folders alone: nothing to collect on the machine, and no failure.
+    (tmp_path / "all-held" / "runs" / "gpu.2").mkdir(parents=True)
+    shutil.copy(tmp_path / "runs" / "gpu.2" / "a-run.json", tmp_path / "all-held" / "runs" / "gpu.2")
+    shutil.copy(tmp_path / "runs" / "gpu.2" / ".held", tmp_path / "all-held" / "runs" / "gpu.2")
+    result, calls = _run(tmp_path / "all-held", "gpu", "core", plan="true", dedupe="", env={"COMPARISON_HELD": "skip"})
+    assert result.returncode == 0, result.stderr
+    assert "== left out of reports/gpu here: runs/gpu.2" in result.stdout and not any("report.collect" in c for c in calls)
+    bad, _ = _run(tmp_path, "gpu", "core", env={"COMPARISON_HELD": "yes"})
+    assert bad.returncode == 2 and "error: COMPARISON_HELD must be skip or unset, got 'yes'" in bad.stderr
+
+
 def test_a_dedupe_that_fails_costs_no_run_every_experiment_queued_here_is_gathered(tmp_path):
     """The dedupe reads DVC's queue while workers run: where it fails, the comparison goes on
     with every experiment it queued, and gathers and collects them all."""
@@ -1038,6 +1069,96 @@ fi""", "nvidia-smi": "echo Stub GPU"})
     assert unpacked == expected and not list((home / "parts").glob("part_*"))
 
 
+def _gathered(folder: Path, runs: dict[str, bytes]) -> dict[str, str]:
+    """A folder as storyrewrite.report.gather writes it: each run's manifest naming its params and
+    scores blobs (`blobs/<sha256>.gz`). Returns each blob's path, relative to `folder`, by what it holds."""
+    blobs = {}
+    for name, scores in runs.items():
+        files = {}
+        for path, data in {"params.yaml": f"objective: {name}\n".encode(), "reports/scores.jsonl": scores}.items():
+            digest = hashlib.sha256(data).hexdigest()
+            (folder / "blobs").mkdir(parents=True, exist_ok=True)
+            (folder / "blobs" / f"{digest}.gz").write_bytes(gzip.compress(data, mtime=0))
+            files[path] = digest
+            blobs[f"{name} {path}"] = f"blobs/{digest}.gz"
+        (folder / f"{name}.json").write_text(json.dumps({"name": name, "rev": "abc", "files": files}))
+    return blobs
+
+
+def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(tmp_path):
+    """HOLD: before the calls are sized, the gathered runs' files but their manifests, params and
+    stage records, and the comparisons' collected tables, move out of the tree (fewer calls), each
+    slimmed folder marked `.held`; the job's plan still reads every run's params there. A second
+    pack, or a HOLD inside the tree, is refused before the fetch; `restore` moves everything back
+    (git sees no change) unless a held file differs from the tree's; a pack that fails after the
+    hold moves them back itself."""
+    kit, repo = _kit_and_repo(tmp_path)
+    gpu = _gathered(repo / "runs" / "gpu.2", {"nll": os.urandom(1024 * 1024), "dto": os.urandom(1024 * 1024)})
+    _gathered(repo / "runs" / "grid.1", {"cpo": os.urandom(512 * 1024)})
+    (repo / "runs" / "gpu.2" / "exps.bundle").write_bytes(os.urandom(256 * 1024))
+    (repo / "runs" / "gpu.2" / "stages").mkdir()
+    (repo / "runs" / "gpu.2" / "stages" / "train.json").write_text("{}")
+    for name in ("gpu", "grid"):  # the collected tables (experiments.md is the collector's)
+        (repo / "reports" / name / "scores").mkdir(parents=True)
+        (repo / "reports" / name / "experiments.md").write_text("# runs\n")
+        (repo / "reports" / name / "scores" / "nll.jsonl.gz").write_bytes(os.urandom(512 * 1024))
+    (repo / "reports" / "stages").mkdir()  # the pipeline's own, which every stage writes
+    (repo / "reports" / "stages" / "prepare.json").write_text("{}")
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=repo, check=True)
+    everything = {path.relative_to(repo): path.read_bytes() for path in repo.rglob("*") if path.is_file() and ".git" not in path.parts}
+    without = _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1")
+    assert without.returncode == 0, without.stderr
+
+    hold = tmp_path / "hold"
+    result = _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(hold))
+    assert result.returncode == 0, result.stderr
+    kept = {Path("runs/gpu.2") / gpu[f"{name} params.yaml"] for name in ("nll", "dto")} | {
+        Path("runs/gpu.2/nll.json"), Path("runs/gpu.2/dto.json"), Path("runs/gpu.2/stages/train.json"),
+        Path("runs/grid.1/cpo.json"), Path("reports/stages/prepare.json"), Path("tracked.bin")}
+    kept |= {Path("runs/grid.1") / path.relative_to(repo / "runs" / "grid.1")
+             for path in (repo / "runs" / "grid.1" / "blobs").iterdir()}  # (grid's params blob: its only one left)
+    assert len(list((repo / "runs" / "grid.1" / "blobs").iterdir())) == 1
+    held = {path.relative_to(hold): path.read_bytes() for path in hold.rglob("*") if path.is_file()}
+    assert held == {path: data for path, data in everything.items() if path not in kept and path != Path("packed.txt")}
+    assert Path("runs/gpu.2/exps.bundle") in held and Path("reports/grid/experiments.md") in held
+    assert not (repo / "reports" / "gpu").exists() and (repo / "reports" / "stages" / "prepare.json").exists()
+    assert (repo / "runs" / "gpu.2" / ".held").read_text() == f"{hold}\n"
+    restore = f"HOLD={hold} bash offline/pack.sh restore"
+    assert f"and the runs' files no job reads (after the last command: {restore})" in result.stdout
+    assert result.stdout.splitlines()[-1] == f"after the last command: {restore}"
+    calls = lambda out: len(re.findall(r"^  carry ", out, re.MULTILINE))  # noqa: E731
+    assert calls(result.stdout) < calls(without.stdout)
+    # The plan reads every run's params from the slimmed folders, as from whole ones.
+    from storyrewrite.report.gather import gathered_params
+    assert sorted(p["objective"] for p in gathered_params([repo / "runs" / "gpu.2", repo / "runs" / "grid.1"])) == ["cpo", "dto", "nll"]
+
+    (repo / "packed.txt").unlink()  # (what the stub fetch writes: a second pack must not reach it)
+    for bad, message in [(hold, f"error: HOLD={hold} holds the files of an earlier pack: move them back first: {restore}"),
+                         (repo / "runs", f"error: HOLD={repo / 'runs'} is inside the working tree, which every command carries")]:
+        again = _pack(repo, kit, CARRY_MIB="10", HOLD=str(bad))
+        assert again.returncode == 1 and message in again.stderr and not (repo / "packed.txt").exists()
+
+    (repo / "reports" / "gpu").mkdir()
+    (repo / "reports" / "gpu" / "experiments.md").write_text("# collected again here\n")
+    clash = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+    assert clash.returncode == 1 and "e.g. reports/gpu/experiments.md: nothing moved back" in clash.stderr
+    assert {path.relative_to(hold) for path in hold.rglob("*") if path.is_file()} == set(held)
+    shutil.rmtree(repo / "reports" / "gpu")
+    back = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+    assert back.returncode == 0 and back.stdout == f"moved {len(held)} file(s) back from {hold}\n", back.stderr
+    assert not hold.exists()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    assert status == "?? .device/\n" or status == "", status  # (.device/ ignored through .git/info/exclude)
+
+    failed = _pack(repo, kit, CARRY_MIB="4", MARGIN_MIB="1", HOLD=str(hold))  # too small a call once held
+    assert failed.returncode == 1 and f"moved {len(held)} file(s) back from {hold}" in failed.stderr
+    assert not hold.exists() and not (repo / "runs" / "gpu.2" / ".held").exists()
+    assert subprocess.run(["git", "status", "--porcelain", "--", "runs", "reports"], cwd=repo, capture_output=True, text=True).stdout == ""
+
+
 def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     """.device/commit: HEAD's short name, `+changes` while a tracked file differs from it (the
     figures of a machine's copy of the tree, which has no .git, name it: bench/common.py)."""
@@ -1187,7 +1308,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         "sys.exit(subprocess.run(['bash', 'scripts/comparison.sh', '-j', value('--jobs'), value('--name'), 'all',\n"
         "                         *args[args.index('--profile') + 1:]]).returncode)\n")
     (tree / "scripts" / "comparison.sh").write_text(
-        'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s)" > comparison.log\n'
+        'echo "$* commit=$STORYREWRITE_COMMIT git=$(git log -1 --format=%s) held=$COMPARISON_HELD" > comparison.log\n'
         '[ "$1" = -j ] && shift 2\n'
         'mkdir -p "runs/$1" && echo "{}" > "runs/$1/$1-nll-continued.json"\n'
         # Experiments still running in DVC's temporary workspaces (`dvc exp run --temp`'s under
@@ -1268,7 +1389,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
                                 "cpu_wait_time_share 0.25)\ngpu.shared-nll: train_nll on cuda:0 in 98.5 s\n"
                                 "== gpu-rloo-score failed; the end of its log (.dvc/tmp/exps/run/ef/ef.out):\n"
                                 "  Running stage 'train':\n  error: boom\n  ERROR: failed to reproduce 'train'\n"), done.stdout
-    assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234\n"
+    assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234 held=skip\n"
     assert (home / "proj" / "bench.log").read_text() == (
         "--here --name gpu --jobs 3 --parts all --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
     assert set((home / "proj" / "gather.log").read_text().splitlines()) == {"--out runs/gpu --finished"}

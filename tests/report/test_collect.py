@@ -518,6 +518,10 @@ def test_a_damaged_or_missing_blob_is_named(gathered):
     blob.unlink()
     with pytest.raises(InputError, match=r"blobs/[0-9a-f]{64}\.gz: missing \(the gathered folder .* is incomplete\)"):
         run.summary("finetuned")
+    (gathered / ".held").write_text("/elsewhere/hold\n")  # offline/pack.sh HOLD moved it
+    with pytest.raises(InputError, match=r"blobs/[0-9a-f]{64}\.gz: offline/pack.sh moved it to /elsewhere/hold; move it back "
+                                         r"first: HOLD=/elsewhere/hold bash offline/pack.sh restore"):
+        run.summary("finetuned")
 
 
 def test_a_run_whose_params_do_not_name_its_systems_is_named(tmp_path):

@@ -281,6 +281,10 @@ def gather_run(fs, run: dict, out: Path) -> dict:
 def read_blob(root: Path, digest: str) -> bytes:
     path = root / "blobs" / f"{digest}.gz"
     if not path.exists():
+        if (held := root / ".held").exists():  # offline/pack.sh HOLD
+            hold = held.read_text().strip()
+            raise InputError(f"{path}: offline/pack.sh moved it to {hold}; move it back first: "
+                             f"HOLD={hold} bash offline/pack.sh restore")
         raise InputError(f"{path}: missing (the gathered folder {root} is incomplete)")
     data = gzip.decompress(path.read_bytes())
     if hashlib.sha256(data).hexdigest() != digest:
