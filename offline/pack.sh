@@ -97,6 +97,8 @@ for folder in sorted({Path(*path.parts[:2]) for path in travels if path.parts[0]
 for name in sorted(names):  # the collected tables (storyrewrite.report.collect writes experiments.md)
     if Path("reports", name, "experiments.md").is_file():
         moved += [path for path in travels if Path("reports", name) in path.parents]
+if not moved:
+    sys.exit(print("HOLD: nothing to hold (no gathered runs or collected tables travel with the tree)"))
 size = sum(path.stat().st_size for path in moved)
 for path in moved:
     (hold / path).parent.mkdir(parents=True, exist_ok=True)
@@ -155,8 +157,9 @@ done
 bash "$FETCH" "$ROOT/offline/wheels.txt"
 if [ -n "$HOLD" ]; then
   hold_files hold
-  # A pack that stops after this point moves them back.
-  trap 'status=$?; [ $status -eq 0 ] || hold_files restore >&2; exit $status' EXIT
+  [ ! -d "$HOLD" ] || RESTORE="HOLD=$(realpath -m "$HOLD") bash offline/pack.sh restore"
+  # A pack that stops after this point moves back what it held (HOLD exists where it held anything).
+  trap 'status=$?; [ $status -eq 0 ] || [ ! -d "$HOLD" ] || hold_files restore >&2; exit $status' EXIT
 fi
 
 MIB=$((1024 * 1024))
@@ -294,11 +297,10 @@ while read -r folder part; do
 done <<< "$CALLS"
 if [ -n "$JOB" ]; then
   echo "then, until it says done: $POLL 540"
-  [ -z "$HOLD" ] || echo "and once the last poll is unpacked (offline/unpack.sh): HOLD=$(realpath -m "$HOLD") bash offline/pack.sh restore"
+  [ -z "${RESTORE:-}" ] || echo "and once the last poll is unpacked (offline/unpack.sh): $RESTORE"
   exit 0
 fi
-
 echo "  in the command of the last part, add: && bash .device/machine.sh assemble"
 echo "for the benchmarks (offline/job.sh): to the install command add \" && bash offline/job.sh start [BENCH ...]\" and \".device/commit\" to its carry (the training check runs while the parts travel); to the command of the last part add \" && bash offline/job.sh poll 500\"; then bash offline/job.sh poll 540 until it says done"
 echo "or, for the comparison, the same with \"bash offline/job.sh compare -j auto gpu all params/gpu.yaml\" in place of \"start [BENCH ...]\" (all the packages: PACKAGES left unset): each poll brings back runs/gpu (in results.tar.gz), to keep as runs/gpu.<n>/; JOB='compare ...' prints these commands whole"
-[ -z "$HOLD" ] || echo "after the last command: HOLD=$(realpath -m "$HOLD") bash offline/pack.sh restore"
+[ -z "${RESTORE:-}" ] || echo "after the last command: $RESTORE"

@@ -1157,6 +1157,11 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
     assert failed.returncode == 1 and f"moved {len(held)} file(s) back from {hold}" in failed.stderr
     assert not hold.exists() and not (repo / "runs" / "gpu.2" / ".held").exists()
     assert subprocess.run(["git", "status", "--porcelain", "--", "runs", "reports"], cwd=repo, capture_output=True, text=True).stdout == ""
+    (tmp_path / "bare").mkdir()  # a tree with nothing to hold: nothing to move back either
+    kit, bare = _kit_and_repo(tmp_path / "bare")
+    nothing = _pack(bare, kit, CARRY_MIB="10", HOLD=str(hold))
+    assert nothing.returncode == 0, nothing.stderr
+    assert "HOLD: nothing to hold" in nothing.stdout and "restore" not in nothing.stdout and not hold.exists()
 
 
 def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
