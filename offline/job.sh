@@ -137,6 +137,16 @@ run | run-comparison)  # (internal: the detached job)
       # reports/gpu in the tree, the copy's commit bundles to 11.0 MB, 4.2 MB without them).
       git init -q && printf '%s\n' /.device/ /runs/ "/reports/$1/" >> .git/info/exclude && git add -A \
         && git commit -qm "device copy of ${STORYREWRITE_COMMIT:-an unknown commit}" || exit 1
+    elif compgen -G "runs/*/.held" > /dev/null; then
+      # A copy that came with its repository holds in git's objects what offline/pack.sh HOLD kept out
+      # of the tree. Checked out again: DVC's queue would put their deletion in every experiment's
+      # commit, and the collect reads every run. Where that fails, the collect leaves the folders out.
+      if git ls-files -z --deleted -- runs reports | xargs -0 -r git checkout -q HEAD -- 2> /dev/null; then
+        rm -f runs/*/.held
+        echo "== the files offline/pack.sh held: checked out of the copy's repository"
+      else
+        echo "== the files offline/pack.sh held are not in the copy's repository: its held runs are left out of the collect"
+      fi
     fi
     wait_for_packages
     echo "== comparison -j $jobs ${mps[*]:+--mps }$* $(date +%T)"

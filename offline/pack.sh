@@ -25,7 +25,8 @@
 # calls, what travels with every command but no job reads there: the files of the gathered runs
 # (runs/*/) but their manifests, params and stage records (all a comparison's plan reads), and the
 # comparisons' collected tables (reports/NAME/). Each slimmed runs folder gets a `.held` file
-# naming HOLD (scripts/comparison.sh leaves such a folder out of the collect only on the machine).
+# naming HOLD. On the machine, offline/job.sh checks the held files out of the copy's repository
+# where it came with one; else scripts/comparison.sh leaves such a folder out of the collect there.
 # `HOLD=DIR bash offline/pack.sh restore` moves them back.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

