@@ -141,6 +141,8 @@ run | run-comparison)  # (internal: the detached job)
       # A copy that came with its repository holds in git's objects what offline/pack.sh HOLD kept out
       # of the tree. Checked out again: DVC's queue would put their deletion in every experiment's
       # commit, and the collect reads every run. Where that fails, the collect leaves the folders out.
+      # (Their skip-worktree bits, which the pack set so that git there took them for unchanged, go first.)
+      git ls-files -z -v -- runs reports | sed -z -n 's/^S //p' | git update-index --no-skip-worktree -z --stdin
       if git ls-files -z --deleted -- runs reports | xargs -0 -r git checkout -q HEAD -- 2> /dev/null; then
         rm -f runs/*/.held
         echo "== the files offline/pack.sh held: checked out of the copy's repository"

@@ -25,7 +25,8 @@
 # calls, what travels with every command but no job reads there: the files of the gathered runs
 # (runs/*/) but their manifests, params and stage records (all a comparison's plan reads), and the
 # comparisons' collected tables (reports/NAME/). Each slimmed runs folder gets a `.held` file
-# naming HOLD. On the machine, offline/job.sh checks the held files out of the copy's repository
+# naming HOLD, and git takes the held tracked files for unchanged until the restore (its
+# skip-worktree bit). On the machine, offline/job.sh checks the held files out of the copy's repository
 # where it came with one; else scripts/comparison.sh leaves such a folder out of the collect there.
 # `HOLD=DIR bash offline/pack.sh restore` moves them back.
 set -euo pipefail
@@ -34,7 +35,7 @@ HOLD=${HOLD:-}
 # hold_files check|hold|restore: what HOLD's doc above says, in the current folder (check: HOLD only).
 hold_files() {
   "${PYTHON:-python3}" - "$1" "$HOLD" <<'PY'
-import filecmp, json, shutil, subprocess, sys
+import filecmp, json, os, shutil, subprocess, sys
 from pathlib import Path
 
 verb, hold = sys.argv[1], Path(sys.argv[2]).resolve()
@@ -62,6 +63,11 @@ if verb == "restore":
     for marker in Path("runs").glob("*/.held"):
         if marker.read_text().strip() == str(hold):
             marker.unlink()
+    # Tracked again as they are (the hold marked them for git to take as unchanged: see below).
+    back = {os.fsencode(target) for target in targets.values()}
+    flagged = subprocess.run(["git", "ls-files", "-z", "-v", "--", "runs", "reports"], capture_output=True, check=True).stdout
+    if clear := [entry[2:] for entry in flagged.split(b"\0") if entry.startswith(b"S ") and entry[2:] in back]:
+        subprocess.run(["git", "update-index", "--no-skip-worktree", "-z", "--stdin"], input=b"\0".join(clear) + b"\0", check=True)
     prune(hold)
     print(f"moved {len(files)} file(s) back from {hold}")
     sys.exit()
@@ -106,6 +112,12 @@ for path in moved:
     shutil.move(path, hold / path)
 for folder in slimmed:
     (folder / ".held").write_text(f"{hold}\n")
+# git's skip-worktree bit on the held tracked files: git here takes them for unchanged, so that a
+# `git commit -a` or `git add -A` made while they are held does not record their deletion.
+tracked = set(subprocess.run(["git", "ls-files", "-z", "--cached", "--", "runs", "reports"], capture_output=True,
+                             check=True).stdout.split(b"\0"))
+if skip := [name for name in map(os.fsencode, moved) if name in tracked]:
+    subprocess.run(["git", "update-index", "--skip-worktree", "-z", "--stdin"], input=b"\0".join(skip) + b"\0", check=True)
 for top in sorted({Path(*path.parts[:2]) for path in moved}):
     prune(top)
 print(f"held {len(moved)} file(s), {size / 2**20:.1f} MiB, in {hold}: the tables of "

@@ -1124,6 +1124,11 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
     assert Path("runs/gpu.2/exps.bundle") in held and Path("reports/grid/experiments.md") in held
     assert not (repo / "reports" / "gpu").exists() and (repo / "reports" / "stages" / "prepare.json").exists()
     assert (repo / "runs" / "gpu.2" / ".held").read_text() == f"{hold}\n"
+    # git takes the held files for unchanged: a commit of every change records no deletion.
+    status = subprocess.run(["git", "status", "--porcelain", "--", "runs", "reports"], cwd=repo, capture_output=True, text=True)
+    assert status.stdout == "?? runs/gpu.2/.held\n?? runs/grid.1/.held\n", status.stdout
+    skipped = subprocess.run(["git", "ls-files", "-v"], cwd=repo, capture_output=True, text=True).stdout.splitlines()
+    assert {Path(line[2:]) for line in skipped if line.startswith("S ")} == set(held)
     restore = f"HOLD={hold} bash offline/pack.sh restore"
     assert f"and the runs' files no job reads (after the last command: {restore})" in result.stdout
     assert result.stdout.splitlines()[-1] == f"after the last command: {restore}"
@@ -1150,6 +1155,8 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
                           env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
     assert back.returncode == 0 and back.stdout == f"moved {len(held)} file(s) back from {hold}\n", back.stderr
     assert not hold.exists()
+    assert not [line for line in subprocess.run(["git", "ls-files", "-v"], cwd=repo, capture_output=True,
+                                                text=True).stdout.splitlines() if not line.startswith("H ")]
     status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
     assert status == "?? .device/\n" or status == "", status  # (.device/ ignored through .git/info/exclude)
 
@@ -1492,8 +1499,10 @@ def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repo
     subprocess.run([*git, "commit", "-qm", "packed"], cwd=tree, check=True)
     scores = next(path for path in (tree / "runs" / "gpu.2" / "blobs").iterdir()
                   if gzip.decompress(path.read_bytes()) == b"scores")
-    scores.unlink()  # as the pack holds them
+    scores.unlink()  # as the pack holds them, git's index (which came with the copy) marking them skip-worktree
     shutil.rmtree(tree / "reports" / "gpu")
+    held = [str(scores.relative_to(tree)), "reports/gpu/experiments.md"]
+    subprocess.run(["git", "update-index", "--skip-worktree", *held], cwd=tree, check=True)
     (tree / "runs" / "gpu.2" / ".held").write_text("/elsewhere/hold\n")
     (home / "env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH\n")
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "GPU_JOB_INTERVAL": "1"}
