@@ -38,7 +38,8 @@ where its time went; the run's end replaces it. An interim record is held to a t
 its time so far exceeds it (the whole run can but take longer). A comparison that resumes one
 gathered before (runs/NAME or runs/NAME.<n> hold runs at its start: the parts run only the rest)
 names those runs (`settings.gathered_before`) and is held to no target: its wall times are not the
-whole comparison's. `--mps` runs the parts with COMPARISON_MPS=1 (NVIDIA's Multi-Process Service
+whole comparison's. Nor is one that queues only some runs (`--max-runs N`: comparison.sh's `-n N`,
+`settings.max_runs`). `--mps` runs the parts with COMPARISON_MPS=1 (NVIDIA's Multi-Process Service
 for the workers' stages, where its check passes); `settings.mps` says, part by part, whether it ran.
 """
 from __future__ import annotations
@@ -458,6 +459,8 @@ def arguments() -> argparse.ArgumentParser:
                         help="the comparison's parts, run one after the other (default: core cpo)")
     parser.add_argument("--name", default="timed", help="the comparison's name: runs/NAME, reports/NAME (default timed)")
     parser.add_argument("--mps", action="store_true", help="share the GPU through NVIDIA's MPS (COMPARISON_MPS=1)")
+    parser.add_argument("--max-runs", type=int, help="queue at most this many runs a part (comparison.sh -n): the "
+                        "record is held to no target")
     parser.add_argument("--here", action="store_true", help="run in this repository, not in a fresh workspace")
     parser.add_argument("--variant", default="", type=record_name, help="a suffix for the figures file (comparison-VARIANT.json)")
     parser.add_argument("--keep", type=Path, help="the fresh workspace's folder, kept (default: a temporary one, removed)")
@@ -477,6 +480,8 @@ def main() -> None:
         raise SystemExit(f"error: --name {args.name}: reports/{args.name} is the pipeline's own folder; choose another name")
     if args.interim_every < 0:
         raise SystemExit(f"error: --interim-every {args.interim_every:g}: seconds >= 0 (0: no interim record)")
+    if args.max_runs is not None and args.max_runs < 1:
+        raise SystemExit(f"error: --max-runs {args.max_runs}: a whole number >= 1 (leave it out: every run)")
     if args.here and not (ROOT / ".git").exists():
         raise SystemExit("error: --here needs this tree to be a git repository (DVC's experiments are commits)")
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -491,7 +496,10 @@ def main() -> None:
             print(f"== resuming: {len(before)} run(s) gathered before ({', '.join(before)}); the record is held to no "
                   "target", flush=True)
         settings = {"profiles": [str(p) for p in args.profile], "jobs": args.jobs, "parts": args.parts,
-                    **({"gathered_before": before} if before else {}), **({"mps": {}} if args.mps else {})}
+                    **({"gathered_before": before} if before else {}), **({"mps": {}} if args.mps else {}),
+                    **({"max_runs": args.max_runs} if args.max_runs else {})}
+        partial = bool(before) or bool(args.max_runs)  # (held to no target: not the whole comparison's time)
+        limit = ["-n", str(args.max_runs)] if args.max_runs else []
         mps_state = Path(temporary) / "mps-state"
         if args.mps:
             env.update(COMPARISON_MPS="1", COMPARISON_MPS_STATE=str(mps_state))
@@ -516,16 +524,15 @@ def main() -> None:
                        "running": running(repo), "ended": ended(repo, started_at), "failed_parts": list(failed),
                        "steps_s": {part: list(lines) for part, lines in list(steps.items())}}
             write_result(result_name, device, figures, settings,
-                         targets_for(parts, device.type == "cuda", bool(before), elapsed, part_now), quiet=True)
+                         targets_for(parts, device.type == "cuda", partial, elapsed, part_now), quiet=True)
 
         with Sampler(timeline=args.timeline) as sampler, Interim(args.interim_every, interim):
             for part in args.parts:
                 begun, begun_at[part] = time.perf_counter(), time.time()
                 now.update(part=part, begun=begun)
-                print(f"== {part}: scripts/comparison.sh -j {args.jobs} {args.name} {part} {' '.join(map(str, args.profile))}",
-                      flush=True)
-                returncode = run_part(["bash", "scripts/comparison.sh", "-j", str(args.jobs), args.name, part,
-                                       *map(str, args.profile)], repo, env, steps.setdefault(part, []))
+                command = ["bash", "scripts/comparison.sh", "-j", str(args.jobs), *limit, args.name, part, *map(str, args.profile)]
+                print(f"== {part}: {' '.join(command[1:])}", flush=True)
+                returncode = run_part(command, repo, env, steps.setdefault(part, []))
                 parts[part] = round(time.perf_counter() - begun, 1)
                 now.clear()
                 if args.mps:  # (nothing written: one worker, or nothing queued)
@@ -542,11 +549,11 @@ def main() -> None:
     by_stage, overheads = walls["stage_wall_s"], walls["between_stages"]
     figures = {"complete": True, "wall_s": {**parts, "total": total}, **run_figures(walls, ends, started_at, sampler.figures()),
                "failed_parts": failed, "steps_s": steps}
-    write_result(result_name, device, figures, settings, targets_for(parts, device.type == "cuda", bool(before)))
+    write_result(result_name, device, figures, settings, targets_for(parts, device.type == "cuda", partial))
     print(f"{'part':<12} {'wall s':>8}")
     for part, seconds in [*parts.items(), ("total", total)]:
         target = TARGETS_S.get({"total": "all", "core_in_all": "core"}.get(part, part))
-        ratio = f"  {seconds / target:.2f}x of the target {target} s" if device.type == "cuda" and target and not before else ""
+        ratio = f"  {seconds / target:.2f}x of the target {target} s" if device.type == "cuda" and target and not partial else ""
         print(f"{part:<12} {seconds:>8.1f}{ratio}")
     for part, edges in walls["part_edges_s"].items():
         print(f"{part}: {edges['to_first_stage_s']:.1f} s to its first stage, {edges['after_last_stage_s']:.1f} s after its last")

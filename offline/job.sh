@@ -9,9 +9,10 @@
 #       one at a time in the order given (default: training pairs steps nan-fill steps-batch64
 #       steps-others steps-rloo-static generation generation-cudnn generation-static scorer llm startup, the questions still
 #       open first), each into bench-out/BENCH.
-#   bash offline/job.sh compare [-j N] [--mps] NAME PART [PROFILE ...]   the same for
+#   bash offline/job.sh compare [-j N] [-n N] [--mps] NAME PART [PROFILE ...]   the same for
 #       `scripts/comparison.sh -j N NAME PART PROFILE...` (e.g. `compare -j auto gpu all
-#       params/gpu.yaml`: N queue workers share the GPU; `--mps`: through NVIDIA's MPS, where the
+#       params/gpu.yaml`: N queue workers share the GPU; `-n N`: at most N runs queued, those the
+#       machine's time can end; `--mps`: through NVIDIA's MPS, where the
 #       machine allows it, COMPARISON_MPS=1), timed by bench/comparison.py, in a
 #       git repository made of the copy (DVC's experiments need one; its commit names
 #       .device/commit, and so does each gathered run), once the model packages are unpacked.
@@ -94,19 +95,23 @@ start)
   launch "" run "$@" ;;
 compare)
   shift
-  jobs=1 mps=-
-  while [[ ${1:-} == -* ]]; do  # (-j N and --mps in either order)
+  jobs=1 mps=- limit=-
+  while [[ ${1:-} == -* ]]; do  # (-j N, -n N and --mps in any order)
     case $1 in
     -j) [ $# -ge 2 ] || { echo "error: -j needs a value: a whole number >= 1 or auto" >&2; exit 2; }
       jobs=$2
       shift 2 ;;
+    -n) [ $# -ge 2 ] || { echo "error: -n needs a value: a whole number >= 1" >&2; exit 2; }
+      [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "error: -n must be a whole number >= 1, got '$2'" >&2; exit 2; }
+      limit=$2
+      shift 2 ;;
     --mps) mps=--mps
       shift ;;
-    *) echo "error: unknown option '$1' of compare; valid: -j N|auto, --mps" >&2; exit 2 ;;
+    *) echo "error: unknown option '$1' of compare; valid: -j N|auto, -n N, --mps" >&2; exit 2 ;;
     esac
   done
   [[ $jobs =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$jobs'" >&2; exit 2; }
-  [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "usage: bash offline/job.sh compare [-j N] [-n N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; exit 2; }
   [[ $2 =~ ^(core|cpo|all|seeds)$ ]] || { echo "error: PART must be core, cpo, all or seeds, got '$2'" >&2; exit 2; }
   for profile in "${@:3}"; do
     [ -f "$profile" ] || { echo "error: profile $profile not found" >&2; exit 2; }
@@ -116,7 +121,7 @@ compare)
     [ $# -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check --elsewhere "${@:3}" >&2 || exit 2
     exit 0
   fi
-  launch "$1" run-comparison "$jobs" "$mps" "$@" ;;
+  launch "$1" run-comparison "$jobs" "$mps" "$limit" "$@" ;;
 run | run-comparison)  # (internal: the detached job)
   verb=$1
   shift
@@ -126,9 +131,10 @@ run | run-comparison)  # (internal: the detached job)
   [ -f .device/commit ] && export STORYREWRITE_COMMIT=$(cat .device/commit)
   python -m compileall -q src > /dev/null 2>&1 || true  # (every stage imports the project from here: see machine.sh's compile_site)
   if [ "$verb" = run-comparison ]; then
-    jobs=$1 mps=()
+    jobs=$1 mps=() limit=()
     [ "$2" != --mps ] || mps=(--mps)
-    shift 2
+    [ "$3" = - ] || limit=(--max-runs "$3")
+    shift 3
     if [ ! -d .git ]; then  # DVC's experiments are commits of a git repository: one of the copy,
       # without what the calls carried for the install (wheels, model parts), as the checkout ignores it,
       # and without the runs gathered before (runs/, which the plan reads from disk) and this
@@ -151,13 +157,13 @@ run | run-comparison)  # (internal: the detached job)
       fi
     fi
     wait_for_packages
-    echo "== comparison -j $jobs ${mps[*]:+--mps }$* $(date +%T)"
+    echo "== comparison -j $jobs ${limit[*]:+-n ${limit[1]} }${mps[*]:+--mps }$* $(date +%T)"
     # Timed as the whole-comparison bench (bench/comparison.py --here): runs/NAME and reports/NAME
     # as comparison.sh makes them, and reports/bench/comparison.json beside them; the GPU's and
     # the host's load through the whole run, every half second, in bench-out/ (brought back).
     # `all` queues core and the CPO grid at once: the grid fills the workers while RLOO runs.
     # COMPARISON_HELD=skip: runs folders that offline/pack.sh HOLD slimmed serve the plan, not the collect.
-    COMPARISON_HELD=skip python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" "${mps[@]}" \
+    COMPARISON_HELD=skip python bench/comparison.py --here --name "$1" --jobs "$jobs" --parts "$2" "${mps[@]}" "${limit[@]}" \
       --timeline bench-out/comparison-timeline.csv --profile "${@:3}"
     rc=$?
     echo "== end $(date +%T)"

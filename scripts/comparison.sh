@@ -6,7 +6,9 @@
 #   bash scripts/comparison.sh -j 2 grid all                   # the default profile, 2 queue workers
 #
 # Arguments: [-j N|auto] (DVC queue workers, default 1; auto: as many as the cores and the memory
-# hold), NAME (runs/NAME/ and reports/NAME/), PART, then the params profiles to
+# hold), [-n N] (queue at most N of the runs not yet run, in the order below: on a machine whose
+# time is short, some runs end whole rather than all half-run; the same command later queues the
+# rest), NAME (runs/NAME/ and reports/NAME/), PART, then the params profiles to
 # overlay (none: params.yaml as it is). PART: `core` = RLOO on each of the three rewards (queued
 # first: the longest runs), NLL continued, DTO-Score, -Delta, -Score+Delta (with the NLL model, the
 # LLM modes and the copy baselines every run holds); `cpo` = the CPO grid; `all` = both, side by
@@ -24,17 +26,19 @@
 # run at once instead of in turns; where the check fails, it says why and goes on without.
 set -euo pipefail
 
-usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
-JOBS=1
-while getopts "j:" option; do
+usage() { echo "usage: bash scripts/comparison.sh [-j N|auto] [-n N] NAME core|cpo|all|seeds [PROFILE.yaml ...]" >&2; }
+JOBS=1 LIMIT=
+while getopts "j:n:" option; do
   case $option in
   j) JOBS=$OPTARG ;;
+  n) LIMIT=$OPTARG ;;
   *) usage; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
 [ $# -ge 2 ] || { usage; exit 2; }
 [[ $JOBS =~ ^([1-9][0-9]*|auto)$ ]] || { echo "error: -j must be a whole number >= 1 or auto, got '$JOBS'" >&2; exit 2; }
+[[ $LIMIT =~ ^([1-9][0-9]*)?$ ]] || { echo "error: -n must be a whole number >= 1, got '$LIMIT'" >&2; exit 2; }
 NAME=$1 PART=$2 STARTED=$(date +%s)
 shift 2
 [[ ${COMPARISON_MPS:-0} =~ ^[01]$ ]] || { echo "error: COMPARISON_MPS must be 0 or 1, got '$COMPARISON_MPS'" >&2; exit 2; }
@@ -246,7 +250,7 @@ queue() {
 : > "$KEPT/standins"; : > "$KEPT/refused"
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
   python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" --refused "$KEPT/refused" \
-    --runs "$KEPT/runs" > "$KEPT/plan"
+    --runs "$KEPT/runs" ${LIMIT:+--limit "$LIMIT"} > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
 PLANNED=$((PLANNED - $(wc -l < "$KEPT/refused")))  # (a task without an original ending: the runs it cannot serve, named above)
 # The stages every run shares, where several workers will run them first (below), each group an

@@ -263,19 +263,22 @@ def test_interim_records_are_written_while_the_block_runs_and_a_failed_one_is_re
 def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_run_holds_to_no_target(tmp_path, monkeypatch):
     """main() in a workspace whose scripts/comparison.sh (a stand-in) takes a second: records with
     complete false while it runs, then the whole run's, held to core's target on a GPU; with the
-    runs of runs/gpu.2 gathered before, named and held to none."""
+    runs of runs/gpu.2 gathered before, named and held to none; with --max-runs (comparison.sh's
+    -n), held to none either."""
     written = []
     monkeypatch.setattr(comparison, "write_result", lambda name, device, figures, settings, targets, quiet=False:
                         written.append((name, figures, settings, targets, quiet)))
     monkeypatch.setattr(comparison.torch.cuda, "is_available", lambda: True)
-    for resumed in (False, True):
-        repo = tmp_path / f"repo-{resumed}"
+    for case in ("whole", "resumed", "limited"):
+        resumed, limited = case == "resumed", case == "limited"
+        repo = tmp_path / f"repo-{case}"
         (repo / "scripts").mkdir(parents=True)
-        (repo / "scripts" / "comparison.sh").write_text("echo '== planned'; sleep 1; echo '== collected'\n")
+        (repo / "scripts" / "comparison.sh").write_text("echo \"$*\" > args.txt; echo '== planned'; sleep 1; echo '== collected'\n")
         if resumed:
             shutil.copytree(ROOT / "runs" / "gpu.2", repo / "runs" / "gpu.2")
         monkeypatch.setattr(comparison, "workspace", lambda into, repo=repo: repo)
-        monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--parts", "core", "--interim-every", "0.2"])
+        monkeypatch.setattr(sys, "argv", ["comparison.py", "--name", "gpu", "--parts", "core", "--interim-every", "0.2",
+                                          *(["--max-runs", "2"] if limited else [])])
         written.clear()
         comparison.main()
         *interim, (name, figures, settings, targets, quiet) = written
@@ -290,7 +293,9 @@ def test_the_bench_writes_interim_records_then_the_whole_runs_which_a_resumed_ru
         assert all(record[3] == {} for record in interim)  # less than core's target so far
         before = sorted(json.loads(path.read_text())["name"] for path in (ROOT / "runs" / "gpu.2").glob("*.json"))
         assert settings.get("gathered_before") == (before if resumed else None)
-        assert targets == ({} if resumed else {"wall_s.core": {"max": comparison.TARGETS_S["core"]}})
+        assert (repo / "args.txt").read_text() == f"-j auto {'-n 2 ' if limited else ''}gpu core\n"
+        assert settings.get("max_runs") == (2 if limited else None)
+        assert targets == ({} if resumed or limited else {"wall_s.core": {"max": comparison.TARGETS_S["core"]}})
 
 
 def test_with_mps_the_bench_asks_the_comparison_for_it_and_records_part_by_part_whether_it_ran(tmp_path, monkeypatch):

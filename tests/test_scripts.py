@@ -473,6 +473,23 @@ def test_auto_takes_the_worker_count_the_machine_holds_for_the_experiments_the_p
         (tmp_path / "calls.log").unlink()
 
 
+def test_a_run_limit_goes_to_the_plan_and_a_bad_one_is_refused(tmp_path):
+    """`-n N`: the plan queues at most N runs (storyrewrite.report.gather --plan --limit N); a
+    value that is not a whole number >= 1 is refused before anything runs."""
+    result, calls = _run(tmp_path, "-n", "2", "gpu", "core", "params/gpu.yaml")
+    assert result.returncode == 0, result.stderr
+    planning = [c for c in calls if c.startswith("python -m storyrewrite.report.gather --plan")]
+    assert len(planning) == 1 and planning[0].endswith(" --limit 2"), planning
+    (tmp_path / "calls.log").unlink()
+    unlimited = next(c for c in _run(tmp_path, "gpu", "core")[1] if c.startswith("python -m storyrewrite.report.gather --plan"))
+    assert "--limit" not in unlimited
+    for bad in ("0", "two"):
+        (tmp_path / "calls.log").unlink(missing_ok=True)
+        refused, calls = _run(tmp_path, "-n", bad, "gpu", "core")
+        assert refused.returncode == 2 and f"error: -n must be a whole number >= 1, got '{bad}'" in refused.stderr
+        assert calls == []
+
+
 def test_every_run_of_the_gpu_comparisons_sweeps_is_a_valid_setting(tmp_path):
     """Each run of each sweep (every part), expanded as DVC expands `-S` sweeps and applied on
     top of the GPU profile, gives params that validate, with a registered objective the task can
@@ -1226,8 +1243,9 @@ def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_
     fetch = tmp_path / "fetch.sh"  # a fetch that leaves a mark: never reached
     fetch.write_text(f"touch {tmp_path / 'fetched'}; exit 1\n")
     for bad, message in [("compare -j 0 gpu all", "error: -j must be a whole number >= 1 or auto, got '0'"),
+                         ("compare -n 0 gpu all", "error: -n must be a whole number >= 1, got '0'"),
                          ("compare gpu most", "error: PART must be core, cpo, all or seeds, got 'most'"),
-                         ("compare gpu", "usage: bash offline/job.sh compare [-j N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]"),
+                         ("compare gpu", "usage: bash offline/job.sh compare [-j N] [-n N] [--mps] NAME core|cpo|all|seeds [PROFILE.yaml ...]"),
                          ("compare gpu all params/none.yaml", "error: profile params/none.yaml not found"),
                          ("compare gpu all bad.yaml", "bad.yaml:3: `cpo.beta` = -4"),
                          ("start stepz", "no bench 'stepz'; valid: training"),
@@ -1374,7 +1392,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
 
     usage = job("compare", "gpu")
-    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [--mps] NAME" in usage.stderr
+    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [-n N] [--mps] NAME" in usage.stderr
     missing = job("compare", "gpu", "all", "params/gpux.yaml")
     assert missing.returncode == 2 and "error: profile params/gpux.yaml not found" in missing.stderr
     workers = job("compare", "-j", "0", "gpu", "all", "params/gpu.yaml")
@@ -1527,9 +1545,10 @@ def test_the_gpu_job_checks_the_held_files_out_of_a_copy_that_came_with_its_repo
             assert "== the files offline/pack.sh held are not in the copy's repository" in log
 
 
-def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
-    """`offline/job.sh compare -j N --mps ...`: checked as pack.sh checks a job, then the bench runs
-    with `--mps` (COMPARISON_MPS=1 for the comparison); without it, the bench's command has none."""
+def test_the_gpu_job_passes_mps_and_its_run_limit_to_the_comparison_bench(tmp_path):
+    """`offline/job.sh compare -j N [-n N] --mps ...`: checked as pack.sh checks a job, then the
+    bench runs with `--mps` (COMPARISON_MPS=1 for the comparison) and `--max-runs N`; without
+    them, the bench's command has neither."""
     # The bench: it logs its arguments, and prints the comparison's MPS line, then more than a poll shows of the log.
     home, out, tree = _job_tree(tmp_path, "import sys\nopen('bench.log', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
                                 "if '--mps' in sys.argv:\n    print(\"== NVIDIA's MPS: on, for this comparison's workers (/tmp/x)\")\n"
@@ -1544,16 +1563,19 @@ def test_the_gpu_job_passes_mps_to_the_comparison_bench(tmp_path):
 
     assert job("compare", "-j", "2", "--mps", "gpu", "core", GPU_JOB_CHECK="1").returncode == 0
     usage = job("compare", "-j", "2", "--mps", "gpu", GPU_JOB_CHECK="1")
-    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [--mps] NAME" in usage.stderr
+    assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [-n N] [--mps] NAME" in usage.stderr
     for args, error in ((["--mps", "-j"], "error: -j needs a value"), (["-J", "2", "gpu", "core"], "error: unknown option '-J' of compare"),
                         (["--mps", "-j", "gpu", "core"], "error: -j must be a whole number >= 1 or auto, got 'gpu'")):
         refused = job("compare", *args, GPU_JOB_CHECK="1")
         assert refused.returncode == 2 and refused.stderr.startswith(error), refused.stderr
-    for args, flag in ((["--mps", "-j", "2"], " --mps"), (["-j", "2"], "")):
+    refused = job("compare", "-n", "two", "gpu", "core", GPU_JOB_CHECK="1")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: -n must be a whole number >= 1, got 'two'")
+    for args, flag, limit in ((["--mps", "-j", "2"], " --mps", ""), (["-j", "2"], "", ""), (["-n", "2", "-j", "2"], "", " -n 2")):
         done = _compared(job, home, *args, "gpu", "core", "params/gpu.yaml")
-        assert (home / "proj" / "bench.log").read_text() == (
-            f"--here --name gpu --jobs 2 --parts core{flag} --timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
-        assert f"== comparison -j 2{flag} gpu core params/gpu.yaml" in (out / "log.txt").read_text()
+        bench_limit = limit.replace("-n", "--max-runs")
+        assert (home / "proj" / "bench.log").read_text() == (f"--here --name gpu --jobs 2 --parts core{flag}{bench_limit} "
+                                                             "--timeline bench-out/comparison-timeline.csv --profile params/gpu.yaml\n")
+        assert f"== comparison -j 2{limit}{flag} gpu core params/gpu.yaml" in (out / "log.txt").read_text()
         # The poll's account: the MPS line once, though the log's last 40 lines have left it behind.
         mps_line = "== NVIDIA's MPS: on, for this comparison's workers (/tmp/x)"
         assert done.stdout.count(mps_line) == (1 if flag else 0) and "line 49" in done.stdout and "line 9\n" not in done.stdout

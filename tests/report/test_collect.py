@@ -942,7 +942,7 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
         entry("waiting", run(device="cuda", objective="cpo", cpo__beta=2, cpo__lambda=1), "queued"),
         entry("broke", run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=1), "failed")]}]
     gathered = [run(device="cuda", objective="cpo", cpo__beta=0.1, cpo__lambda=2)]
-    calls, stand_ins, left_out, refused, queued = plan([cpo, dto], params_file, exp_show, gathered)
+    calls, stand_ins, left_out, refused, queued, _ = plan([cpo, dto], params_file, exp_show, gathered)
     assert (stand_ins, left_out, refused, queued) == (["done", "waiting"], 3, [], 3 + 2)
     # 0.1 x 1 failed here: queued again; 0.1 x 2 was gathered; 0.5 x 2 and 2 x 1 are here.
     expected = [["device=cuda", "objective=cpo", f"cpo.beta={beta}", f"cpo.lambda={lam}"]
@@ -975,7 +975,7 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
     # continued, DTO-Score, RLOO on the score reward; the rest is named, not queued to fail.
     core = [["task=art", "objective=rloo", "rl.reward=score,delta,score_delta"], ["task=art", "objective=nll,score,delta,score_delta"],
             ["task=art", "objective=cpo", "cpo.beta=0.1,0.5", "cpo.lambda=1"]]
-    calls, stand_ins, left_out, refused, queued = plan(core, params_file, [], [])
+    calls, stand_ins, left_out, refused, queued, _ = plan(core, params_file, [], [])
     assert calls == [["task=art", "objective=rloo", "rl.reward=score"], ["task=art", "objective=nll"], ["task=art", "objective=score"]]
     assert (stand_ins, left_out, queued) == ([], 0, 3) and refused == [
         "rloo (rl.reward=delta) on art", "rloo (rl.reward=score_delta) on art", "delta on art", "score_delta on art",
@@ -997,6 +997,38 @@ def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_p
         gather(["--json", str(show), "--plan"])
 
 
+def test_a_plan_with_a_limit_queues_the_first_runs_and_leaves_the_rest_to_the_next(tmp_path, monkeypatch, capsys):
+    """--limit N: at most N runs queued, the first in the sweeps' order (core's RLOO runs first);
+    made again once those ran, the same plan queues the next ones; a limit above the runs left
+    changes nothing."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((ROOT / "params.yaml").read_text())
+    core = [["objective=rloo", "rl.reward=score,delta,score_delta"], ["objective=nll,score,delta,score_delta"]]
+    one = lambda *words: list(words)  # noqa: E731
+    assert plan(core, params_file, [], [], limit=2) == (
+        [one("objective=rloo", "rl.reward=score"), one("objective=rloo", "rl.reward=delta")], [], 0, [], 2, 5)
+    ran = [params for call in plan(core, params_file, [], [], limit=2).calls for _, params in sweep_runs(call, params_file)]
+    assert plan(core, params_file, [], ran, limit=2) == (
+        [one("objective=rloo", "rl.reward=score_delta"), one("objective=nll")], [], 2, [], 2, 3)
+    assert plan(core, params_file, [], ran, limit=4) == (
+        [one("objective=rloo", "rl.reward=score_delta"), one("objective=nll"), one("objective=score"), one("objective=delta")],
+        [], 2, [], 4, 1)
+    assert plan(core, params_file, [], [], limit=7) == plan(core, params_file, [], []) == (core, [], 0, [], 7, 0)
+
+    show = tmp_path / "show.json"
+    show.write_text("[]")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(" ".join(f"-S {w}" for w in sweep) + "\n" for sweep in core)))
+    gather(["--json", str(show), "--plan", "--limit", "1", "--runs", "runs"])
+    out, err = capsys.readouterr()
+    assert out == "-S objective=rloo -S rl.reward=score\n" and (tmp_path / "runs").read_text() == "1\n"
+    assert err == ("6 run(s) of these sweeps left for a later command (at most 1 queued): the same command queues them "
+                   "once these ran\n")
+    with pytest.raises(SystemExit):
+        gather(["--json", str(show), "--plan", "--limit", "0"])
+    assert "--limit: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
 def test_the_gpu_runs_gathered_before_are_not_planned_again():
     """The GPU comparison gathered four runs into runs/gpu.2 (NLL continued, DTO-Score, -Delta,
     -Score+Delta): planned again with the GPU profile's overrides, core's DTO sweep leaves all
@@ -1014,7 +1046,7 @@ def test_the_gpu_runs_gathered_before_are_not_planned_again():
     words = [word for word in overrides if word != "-S"]
     gathered = gathered_params([ROOT / "runs" / "gpu.2"])
     assert sorted(params["objective"] for params in gathered) == ["delta", "nll", "score", "score_delta"]
-    assert plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [], gathered) == ([], [], 4, [], 0)
+    assert plan([[*words, "objective=nll,score,delta,score_delta"]], ROOT / "params.yaml", [], gathered) == ([], [], 4, [], 0, 0)
 
 
 class _ScoredRun:

@@ -182,9 +182,11 @@ class Plan(NamedTuple):
     left_out: int  # runs left out as run (or queued) before
     refused: list[str]  # the objective of each run left out for its task
     queued: int  # runs the calls queue
+    deferred: int = 0  # runs left for a later plan by its limit
 
 
-def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathered: list[dict]) -> Plan:
+def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathered: list[dict],
+         limit: int | None = None) -> Plan:
     """What to queue of `sweeps` (each the `key=value` words of one `dvc exp run --queue` call),
     leaving out each run whose params equal those of one gathered before (params dicts), of one
     here that finished, runs or is queued (`dvc exp show --json` output), or of one planned before
@@ -192,13 +194,16 @@ def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathe
     runs what ART can). Returns the words of each call to make: a sweep as given where it leaves
     nothing out, else each of its runs to queue on its own; the names of the experiments here that
     stand in for runs left out; how many runs it left out as run before; the objectives of
-    those left out for their task, one a run; and how many runs the calls queue.
+    those left out for their task, one a run; how many runs the calls queue; and how many
+    `limit` left for a later plan: it queues at most that many runs, the first in the sweeps'
+    order (a machine whose time is short lands some runs whole, not all of them half-run; the
+    same plan made again once they are gathered queues the rest).
 
     scripts/comparison.sh queues the sweeps while queue workers run, and a worker takes a queued
     experiment at once: a duplicate has to be left out before it is queued, not removed after."""
     here = named_by_params(listed(exp_show), (None, "running", "queued"))
     seen = {params_key(params) for params in gathered}
-    calls, stand_ins, left_out, refused, queued = [], [], 0, [], 0
+    calls, stand_ins, left_out, refused, queued, deferred = [], [], 0, [], 0, 0
     for settings in sweeps:
         runs, served, kept = sweep_runs(settings, params_file), [], []
         for words, params in runs:
@@ -213,10 +218,13 @@ def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathe
             elif key not in seen:
                 kept.append(words)
             seen.add(key)
-        calls += [settings] if len(kept) == len(runs) else kept
         left_out += len(served) - len(kept)
+        if limit is not None and queued + len(kept) > limit:
+            deferred += queued + len(kept) - limit
+            kept = kept[:limit - queued]
+        calls += [settings] if len(kept) == len(runs) else kept
         queued += len(kept)
-    return Plan(calls, sorted(set(stand_ins)), left_out, refused, queued)
+    return Plan(calls, sorted(set(stand_ins)), left_out, refused, queued, deferred)
 
 
 def sweep_settings(line: str, where: str) -> list[str]:
@@ -347,6 +355,13 @@ def leave_queue(names: list[str]) -> list[str]:
     return [name for name in names if subprocess.run([*command, name], capture_output=True).returncode != 0]
 
 
+def _at_least_one(value: str) -> int:
+    """A whole number >= 1 (argparse's type for --limit)."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
 def main(argv: list[str] | None = None) -> None:
     from dvc.api import DVCFileSystem
 
@@ -376,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
                         "for runs left out (scripts/comparison.sh's `-j auto` counts its workers by it)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="with --plan: the params file the "
                         "sweeps change (default: params.yaml)")
+    parser.add_argument("--limit", type=_at_least_one, metavar="N", help="with --plan: queue at most N runs, the first "
+                        "in the sweeps' order; the same plan made again once they ran queues the rest")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
     args = parser.parse_args(argv)
@@ -394,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
         sweeps = [sweep_settings(line, f"stdin, line {number}") for number, line in enumerate(sys.stdin, 1) if line.strip()]
         if not args.params.is_file():
             raise InputError(f"--params {args.params}: no such file")
-        calls, stand_ins, left_out, refused, queued = plan(sweeps, args.params, exp_show, gathered_params(args.plan))
+        calls, stand_ins, left_out, refused, queued, deferred = plan(sweeps, args.params, exp_show,
+                                                                     gathered_params(args.plan), args.limit)
         if args.runs is not None:
             states = {run["name"]: run["state"] for run in listed(exp_show)}
             waiting = sum(states.get(name) in ("queued", "running") for name in stand_ins)
@@ -413,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
             named = ", ".join(f"{label} ×{n}" if n > 1 else label for label, n in Counter(refused).items())
             print(f"{len(refused)} run(s) of these sweeps need the original ending, which their task does not have: "
                   f"not queued ({named})", file=sys.stderr)
+        if deferred:
+            print(f"{deferred} run(s) of these sweeps left for a later command (at most {args.limit} queued): the same "
+                  "command queues them once these ran", file=sys.stderr)
         for call in calls:
             print(" ".join(f"-S {word}" for word in call))
         return
