@@ -476,13 +476,17 @@ def test_auto_takes_the_worker_count_the_machine_holds_for_the_experiments_the_p
 def test_a_run_limit_goes_to_the_plan_and_a_bad_one_is_refused(tmp_path):
     """`-n N`: the plan queues at most N runs (storyrewrite.report.gather --plan --limit N); a
     value that is not a whole number >= 1 is refused before anything runs."""
-    result, calls = _run(tmp_path, "-n", "2", "gpu", "core", "params/gpu.yaml")
+    left = "5 run(s) of these sweeps left for a later command (at most 2 queued): the same command queues them once these ran"
+    result, calls = _run(tmp_path, "-n", "2", "gpu", "core", "params/gpu.yaml", plan=f"echo '{left}' >&2; cat")
     assert result.returncode == 0, result.stderr
     planning = [c for c in calls if c.startswith("python -m storyrewrite.report.gather --plan")]
     assert len(planning) == 1 and planning[0].endswith(" --limit 2"), planning
+    # Said as the plan is made, and again at the very end (where a poll's tail of the log reads it).
+    assert left in result.stderr and result.stdout.splitlines()[-1] == f"== {left}"
     (tmp_path / "calls.log").unlink()
-    unlimited = next(c for c in _run(tmp_path, "gpu", "core")[1] if c.startswith("python -m storyrewrite.report.gather --plan"))
-    assert "--limit" not in unlimited
+    result, calls = _run(tmp_path, "gpu", "core")
+    unlimited = next(c for c in calls if c.startswith("python -m storyrewrite.report.gather --plan"))
+    assert "--limit" not in unlimited and result.stdout.splitlines()[-1].startswith("== collected")
     for bad in ("0", "two"):
         (tmp_path / "calls.log").unlink(missing_ok=True)
         refused, calls = _run(tmp_path, "-n", bad, "gpu", "core")
