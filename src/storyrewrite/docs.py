@@ -395,7 +395,8 @@ def gpu_speed() -> str:
     if not by_device:
         return "No GPU figure yet: `bash scripts/gpu_bench.sh` measures them ([docs/gpu.md](docs/gpu.md))."
     return "\n\n".join(f"On one {where}: " + "; ".join(parts) + "." for where, parts in by_device.items()) \
-        + " Every figure, with its command and machine: [docs/benchmarks.md](docs/benchmarks.md)."
+        + (" Each target is the one its record was measured against, at that commit; every figure, with its command "
+           "and machine: [docs/benchmarks.md](docs/benchmarks.md).")
 
 
 def test_durations() -> str:
