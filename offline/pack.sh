@@ -50,6 +50,11 @@ def prune(top: Path) -> None:  # the empty folders under top, top included
         top.rmdir()
 
 
+def listed(*which: str) -> set[bytes]:  # git ls-files' names under runs/ and reports/
+    return set(subprocess.run(["git", "ls-files", "-z", *which, "--", "runs", "reports"], capture_output=True,
+                              check=True).stdout.split(b"\0")) - {b""}
+
+
 if verb == "restore":
     files = sorted(path for path in hold.rglob("*") if path.is_file()) if hold.is_dir() else []
     if not files:
@@ -65,8 +70,7 @@ if verb == "restore":
             marker.unlink()
     # Tracked again as they are (the hold marked them for git to take as unchanged: see below).
     back = {os.fsencode(target) for target in targets.values()}
-    flagged = subprocess.run(["git", "ls-files", "-z", "-v", "--", "runs", "reports"], capture_output=True, check=True).stdout
-    if clear := [entry[2:] for entry in flagged.split(b"\0") if entry.startswith(b"S ") and entry[2:] in back]:
+    if clear := [entry[2:] for entry in listed("-v") if entry.startswith(b"S ") and entry[2:] in back]:
         subprocess.run(["git", "update-index", "--no-skip-worktree", "-z", "--stdin"], input=b"\0".join(clear) + b"\0", check=True)
     prune(hold)
     print(f"moved {len(files)} file(s) back from {hold}")
@@ -77,10 +81,10 @@ if hold.is_dir() and any(path.is_file() for path in hold.rglob("*")):
     sys.exit(f"error: HOLD={hold} holds the files of an earlier pack: move them back first: {restore}")
 if verb == "check":
     sys.exit()
-# What travels (as pack.sh's tree size counts it) under runs/ and reports/.
-listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "runs", "reports"],
-                         capture_output=True, check=True).stdout.split(b"\0")
-travels = {Path(name.decode()) for name in listing if name and Path(name.decode()).is_file()}
+# What travels (as pack.sh's tree size counts it) under runs/ and reports/: what git tracks, and the
+# files it does not ignore.
+tracked = listed("--cached")
+travels = {Path(name.decode()) for name in tracked | listed("--others", "--exclude-standard") if Path(name.decode()).is_file()}
 moved, slimmed, names = [], [], set()
 for folder in sorted({Path(*path.parts[:2]) for path in travels if path.parts[0] == "runs" and len(path.parts) > 2}):
     try:
@@ -114,8 +118,6 @@ for folder in slimmed:
     (folder / ".held").write_text(f"{hold}\n")
 # git's skip-worktree bit on the held tracked files: git here takes them for unchanged, so that a
 # `git commit -a` or `git add -A` made while they are held does not record their deletion.
-tracked = set(subprocess.run(["git", "ls-files", "-z", "--cached", "--", "runs", "reports"], capture_output=True,
-                             check=True).stdout.split(b"\0"))
 if skip := [name for name in map(os.fsencode, moved) if name in tracked]:
     subprocess.run(["git", "update-index", "--skip-worktree", "-z", "--stdin"], input=b"\0".join(skip) + b"\0", check=True)
 for top in sorted({Path(*path.parts[:2]) for path in moved}):
