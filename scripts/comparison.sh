@@ -250,7 +250,7 @@ queue() {
 : > "$KEPT/standins"; : > "$KEPT/refused"
 for sweep in "${SWEEPS[@]}"; do echo "${OVERRIDES[*]} $sweep"; done |
   python -m storyrewrite.report.gather --plan $(folders) --stand-ins "$KEPT/standins" --refused "$KEPT/refused" \
-    --runs "$KEPT/runs" ${LIMIT:+--limit "$LIMIT"} > "$KEPT/plan" 2> >(tee "$KEPT/plan.err" >&2)
+    --runs "$KEPT/runs" ${LIMIT:+--limit "$LIMIT" --deferred "$KEPT/deferred"} > "$KEPT/plan"
 mapfile -t PLAN < <(grep . "$KEPT/plan" || true)
 PLANNED=$((PLANNED - $(wc -l < "$KEPT/refused")))  # (a task without an original ending: the runs it cannot serve, named above)
 # The stages every run shares, where several workers will run them first (below), each group an
@@ -380,5 +380,5 @@ echo "== collecting reports/$NAME from ${FOLDERS[*]} ($(date -u +%H:%M:%S))"
 python -m storyrewrite.report.collect "${FOLDERS[@]}" --out "reports/$NAME" --title "$NAME (${*:-params.yaml})" || FAILED=1
 echo "== collected ($(date -u +%H:%M:%S))"
 # -n N: the runs left for a later command, said again at the end, where a poll's tail reads it.
-[ ! -f "$KEPT/plan.err" ] || sed -n 's/^\([0-9]* run(s) of these sweeps left for a later command.*\)$/== \1/p' "$KEPT/plan.err"
+[ ! -s "$KEPT/deferred" ] || echo "== $(cat "$KEPT/deferred")"
 exit $FAILED

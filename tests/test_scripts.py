@@ -477,10 +477,13 @@ def test_a_run_limit_goes_to_the_plan_and_a_bad_one_is_refused(tmp_path):
     """`-n N`: the plan queues at most N runs (storyrewrite.report.gather --plan --limit N); a
     value that is not a whole number >= 1 is refused before anything runs."""
     left = "5 run(s) of these sweeps left for a later command (at most 2 queued): the same command queues them once these ran"
-    result, calls = _run(tmp_path, "-n", "2", "gpu", "core", "params/gpu.yaml", plan=f"echo '{left}' >&2; cat")
+    # The plan, as gather's: the line on stderr, and in the file --deferred names.
+    deferred = ('for ((i = 1; i <= $#; i++)); do if [ "${!i}" = --deferred ]; then j=$((i + 1)); '
+                f'echo "{left}" > "${{!j}}"; fi; done; echo "{left}" >&2; cat')
+    result, calls = _run(tmp_path, "-n", "2", "gpu", "core", "params/gpu.yaml", plan=deferred)
     assert result.returncode == 0, result.stderr
     planning = [c for c in calls if c.startswith("python -m storyrewrite.report.gather --plan")]
-    assert len(planning) == 1 and planning[0].endswith(" --limit 2"), planning
+    assert len(planning) == 1 and re.search(r" --limit 2 --deferred \S+/deferred$", planning[0]), planning
     # Said as the plan is made, and again at the very end (where a poll's tail of the log reads it).
     assert left in result.stderr and result.stdout.splitlines()[-1] == f"== {left}"
     (tmp_path / "calls.log").unlink()

@@ -1019,11 +1019,14 @@ def test_a_plan_with_a_limit_queues_the_first_runs_and_leaves_the_rest_to_the_ne
     show.write_text("[]")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(" ".join(f"-S {w}" for w in sweep) + "\n" for sweep in core)))
-    gather(["--json", str(show), "--plan", "--limit", "1", "--runs", "runs"])
+    gather(["--json", str(show), "--plan", "--limit", "1", "--runs", "runs", "--deferred", "deferred"])
     out, err = capsys.readouterr()
     assert out == "-S objective=rloo -S rl.reward=score\n" and (tmp_path / "runs").read_text() == "1\n"
     assert err == ("6 run(s) of these sweeps left for a later command (at most 1 queued): the same command queues them "
-                   "once these ran\n")
+                   "once these ran\n") == (tmp_path / "deferred").read_text()
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(" ".join(f"-S {w}" for w in sweep) + "\n" for sweep in core)))
+    gather(["--json", str(show), "--plan", "--limit", "7", "--deferred", "deferred"])  # nothing left for later
+    assert (tmp_path / "deferred").read_text() == "" and capsys.readouterr().err == ""
     with pytest.raises(SystemExit):
         gather(["--json", str(show), "--plan", "--limit", "0"])
     assert "--limit: must be a whole number >= 1, got '0'" in capsys.readouterr().err

@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
                         "sweeps change (default: params.yaml)")
     parser.add_argument("--limit", type=_at_least_one, metavar="N", help="with --plan: queue at most N runs, the first "
                         "in the sweeps' order; the same plan made again once they ran queues the rest")
+    parser.add_argument("--deferred", type=Path, help="with --plan: write here the line saying how many runs --limit "
+                        "left for a later command (empty: none)")
     parser.add_argument("--rev", help="the experiments derived from this commit (default: HEAD)")
     parser.add_argument("--json", type=Path, help="saved `dvc exp show --json` output (default: run it)")
     args = parser.parse_args(argv)
@@ -431,9 +433,13 @@ def main(argv: list[str] | None = None) -> None:
             named = ", ".join(f"{label} ×{n}" if n > 1 else label for label, n in Counter(refused).items())
             print(f"{len(refused)} run(s) of these sweeps need the original ending, which their task does not have: "
                   f"not queued ({named})", file=sys.stderr)
-        if deferred:
-            print(f"{deferred} run(s) of these sweeps left for a later command (at most {args.limit} queued): the same "
-                  "command queues them once these ran", file=sys.stderr)
+        later = (f"{deferred} run(s) of these sweeps left for a later command (at most {args.limit} queued): the same "
+                 "command queues them once these ran") if deferred else ""
+        if args.deferred is not None:
+            with atomic_path(args.deferred) as tmp:
+                tmp.write_text(later + "\n" if later else "", encoding="utf-8")
+        if later:
+            print(later, file=sys.stderr)
         for call in calls:
             print(" ".join(f"-S {word}" for word in call))
         return
