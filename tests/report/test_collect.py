@@ -1014,6 +1014,10 @@ def test_a_plan_with_a_limit_queues_the_first_runs_and_leaves_the_rest_to_the_ne
         [one("objective=rloo", "rl.reward=score_delta"), one("objective=nll"), one("objective=score"), one("objective=delta")],
         [], 2, [], 4, 1)
     assert plan(core, params_file, [], [], limit=7) == plan(core, params_file, [], []) == (core, [], 0, [], 7, 0)
+    # A run that repeats one left for later is left for later too, not counted as run before.
+    again = [["objective=rloo", "rl.reward=score,delta"], ["objective=rloo", "rl.reward=delta"]]
+    assert plan(again, params_file, [], [], limit=1) == ([one("objective=rloo", "rl.reward=score")], [], 0, [], 1, 2)
+    assert plan(again, params_file, [], [], limit=2) == ([again[0]], [], 1, [], 2, 0)
 
     show = tmp_path / "show.json"
     show.write_text("[]")

@@ -203,25 +203,27 @@ def plan(sweeps: list[list[str]], params_file: Path, exp_show: list[dict], gathe
     experiment at once: a duplicate has to be left out before it is queued, not removed after."""
     here = named_by_params(listed(exp_show), (None, "running", "queued"))
     seen = {params_key(params) for params in gathered}
+    later: set[str] = set()  # the params of the runs the limit left for later
     calls, stand_ins, left_out, refused, queued, deferred = [], [], 0, [], 0, 0
     for settings in sweeps:
-        runs, served, kept = sweep_runs(settings, params_file), [], []
+        runs, kept = sweep_runs(settings, params_file), []
         for words, params in runs:
+            key = params_key(params)
             if (objective := unserved(params)) is not None:
                 refused.append(objective)
-            else:
-                served.append((words, params))
-        for words, params in served:
-            key = params_key(params)
-            if key in here:
+            elif key in here:
                 stand_ins.append(here[key])
-            elif key not in seen:
+                left_out += 1
+            elif key in later:  # (a later plan queues it once, as it leaves the repeat out)
+                deferred += 1
+            elif key in seen:
+                left_out += 1
+            elif limit is not None and queued + len(kept) >= limit:
+                later.add(key)
+                deferred += 1
+            else:
                 kept.append(words)
-            seen.add(key)
-        left_out += len(served) - len(kept)
-        if limit is not None and queued + len(kept) > limit:
-            deferred += queued + len(kept) - limit
-            kept = kept[:limit - queued]
+                seen.add(key)
         calls += [settings] if len(kept) == len(runs) else kept
         queued += len(kept)
     return Plan(calls, sorted(set(stand_ins)), left_out, refused, queued, deferred)
