@@ -106,6 +106,16 @@ def parse_story(record: dict, where: str) -> Story:
     )
 
 
+def story_input(record: dict, task: str, where: str) -> dict[str, str]:
+    """The model input fields of `task` in a story of one's own (storyrewrite.rewrite), each a
+    string or a list of sentences, as one string each; other fields are left out."""
+    fields = TASK_INPUT_FIELDS[task]
+    if missing := [field for field in fields if field not in record]:
+        raise InputError(f"{where}: missing field(s) {', '.join(f'`{f}`' for f in missing)}; a `{task}` story has "
+                         f"{', '.join(f'`{f}`' for f in fields)}")
+    return {field: _sentences(record[field], field, where) for field in fields}
+
+
 def parse_art_row(record: dict, where: str) -> ArtRow:
     return ArtRow(**{field: _text(record, field, where) for field in ("story_id", "obs1", "obs2", "hyp1", "hyp2")})
 

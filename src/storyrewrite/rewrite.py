@@ -1,0 +1,124 @@
+"""Rewrite stories of your own with a trained model: the edited ending of each.
+
+    python -m storyrewrite.rewrite models/finetuned --premise "..." --initial "..." \\
+        --original-ending "..." --counterfactual "..."
+    python -m storyrewrite.rewrite models/finetuned --stories mine.jsonl --out rewrites.jsonl
+
+MODEL is a trained model's folder: `models/nll`, `models/finetuned` (an experiment's after `dvc
+exp apply`), or any seq2seq or causal LM in `save_pretrained` form. A story gives the input
+fields of params.yaml's `task`, the task the model was trained on (timetravel: premise, initial,
+original_ending, counterfactual; art: premise, hypothesis_1, hypothesis_2), each a string or a
+list of sentences as in TimeTravel's release. A line of --stories is one story, a JSON object,
+with an optional `id` (default: its line number). The model decodes as the `generate` stage
+does, with params.yaml's `generate` settings (greedy or beam search, batch size, dtype, cache),
+`models.max_input_tokens`, `device` and `seed`; `-S key=value` overrides any of them, as `dvc exp
+run -S` does. A story given by its fields prints its ending; --stories writes a line {"id": ...,
+"prediction": ...} a story, in the file's order, to --out (standard output without it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from storyrewrite.data.schema import TASK_INPUT_FIELDS, story_input
+from storyrewrite.io import InputError, read_jsonl, run_cli, write_jsonl_atomic
+from storyrewrite.params import Params, load_yaml, with_overrides
+
+# Every task's input fields, each once: a flag each (--original-ending, --hypothesis-1, ...).
+FIELDS = tuple(dict.fromkeys(field for fields in TASK_INPUT_FIELDS.values() for field in fields))
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def stories_from(path: Path, task: str) -> list[tuple[object, dict]]:
+    """(id as given, the story's input fields) of each line of a JSON Lines file; a line with no
+    `id` is named by its line number."""
+    stories, lines = [], {}
+    for line, record in read_jsonl(path):
+        where, story_id = f"{path}:{line}", record.get("id", line)
+        if isinstance(story_id, bool) or not isinstance(story_id, str | int):
+            raise InputError(f"{where}: field `id` must be a string or a whole number, got {json.dumps(story_id)}")
+        if str(story_id) in lines:
+            raise InputError(f"{where}: id {json.dumps(story_id)} is that of line {lines[str(story_id)]} too (a line "
+                             "without an `id` is named by its line number); each story needs its own")
+        lines[str(story_id)] = line
+        stories.append((story_id, story_input(record, task, where)))
+    if not stories:
+        raise InputError(f"{path}: no story in it (one JSON object a line)")
+    return stories
+
+
+def story_from_flags(given: dict[str, str], task: str) -> dict:
+    """The story of the command line's field flags (`given`: field -> text)."""
+    fields = TASK_INPUT_FIELDS[task]
+    wanted = " ".join(flag(field) for field in fields)
+    if other := [field for field in given if field not in fields]:
+        raise InputError(f"{', '.join(map(flag, other))}: not a field of a `{task}` story (params `task`); its fields: {wanted}")
+    if missing := [field for field in fields if field not in given]:
+        raise InputError(f"missing {', '.join(map(flag, missing))}: a `{task}` story (params `task`) has {wanted}")
+    return story_input(given, task, "the command line")
+
+
+def rewrite(model: Path, stories: list[dict], params: Params) -> list[str]:
+    """The ending the model at `model` writes for each of `stories` (each its `task` input fields),
+    decoded by the `generate` stage's own function with `params`' settings."""
+    from storyrewrite.generation.generate import generate_predictions
+    from storyrewrite.models.device import resolve_device
+    from storyrewrite.models.store import resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    instances = [{"id": str(number), **story} for number, story in enumerate(stories)]
+    with tempfile.TemporaryDirectory() as folder:  # (its partial file, for resuming, is of no use here)
+        out = Path(folder) / "rewrites.jsonl"
+        generate_predictions(model_dir, instances, params.task, params.generate, params.models, out, params.seed,
+                             resolve_device(params.device))
+        return [row["prediction"] for _, row in read_jsonl(out)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m storyrewrite.rewrite", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", type=Path, metavar="MODEL", help="a trained model's folder (models/finetuned, models/nll)")
+    parser.add_argument("--stories", type=Path, help="a JSON Lines file of stories, one a line")
+    parser.add_argument("--out", type=Path, help="with --stories: the rewrites' JSON Lines file (default: standard output)")
+    for field in FIELDS:
+        parser.add_argument(flag(field), dest=field, metavar="TEXT", help=f"one story's `{field}`")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params override, as `dvc exp run -S` takes it (repeatable)")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        experiments = with_overrides(load_yaml(args.params), args.overrides)
+        if len(experiments) > 1:
+            raise InputError(f"-S: a sweep gives {len(experiments)} settings; a rewrite takes one")
+        params = Params(experiments[0][1], " ".join([str(args.params), *(f"-S {o}" for o in args.overrides)]))
+        given = {field: getattr(args, field) for field in FIELDS if getattr(args, field) is not None}
+        if args.stories is None:
+            if args.out is not None:
+                raise InputError("--out goes with --stories; a story given by its fields prints its ending")
+            if not given:
+                wanted = " ".join(flag(field) for field in TASK_INPUT_FIELDS[params.task])
+                raise InputError(f"no story: give --stories FILE, or a `{params.task}` story's fields {wanted}")
+            print(rewrite(args.model, [story_from_flags(given, params.task)], params)[0])
+            return
+        if given:
+            raise InputError(f"give --stories or a story's fields ({', '.join(map(flag, given))}), not both")
+        stories = stories_from(args.stories, params.task)
+        rows = [{"id": story_id, "prediction": ending}
+                for (story_id, _), ending in zip(stories, rewrite(args.model, [s for _, s in stories], params), strict=True)]
+        if args.out is not None:
+            write_jsonl_atomic(args.out, rows)
+        else:
+            for row in rows:
+                print(json.dumps(row, ensure_ascii=False))
+
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    main()

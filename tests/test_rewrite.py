@@ -1,0 +1,134 @@
+"""python -m storyrewrite.rewrite: stories of one's own, rewritten as the generate stage would."""
+import json
+
+import pytest
+import torch
+
+from storyrewrite.data.prepare import load_instances
+from storyrewrite.generation.generate import generate_predictions
+from storyrewrite.models.store import load_model, load_tokenizer, save_model
+from storyrewrite.params import Params
+from storyrewrite.rewrite import main
+
+from helpers import ROOT, read_jsonl
+
+# The repository's params with a tiny model's input limit and short endings, as -S gives them.
+SETTINGS = ["--params", str(ROOT / "params.yaml"), "-S", "models.max_input_tokens=96", "-S", "generate.max_new_tokens=6",
+            "-S", "device=cpu"]
+FIELDS = ("premise", "initial", "original_ending", "counterfactual")
+
+
+@pytest.fixture(scope="module")
+def loud_llama(tiny_model_dirs, tmp_path_factory):
+    """tiny:llama with every weight drawn at unit scale: its random init writes the same ending for
+    every story, these weights one of its own for each, so that a story given another's ending shows."""
+    model, tokenizer = load_model(tiny_model_dirs["llama"]), load_tokenizer(tiny_model_dirs["llama"])
+    draw = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=draw))
+    folder = tmp_path_factory.mktemp("loud") / "llama"
+    save_model(model, tokenizer, folder)
+    return folder
+
+
+def _expected(model_dir, instances, tmp_path, task="timetravel") -> list[str]:
+    """The generate stage's function on the same instances, with the same settings."""
+    params = Params.load(ROOT / "params.yaml")
+    generate = params.generate.model_copy(update={"max_new_tokens": 6})
+    models = params.models.model_copy(update={"max_input_tokens": 96})
+    generate_predictions(model_dir, instances, task, generate, models, tmp_path / "stage.jsonl", params.seed, "cpu")
+    return [row["prediction"] for row in read_jsonl(tmp_path / "stage.jsonl")]
+
+
+def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tmp_path, loud_llama, small_prepared, capsys):
+    instances = load_instances(small_prepared, "timetravel", "train")[::3]  # (four stories)
+    expected = _expected(loud_llama, instances, tmp_path)
+    assert len(set(expected)) == 4
+    # Ids as given (a string, a number) or, where a line has none, its line number; other fields
+    # (the reference) are left out of the input; an ending given as a list of sentences is one text.
+    ids = ["mine", 7, None, None]
+    lines = []
+    for story_id, row in zip(ids, instances, strict=True):
+        story = {field: row[field] for field in FIELDS} | {"target": "not read"}
+        if story_id is not None:
+            story["id"] = story_id
+        lines.append(json.dumps(story))
+    split = {field: instances[3][field] for field in FIELDS}
+    parts = split["original_ending"].split(". ")
+    split["original_ending"] = [part + "." for part in parts[:-1]] + parts[-1:]
+    assert len(parts) > 1 and " ".join(split["original_ending"]) == instances[3]["original_ending"]
+    lines[3] = json.dumps(split)
+    stories = tmp_path / "stories.jsonl"
+    stories.write_text("\n".join(lines[:2]) + "\n\n" + "\n".join(lines[2:]) + "\n")  # (a blank line: skipped, counted)
+    main([str(loud_llama), "--stories", str(stories), "--out", str(tmp_path / "out.jsonl"), *SETTINGS])
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    assert rows == [{"id": i, "prediction": p} for i, p in zip(["mine", 7, 4, 5], expected, strict=True)]
+    assert capsys.readouterr().out == ""
+    main([str(loud_llama), "--stories", str(stories), *SETTINGS])  # no --out: standard output
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
+
+
+def test_one_story_given_by_its_fields_prints_its_ending(tmp_path, loud_llama, small_prepared, capsys):
+    instance = load_instances(small_prepared, "timetravel", "test")[3]
+    expected = _expected(loud_llama, [instance], tmp_path)
+    flags = [word for field in FIELDS for word in (f"--{field.replace('_', '-')}", instance[field])]
+    main([str(loud_llama), *flags, *SETTINGS])
+    assert capsys.readouterr().out == expected[0] + "\n"
+    # Another task's story: its own fields, in its own prompt.
+    art = load_instances(small_prepared, "art", "test")[0]
+    expected = _expected(loud_llama, [art], tmp_path, task="art")
+    flags = [word for field in ("premise", "hypothesis_1", "hypothesis_2") for word in (f"--{field.replace('_', '-')}", art[field])]
+    main([str(loud_llama), *flags, *SETTINGS, "-S", "task=art"])
+    assert capsys.readouterr().out == expected[0] + "\n"
+
+
+def _error(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(argv))
+    assert exit_.value.code == 2
+    return capsys.readouterr().err.strip()
+
+
+def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, capsys):
+    settings = ["--params", str(ROOT / "params.yaml")]
+    model = str(tmp_path / "no-model")  # never read: each error comes first
+    stories = tmp_path / "stories.jsonl"
+    story = {"premise": "P.", "initial": "I.", "original_ending": "O.", "counterfactual": "C."}
+    stories.write_text(json.dumps(story) + "\n" + json.dumps({k: v for k, v in story.items() if k != "counterfactual"}) + "\n")
+    assert _error(capsys, model, "--stories", str(stories), *settings) == (
+        f"error: {stories}:2: missing field(s) `counterfactual`; a `timetravel` story has `premise`, `initial`, "
+        "`original_ending`, `counterfactual`")
+    stories.write_text(json.dumps(story | {"id": 2}) + "\n" + json.dumps(story) + "\n")
+    assert _error(capsys, model, "--stories", str(stories), *settings) == (
+        f"error: {stories}:2: id 2 is that of line 1 too (a line without an `id` is named by its line number); each "
+        "story needs its own")
+    stories.write_text(json.dumps(story | {"id": [1]}) + "\n")
+    assert _error(capsys, model, "--stories", str(stories), *settings) == (
+        f"error: {stories}:1: field `id` must be a string or a whole number, got [1]")
+    stories.write_text(json.dumps(story | {"premise": ""}) + "\n{\n")
+    assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}:1: field `premise` is empty"
+    stories.write_text("\n")
+    assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}: no story in it (one JSON object a line)"
+    # The command line's story: named by its flags, for params' task.
+    assert _error(capsys, model, "--premise", "P.", "--initial", "I.", *settings) == (
+        "error: missing --original-ending, --counterfactual: a `timetravel` story (params `task`) has --premise --initial "
+        "--original-ending --counterfactual")
+    assert _error(capsys, model, "--premise", "P.", "--hypothesis-1", "H.", *settings) == (
+        "error: --hypothesis-1: not a field of a `timetravel` story (params `task`); its fields: --premise --initial "
+        "--original-ending --counterfactual")
+    assert _error(capsys, model, *settings) == (
+        "error: no story: give --stories FILE, or a `timetravel` story's fields --premise --initial --original-ending "
+        "--counterfactual")
+    assert _error(capsys, model, "--stories", str(stories), "--premise", "P.", *settings) == (
+        "error: give --stories or a story's fields (--premise), not both")
+    assert _error(capsys, model, "--premise", "P.", "--out", "x.jsonl", *settings) == (
+        "error: --out goes with --stories; a story given by its fields prints its ending")
+    assert _error(capsys, model, "--premise", "P.", *settings, "-S", "generate.num_beams=1,4") == (
+        "error: -S: a sweep gives 2 settings; a rewrite takes one")
+    assert _error(capsys, model, "--premise", "P.", *settings, "-S", "generate.num_beam=4").startswith(
+        "error: -S generate.num_beam=4: unknown key `generate.num_beam`; valid keys in `generate`: split, batch_size, num_beams")
+    assert _error(capsys, model, "--premise", "P.", *settings, "-S", "task=story").startswith("error: params: `task` = 'story'")
+    # The model comes last: a folder without a model's config.
+    flags = [word for field in FIELDS for word in (f"--{field.replace('_', '-')}", "Text.")]
+    assert _error(capsys, model, *flags, *settings) == f"error: {model}: not a model directory (no config.json); run `dvc repro` first"
