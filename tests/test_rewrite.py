@@ -108,6 +108,8 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
         f"error: {stories}:1: field `id` must be a string or a whole number, got [1]")
     stories.write_text(json.dumps(story | {"premise": ""}) + "\n{\n")
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}:1: field `premise` is empty"
+    assert _error(capsys, model, "--stories", str(tmp_path / "none.jsonl"), *settings) == (
+        f"error: --stories {tmp_path / 'none.jsonl'}: no such file")
     stories.write_text("\n")
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}: no story in it (one JSON object a line)"
     # The command line's story: named by its flags, for params' task.

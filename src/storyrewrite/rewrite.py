@@ -37,6 +37,8 @@ def flag(field: str) -> str:
 def stories_from(path: Path, task: str) -> list[tuple[object, dict]]:
     """(id as given, the story's input fields) of each line of a JSON Lines file; a line with no
     `id` is named by its line number."""
+    if not path.is_file():
+        raise InputError(f"--stories {path}: no such file")
     stories, lines = [], {}
     for line, record in read_jsonl(path):
         where, story_id = f"{path}:{line}", record.get("id", line)
