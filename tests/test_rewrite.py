@@ -64,7 +64,8 @@ def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tm
     main([str(loud_llama), "--stories", str(stories), "--out", str(tmp_path / "out.jsonl"), *SETTINGS])
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert rows == [{"id": i, "prediction": p} for i, p in zip(["mine", 7, 4, 5], expected, strict=True)]
-    assert capsys.readouterr().out == ""
+    out, err = capsys.readouterr()
+    assert out == "" and f"rewrite: 4 timetravel stories with {loud_llama} (greedy, at most 6 new tokens, float32 on cpu)\n" in err
     main([str(loud_llama), "--stories", str(stories), *SETTINGS])  # no --out: standard output
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
 

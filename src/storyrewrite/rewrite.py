@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -72,12 +73,14 @@ def rewrite(model: Path, stories: list[dict], params: Params) -> list[str]:
     from storyrewrite.models.device import resolve_device
     from storyrewrite.models.store import resolve_model_dir
 
-    model_dir = resolve_model_dir(model)
+    model_dir, device, config = resolve_model_dir(model), resolve_device(params.device), params.generate
     instances = [{"id": str(number), **story} for number, story in enumerate(stories)]
+    decoding = "greedy" if config.num_beams == 1 else f"beam search of {config.num_beams}"
+    print(f"rewrite: {len(stories)} {params.task} stor{'y' if len(stories) == 1 else 'ies'} with {model_dir} ({decoding}, at "
+          f"most {config.max_new_tokens} new tokens, {config.dtype} on {device})", file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:  # (its partial file, for resuming, is of no use here)
         out = Path(folder) / "rewrites.jsonl"
-        generate_predictions(model_dir, instances, params.task, params.generate, params.models, out, params.seed,
-                             resolve_device(params.device))
+        generate_predictions(model_dir, instances, params.task, config, params.models, out, params.seed, device)
         return [row["prediction"] for _, row in read_jsonl(out)]
 
 
