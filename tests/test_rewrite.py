@@ -32,6 +32,11 @@ def loud_llama(tiny_model_dirs, tmp_path_factory):
     return folder
 
 
+def _flags(story: dict) -> list[str]:
+    """A story's fields as the command's flags, spelled here (not by the module's own `flag`)."""
+    return [word for field, text in story.items() for word in (f"--{field.replace('_', '-')}", text)]
+
+
 def _expected(model_dir, instances, tmp_path, task="timetravel") -> list[str]:
     """The generate stage's function on the same instances, with the same settings."""
     params = Params.load(ROOT / "params.yaml")
@@ -73,14 +78,13 @@ def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tm
 def test_one_story_given_by_its_fields_prints_its_ending(tmp_path, loud_llama, small_prepared, capsys):
     instance = load_instances(small_prepared, "timetravel", "test")[3]
     expected = _expected(loud_llama, [instance], tmp_path)
-    flags = [word for field in FIELDS for word in (f"--{field.replace('_', '-')}", instance[field])]
-    main([str(loud_llama), *flags, *SETTINGS])
+    main([str(loud_llama), *_flags({field: instance[field] for field in FIELDS}), *SETTINGS])
     assert capsys.readouterr().out == expected[0] + "\n"
     # Another task's story: its own fields, in its own prompt.
     art = load_instances(small_prepared, "art", "test")[0]
     expected = _expected(loud_llama, [art], tmp_path, task="art")
-    flags = [word for field in ("premise", "hypothesis_1", "hypothesis_2") for word in (f"--{field.replace('_', '-')}", art[field])]
-    main([str(loud_llama), *flags, *SETTINGS, "-S", "task=art"])
+    art_story = {field: art[field] for field in ("premise", "hypothesis_1", "hypothesis_2")}
+    main([str(loud_llama), *_flags(art_story), *SETTINGS, "-S", "task=art"])
     assert capsys.readouterr().out == expected[0] + "\n"
 
 
@@ -133,5 +137,4 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
         "error: -S generate.num_beam=4: unknown key `generate.num_beam`; valid keys in `generate`: split, batch_size, num_beams")
     assert _error(capsys, model, "--premise", "P.", *settings, "-S", "task=story").startswith("error: params: `task` = 'story'")
     # The model comes last: a folder without a model's config.
-    flags = [word for field in FIELDS for word in (f"--{field.replace('_', '-')}", "Text.")]
-    assert _error(capsys, model, *flags, *settings) == f"error: {model}: not a model directory (no config.json); run `dvc repro` first"
+    assert _error(capsys, model, *_flags(dict.fromkeys(FIELDS, "Text.")), *settings) == f"error: {model}: not a model directory (no config.json); run `dvc repro` first"
