@@ -136,5 +136,11 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
     assert _error(capsys, model, "--premise", "P.", *settings, "-S", "generate.num_beam=4").startswith(
         "error: -S generate.num_beam=4: unknown key `generate.num_beam`; valid keys in `generate`: split, batch_size, num_beams")
     assert _error(capsys, model, "--premise", "P.", *settings, "-S", "task=story").startswith("error: params: `task` = 'story'")
+    # --out: a folder, or under a file.
+    stories.write_text(json.dumps(story) + "\n")
+    assert _error(capsys, model, "--stories", str(stories), "--out", str(tmp_path), *settings) == (
+        f"error: --out {tmp_path}: a folder; give the rewrites' file, e.g. {tmp_path / 'rewrites.jsonl'}")
+    assert _error(capsys, model, "--stories", str(stories), "--out", str(stories / "new" / "out.jsonl"), *settings) == (
+        f"error: --out {stories / 'new' / 'out.jsonl'}: {stories} is a file, not a folder")
     # The model comes last: a folder without a model's config.
     assert _error(capsys, model, *_flags(dict.fromkeys(FIELDS, "Text.")), *settings) == f"error: {model}: not a model directory (no config.json); run `dvc repro` first"

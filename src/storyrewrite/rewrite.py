@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -64,6 +65,20 @@ def story_from_flags(given: dict[str, str], task: str) -> dict:
     if missing := [field for field in fields if field not in given]:
         raise InputError(f"missing {', '.join(map(flag, missing))}: a `{task}` story (params `task`) has {wanted}")
     return story_input(given, task, "the command line")
+
+
+def check_out(path: Path) -> None:
+    """Stop before any model loads where --out cannot become the rewrites' file: a folder, or a
+    place where no file can be written (the write comes after the whole decoding)."""
+    if path.is_dir():
+        raise InputError(f"--out {path}: a folder; give the rewrites' file, e.g. {path / 'rewrites.jsonl'}")
+    ancestor = path.parent  # the folders that are missing are made at the write
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"--out {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"--out {path}: {ancestor} cannot be written to")
 
 
 def rewrite(model: Path, stories: list[dict], params: Params) -> list[str]:
@@ -114,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
         if given:
             raise InputError(f"give --stories or a story's fields ({', '.join(map(flag, given))}), not both")
         stories = stories_from(args.stories, params.task)
+        if args.out is not None:
+            check_out(args.out)
         rows = [{"id": story_id, "prediction": ending}
                 for (story_id, _), ending in zip(stories, rewrite(args.model, [s for _, s in stories], params), strict=True)]
         if args.out is not None:
