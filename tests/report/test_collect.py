@@ -540,6 +540,24 @@ def test_no_gathered_runs_is_an_error_naming_the_folder(tmp_path):
         load_runs([tmp_path / "empty"])
 
 
+def test_an_out_folder_that_no_collect_wrote_is_refused_before_any_run_is_read(tmp_path):
+    """--out is replaced whole: `--out reports` would take the pipeline's reports with it."""
+    from storyrewrite.report.collect import main as collect
+
+    (tmp_path / "results.md").write_text("the pipeline's")
+    for out in (tmp_path, tmp_path / "results.md"):
+        with pytest.raises(InputError, match=f"^--out {out}: a (folder of other files|file;)"):
+            collect([str(tmp_path / "no-runs"), "--out", str(out)])
+    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
+    # A folder a collect wrote, an empty one and a new one pass, to the runs' check.
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "experiments.md").write_text("")
+    (tmp_path / "empty").mkdir()
+    for out in ("earlier", "empty", "new"):
+        with pytest.raises(InputError, match="no-runs"):
+            collect([str(tmp_path / "no-runs"), "--out", str(tmp_path / out)])
+
+
 def test_gather_runs_dvc_as_a_module_where_there_is_no_dvc_command(tmp_path):
     """As on the GPU machine (DVC installed with `pip --target`): gather still lists the
     experiments, and says there are none to match, naming the pattern; with one in DVC's queue,

@@ -680,16 +680,28 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
                     write_bytes_atomic(staging / parts[-2] / run.name / parts[-1], read_blob(run.root, digest))
 
 
+def check_out(out: Path) -> None:
+    """Refuse an --out that holds what no collect wrote: it is replaced whole, so `--out reports`
+    (or `.`) would take the pipeline's reports (or the repository) with it. A folder that a collect
+    wrote holds its experiments.md; an empty or missing one is new."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: a file; --out is the tables' folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "experiments.md").is_file():
+        raise InputError(f"--out {out}: a folder of other files (no experiments.md, which a collect writes), and --out is "
+                         "replaced whole; name a new folder, e.g. reports/NAME")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.collect", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+", help="folders written by storyrewrite.report.gather")
-    parser.add_argument("--out", type=Path, required=True, help="the tables' folder (replaced)")
+    parser.add_argument("--out", type=Path, required=True, help="the tables' folder, replaced whole: a new one, or one a collect wrote")
     parser.add_argument("--title", default="gathered experiments", help="the results' title, e.g. the profile and device")
     parser.add_argument("--alpha", type=float, default=0.05)
     args = parser.parse_args(argv)
     if not 0 < args.alpha < 1:
         raise InputError(f"--alpha must lie in (0, 1), got {args.alpha}")
+    check_out(args.out)
     runs = load_runs(args.runs)
     write_bundle(runs, args.out, args.title, args.alpha)
     print((args.out / "results.md").read_text(encoding="utf-8").split("## Training")[0])
