@@ -73,6 +73,35 @@ def test_atomic_dir_swaps_a_directory_in_whole_or_leaves_the_old_one(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["curves"]
 
 
+def test_atomic_dir_refuses_a_file_before_the_work_and_clears_what_a_killed_swap_left(tmp_path):
+    from storyrewrite.io import InputError, atomic_dir
+
+    target = tmp_path / "tables"
+    target.write_text("a user's file")
+    ran = []
+    with pytest.raises(InputError, match=f"^{target}: a file, where a folder goes"):
+        with atomic_dir(target):
+            ran.append(True)
+    assert not ran and target.read_text() == "a user's file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tables"]
+    # A process killed mid-swap leaves `.tables.tmp` and `.tables.old`, folders or files (an older
+    # version swapped a file at the path out as `.tables.old`), with the path there or not: none of
+    # them stops the next swap, and all go.
+    for present in (True, False):
+        if present:
+            target.unlink()
+            target.mkdir()
+            (tmp_path / ".tables.old").write_text("left behind")
+            (tmp_path / ".tables.tmp").write_text("left behind")
+        else:
+            target.rename(tmp_path / ".tables.old")
+            (tmp_path / ".tables.tmp").mkdir()
+        with atomic_dir(target) as staging:
+            (staging / "results.md").write_text(str(present))
+        assert [p.name for p in target.iterdir()] == ["results.md"] and (target / "results.md").read_text() == str(present)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["tables"]
+
+
 def test_an_atomically_written_file_gets_the_mode_open_gives_a_new_file(tmp_path, monkeypatch):
     """mkstemp makes its temporary files 0600: outputs renamed from them would be readable by
     their owner only (reports on a shared machine). They get what `open` gives, under any umask."""

@@ -45,22 +45,31 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty staging directory beside `path`; swap it in for `path` (a directory there
     is replaced whole) only if the block succeeds. The old directory stays in place until the
-    swap, and a failure leaves it as it was, with no staging directory behind."""
+    swap, and a failure leaves it as it was, with no staging directory behind. A file at `path`
+    is an error before the block runs: the work would otherwise end in a failed swap."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path}: a file, where a folder goes (its contents are replaced whole)")
     staging, old = path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
-    shutil.rmtree(staging, ignore_errors=True)
+    _remove(staging)  # what a process killed mid-swap left, a folder or a file
     staging.mkdir(parents=True)
     try:
         yield staging
+        _remove(old)
         if path.exists():
-            shutil.rmtree(old, ignore_errors=True)
             path.rename(old)
-            staging.rename(path)
-            shutil.rmtree(old)
-        else:
-            staging.rename(path)
+        staging.rename(path)
+        _remove(old)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove(staging)
+
+
+def _remove(path: Path) -> None:
+    """A directory tree, a file or a link at `path`, removed where there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
