@@ -90,6 +90,7 @@ def test_plain_score_files_and_bad_input(tmp_path, capsys):
                           ([tmp_path / "empty.jsonl", tmp_path / "b.jsonl"], r"empty.jsonl: no scores"),
                           ([tmp_path / "torn.jsonl.gz", tmp_path / "b.jsonl"], r"torn.jsonl.gz: not a whole gzip file"),
                           ([tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--n-resamples", 0], r"--n-resamples must be a whole number >= 1"),
+                          ([tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--seed", -1], r"--seed must be a whole number from 0 to 4294967295, got -1$"),
                           # both files named, with what each holds: 6 ids (one twice) of 7 rows against 12, 5 in both
                           ([tmp_path / "part.jsonl", tmp_path / "b.jsonl"],
                            r"scores of `\S*part.jsonl` and `\S*b.jsonl` cover different instances: 6 and 12 instance ids, "
