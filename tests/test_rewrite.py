@@ -1,4 +1,5 @@
 """python -m storyrewrite.rewrite: stories of one's own, rewritten as the generate stage would."""
+import io
 import json
 
 import pytest
@@ -46,7 +47,12 @@ def _expected(model_dir, instances, tmp_path, task="timetravel") -> list[str]:
     return [row["prediction"] for row in read_jsonl(tmp_path / "stage.jsonl")]
 
 
-def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tmp_path, loud_llama, small_prepared, capsys):
+def _stdin(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="latin-1"))  # (the command reads the bytes)
+
+
+def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tmp_path, loud_llama, small_prepared, capsys,
+                                                                              monkeypatch):
     instances = load_instances(small_prepared, "timetravel", "train")[::3]  # (four stories)
     expected = _expected(loud_llama, instances, tmp_path)
     assert len(set(expected)) == 4
@@ -73,6 +79,9 @@ def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tm
     assert out == "" and f"rewrite: 4 timetravel stories with {loud_llama} (greedy, at most 6 new tokens, float32 on cpu)\n" in err
     main([str(loud_llama), "--stories", str(stories), *SETTINGS])  # no --out: standard output
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
+    _stdin(monkeypatch, stories.read_bytes())  # `--stories -`: from standard input
+    main([str(loud_llama), "--stories", "-", *SETTINGS])
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
 
 
 def test_one_story_given_by_its_fields_prints_its_ending(tmp_path, loud_llama, small_prepared, capsys):
@@ -95,7 +104,7 @@ def _error(capsys, *argv) -> str:
     return capsys.readouterr().err.strip()
 
 
-def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, capsys):
+def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, capsys, monkeypatch):
     settings = ["--params", str(ROOT / "params.yaml")]
     model = str(tmp_path / "no-model")  # never read: each error comes first
     stories = tmp_path / "stories.jsonl"
@@ -117,6 +126,13 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
         f"error: --stories {tmp_path / 'none.jsonl'}: no such file")
     stories.write_text("\n")
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}: no story in it (one JSON object a line)"
+    # Standard input's lines: named as its own.
+    _stdin(monkeypatch, json.dumps(story).encode() + b"\n[1]\n")
+    assert _error(capsys, model, "--stories", "-", *settings) == "error: standard input:2: expected a JSON object, got list"
+    _stdin(monkeypatch, json.dumps(story | {"premise": "Caf\u00e9."}, ensure_ascii=False).encode("latin-1") + b"\n")
+    assert _error(capsys, model, "--stories", "-", *settings).startswith("error: standard input:1: not valid UTF-8 (byte b'\\xe9'")
+    _stdin(monkeypatch, b"")
+    assert _error(capsys, model, "--stories", "-", *settings) == "error: standard input: no story in it (one JSON object a line)"
     # The command line's story: named by its flags, for params' task.
     assert _error(capsys, model, "--premise", "P.", "--initial", "I.", *settings) == (
         "error: missing --original-ending, --counterfactual: a `timetravel` story (params `task`) has --premise --initial "

@@ -101,11 +101,17 @@ def read_text(path: str | os.PathLike) -> str:
             data = gzip.decompress(data)
         except (OSError, EOFError) as err:
             raise InputError(f"{path}: not a whole gzip file ({err})") from None
+    return decode_utf8(data, path)
+
+
+def decode_utf8(data: bytes, source) -> str:
+    """`data` decoded as UTF-8; an undecodable byte is an error naming `source` (a file, or where
+    the bytes came from) and the line."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise InputError(f"{path}:{line}: not valid UTF-8 (byte {data[err.start:err.start + 1]!r} at offset {err.start})") from None
+        raise InputError(f"{source}:{line}: not valid UTF-8 (byte {data[err.start:err.start + 1]!r} at offset {err.start})") from None
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -118,7 +124,7 @@ def read_json(path: str | os.PathLike) -> Any:
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """Yield (line number, object) for each non-blank line; a malformed line names file:line."""
-    yield from _parse_jsonl(read_text(path), path)
+    yield from parse_jsonl(read_text(path), path)
 
 
 def read_jsonl_resumable(path: str | os.PathLike) -> tuple[list[dict], bool]:
@@ -129,15 +135,12 @@ def read_jsonl_resumable(path: str | os.PathLike) -> tuple[list[dict], bool]:
     data = Path(path).read_bytes()
     complete = data[: data.rfind(b"\n") + 1]  # a torn line may end inside a UTF-8 character
     torn = bool(data[len(complete):].strip())
-    try:
-        text = complete.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = complete.count(b"\n", 0, err.start) + 1
-        raise InputError(f"{path}:{line}: not valid UTF-8 (byte {complete[err.start:err.start + 1]!r})") from None
-    return [row for _, row in _parse_jsonl(text, path)], torn
+    return [row for _, row in parse_jsonl(decode_utf8(complete, path), path)], torn
 
 
-def _parse_jsonl(text: str, path) -> Iterator[tuple[int, dict]]:
+def parse_jsonl(text: str, path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of JSON Lines `text`; a malformed line is an
+    error naming `path` (a file, or where the text came from) and the line."""
     # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
     for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

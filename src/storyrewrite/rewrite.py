@@ -3,13 +3,14 @@
     python -m storyrewrite.rewrite models/finetuned --premise "..." --initial "..." \\
         --original-ending "..." --counterfactual "..."
     python -m storyrewrite.rewrite models/finetuned --stories mine.jsonl --out rewrites.jsonl
+    jq -c '...' stories.json | python -m storyrewrite.rewrite models/finetuned --stories -
 
 MODEL is a trained model's folder: `models/nll`, `models/finetuned` (an experiment's after `dvc
 exp apply`), or any seq2seq or causal LM in `save_pretrained` form. A story gives the input
 fields of params.yaml's `task`, the task the model was trained on (timetravel: premise, initial,
 original_ending, counterfactual; art: premise, hypothesis_1, hypothesis_2), each a string or a
 list of sentences as in TimeTravel's release. A line of --stories is one story, a JSON object,
-with an optional `id` (default: its line number). The model decodes as the `generate` stage
+with an optional `id` (default: its line number); `--stories -` reads them from standard input. The model decodes as the `generate` stage
 does, with params.yaml's `generate` settings (greedy or beam search, batch size, dtype, cache),
 `models.max_input_tokens`, `device` and `seed`; `-S key=value` overrides any of them, as `dvc exp
 run -S` does. A story given by its fields prints its ending; --stories writes a line {"id": ...,
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from storyrewrite.data.schema import TASK_INPUT_FIELDS, story_input
-from storyrewrite.io import InputError, read_jsonl, run_cli, write_jsonl_atomic
+from storyrewrite.io import InputError, decode_utf8, parse_jsonl, read_jsonl, run_cli, write_jsonl_atomic
 from storyrewrite.params import Params, load_yaml, with_overrides
 
 # Every task's input fields, each once: a flag each (--original-ending, --hypothesis-1, ...).
@@ -37,13 +38,18 @@ def flag(field: str) -> str:
 
 
 def stories_from(path: Path, task: str) -> list[tuple[object, dict]]:
-    """(id as given, the story's input fields) of each line of a JSON Lines file; a line with no
-    `id` is named by its line number."""
-    if not path.is_file():
+    """(id as given, the story's input fields) of each line of a JSON Lines file (`-`: standard
+    input); a line with no `id` is named by its line number."""
+    if str(path) == "-":
+        source = "standard input"
+        records = parse_jsonl(decode_utf8(sys.stdin.buffer.read(), source), source)
+    elif not path.is_file():
         raise InputError(f"--stories {path}: no such file")
+    else:
+        source, records = str(path), read_jsonl(path)
     stories, lines = [], {}
-    for line, record in read_jsonl(path):
-        where, story_id = f"{path}:{line}", record.get("id", line)
+    for line, record in records:
+        where, story_id = f"{source}:{line}", record.get("id", line)
         if isinstance(story_id, bool) or not isinstance(story_id, str | int):
             raise InputError(f"{where}: field `id` must be a string or a whole number, got {json.dumps(story_id)}")
         if str(story_id) in lines:
@@ -52,7 +58,7 @@ def stories_from(path: Path, task: str) -> list[tuple[object, dict]]:
         lines[str(story_id)] = line
         stories.append((story_id, story_input(record, task, where)))
     if not stories:
-        raise InputError(f"{path}: no story in it (one JSON object a line)")
+        raise InputError(f"{source}: no story in it (one JSON object a line)")
     return stories
 
 
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.rewrite", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", type=Path, metavar="MODEL", help="a trained model's folder (models/finetuned, models/nll)")
-    parser.add_argument("--stories", type=Path, help="a JSON Lines file of stories, one a line")
+    parser.add_argument("--stories", type=Path, help="a JSON Lines file of stories, one a line (-: standard input)")
     parser.add_argument("--out", type=Path, help="with --stories: the rewrites' JSON Lines file (default: standard output)")
     for field in FIELDS:
         parser.add_argument(flag(field), dest=field, metavar="TEXT", help=f"one story's `{field}`")
