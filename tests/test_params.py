@@ -127,6 +127,27 @@ def test_a_lightning_setting_lightning_would_refuse_is_named_with_its_valid_valu
         _train(**{key: value})
 
 
+def test_a_validation_batch_limit_is_refused_where_lightning_would_refuse_it():
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.trainer.setup import _determine_batch_limits
+
+    for value in (None, 0, 1, 2, 0.0, 0.25, 1.0, 3.0, -1, -0.5, 1.5, 2.5, "all"):
+        try:
+            _determine_batch_limits(value, "limit_val_batches")
+            lightning_takes = True
+        except (MisconfigurationException, TypeError):  # (a str fails its comparisons)
+            lightning_takes = False
+        if lightning_takes:
+            assert _train(limit_val_batches=value).limit_val_batches == value
+        else:
+            with pytest.raises(InputError, match=rf"^params: `train\.limit_val_batches` = {re.escape(repr(value))}: must be a share"):
+                _train(limit_val_batches=value)
+    # Lightning takes a bool as the number 0 or 1, which as a share means none or all: a YAML
+    # `true` is a slip, and refused.
+    with pytest.raises(InputError, match=r"^params: `train\.limit_val_batches` = True: must be a share"):
+        _train(limit_val_batches=True)
+
+
 def test_lightning_settings_it_takes_pass_and_a_precision_alias_becomes_its_name():
     # As Lightning reads the aliases: the name is what picks a step's autocast dtype (module.AUTOCAST_DTYPES).
     assert [_train(precision=alias).precision for alias in ("bf16", "16", 32, "64")] == ["bf16-mixed", "16-mixed", "32-true", "64-true"]

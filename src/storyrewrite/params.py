@@ -139,6 +139,18 @@ class ModelsConfig(Section):
     bertscore: str | None = None  # encoder of BERTScore (storyrewrite.metrics.bertscore)
 
 
+
+def _batch_limit(value: object) -> object:
+    """`limit_val_batches` as the Lightning Trainer takes it: a share of the batches (0 to 1) or
+    a whole number of them; checked here, before the stage starts, rather than by the Trainer."""
+    if value is None or (type(value) in (int, float) and (0 <= value <= 1 or (value > 1 and value % 1 == 0))):
+        return value
+    raise ValueError("must be a share of the batches from 0.0 to 1.0, a whole number of them, or null (all)")
+
+
+BatchLimit = Annotated[int | float | None, BeforeValidator(_batch_limit)]
+
+
 class TrainConfig(Section):
     """`train_nll` and `train`: the same shape (NLL warm-up, then the objective's fine-tuning)."""
     batch_size: Positive  # instances per training step (per device)
@@ -157,7 +169,7 @@ class TrainConfig(Section):
     gradient_clip_val: PositiveFloat | None = None  # clip the gradient norm to this (None: no clipping)
     num_nodes: Positive = 1  # machines (Lightning's)
     accumulate_grad_batches: Positive = 1  # batches summed per optimiser step
-    limit_val_batches: int | float | None = None  # validate on this many batches (or this share); None: all
+    limit_val_batches: BatchLimit = None  # validate on this many batches (or this share); None: all
     # Instances per validation batch; None: batch_size. Validation keeps no activations for a
     # gradient, and RLOO's decodes a token at a time: on a GPU fewer, larger batches take less time
     val_batch_size: Positive | None = None
