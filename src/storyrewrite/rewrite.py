@@ -10,11 +10,12 @@ exp apply`), or any seq2seq or causal LM in `save_pretrained` form. A story give
 fields of params.yaml's `task`, the task the model was trained on (timetravel: premise, initial,
 original_ending, counterfactual; art: premise, hypothesis_1, hypothesis_2), each a string or a
 list of sentences as in TimeTravel's release. A line of --stories is one story, a JSON object,
-with an optional `id` (default: its line number); `--stories -` reads them from standard input. The model decodes as the `generate` stage
-does, with params.yaml's `generate` settings (greedy or beam search, batch size, dtype, cache),
-`models.max_input_tokens`, `device` and `seed`; `-S key=value` overrides any of them, as `dvc exp
-run -S` does. A story given by its fields prints its ending; --stories writes a line {"id": ...,
-"prediction": ...} a story, in the file's order, to --out (standard output without it).
+with an optional `id` (default: its line number); `--stories -` reads them from standard input.
+The model decodes as the `generate` stage does, with params.yaml's `generate` settings (greedy
+or beam search, batch size, dtype, cache), `models.max_input_tokens`, `device` and `seed`; `-S
+key=value` overrides any of them, as `dvc exp run -S` does. A story given by its fields prints
+its ending; --stories writes a line {"id": ..., "prediction": ...} a story, in the file's order,
+to --out (standard output without it).
 """
 from __future__ import annotations
 
