@@ -139,7 +139,6 @@ class ModelsConfig(Section):
     bertscore: str | None = None  # encoder of BERTScore (storyrewrite.metrics.bertscore)
 
 
-
 def _batch_limit(value: object) -> object:
     """`limit_val_batches` as the Lightning Trainer takes it: a share of the batches (0 to 1) or
     a whole number of them; checked here, before the stage starts, rather than by the Trainer."""
