@@ -1127,21 +1127,29 @@ def test_a_param_cell_spells_the_value_as_params_yaml_and_dash_s_take_it(tmp_pat
 
 
 def test_the_experiments_table_shows_only_settings_some_run_reads_and_says_what_an_empty_cell_is(tmp_path):
-    """A CPO run of a newer commit (score.fp32_matmul, rl.early_stop in its params) beside a DTO
-    run of an older one (neither key): score.fp32_matmul varies and is shown, empty for the DTO run,
-    and said so; rl.early_stop is RLOO's, read by neither run, and is left out."""
-    runs = tmp_path / "runs"
-    for name, objective, newer in (("cpo-new", "cpo", True), ("dto-old", "score", False)):
-        files = _files(name, objective, 1.4, 0.3, -1.7, {"beta": 0.5} if objective == "cpo" else {"tau": 1.0}, objective.upper())
-        params = yaml.safe_load(files["params.yaml"])
-        if newer:
-            params["score"] = {"fp32_matmul": "ieee"}
-            params["rl"]["early_stop"] = False
-        files["params.yaml"] = yaml.safe_dump(params).encode()
-        gather_run(DictFS(files), {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, runs)
-    write_bundle(load_runs([runs]), tmp_path / "out", "two commits")
-    table = (tmp_path / "out" / "experiments.md").read_text()
-    header = next(line for line in table.splitlines() if line.startswith("| Experiment |"))
-    assert "score.fp32_matmul" in header and "cpo.beta" in header and "rl.early_stop" not in header
-    assert "| cpo-new | cpo | 0.5 | ieee |" in table and "| dto-old | score | - |  |" in table
+    """A CPO run of a newer commit (score.fp32_matmul, score.bertscore_rescale, rl.early_stop in
+    its params) beside a DTO run of an older one (none of them). score.fp32_matmul, added later
+    (gather.ADDED_LATER), stands at ieee in the older run: shown where the newer run's differs
+    (tf32), not where it is ieee too. score.bertscore_rescale varies and is shown, empty for the DTO
+    run, and said so; rl.early_stop is RLOO's, read by neither run, and is left out."""
+    def header_and_table(fp32_matmul: str) -> tuple[str, str]:
+        runs, out = tmp_path / fp32_matmul / "runs", tmp_path / fp32_matmul / "out"
+        for name, objective, newer in (("cpo-new", "cpo", True), ("dto-old", "score", False)):
+            files = _files(name, objective, 1.4, 0.3, -1.7, {"beta": 0.5} if objective == "cpo" else {"tau": 1.0}, objective.upper())
+            params = yaml.safe_load(files["params.yaml"])
+            params["score"] = {"batch_size": 64}
+            if newer:
+                params["score"] |= {"fp32_matmul": fp32_matmul, "bertscore_rescale": True}
+                params["rl"]["early_stop"] = False
+            files["params.yaml"] = yaml.safe_dump(params).encode()
+            gather_run(DictFS(files), {"name": name, "rev": f"{name}-rev".ljust(40, "0"), "base": "abcdef1234"}, runs)
+        write_bundle(load_runs([runs]), out, "two commits")
+        table = (out / "experiments.md").read_text()
+        return next(line for line in table.splitlines() if line.startswith("| Experiment |")), table
+
+    header, table = header_and_table("tf32")
+    assert "| cpo.beta | score.bertscore_rescale | score.fp32_matmul |" in header and "rl.early_stop" not in header
+    assert "| cpo-new | cpo | 0.5 | true | tf32 |" in table and "| dto-old | score | - |  | ieee |" in table
     assert "-: a setting of another objective" in table and "Empty: the run's params.yaml has no such setting" in table
+    header, _ = header_and_table("ieee")
+    assert "| cpo.beta | score.bertscore_rescale |" in header and "fp32_matmul" not in header

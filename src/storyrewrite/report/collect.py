@@ -35,7 +35,7 @@ from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
 from storyrewrite.report.build import (coherence_notes, echo_notes, empty_notes, kept_original_section, llm_label, train_seconds, training_section,
                                        what_m_scores)
 from storyrewrite.report.figure import compact_png, results_figure
-from storyrewrite.report.gather import manifests, params_key, read_blob
+from storyrewrite.report.gather import manifests, params_key, read_blob, with_added_later
 from storyrewrite.report.tables import (Row, coherence_columns, column_label, markdown_table, metric_value, number, overlap_columns,
                                         plain_cells)
 from storyrewrite.significance.compare import UNITS, Pair, bound_note, compare_tests, p_text
@@ -78,7 +78,9 @@ class Run:
 
     @cached_property
     def params(self) -> dict:
-        return yaml.safe_load(self.text("params.yaml")) or {}
+        """Its params.yaml, with the value that computes what it did for each setting added since
+        (gather.ADDED_LATER): no column of the tables tells runs apart by a key only newer ones have."""
+        return with_added_later(yaml.safe_load(self.text("params.yaml")) or {})
 
     @cached_property
     def flat_params(self) -> dict:

@@ -79,16 +79,21 @@ SPEED_ONLY = {"rl": ("cache", "early_stop")}
 ADDED_LATER = {"score": {"fp32_matmul": "ieee"}, "rl": {"sample_dtype": None}}
 
 
+def with_added_later(params: dict) -> dict:
+    """A run's params with ADDED_LATER's value for each such key its params.yaml lacks."""
+    return {section: {**ADDED_LATER[section], **value} if section in ADDED_LATER and isinstance(value, dict) else value
+            for section, value in params.items()}
+
+
 def params_key(params: dict) -> str:
     """What tells two runs apart: their params, whatever the order of keys, without SPEED_ONLY's,
     with ADDED_LATER's value where a run has no such key, and without the sections it does not
     read (another objective's settings: registry.reads_section; a test checks the train stage's)."""
     kept = {}
-    for section, value in params.items():
+    for section, value in with_added_later(params).items():
         if not reads_section(params.get("objective"), section):
             continue
         if isinstance(value, dict):
-            value = {**ADDED_LATER.get(section, {}), **value}
             value = {k: v for k, v in value.items() if k not in SPEED_ONLY.get(section, ())}
         kept[section] = value
     return json.dumps(kept, sort_keys=True)
