@@ -16,7 +16,7 @@ from helpers import ROOT, DictFS, system_metrics, training_summary
 from storyrewrite.io import InputError
 from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, param_cell, systems_without_a_run, write_bundle
 from storyrewrite.objectives.registry import RLConfig
-from storyrewrite.params import ScoreConfig
+from storyrewrite.params import ScoreConfig, TrainConfig
 from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
 from storyrewrite.significance.compare import compare
 
@@ -301,6 +301,8 @@ def test_a_queued_run_whose_params_ran_before_leaves_the_queue(tmp_path, capsys)
     assert duplicates(scored, gathered=before)[:2] == (["q10"], ["q9"])
     assert all(ScoreConfig.model_fields[key].default == value for key, value in ADDED_LATER["score"].items())
     assert all(RLConfig.model_fields[key].default == value for key, value in ADDED_LATER["rl"].items())
+    assert all(TrainConfig.model_fields[key].default == value for section in ("train_nll", "train")
+               for key, value in ADDED_LATER[section].items())
 
 
 def test_a_poller_gathers_a_run_once_and_again_only_at_another_revision(tmp_path):

@@ -76,7 +76,10 @@ def listed(exp_show: list[dict]) -> list[dict]:
 SPEED_ONLY = {"rl": ("cache", "early_stop")}
 # Settings added after runs were gathered, each with the value that computes what those runs did:
 # a run gathered without the key stands for a run with this value, and for no other.
-ADDED_LATER = {"score": {"fp32_matmul": "ieee"}, "rl": {"sample_dtype": None}}
+# (the Trainer's settings of both training sections: absent from params.yaml, at their defaults, before)
+_TRAINER_ADDED = {"num_nodes": 1, "accumulate_grad_batches": 1, "limit_val_batches": None}
+ADDED_LATER = {"score": {"fp32_matmul": "ieee"}, "rl": {"sample_dtype": None},
+               "train_nll": _TRAINER_ADDED, "train": _TRAINER_ADDED}
 
 
 def with_added_later(params: dict) -> dict:
