@@ -416,6 +416,33 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
     assert all(name in columns or f"val_{name}" in columns for name in summary["main_diagnostics"])
 
 
+def test_with_gradient_accumulation_the_curves_hold_a_row_per_optimiser_step_its_batches_mean(tmp_path, tiny_model_dirs,
+                                                                                               small_prepared):
+    """Two batches an optimiser step: each step's row is the mean of its batches' values, read
+    here from the module batch by batch, at the step Lightning counts; the gradient norm, taken
+    before the optimiser steps, is the second batch's."""
+    class Batches(Callback):
+        def __init__(self):
+            self.logged = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.logged.append({name: value.item() for name, value in pl_module.step_logs.items()})
+
+    spy = Batches()
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=3, accumulate_grad_batches=2, val_check_interval=100)
+    summary = _fit(tmp_path, run, [spy])
+    assert summary["global_step"] == 3 and len(spy.logged) == 6
+    assert "grad_norm" not in spy.logged[0] and "grad_norm" in spy.logged[1]
+    for name in ("train_loss", "token_accuracy"):
+        rows = _curve(tmp_path / "logs", name)
+        assert [row["step"] for row in rows] == [1, 2, 3]
+        expected = [(spy.logged[i][name] + spy.logged[i + 1][name]) / 2 for i in (0, 2, 4)]
+        assert [row["value"] for row in rows] == pytest.approx(expected, rel=1e-6)
+    assert [row["value"] for row in _curve(tmp_path / "logs", "grad_norm")] == pytest.approx(
+        [spy.logged[i]["grad_norm"] for i in (1, 3, 5)], rel=1e-6)
+    assert _steps(tmp_path / "logs", "tokens_per_s") == [1, 2, 3]
+
+
 @pytest.mark.slow
 def test_the_starting_weights_are_validated_at_step_0_and_training_is_the_same_without(tmp_path, tiny_model_dirs, small_prepared):
     """DTO (its scorer must be on the generator's device in `Trainer.validate` as in fit): the

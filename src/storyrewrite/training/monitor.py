@@ -64,6 +64,16 @@ def read_logs(logs: dict[str, torch.Tensor]) -> dict[str, float]:
     return {name: values[name] for name in logs}
 
 
+def step_mean(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One optimiser step's logged tensors from those of its batches (one each, or several with
+    accumulate_grad_batches): each the mean over the batches that logged it (the gradient norm,
+    logged before the optimiser steps, is the last batch's alone), on its device, unread."""
+    if len(batches) == 1:
+        return batches[0]
+    names = dict.fromkeys(name for logs in batches for name in logs)
+    return {name: torch.stack([logs[name].float().reshape(()) for logs in batches if name in logs]).mean() for name in names}
+
+
 def truncate_after(directory: Path, step: int) -> None:
     """Drop every curve row after `step` (logged after the last checkpoint)."""
     for path in curve_files(directory).values():
@@ -92,9 +102,10 @@ class TrainingPlan(Callback):
 
 
 class TrainingMonitor(Callback):
-    """Logs one row per quantity per training step (and per validation) with DVCLive into
-    `log_dir`, copies the curves to `snapshot_dir` at every checkpoint and validation, and stops
-    the run on divergence. `resumed_step`: the step of the checkpoint a resumed run starts from."""
+    """Logs one row per quantity per optimiser step (with accumulate_grad_batches, the mean over
+    its batches) and per validation with DVCLive into `log_dir`, copies the curves to
+    `snapshot_dir` at every checkpoint and validation, and stops the run on divergence.
+    `resumed_step`: the step of the checkpoint a resumed run starts from."""
 
     def __init__(self, log_dir: Path, snapshot_dir: Path, section: str, objective: str, resumed_step: int | None = None):
         self.log_dir, self.snapshot_dir = Path(log_dir), Path(snapshot_dir)
@@ -103,6 +114,10 @@ class TrainingMonitor(Callback):
         self._started: ThreadTimes | None = None
         # The last step's logged tensors, not yet read: (step, tensors, terms, lr, tokens, times)
         self._pending: tuple[int, dict[str, torch.Tensor], tuple[str, ...], float, int, ThreadTimes] | None = None
+        # The batches of the optimiser step under way (several with accumulate_grad_batches): their
+        # logged tensors and tokens, and the step before the first of them.
+        self._batches: list[tuple[dict[str, torch.Tensor], int]] = []
+        self._step_before: int | None = None
         self.last_loss: float | None = None  # the latest step's loss read, for the progress bar
         # Seconds spent validating (the starting weights' validation and Lightning's sanity check
         # included): from the start of each validation, after the last step's read waited for the
@@ -144,14 +159,19 @@ class TrainingMonitor(Callback):
             shutil.copytree(self.log_dir, staging, dirs_exist_ok=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._started = thread_times()
+        if not self._batches:  # the first batch of an optimiser step
+            self._started, self._step_before = thread_times(), trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._batches.append((dict(pl_module.step_logs), batch["num_tokens"]))
+        if trainer.global_step == self._step_before:
+            return  # accumulate_grad_batches: the optimiser steps after a later batch
         spent = thread_times() - self._started  # the step's wall time, and its thread's time on and waiting for a CPU
         self._read(trainer)
+        batches, self._batches = self._batches, []
         lr = trainer.optimizers[0].param_groups[0]["lr"]
-        self._pending = (trainer.global_step, dict(pl_module.step_logs), pl_module.step_terms, lr,
-                         batch["num_tokens"], spent)
+        self._pending = (trainer.global_step, step_mean([logs for logs, _ in batches]), pl_module.step_terms, lr,
+                         sum(tokens for _, tokens in batches), spent)
 
     def _read(self, trainer) -> None:
         """Read, check and log the pending step, if any."""
