@@ -60,9 +60,9 @@ def test_the_monitor_reads_a_step_only_after_the_next_step_is_launched(tmp_path,
     events = []
     step_loss, read_logs = RewriteModule.step_loss, monitor_module.read_logs
 
-    def stepping(self, batch):
+    def stepping(self, batch, batch_idx=0):
         events.append(f"step {self.global_step + 1}")
-        return step_loss(self, batch)
+        return step_loss(self, batch, batch_idx)
 
     def reading(logs):
         events.append("read")

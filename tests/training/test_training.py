@@ -417,10 +417,20 @@ def test_each_objective_writes_its_named_curves(tmp_path, tiny_model_dirs, small
 
 
 def test_with_gradient_accumulation_the_curves_hold_a_row_per_optimiser_step_its_batches_mean(tmp_path, tiny_model_dirs,
-                                                                                               small_prepared):
+                                                                                               small_prepared, monkeypatch):
     """Two batches an optimiser step: each step's row is the mean of its batches' values, read
     here from the module batch by batch, at the step Lightning counts; the gradient norm, taken
-    before the optimiser steps, is the second batch's."""
+    before the optimiser steps, is the second batch's. Each batch draws its own noise."""
+    from storyrewrite.objectives.base import Loss
+
+    seeds, call = [], Loss.__call__
+
+    def seeded(self, generator, batch, noise_seed, validation=False):
+        if not validation:
+            seeds.append(noise_seed)
+        return call(self, generator, batch, noise_seed, validation)
+    monkeypatch.setattr(Loss, "__call__", seeded)
+
     class Batches(Callback):
         def __init__(self):
             self.logged = []
@@ -441,6 +451,10 @@ def test_with_gradient_accumulation_the_curves_hold_a_row_per_optimiser_step_its
     assert [row["value"] for row in _curve(tmp_path / "logs", "grad_norm")] == pytest.approx(
         [spy.logged[i]["grad_norm"] for i in (1, 3, 5)], rel=1e-6)
     assert _steps(tmp_path / "logs", "tokens_per_s") == [1, 2, 3]
+    assert seeds == [0, 1, 2, 3, 4, 5]  # (seed 0: the k-th batch of step g draws from 2·g + k)
+    seeds.clear()
+    _fit(tmp_path / "one", tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=3, val_check_interval=100))
+    assert seeds == [0, 1, 2]  # one batch a step: the step's seed, as before
 
 
 @pytest.mark.slow

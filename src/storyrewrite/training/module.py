@@ -51,7 +51,7 @@ class RewriteModule(L.LightningModule):
 
     def __init__(self, generator: PreTrainedModel, loss: Loss, lr: float, weight_decay: float,
                  warmup_steps: int, seed: int = 0, diagnostics: bool = True, autocast_dtype: torch.dtype | None = None,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool = False, accumulate_grad_batches: int = 1):
         super().__init__()
         # from_pretrained returns a model in eval mode; Lightning keeps module modes as they
         # are, so switch dropout on for training here.
@@ -62,6 +62,7 @@ class RewriteModule(L.LightningModule):
         self.diagnostics = diagnostics
         self.autocast_dtype = autocast_dtype
         self.cuda_graphs = cuda_graphs
+        self.accumulate_grad_batches = accumulate_grad_batches
         self.step_logs: dict[str, torch.Tensor] = {}
         self.step_terms: tuple[str, ...] = ()
 
@@ -79,11 +80,15 @@ class RewriteModule(L.LightningModule):
     # Fit, and the validation of the starting weights that comes before it (`Trainer.validate`).
     on_fit_start = on_validation_start = _place_scorer
 
-    def step_loss(self, batch: dict) -> torch.Tensor:
-        """The loss of a training step, leaving what the curves log in `step_logs`."""
+    def step_loss(self, batch: dict, batch_idx: int = 0) -> torch.Tensor:
+        """The loss of a training batch, leaving what the curves log in `step_logs`."""
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        out = self.loss(self.generator, batch, self.noise_seed + self.global_step)
+        # Each batch draws its own noise (DTO's Gumbel noise, RLOO's samples): with A batches an
+        # optimiser step (accumulate_grad_batches, grouped as Lightning groups them, from each
+        # epoch's first), the k-th batch of step g from seed g·A + k; with one a step, from g.
+        accumulate = self.accumulate_grad_batches
+        out = self.loss(self.generator, batch, self.noise_seed + self.global_step * accumulate + batch_idx % accumulate)
         self.step_terms = ("train_loss", *out.terms)
         self.step_logs = {"train_loss": out.loss.detach(), **out.terms}
         if self.diagnostics:
@@ -92,7 +97,7 @@ class RewriteModule(L.LightningModule):
         return out.loss
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        return self.step_loss(batch)
+        return self.step_loss(batch, batch_idx)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning calls this after unscaling fp16 gradients and before clipping them.

@@ -121,7 +121,7 @@ def assemble(run: Run, diagnostics: bool = True) -> tuple[RewriteModule, Rewrite
     graphs = run.config.compile == "reduce-overhead"
     module = RewriteModule(load_model(run.init_dir), loss, run.config.lr, run.config.weight_decay,
                            run.config.warmup_steps, run.seed, diagnostics, AUTOCAST_DTYPES.get(run.config.precision),
-                           cuda_graphs=graphs)
+                           cuda_graphs=graphs, accumulate_grad_batches=run.config.accumulate_grad_batches)
     if run.config.compile:
         for model in (module.generator, *([loss.scorer.model] if loss.scorer is not None else [])):
             compile_body(model, COMPILE_BACKEND, "reduce-overhead" if graphs else None)
