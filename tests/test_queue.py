@@ -70,6 +70,10 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
         run("dvc", "exp", "run", "--queue", "-n", name, "-S", f"objective={objective}")
     queued = ours()
     assert [fields[1:] for fields in queued] == [["exp-a", "Queued"], ["exp-b", "Queued"]]
+    (tmp_path / "reports").mkdir()  # from a folder inside the repository: its queue all the same
+    inside = subprocess.run([sys.executable, "-m", "storyrewrite.queue"], cwd=tmp_path / "reports", env=ENV, capture_output=True,
+                            text=True, check=True)
+    assert [line.split() for line in inside.stdout.splitlines()] == queued
     assert ours("--workers") == dvcs() == [*queued, [], ["Worker", "status:", "0", "active,", "0", "idle"]]
     _start_worker(tmp_path)
     try:
@@ -194,6 +198,10 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         # The trainings' lines alone, as scripts/comparison.sh prints them: the stage's line left out.
         trainings = run(sys.executable, "-m", "storyrewrite.queue", "--trainings")
         assert trainings.startswith("exp-a: finetuned trained to step 3 of 10 (") and trainings.count("\n") == 1, trainings
+        (repo / "reports").mkdir(exist_ok=True)  # from a folder inside the repository: the same trainings
+        inside = subprocess.run([sys.executable, "-m", "storyrewrite.queue", "--trainings"], cwd=repo / "reports", env=ENV,
+                                capture_output=True, text=True, check=True).stdout
+        assert inside.split(" (")[0] == trainings.split(" (")[0] and inside.count("\n") == 1, inside
         # Its log so far (DVC's, beside its record), which a machine's poll brings back: what the
         # stage printed while it waits; no failed experiment's.
         (log,) = queue.running_logs(repo).values()
@@ -371,6 +379,9 @@ def test_a_failed_experiment_is_named_with_the_end_of_its_log_which_says_why(tmp
         shown = run(sys.executable, "-m", "storyrewrite.queue", "--failed", "--lines", "3").splitlines()
         assert shown == [f"== exp-bad failed; the end of its log ({log.relative_to(tmp_path)}):", *(f"  {line}" for line in tail[-3:])]
         assert run(sys.executable, "-m", "storyrewrite.queue", "--failed-logs") == f"{log.relative_to(tmp_path)}\n"
+        (tmp_path / "reports").mkdir()  # from a folder inside the repository: the same, its paths the repository's
+        assert subprocess.run([sys.executable, "-m", "storyrewrite.queue", "--failed", "--lines", "3"], cwd=tmp_path / "reports",
+                              env=ENV, capture_output=True, text=True, check=True).stdout.splitlines() == shown
         statuses = run(sys.executable, "-m", "storyrewrite.queue", "--workers", "--failed", "--lines", "3").splitlines()
         assert statuses[-4:] == shown and any(line.endswith("  exp-bad  Failed") for line in statuses[:-4])  # (the statuses first)
         assert run(sys.executable, "-m", "storyrewrite.queue", "--failed", "--since", str(time.time() + 60)) == ""
