@@ -152,8 +152,12 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
     assert _error(capsys, model, "--premise", "P.", *settings, "-S", "generate.num_beam=4").startswith(
         "error: -S generate.num_beam=4: unknown key `generate.num_beam`; valid keys in `generate`: split, batch_size, num_beams")
     assert _error(capsys, model, "--premise", "P.", *settings, "-S", "task=story").startswith("error: params: `task` = 'story'")
-    # --out: a folder, or under a file.
+    # --out: a folder, under a file, or the stories' own file (through a link to it too).
     stories.write_text(json.dumps(story) + "\n")
+    (tmp_path / "link.jsonl").symlink_to(stories)
+    for out in (stories, tmp_path / "link.jsonl"):
+        assert _error(capsys, model, "--stories", str(stories), "--out", str(out), *settings) == (
+            f"error: --out {out}: the --stories file itself, which the rewrites would replace; give another file")
     assert _error(capsys, model, "--stories", str(stories), "--out", str(tmp_path), *settings) == (
         f"error: --out {tmp_path}: a folder; give the rewrites' file, e.g. {tmp_path / 'rewrites.jsonl'}")
     assert _error(capsys, model, "--stories", str(stories), "--out", str(stories / "new" / "out.jsonl"), *settings) == (

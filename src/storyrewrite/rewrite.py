@@ -74,9 +74,12 @@ def story_from_flags(given: dict[str, str], task: str) -> dict:
     return story_input(given, task, "the command line")
 
 
-def check_out(path: Path) -> None:
-    """Stop before any model loads where --out cannot become the rewrites' file: a folder, or a
-    place where no file can be written (the write comes after the whole decoding)."""
+def check_out(path: Path, stories: Path) -> None:
+    """Stop before any model loads where --out cannot become the rewrites' file: a folder, a place
+    where no file can be written (the write comes after the whole decoding), or the stories' own
+    file, which the rewrites would replace."""
+    if path.exists() and str(stories) != "-" and path.resolve() == stories.resolve():
+        raise InputError(f"--out {path}: the --stories file itself, which the rewrites would replace; give another file")
     if path.is_dir():
         raise InputError(f"--out {path}: a folder; give the rewrites' file, e.g. {path / 'rewrites.jsonl'}")
     ancestor = path.parent  # the folders that are missing are made at the write
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
             raise InputError(f"give --stories or a story's fields ({', '.join(map(flag, given))}), not both")
         stories = stories_from(args.stories, params.task)
         if args.out is not None:
-            check_out(args.out)
+            check_out(args.out, args.stories)
         rows = [{"id": story_id, "prediction": ending}
                 for (story_id, _), ending in zip(stories, rewrite(args.model, [s for _, s in stories], params), strict=True)]
         if args.out is not None:
