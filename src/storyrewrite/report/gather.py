@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from storyrewrite.io import InputError, atomic_path, read_json, write_json_atomic
+from storyrewrite.io import InputError, read_json, write_bytes_atomic, write_json_atomic, write_text_atomic
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite.objectives.registry import OBJECTIVES, reads_section
 from storyrewrite.queue import dvc_root
@@ -261,9 +261,8 @@ def store_blob(data: bytes, blobs: Path) -> str:
     digest = hashlib.sha256(data).hexdigest()
     path = blobs / f"{digest}.gz"
     if not path.exists():
-        with atomic_path(path) as tmp:
-            # mtime=0: the same content gives the same bytes, whoever gathers it.
-            tmp.write_bytes(gzip.compress(data, mtime=0))
+        # mtime=0: the same content gives the same bytes, whoever gathers it.
+        write_bytes_atomic(path, gzip.compress(data, mtime=0))
     return digest
 
 
@@ -428,17 +427,14 @@ def main(argv: list[str] | None = None) -> None:
         if args.runs is not None:
             states = {run["name"]: run["state"] for run in listed(exp_show)}
             waiting = sum(states.get(name) in ("queued", "running") for name in stand_ins)
-            with atomic_path(args.runs) as tmp:
-                tmp.write_text(f"{queued + waiting}\n", encoding="utf-8")
+            write_text_atomic(args.runs, f"{queued + waiting}\n")
         if args.stand_ins is not None:
-            with atomic_path(args.stand_ins) as tmp:
-                tmp.write_text("".join(f"{name}\n" for name in stand_ins), encoding="utf-8")
+            write_text_atomic(args.stand_ins, "".join(f"{name}\n" for name in stand_ins))
         if left_out:
             print(f"{left_out} run(s) of these sweeps have the params of one that ran or is queued: not queued"
                   + (f" (here: {', '.join(stand_ins)})" if stand_ins else ""), file=sys.stderr)
         if args.refused is not None:
-            with atomic_path(args.refused) as tmp:
-                tmp.write_text("".join(f"{label}\n" for label in refused), encoding="utf-8")
+            write_text_atomic(args.refused, "".join(f"{label}\n" for label in refused))
         if refused:
             named = ", ".join(f"{label} ×{n}" if n > 1 else label for label, n in Counter(refused).items())
             print(f"{len(refused)} run(s) of these sweeps need the original ending, which their task does not have: "
@@ -446,8 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         later = (f"{deferred} run(s) of these sweeps left for a later command (at most {args.limit} queued): the same "
                  "command queues them once these ran") if deferred else ""
         if args.deferred is not None:
-            with atomic_path(args.deferred) as tmp:
-                tmp.write_text(later + "\n" if later else "", encoding="utf-8")
+            write_text_atomic(args.deferred, later + "\n" if later else "")
         if later:
             print(later, file=sys.stderr)
         for call in calls:
