@@ -35,6 +35,19 @@ def test_latex_table():
     assert latex.startswith("\\begin{table}") and latex.rstrip().endswith("\\end{table}")
 
 
+def test_latex_table_escapes_labels_and_keeps_the_headers_math():
+    """A label holds what a model's spec holds (a local directory: `~`, `_`, `#`); LaTeX reads
+    each of those as a command. Escaped as LaTeX's own commands write them, by hand here."""
+    rows = _rows()
+    rows[1] = Row("finetuned", "~/my_models/bart#2 & 50% {x}", rows[1].metrics, rows[1].p_values)
+    latex = latex_table(rows, alpha=0.05, caption="c")
+    assert ("\\textasciitilde /my\\_models/bart\\#2 \\& 50\\% \\{x\\} & \\textbf{-1.683}$^{*}$ & \\textbf{61.5} & \\textbf{35.5} "
+            "& -2.990 & 39.0 & 19.0 \\\\") in latex
+    assert "Predictive $M(\\hat{Y}, Y_{EE})$" in latex and "Counterfactual $M + \\Delta_M$" in latex  # math as written
+    plain = latex_table(rows, alpha=0.05, caption="c", columns=["rougeL/counterfactual", "cf_follow"])
+    assert "System & ROUGE-L (M + Δ\\_M) & follows X\\_CE (\\%) \\\\" in plain
+
+
 def _metrics(bart, **extra):
     return system_metrics(bart, 50.0, 30.0, **extra)
 
@@ -76,6 +89,10 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
         in markdown.split("## Stages")[1]
     assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
     assert "Empty endings" not in markdown
+    ablated = build_report(["nll", "finetuned"], [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
+                           [instance], tmp_path / "train", tmp_path / "llm", tmp_path / "stages", ReportConfig(examples=1), 0,
+                           "timetravel_ablated", "nll", 0.05)[1]
+    assert "\\caption{Results on timetravel\\_ablated (1 test instances). $^{*}$" in ablated  # LaTeX's `_` escaped
     # A system whose generator wrote nothing: the notes under the table say which and how many.
     (tmp_path / "metrics" / "finetuned.json").write_text(json.dumps(_metrics(-1.5, empty_predictions=1)))
     notes = report(["nll", "finetuned"])[0].split("## Following")[0]

@@ -251,8 +251,9 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         "## Examples", *examples,
     ]) + "\n"
     caption = f"$^{{*}}$: one-tailed paired bootstrap against {labels[baseline]}, $p < {alpha}$."
-    latex = latex_table(rows, alpha, caption=f"Results on {task} ({n} test instances). {caption}") + "\n"
+    task_tex = task.replace("_", "\\_")  # (a task's name, one of params' Literal, holds no other character LaTeX reserves)
+    latex = latex_table(rows, alpha, caption=f"Results on {task_tex} ({n} test instances). {caption}") + "\n"
     if coherence:
-        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {task} ({n} test instances). {caption}",
+        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {task_tex} ({n} test instances). {caption}",
                                      coherence) + "\n"
     return markdown, latex

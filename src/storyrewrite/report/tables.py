@@ -111,10 +111,6 @@ def markdown_table(rows: list[Row], alpha: float, columns: list[str] | None = No
                  [[row.label] + [_cell(row, c, best, alpha, latex=False) for c in columns] for row in rows])
 
 
-def _latex_label(label: str) -> str:
-    return label.replace("&", "\\&").replace("_", "\\_").replace("%", "\\%")
-
-
 def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] | None = None) -> str:
     """The overlap table (columns None: overlap_columns, in predictive and counterfactual groups
     where there are both) or any other columns, through pandas' Styler (booktabs rules)."""
@@ -125,9 +121,12 @@ def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] 
         header = pd.MultiIndex.from_tuples([(FORM_HEADERS[c.split("/")[1]], METRIC_LABELS[c.split("/")[0]]) for c in columns],
                                            names=["", "System"])
     else:
-        header = pd.Index([_latex_label(column_label(c)) for c in columns], name="System")
+        header = pd.Index([column_label(c) for c in columns], name="System")
     cells = pd.DataFrame([[_cell(row, c, best, alpha, latex=True) for c in columns] for row in rows], columns=header,
-                         index=[_latex_label(row.label) for row in rows])
-    return cells.style.set_table_styles([{"selector": "small", "props": ":;"}]).to_latex(  # (`\\small` under the caption)
+                         index=[row.label for row in rows])
+    # pandas escapes the labels: a system's (a model's spec can hold `_`, `~`, `#`, ...) in full, the
+    # headers outside their math ($M(\hat{Y}, Y_{EE})$ stays as written).
+    styler = cells.style.format_index(escape="latex", axis=0).format_index(escape="latex-math", axis=1)
+    return styler.set_table_styles([{"selector": "small", "props": ":;"}]).to_latex(  # (`\\small` under the caption)
         column_format="l" + "r" * len(columns), position="t", position_float="centering", hrules=True, caption=caption,
         multicol_align="c").rstrip("\n")
