@@ -382,6 +382,17 @@ def test_dvc_overrides_are_checked_as_the_experiment_reads_them_each_experiment_
         with_overrides(base, ["train.max_step=5"])
     with pytest.raises(InputError, match=r"^-S: only params\.yaml's keys are checked, not other\.yaml's$"):
         with_overrides(base, ["other.yaml:a=1"])
+    # A value DVC's grammar cannot read (a model directory's `~`): the character, and the value quoted,
+    # which DVC then reads as the text written.
+    with pytest.raises(InputError) as caught:
+        with_overrides(base, ["objective=score", "models.generator=~/my_models/bart#2"])
+    assert str(caught.value) == (
+        "-S models.generator=~/my_models/bart#2: not an override DVC's -S can read (Hydra's override grammar: no token starts "
+        "at `~`; https://hydra.cc/docs/advanced/override_grammar/basic); quote the value: -S \"models.generator='~/my_models/bart#2'\"")
+    [(_, quoted)] = with_overrides(base, ["models.generator='~/my_models/bart#2'"])
+    assert quoted["models"]["generator"] == "~/my_models/bart#2"
+    with pytest.raises(InputError, match=r"^-S llm\.modes=\[rag: not an override .*basic\)$"):  # the grammar's own syntax: no quotes
+        with_overrides(base, ["llm.modes=[rag"])
 
     # The command: the names the registries hold, in every experiment of a sweep, each error naming it.
     errors = _check_errors(capsys, "-S", "objective=choice(score,delta)", "-S", "task=choice(timetravel,art)", "-S", "llm.modes=[rag,zero]")

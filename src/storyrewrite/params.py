@@ -393,6 +393,34 @@ def leaves(tree: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
+def unparsable_override(overrides: list[str], error: Exception) -> InputError:
+    """The error for `-S` overrides that Hydra's override grammar (which DVC's `-S` reads) cannot
+    parse: the one it fails on, Hydra's reason, and the fix where the value is the cause (a model
+    directory's `~`, a `#`): the value quoted, as the grammar takes any text."""
+    from dvc.utils.hydra import to_hydra_overrides
+    from hydra.errors import OverrideParseException
+
+    override = " ".join(overrides)
+    for each in overrides:  # Hydra's message names the override in some of its forms only
+        try:
+            to_hydra_overrides([each])
+        except OverrideParseException as own:
+            override, error = each, own
+            break
+    lines = str(error).splitlines()
+    reason = lines[0].removesuffix(f": {override}")
+    if reason == "LexerNoViableAltException" and len(lines) > 1 and "^" in lines[1]:  # a line with ^ under the character
+        at = lines[1].index("^")
+        reason = f"no token starts at `{lines[0][at]}`" if at < len(lines[0]) else reason
+    key, equals, value = override.partition("=")
+    # A value in the grammar's own syntax (a list, a dict, a sweep: [...], {...}, choice(...)) is
+    # not text to quote.
+    quoted = f"; quote the value: -S \"{key}='{value}'\"" if equals and value and "'" not in value \
+        and re.fullmatch(r"\+{0,2}[A-Za-z_][\w.]*", key) and not value.startswith(('"', "[", "{")) and "(" not in value else ""
+    return InputError(f"-S {override}: not an override DVC's -S can read (Hydra's override grammar: {reason}; "
+                      f"https://hydra.cc/docs/advanced/override_grammar/basic){quoted}")
+
+
 def with_overrides(params: dict, overrides: list[str]) -> list[tuple[str, dict]]:
     """`params` as `dvc exp run -S OVERRIDE ...` would leave them: one (label, params) per
     experiment, several where an override is a sweep (`objective=choice(score,delta)`, which
@@ -413,8 +441,8 @@ def with_overrides(params: dict, overrides: list[str]) -> list[tuple[str, dict]]
         raise InputError(f"-S: only params.yaml's keys are checked, not {', '.join(other)}'s")
     try:
         parsed = to_hydra_overrides(by_file["params.yaml"])
-    except OverrideParseException as error:  # its first line names the override
-        raise InputError(f"-S: {str(error).splitlines()[0]}") from None
+    except OverrideParseException as error:
+        raise unparsable_override(by_file["params.yaml"], error) from None
     for override in parsed:
         if override.is_add() or override.is_delete():
             continue  # `+key=...` adds a key, `~key` removes one: the sections' check judges the result
