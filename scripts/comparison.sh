@@ -228,17 +228,23 @@ stop_mps() {
   fi
   MPS_DIR=
 }
-trap '[ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rm -rf "$KEPT"; stop_mps' EXIT  # also when interrupted
-# A stop ends the script once the command under way has ended (bash runs a trap then), not at once:
-# SIGTERM reaches the script alone, and a `dvc exp run --queue` still running would, at its end, put
-# the workspace back as it found it, without dvc.lock, after the exit above had put it back. Ctrl-C
-# (SIGINT) reaches DVC too, which ends cleanly. Queue workers are detached: they go on either way.
+# The exit, also when interrupted, first waits for a `dvc exp run --queue` still running (queue):
+# SIGTERM reaches the script alone, and that DVC would, at its end, put the workspace back as it
+# found it, without dvc.lock, after the exit had put it back. Ctrl-C (SIGINT) reaches DVC too, which
+# ends cleanly. Queue workers are detached: they go on either way.
+trap 'wait || true; [ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock; rm -rf "$KEPT"; stop_mps' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# DVC runs in the background and is waited for, so that the exit above can wait for it too: bash
+# defers a trap until a foreground command ends only once it waits for it, and a stop that comes
+# between the fork and that wait ran the exit at once. `trap - INT`: Ctrl-C reaches it as it
+# reaches a foreground command (bash has a background one ignore SIGINT).
 queue() {
   local rc=0
   [ ! -f dvc.lock ] || mv dvc.lock "$KEPT/dvc.lock"
-  dvc exp run --queue "$@" | sed -n "s/^Queued experiment '\(.*\)' for future execution\.$/\1/p" >> "$KEPT/mine" || rc=$?
+  (trap - INT; exec dvc exp run --queue "$@") > "$KEPT/queued" &
+  wait $! || rc=$?
+  sed -n "s/^Queued experiment '\(.*\)' for future execution\.$/\1/p" "$KEPT/queued" >> "$KEPT/mine"
   [ ! -f "$KEPT/dvc.lock" ] || mv "$KEPT/dvc.lock" dvc.lock
   return $rc
 }

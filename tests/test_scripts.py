@@ -241,9 +241,11 @@ def test_a_long_wait_says_every_few_minutes_how_far_each_training_under_way_has_
 def test_a_stop_while_queueing_waits_for_dvc_to_restore_its_workspace_before_dvc_lock_comes_back(tmp_path):
     """SIGTERM reaches the script alone (`kill PID`), not its `dvc exp run --queue`, which goes on
     and at its end puts the workspace back as it found it: without dvc.lock, set aside. The script
-    waits for it, then puts dvc.lock back; put back earlier, DVC's restore would delete it."""
+    waits for it, then puts dvc.lock back; put back earlier, DVC's restore would delete it. The stop
+    comes at once, as the stub starts: before the script waits for it, where bash runs a trap at
+    once. And DVC runs in the background without ignoring SIGINT, so that Ctrl-C reaches it."""
     (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
-    dvc = ('if [ "$3" = --queue ]; then kill -TERM $PPID; sleep 1\n'
+    dvc = ('if [ "$3" = --queue ]; then kill -TERM $PPID; trap -p INT > sigint; sleep 1\n'
            '  if [ -f dvc.lock ]; then echo restored-too-early > early; fi; rm -f dvc.lock; echo ended > dvc-ended; fi\nexit 0')
     bin_dir = _write_stubs(tmp_path, {"dvc": dvc, "python": PLAN_AS_IS + "exit 0"})
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
@@ -251,6 +253,7 @@ def test_a_stop_while_queueing_waits_for_dvc_to_restore_its_workspace_before_dvc
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
     assert (tmp_path / "dvc-ended").exists() and not (tmp_path / "early").exists()
     assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
+    assert (tmp_path / "sigint").read_text() == ""  # (ignored, it would read: trap -- '' SIGINT)
 
 
 def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
