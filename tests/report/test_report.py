@@ -89,6 +89,10 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
         in markdown.split("## Stages")[1]
     assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
     assert "Empty endings" not in markdown
+    assert "\\* one-tailed paired bootstrap against NLL (10 resamples over instances), p < 0.05." in markdown
+    significance = json.loads((tmp_path / "significance.json").read_text())
+    (tmp_path / "significance.json").write_text(json.dumps({**significance, "unit": "story"}))
+    assert "(10 resamples over stories), p < 0.05." in report(["nll", "finetuned"])[0]
     ablated = build_report(["nll", "finetuned"], [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
                            [instance], tmp_path / "train", tmp_path / "llm", tmp_path / "stages", ReportConfig(examples=1), 0,
                            "timetravel_ablated", "nll", 0.05)[1]

@@ -18,6 +18,7 @@ from storyrewrite.report.tables import Row, coherence_columns, latex_table, mark
 from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES, of_the_run
 
+UNIT_PLURALS = {"instance": "instances", "story": "stories"}  # `significance.unit`: what the bootstrap resamples
 
 def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
     """system -> its training summary, for the systems that were trained."""
@@ -200,7 +201,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     notes = [
         f"Task `{task}`, {n} test instances. {what_m_scores(metrics[baseline])}",
         f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.n_resamples} resamples "
-        f"over {significance.unit}s), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
+        f"over {UNIT_PLURALS[significance.unit]}), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
         *echo_notes(labels, metrics),
         *empty_notes(labels, metrics),
     ]
