@@ -2,7 +2,7 @@ import json
 
 from helpers import system_metrics, training_summary
 from storyrewrite.report.examples import word_diff
-from storyrewrite.report.tables import Row, latex_table, markdown_table
+from storyrewrite.report.tables import Row, latex_table, latex_text, markdown_table
 
 
 def test_word_diff_marks_removed_and_added_words():
@@ -44,6 +44,9 @@ def test_latex_table_escapes_labels_and_keeps_the_headers_math():
     assert ("\\textasciitilde /my\\_models/bart\\#2 \\& 50\\% \\{x\\} & \\textbf{-1.683}$^{*}$ & \\textbf{61.5} & \\textbf{35.5} "
             "& -2.990 & 39.0 & 19.0 \\\\") in latex
     assert "Predictive $M(\\hat{Y}, Y_{EE})$" in latex and "Counterfactual $M + \\Delta_M$" in latex  # math as written
+    # The caption's names (pandas escapes no caption), each character on its own, by hand.
+    assert latex_text("~/my_models/bart#2 & 50% {x} $^\\") == (
+        "\\textasciitilde{}/my\\_models/bart\\#2 \\& 50\\% \\{x\\} \\$\\textasciicircum{}\\textbackslash{}")
     plain = latex_table(rows, alpha=0.05, caption="c", columns=["rougeL/counterfactual", "cf_follow"])
     assert "System & ROUGE-L (M + Δ\\_M) & follows X\\_CE (\\%) \\\\" in plain
 

@@ -14,11 +14,12 @@ from storyrewrite.report.examples import example_block
 from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
-from storyrewrite.report.tables import Row, coherence_columns, latex_table, markdown_table
+from storyrewrite.report.tables import Row, coherence_columns, latex_table, latex_text, markdown_table
 from storyrewrite.significance.validity import markdown as validity_markdown
 from storyrewrite.systems import COPY_BASELINES, TRAIN_STAGES, of_the_run
 
 UNIT_PLURALS = {"instance": "instances", "story": "stories"}  # `significance.unit`: what the bootstrap resamples
+
 
 def read_summaries(systems: list[str], train_logs: Path) -> dict[str, dict]:
     """system -> its training summary, for the systems that were trained."""
@@ -251,10 +252,9 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         "Where each model stage ran and what it cost (from `reports/stages/<stage>.json`; wall time from the start of its work to its last output, after Python's imports; peak memory of the whole process).",
         "## Examples", *examples,
     ]) + "\n"
-    caption = f"$^{{*}}$: one-tailed paired bootstrap against {labels[baseline]}, $p < {alpha}$."
-    task_tex = task.replace("_", "\\_")  # (a task's name, one of params' Literal, holds no other character LaTeX reserves)
-    latex = latex_table(rows, alpha, caption=f"Results on {task_tex} ({n} test instances). {caption}") + "\n"
+    caption = f"$^{{*}}$: one-tailed paired bootstrap against {latex_text(labels[baseline])}, $p < {alpha}$."
+    latex = latex_table(rows, alpha, caption=f"Results on {latex_text(task)} ({n} test instances). {caption}") + "\n"
     if coherence:
-        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {task_tex} ({n} test instances). {caption}",
+        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {latex_text(task)} ({n} test instances). {caption}",
                                      coherence) + "\n"
     return markdown, latex

@@ -5,6 +5,7 @@ marks against the baseline; the best value of each column (among the real system
 baselines) in bold. Columns are keys of storyrewrite.metrics.columns."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -109,6 +110,17 @@ def markdown_table(rows: list[Row], alpha: float, columns: list[str] | None = No
     best = best_values(rows, columns)
     return table(["System"] + [column_label(c) for c in columns],
                  [[row.label] + [_cell(row, c, best, alpha, latex=False) for c in columns] for row in rows])
+
+
+# LaTeX's special characters as text. pandas' Styler escapes a table's labels (latex_table), but
+# not its caption, and keeps its own escape function private: the caption's names go through this.
+LATEX_TEXT = {"&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_", "{": "\\{", "}": "\\}",
+              "~": "\\textasciitilde{}", "^": "\\textasciicircum{}", "\\": "\\textbackslash{}"}
+
+
+def latex_text(text: str) -> str:
+    """`text` as LaTeX prints it: each special character escaped."""
+    return re.sub(r"[&%$#_{}~^\\]", lambda match: LATEX_TEXT[match.group()], text)
 
 
 def latex_table(rows: list[Row], alpha: float, caption: str, columns: list[str] | None = None) -> str:
