@@ -22,7 +22,8 @@ Task = Literal["timetravel", "timetravel_ablated", "art"]
 Dtype = Literal["float32", "bfloat16", "float16"]  # a model's weights
 Positive = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
-Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]  # the seeds Lightning takes (numpy: none below 0)
+MAX_SEED = 2**32 - 1  # the largest seed Lightning takes (numpy: none below 0)
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 # The Trainer's own values, checked here so that a typo stops `profiles check` and the training
 # stage as it starts, with the valid values, rather than Lightning's traceback after the stages

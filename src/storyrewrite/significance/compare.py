@@ -28,6 +28,7 @@ import numpy as np
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import available, source, value
+from storyrewrite.params import MAX_SEED
 from storyrewrite.significance.bootstrap import paired_bootstrap_many
 
 
@@ -180,8 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.n_resamples < 1:
         raise InputError(f"--n-resamples must be a whole number >= 1, got {args.n_resamples}")
-    if not 0 <= args.seed <= 2**32 - 1:  # the seeds params.yaml's `seed` takes
-        raise InputError(f"--seed must be a whole number from 0 to {2**32 - 1}, got {args.seed}")
+    if not 0 <= args.seed <= MAX_SEED:  # the seeds params.yaml's `seed` takes
+        raise InputError(f"--seed must be a whole number from 0 to {MAX_SEED}, got {args.seed}")
     scores = {}  # by the files' names, which errors quote
     for path in (args.system, args.against):
         if path.is_dir():
