@@ -88,9 +88,25 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     table = [line for line in markdown.split("## Training")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == ["| NLL", "| finetuned"]
     assert "llm_old" not in markdown and "llm-old" not in markdown
+    # Another baseline comes first; the trained systems keep the run's order, above the LLM rows.
+    for system in ("llm_zero_shot", "llm_fixed"):
+        (tmp_path / "metrics" / f"{system}.json").write_text(json.dumps(_metrics(-1.2)))
+        (tmp_path / "predictions" / f"{system}.jsonl").write_text(json.dumps({"id": "s:0", "prediction": system}) + "\n")
+    other = build_report(["nll", "finetuned", "llm_zero_shot", "llm_fixed"], [tmp_path / "metrics"], tmp_path / "significance.json",
+                         [tmp_path / "predictions"], [instance], tmp_path / "train", tmp_path / "llm", tmp_path / "stages",
+                         ReportConfig(examples=1), 0, "timetravel", "finetuned", 0.05)[0]
+    table = [line for line in other.split("## Training")[0].splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == ["| finetuned", "| NLL", "| llm_fixed", "| llm_zero_shot"]
+    (tmp_path / "metrics" / "copy_original.json").write_text(json.dumps(_metrics(-0.5)))
+    (tmp_path / "predictions" / "copy_original.jsonl").write_text(json.dumps({"id": "s:0", "prediction": "o"}) + "\n")
+    copied = build_report(["nll", "copy_original"], [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
+                          [instance], tmp_path / "train", tmp_path / "llm", tmp_path / "stages", ReportConfig(examples=1), 0,
+                          "timetravel", "copy_original", 0.05)[0]
+    table = [line for line in copied.split("## Training")[0].splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == ["| Copy of the original ending", "| NLL"]  # listed once
     assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GiB, CUDA 9.5 GiB |" \
         in markdown.split("## Stages")[1]
-    assert "Task `timetravel`, 1 test instances. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
+    assert "Task `timetravel`, 1 test instance. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
     assert "Empty endings" not in markdown
     assert "\\* one-tailed paired bootstrap against NLL (10 resamples over instances), p < 0.05." in markdown
     significance = json.loads((tmp_path / "significance.json").read_text())
@@ -99,7 +115,7 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     ablated = build_report(["nll", "finetuned"], [tmp_path / "metrics"], tmp_path / "significance.json", [tmp_path / "predictions"],
                            [instance], tmp_path / "train", tmp_path / "llm", tmp_path / "stages", ReportConfig(examples=1), 0,
                            "timetravel_ablated", "nll", 0.05)[1]
-    assert "\\caption{Results on timetravel\\_ablated (1 test instances). $^{*}$" in ablated  # LaTeX's `_` escaped
+    assert "\\caption{Results on timetravel\\_ablated (1 test instance). $^{*}$" in ablated  # LaTeX's `_` escaped
     # A system whose generator wrote nothing: the notes under the table say which and how many.
     (tmp_path / "metrics" / "finetuned.json").write_text(json.dumps(_metrics(-1.5, empty_predictions=1)))
     notes = report(["nll", "finetuned"])[0].split("## Following")[0]

@@ -191,7 +191,11 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     metrics = {s: artifacts.read(find_file(s, metrics_dirs, ".json"), SystemMetrics).model_dump() for s in systems}
     significance = artifacts.read(significance_path, Significance)
     records = [r for r in read_records(stage_records) if of_the_run(r["stage"], systems)]
-    order = [baseline] + sorted(s for s in systems if s != baseline and s not in COPY_BASELINES) + [s for s in COPY_BASELINES if s in systems]
+    # The baseline first, then the trained systems in the run's order, the LLM modes by name, the copies.
+    rest = [s for s in systems if s != baseline]
+    order = [baseline, *(s for s in rest if not s.startswith("llm_") and s not in COPY_BASELINES),
+             *sorted(s for s in rest if s.startswith("llm_")),
+             *(s for s in COPY_BASELINES if s in rest)]
     summaries = read_summaries(order, train_logs)
     curves = {s: read_curves(train_logs / s) for s in summaries}
     labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
@@ -199,8 +203,9 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
+    tested = f"{n} test instance{'' if n == 1 else 's'}"
     notes = [
-        f"Task `{task}`, {n} test instances. {what_m_scores(metrics[baseline])}",
+        f"Task `{task}`, {tested}. {what_m_scores(metrics[baseline])}",
         f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.n_resamples} resamples "
         f"over {UNIT_PLURALS[significance.unit]}), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
         *echo_notes(labels, metrics),
@@ -229,7 +234,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         if shares := kept_original_section({labels[s]: keeps_original(scores[s]) for s in order if s != "copy_original"}):
             kept = ["## The copy of the original ending", *shares]
         results_figure(figure, scores, labels, baseline, [s for s in COPY_BASELINES if s in systems],
-                       {s: metrics[s].get("prompt_echo", 0.0) for s in order}, f"{task}, {n} test instances",
+                       {s: metrics[s].get("prompt_echo", 0.0) for s in order}, f"{task}, {tested}",
                        seed=seed)
         shown_figure = [f"![Each system's mean per test instance with its bootstrap 95 % interval]({figure.name})"]
         for system, summary in summaries.items():
@@ -253,8 +258,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         "## Examples", *examples,
     ]) + "\n"
     caption = f"$^{{*}}$: one-tailed paired bootstrap against {latex_text(labels[baseline])}, $p < {alpha}$."
-    latex = latex_table(rows, alpha, caption=f"Results on {latex_text(task)} ({n} test instances). {caption}") + "\n"
+    latex = latex_table(rows, alpha, caption=f"Results on {latex_text(task)} ({tested}). {caption}") + "\n"
     if coherence:
-        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {latex_text(task)} ({n} test instances). {caption}",
+        latex += "\n" + latex_table(rows, alpha, f"Following the counterfactual on {latex_text(task)} ({tested}). {caption}",
                                      coherence) + "\n"
     return markdown, latex
