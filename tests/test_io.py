@@ -17,6 +17,14 @@ def test_an_undecodable_byte_names_its_line(tmp_path):
         list(read_jsonl(path))
 
 
+def test_a_byte_order_mark_is_read_as_no_text(tmp_path):
+    rows, prompt = tmp_path / "mine.jsonl", tmp_path / "prompt.txt"
+    rows.write_bytes('\ufeff{"id": "a"}\n{"id": "\ufeffb"}\n'.encode())  # a mark inside a string stays
+    prompt.write_bytes("\ufeffRewrite the ending: {premise}\n".encode())
+    assert list(read_jsonl(rows)) == [(1, {"id": "a"}), (2, {"id": "\ufeffb"})]
+    assert read_text(prompt) == "Rewrite the ending: {premise}\n"
+
+
 def test_line_separators_inside_json_strings_are_not_line_breaks(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"text": "a\u2028b"}\n\n{"text": "c"}\n', encoding="utf-8")

@@ -105,10 +105,12 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def decode_utf8(data: bytes, source) -> str:
-    """`data` decoded as UTF-8; an undecodable byte is an error naming `source` (a file, or where
+    """`data` decoded as UTF-8, without the byte order mark some editors write first (Windows
+    PowerShell's UTF-8, Excel's "UTF-8 CSV"): JSON refuses it, and a prompt would keep it as an
+    invisible first character. An undecodable byte is an error naming `source` (a file, or where
     the bytes came from) and the line."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise InputError(f"{source}:{line}: not valid UTF-8 (byte {data[err.start:err.start + 1]!r} at offset {err.start})") from None
