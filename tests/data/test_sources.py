@@ -98,3 +98,16 @@ def test_url_source_published_sum_and_missing_member(tmp_path):
     archive["members"] = {"art/test.jsonl": "test.jsonl"}
     with pytest.raises(InputError, match=r"no `test\.jsonl` in the archive"):
         download(_config(source="url", url={"archives": {"art": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")
+
+
+def test_url_source_takes_a_local_path_and_names_the_key_of_a_bad_one(tmp_path, monkeypatch):
+    train = b'{"story_id": "t"}\n'
+    _zip(tmp_path / "tt.zip", {"release/train_supervised_small.json": train})
+    monkeypatch.chdir(tmp_path)  # the stage runs in the repository root: a relative path is read from there
+    archive = {"url": "tt.zip", "members": {"timetravel/train.json": "train_supervised_small.json"}}
+    download(_config(source="url", url={"archives": {"timetravel": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")
+    assert (tmp_path / "raw" / "timetravel" / "train.json").read_bytes() == train
+    for url, problem in (("missing.zip", "no such file"), ("s3://bucket/tt.zip", "unknown url type")):
+        archive["url"] = url
+        with pytest.raises(InputError, match=rf"params `download\.url\.archives\.timetravel\.url`: {url}: {problem}"):
+            download(_config(source="url", url={"archives": {"timetravel": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")

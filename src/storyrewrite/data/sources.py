@@ -4,14 +4,16 @@ Sources (params `download.source`):
 - `bundled`: the TimeTravel dev/test and ART dev + 7 % train subset committed under
   `data/bundled` (see the PROVENANCE.md files there), checked against the sums in params.
 - `url`: the original releases (TimeTravel zip with train_supervised_small.json; ART zip),
-  for users with internet. Files with a sum in params are checked against it; the others
-  (no published sum exists for the TimeTravel files) are recorded on first download in the
-  `download.url.recorded_sums` file and checked against it on every later run.
+  for users with internet, or copies of them on disk (a file:// URL or a path). Files with a
+  sum in params are checked against it; the others (no published sum exists for the TimeTravel
+  files) are recorded on first download in the `download.url.recorded_sums` file and checked
+  against it on every later run.
 """
 from __future__ import annotations
 
 import shutil
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -52,7 +54,16 @@ def download_bundled(config: BundledSource, root: Path, out_dir: Path) -> list[P
     return [out_dir / raw_name for raw_name in config.files]
 
 
-def _fetch(url: str, dest: Path) -> None:
+def _fetch(url: str, dest: Path, key: str) -> None:
+    """The archive at `url` (params `key`) into `dest`: an http(s) or file URL, or a local path (a
+    copy downloaded by hand, relative to the repository root)."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if not scheme:
+        if not Path(url).expanduser().is_file():
+            raise InputError(f"params `{key}`: {url}: no such file (an http(s) or file:// URL, or a local zip file)")
+        url = Path(url).expanduser().resolve().as_uri()
+    elif scheme not in ("http", "https", "ftp", "file"):  # what urllib opens
+        raise InputError(f"params `{key}`: {url}: unknown url type {scheme!r} (an http(s) or file:// URL, or a local zip file)")
     request = urllib.request.Request(url, headers={"User-Agent": "storyrewrite"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response, open(dest, "wb") as f:
@@ -71,7 +82,7 @@ def download_urls(config: UrlSource, out_dir: Path, recorded_path: Path) -> list
     with tempfile.TemporaryDirectory() as tmp_dir, atomic_dir(out_dir) as staging:
         for name, archive in config.archives.items():
             zip_path = Path(tmp_dir) / f"{name}.zip"
-            _fetch(archive.url, zip_path)
+            _fetch(archive.url, zip_path, f"download.url.archives.{name}.url")
             with zipfile.ZipFile(zip_path) as zf:
                 by_basename = {Path(m).name: m for m in zf.namelist() if not m.endswith("/")}
                 for raw_name, member in archive.members.items():
