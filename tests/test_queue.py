@@ -66,6 +66,8 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
                                                           "run this where `dvc queue status` runs\n")
     _pipeline(tmp_path, "stages:\n  train:\n    cmd: python -c \"open('m.txt', 'w').write(open('params.yaml').read())\"\n"
                         "    params: [objective]\n    outs: [m.txt]\n")
+    empty = subprocess.run([sys.executable, "-m", "storyrewrite.queue"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert (empty.stdout, empty.stderr) == ("", "no experiment in this repository's queue (`dvc exp run --queue` queues one)\n")
     for name, objective in (("exp-a", "score"), ("exp-b", "delta")):
         run("dvc", "exp", "run", "--queue", "-n", name, "-S", f"objective={objective}")
     queued = ours()
@@ -84,6 +86,9 @@ def test_the_queue_is_dvc_queue_status_without_asking_the_workers(tmp_path):
             time.sleep(0.5)
         assert sorted(fields[1:] for fields in state) == [["exp-a", "Success"], ["exp-b", "Success"]]
         assert sorted(state) == sorted(dvcs()[:-2])
+        none_failed = subprocess.run([sys.executable, "-m", "storyrewrite.queue", "--failed"], cwd=tmp_path, env=ENV,
+                                     capture_output=True, text=True)
+        assert (none_failed.stdout, none_failed.stderr) == ("", "no experiment of this repository's queue failed\n")
     finally:
         run("dvc", "queue", "stop")
 

@@ -419,9 +419,18 @@ def main(argv: list[str] | None = None) -> None:
             print("no experiment of this repository's queue is running (`python -m storyrewrite.queue` lists them all)",
                   file=sys.stderr)
     elif args.workers or not args.failed:
-        print("\n".join(status(repo, args.workers)))
-    if args.failed and (lines := failure_lines(repo, args.since, args.lines)):
-        print(*lines, sep="\n")
+        lines = status(repo, args.workers)
+        if not lines or not lines[0]:  # no task, as `dvc queue status` says it (stdout: the workers' line alone)
+            print("no experiment in this repository's queue (`dvc exp run --queue` queues one)", file=sys.stderr)
+            lines = lines[1:]
+        if lines:
+            print(*lines, sep="\n")
+    if args.failed:
+        if lines := failure_lines(repo, args.since, args.lines):
+            print(*lines, sep="\n")
+        else:
+            since = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(args.since))}" if args.since else ""
+            print(f"no experiment of this repository's queue failed{since}", file=sys.stderr)
 
 
 if __name__ == "__main__":
