@@ -227,6 +227,21 @@ def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
         "error: -S: `task` = 'arts': Input should be 'timetravel', 'timetravel_ablated' or 'art'"]
 
 
+def test_the_check_refuses_a_significance_baseline_that_is_no_system_of_the_run(capsys):
+    # Before, such a sweep trained, generated and scored, then stopped at its significance stage.
+    def errors(*overrides: str) -> list[str]:
+        return _check_errors(capsys, *(word for override in overrides for word in ("-S", override)))
+
+    for baseline in ("finetuned", "copy_original"):
+        main(["check", "-S", f"significance.baseline={baseline}"])
+        assert capsys.readouterr().err == ""
+    assert errors("significance.baseline=llm_rag", "llm.modes=[zero_shot]") == [
+        "error: -S: `significance.baseline` = 'llm_rag' is not a system of this run; "
+        "systems: nll, finetuned, llm_zero_shot, copy_reference, copy_original"]
+    assert errors("significance.baseline=copy_original", "task=art", "llm.modes=[]") == [  # ART has no original ending
+        "error: -S: `significance.baseline` = 'copy_original' is not a system of this run; systems: nll, finetuned, copy_reference"]
+
+
 def test_a_number_boolean_or_null_given_as_a_name_gets_the_valid_names(capsys):
     # YAML and -S read `1`, `true` and `null` as such: a name's check still lists the valid ones.
     def errors(*overrides: str) -> list[str]:

@@ -26,15 +26,16 @@ from storyrewrite.models.catalogue import ROLES, check_specs, local_models
 from storyrewrite.objectives.registry import SETTINGS, get_objective, reads_section
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides, yaml_scalar
 from storyrewrite.records import cpu_has_bf16
+from storyrewrite.systems import TRAIN_STAGES, pipeline_systems
 
 
 def check_registered_names(params: Params) -> list[InputError]:
     """The errors in the names a stage looks up in a registry: `objective` (for the task),
-    `llm.modes`, and the models that `bundled:` and `tiny:` specs name, or that a directory or a
-    cached hub name holds (each fit for its role, the generator's and the scorer's of one
-    vocabulary; a hub name not cached is left to its stage). A look-up whose sections do not
-    validate is left out: Params.errors names them, and the other look-ups still run, so that one
-    check names every error."""
+    `llm.modes`, `significance.baseline` (a system of the run), and the models that `bundled:`
+    and `tiny:` specs name, or that a directory or a cached hub name holds (each fit for its
+    role, the generator's and the scorer's of one vocabulary; a hub name not cached is left to
+    its stage). A look-up whose sections do not validate is left out: Params.errors names them,
+    and the other look-ups still run, so that one check names every error."""
     def built(*names: str) -> list[Any] | None:
         try:
             return [params.section(name) for name in names]
@@ -46,6 +47,8 @@ def check_registered_names(params: Params) -> list[InputError]:
         look_ups.append(lambda: get_objective(*sections, lambda name: (built(name) or [None])[0]))
     if (llm := built("llm")) is not None:
         look_ups += [lambda name=name: get_mode(name) for name in llm[0].modes]
+    if (tested := built("significance", "llm", "task")) is not None:
+        look_ups.append(lambda: check_baseline(*tested))
     errors = []
     if (models := built("models")) is not None:
         specs = {role: getattr(models[0], role) for role in ROLES}
@@ -61,6 +64,15 @@ def check_registered_names(params: Params) -> list[InputError]:
         except InputError as error:
             errors.append(error)
     return errors
+
+
+def check_baseline(significance: Any, llm: Any, task: str) -> None:
+    """`significance.baseline` names a system of the run (the significance and report stages
+    refuse another only after the training)."""
+    systems = pipeline_systems(list(TRAIN_STAGES), llm.modes, task)
+    if significance.baseline not in systems:
+        raise InputError(f"params: `significance.baseline` = {significance.baseline!r} is not a system of this run; "
+                         f"systems: {', '.join(systems)}", key="significance.baseline")
 
 
 def override_keys(overrides: list[str]) -> list[str]:
