@@ -24,7 +24,11 @@ def _write(path, rows):
         ([{"id": "s1:0", "prediction": "a"}], r"1 instance\(s\) have no prediction, e.g. id s1:1"),
         ([{"id": "s1:0", "prediction": "a"}, {"id": "s1:0", "prediction": "b"}], r"p\.jsonl:2: duplicated id s1:0 \(first at line 1\)"),
         ([{"id": "s1:0", "prediction": "a"}, {"id": "s1:1", "prediction": "b"}, {"id": "s9:0", "prediction": "c"}],
-         r"p\.jsonl:3: id s9:0 is not in the evaluated split"),
+         r"p\.jsonl:3: id s9:0 is not in the evaluated split; the split holds 2 instances \(`generate\.split`, as many as "
+         r"`data\.max_eval` keeps\), e\.g\. id s1:0$"),
+        # A mistyped id: its line, not the instance it leaves without a prediction.
+        ([{"id": "s1:0", "prediction": "a"}, {"id": "s1-1", "prediction": "b"}, {"id": "s9:0", "prediction": "c"}],
+         r"p\.jsonl:2: id s1-1 is not in the evaluated split, nor is 1 more of its ids; the split holds 2 instances"),
         ([{"id": "s1:0", "prediction": None}], r"p\.jsonl:1: field `prediction` must be a string \(id s1:0\)"),
         (['{"id": "s1:0", '], r"p\.jsonl:1: malformed JSON"),
     ],

@@ -104,12 +104,16 @@ def read_predictions(path: Path, instances: list[dict]) -> dict[str, str]:
             raise InputError(f"{path}:{line}: duplicated id {instance_id} (first at line {lines[instance_id]})")
         predictions[instance_id], lines[instance_id] = prediction, line
     expected = [row["id"] for row in instances]
+    # An unknown id first: its line is where a file written for other ids (another split, or more
+    # of it than `data.max_eval` keeps) or with a mistyped id goes wrong.
+    known = set(expected)
+    if unknown := [i for i in predictions if i not in known]:
+        more = {1: "", 2: ", nor is 1 more of its ids"}.get(len(unknown), f", nor are {len(unknown) - 1} more of its ids")
+        raise InputError(f"{path}:{lines[unknown[0]]}: id {unknown[0]} is not in the evaluated split{more}; the split holds "
+                         f"{len(expected)} instances (`generate.split`, as many as `data.max_eval` keeps), e.g. id {expected[0]}")
     missing = [i for i in expected if i not in predictions]
     if missing:
         raise InputError(f"{path}: {len(missing)} instance(s) have no prediction, e.g. id {missing[0]}")
-    unknown = sorted(set(predictions) - set(expected))
-    if unknown:
-        raise InputError(f"{path}:{lines[unknown[0]]}: id {unknown[0]} is not in the evaluated split")
     empty = [i for i in expected if not predictions[i].strip()]
     if empty:
         print(f"warning: {path}: {len(empty)} empty prediction(s), scored as empty, e.g. id {empty[0]}", file=sys.stderr)
