@@ -111,3 +111,10 @@ def test_url_source_takes_a_local_path_and_names_the_key_of_a_bad_one(tmp_path, 
         archive["url"] = url
         with pytest.raises(InputError, match=rf"params `download\.url\.archives\.timetravel\.url`: {url}: {problem}"):
             download(_config(source="url", url={"archives": {"timetravel": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")
+
+
+def test_a_failed_download_names_the_key_and_the_copy_on_disk(tmp_path):
+    archive = {"url": (tmp_path / "gone.zip").as_uri(), "members": {"timetravel/train.json": "train_supervised_small.json"}}
+    with pytest.raises(InputError, match=r"download of file://.*gone\.zip failed: .*No such file.* \(params "
+                                         r"`download\.url\.archives\.timetravel\.url`; a copy downloaded by hand: its path\)"):
+        download(_config(source="url", url={"archives": {"timetravel": archive}}), tmp_path / "raw", BUNDLED, tmp_path / "s.json")

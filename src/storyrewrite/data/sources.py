@@ -69,7 +69,7 @@ def _fetch(url: str, dest: Path, key: str) -> None:
         with urllib.request.urlopen(request, timeout=120) as response, open(dest, "wb") as f:
             shutil.copyfileobj(response, f)
     except OSError as err:
-        raise InputError(f"download of {url} failed: {err}") from None
+        raise InputError(f"download of {url} failed: {err} (params `{key}`; a copy downloaded by hand: its path)") from None
     if not zipfile.is_zipfile(dest):
         raise InputError(f"download of {url} did not give a zip file (a login or confirmation page?)")
 
