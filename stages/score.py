@@ -10,7 +10,7 @@ from storyrewrite.data.prepare import load_instances
 from storyrewrite.data.schema import TASK_COLUMNS
 from storyrewrite import artifacts
 from storyrewrite.metrics.artifacts import SystemMetrics
-from storyrewrite.io import run_stage, write_jsonl_atomic
+from storyrewrite.io import InputError, run_stage, write_jsonl_atomic
 from storyrewrite.metrics.counterfactual import METRICS
 from storyrewrite.metrics.evaluate import (COHERENCE_INPUTS, load_scoring_models, read_predictions, score_system,
                                           scoring_models, timed)
@@ -31,6 +31,9 @@ def main() -> None:
     StageRecord.add_argument(parser)
     args = parser.parse_args()
     record = StageRecord.start(args.record)
+    files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
+    if not args.predictions.exists() or not files:
+        raise InputError(f"--predictions {args.predictions}: " + ("no .jsonl file in it" if files == [] else "no such file"))
     params = Params.load()
     config, models = params.score, params.models
     instances = load_instances(args.data, params.task, params.generate.split)
@@ -42,7 +45,6 @@ def main() -> None:
                                                  coherence_models=set(COHERENCE_INPUTS) <= set(TASK_COLUMNS[params.task]))
     print(f"scorer on {device} ({precision})" + (f"; evaluators: {evaluators.specs}" if evaluators.specs else "")
           + (f"; BERTScore: {evaluators.bertscore.spec}, layer {evaluators.bertscore.layer}" if evaluators.bertscore else ""))
-    files = sorted(args.predictions.glob("*.jsonl")) if args.predictions.is_dir() else [args.predictions]
     models = scoring_models(role_spec(args.scorer, "scorer"), precision, evaluators)  # each score row's `scored_by`
     scored = 0
     for path in files:

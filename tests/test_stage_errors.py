@@ -99,3 +99,24 @@ def test_the_train_stage_refuses_rloo_on_a_reward_the_task_cannot_give_before_an
     for task, reward in (("timetravel", "delta"), ("art", "score")):
         settings = Params({**params, "task": task, "rl": {**params["rl"], "reward": reward}}, "p", SETTINGS)
         assert get_objective("rloo", task, settings.section).name == "rloo"
+
+
+def test_the_generate_and_score_stages_name_a_missing_model_or_predictions_before_any_model_loads(tmp_path, small_prepared):
+    """Run by hand (docs/evaluation.md, Predictions of your own), a path that is not there is named
+    in one line: the generate stage's model folder was taken for a hub name, and the score stage's
+    predictions ended in a traceback after its models had loaded."""
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+
+    def stage(name: str, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "stages" / f"{name}.py"), *argv, "--data", str(small_prepared)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    generated = stage("generate", "--model", "models/nll", "--out", "p.jsonl")
+    assert (generated.returncode, generated.stderr.splitlines()[-1]) == (
+        2, "error: models/nll: not a model directory (no config.json); run `dvc repro` first")
+    (tmp_path / "empty").mkdir()
+    for predictions, problem in (("mine.jsonl", "no such file"), ("empty", "no .jsonl file in it")):
+        scored = stage("score", "--predictions", predictions, "--scorer", "none", "--evaluators", "none",
+                       "--scores-dir", "s", "--metrics-dir", "m")
+        assert (scored.returncode, scored.stderr.strip()) == (2, f"error: --predictions {predictions}: {problem}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["empty", "params.yaml"]

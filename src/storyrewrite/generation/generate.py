@@ -23,7 +23,7 @@ from transformers import GenerationConfig
 from storyrewrite.data.formatting import model_source
 from storyrewrite.io import InputError, read_jsonl_resumable, write_jsonl_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, weights_digest
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, weights_digest
 from storyrewrite.params import GenerateConfig, ModelsConfig
 
 
@@ -66,7 +66,7 @@ def generate_predictions(
     The model runs on `device` with its weights in `config.dtype` (bf16 on a GPU), batches of
     `config.batch_size` prompts of similar length, SDPA attention (transformers' default) and,
     with `config.cache: static`, a fixed-size KV cache (no re-allocation per new token)."""
-    model_dir, out_path = Path(model_dir), Path(out_path)
+    model_dir, out_path = resolve_model_dir(model_dir), Path(out_path)  # (a folder without a model: an error naming it)
     ids = [row["id"] for row in instances]
     if len(set(ids)) != len(ids):
         raise InputError("generate: duplicated instance ids in the prepared table")
