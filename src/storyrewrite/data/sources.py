@@ -59,9 +59,10 @@ def _fetch(url: str, dest: Path, key: str) -> None:
     copy downloaded by hand, relative to the repository root)."""
     scheme = urllib.parse.urlsplit(url).scheme
     if not scheme:
-        if not Path(url).expanduser().is_file():
+        local = Path(url).expanduser()
+        if not local.is_file():
             raise InputError(f"params `{key}`: {url}: no such file (an http(s) or file:// URL, or a local zip file)")
-        url = Path(url).expanduser().resolve().as_uri()
+        url = local.resolve().as_uri()
     elif scheme not in ("http", "https", "ftp", "file"):  # what urllib opens
         raise InputError(f"params `{key}`: {url}: unknown url type {scheme!r} (an http(s) or file:// URL, or a local zip file)")
     request = urllib.request.Request(url, headers={"User-Agent": "storyrewrite"})
