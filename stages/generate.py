@@ -29,13 +29,13 @@ def main() -> None:
     n, resumed = generated.predictions, len(instances) - generated.predictions
     print(f"{args.out}: {len(instances)} predictions ({n} generated now from {generated.decoded} distinct inputs, "
           f"{resumed} resumed) on {device} ({config.dtype}) in {seconds:.1f} s = {generated.decoded / seconds:.1f} inputs "
-          f"decoded/s")
+          f"decoded/s" + (f"; {generated.cut} cut at generate.max_new_tokens ({config.max_new_tokens})" if generated.cut else ""))
     if record:
         # The rate is of inputs decoded: instances that share an input (a TimeTravel test story's three
         # rewrites) share its prediction, so predictions/s would count each decoding up to three times.
         record.finish(device, config.dtype, generated.decoded, "inputs decoded", generate_s=round(seconds, 2),
                       predictions=n, decoded_per_s=round(generated.decoded / seconds, 3) if seconds > 0 else None,
-                      resumed=resumed)
+                      resumed=resumed, cut_at_limit=generated.cut)
 
 
 if __name__ == "__main__":

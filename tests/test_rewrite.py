@@ -38,12 +38,15 @@ def _flags(story: dict) -> list[str]:
     return [word for field, text in story.items() for word in (f"--{field.replace('_', '-')}", text)]
 
 
-def _expected(model_dir, instances, tmp_path, task="timetravel") -> list[str]:
-    """The generate stage's function on the same instances, with the same settings."""
+def _expected(model_dir, instances, tmp_path, task="timetravel", cut: list | None = None) -> list[str]:
+    """The generate stage's function on the same instances, with the same settings (`cut`: gets
+    the count of endings it cut at the token limit)."""
     params = Params.load(ROOT / "params.yaml")
     generate = params.generate.model_copy(update={"max_new_tokens": 6})
     models = params.models.model_copy(update={"max_input_tokens": 96})
-    generate_predictions(model_dir, instances, task, generate, models, tmp_path / "stage.jsonl", params.seed, "cpu")
+    generated = generate_predictions(model_dir, instances, task, generate, models, tmp_path / "stage.jsonl", params.seed, "cpu")
+    if cut is not None:
+        cut.append(generated.cut)
     return [row["prediction"] for row in read_jsonl(tmp_path / "stage.jsonl")]
 
 
@@ -54,7 +57,7 @@ def _stdin(monkeypatch, data: bytes) -> None:
 def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tmp_path, loud_llama, small_prepared, capsys,
                                                                               monkeypatch):
     instances = load_instances(small_prepared, "timetravel", "train")[::3]  # (four stories)
-    expected = _expected(loud_llama, instances, tmp_path)
+    expected = _expected(loud_llama, instances, tmp_path, cut=(cut := []))
     assert len(set(expected)) == 4
     # Ids as given (a string, a number) or, where a line has none, its line number; other fields
     # (the reference) are left out of the input; an ending given as a list of sentences is one text.
@@ -77,6 +80,7 @@ def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tm
     assert rows == [{"id": i, "prediction": p} for i, p in zip(["mine", 7, 4, 5], expected, strict=True)]
     out, err = capsys.readouterr()
     assert out == "" and f"rewrite: 4 timetravel stories with {loud_llama} (greedy, at most 6 new tokens, float32 on cpu)\n" in err
+    assert cut[0] > 0 and f"rewrite: {cut[0]} of 4 ending(s) cut at 6 tokens (-S generate.max_new_tokens=N allows more)\n" in err
     main([str(loud_llama), "--stories", str(stories), *SETTINGS])  # no --out: standard output
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
     _stdin(monkeypatch, stories.read_bytes())  # `--stories -`: from standard input

@@ -65,6 +65,7 @@ class LLMUsage(Artifact):
     prompts: int
     prompt_tokens: int
     completion_tokens: int
+    cut_at_limit: int | None = None  # instances whose ending stopped at llm.max_new_tokens (None: not counted)
 
 
 class Record(Open):

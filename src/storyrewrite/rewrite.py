@@ -105,7 +105,10 @@ def rewrite(model: Path, stories: list[dict], params: Params) -> list[str]:
           f"most {config.max_new_tokens} new tokens, {config.dtype} on {device})", file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:  # (its partial file, for resuming, is of no use here)
         out = Path(folder) / "rewrites.jsonl"
-        generate_predictions(model_dir, instances, params.task, config, params.models, out, params.seed, device)
+        generated = generate_predictions(model_dir, instances, params.task, config, params.models, out, params.seed, device)
+        if generated.cut:
+            print(f"rewrite: {generated.cut} of {len(stories)} ending(s) cut at {config.max_new_tokens} tokens "
+                  f"(-S generate.max_new_tokens=N allows more)", file=sys.stderr)
         return [row["prediction"] for _, row in read_jsonl(out)]
 
 

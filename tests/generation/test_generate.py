@@ -35,13 +35,60 @@ def test_the_instances_of_one_input_are_decoded_once_and_share_its_prediction(tm
     instances = load_instances(small_prepared, "timetravel", "test")[:9]
     inputs = [(row["premise"], row["initial"], row["original_ending"], row["counterfactual"]) for row in instances]
     assert len(set(inputs)) < len(instances)  # stories with several human rewrites
-    assert _generate(tiny_model_dirs["llama"], instances, tmp_path / "shared.jsonl") == (len(instances), len(set(inputs)))
+    # (the tiny random Llama repeats the prompt's last token: every ending is cut at the limit)
+    assert _generate(tiny_model_dirs["llama"], instances, tmp_path / "shared.jsonl") == (len(instances), len(set(inputs)), len(instances))
     shared = read_jsonl(tmp_path / "shared.jsonl")
     assert [row["id"] for row in shared] == [row["id"] for row in instances]
     # Each instance generated on its own gets what the shared decoding gave it.
     for row, prediction in zip(instances, shared, strict=True):
-        assert _generate(tiny_model_dirs["llama"], [row], tmp_path / "alone.jsonl") == (1, 1)
+        assert _generate(tiny_model_dirs["llama"], [row], tmp_path / "alone.jsonl") == (1, 1, 1)
         assert read_jsonl(tmp_path / "alone.jsonl") == [prediction]
+
+
+def _first_end(model_dir, instance, limit: int) -> int | None:
+    """Where greedy decoding of `instance` alone, under a higher limit, first gives eos (None: never)."""
+    from storyrewrite.data.formatting import model_source
+    from storyrewrite.models.store import load_model, load_tokenizer
+
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir, "float32", torch.device("cpu")).eval()
+    inputs = tokenizer(model_source(instance, "timetravel", tokenizer, True), return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=limit, do_sample=False)[0, 1:]  # after the decoder's start token
+    ends = (output == tokenizer.eos_token_id).nonzero()
+    return int(ends[0]) + 1 if len(ends) else None
+
+
+@pytest.mark.parametrize("eos_bias", [0.0, -1.0])
+def test_the_endings_cut_at_the_token_limit_are_counted(tmp_path, tiny_model_dirs, small_prepared, eos_bias):
+    from storyrewrite.models.store import load_model, load_tokenizer
+
+    # The tiny random BART ends every sequence at once (eos follows its decoder's start token, eos);
+    # its output bias against eos keeps it from ever ending.
+    model_dir = tmp_path / "model"
+    model = load_model(tiny_model_dirs["bart"], "float32", torch.device("cpu"))
+    tokenizer = load_tokenizer(tiny_model_dirs["bart"])
+    model.final_logits_bias[0, tokenizer.eos_token_id] = eos_bias
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    instances = load_instances(small_prepared, "timetravel", "test")
+    generated = _generate(model_dir, instances, tmp_path / "out.jsonl", kind="bart")
+    # Counted another way: decoding each instance alone under a limit of 20, is eos among the first 6 tokens?
+    ends = [_first_end(model_dir, row, 20) for row in instances]
+    assert generated.cut == sum(end is None or end > 6 for end in ends) == (len(instances) if eos_bias else 0)
+    # A resumed run counts the cut endings of its partial file's rows as well.
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    (tmp_path / "out.jsonl").unlink()
+    _partial(tmp_path, "out", model_dir, instances, "".join(json.dumps({**row, "cut": True}) + "\n" for row in rows[:2]))
+    resumed = _generate(model_dir, instances, tmp_path / "out.jsonl", kind="bart")
+    assert (resumed.predictions, resumed.cut) == (len(instances) - 2, generated.cut if eos_bias else 2)
+
+
+def test_a_causal_ending_is_cut_unless_it_ended_or_its_line_did():
+    from storyrewrite.generation.generate import _cut
+
+    assert _cut(False, "a b c", seq2seq=False)
+    assert not _cut(True, "a", seq2seq=False)  # ended (an eos among its tokens)
+    assert not _cut(False, "a\nPremise:", seq2seq=False)  # the ending's line ended
+    assert _cut(False, "a\nb", seq2seq=True)  # a seq2seq ending keeps its lines
 
 
 def test_beam_search_runs(tmp_path, tiny_model_dirs, small_prepared):

@@ -26,6 +26,10 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     # Batched generation gives what one prompt at a time gives.
     single = [backend.complete(m, 5, 0.0).text for m in [backend_messages(config, r) for r in test[::3]]]
     assert [p["prediction"] for p in predictions[::3]] == [" ".join(s.split("\n\n")[0].split()) for s in single]
+    # A reply is cut at the limit when a higher one gives it more tokens (the random Llama repeats a
+    # token; the random BART ends at once): each story's count stands for its three instances.
+    tokens = [[backend.complete(backend_messages(config, r), limit, 0.0).completion_tokens for limit in (5, 20)] for r in test[::3]]
+    assert usage.cut_at_limit == 3 * sum(short < long for short, long in tokens) == {"llama": 6, "bart": 0}[kind]
     # A rerun finds every reply cached: the same predictions, and no weights loaded.
     rerun = LocalBackend(tiny_model_dirs[kind], "tiny")
     again, cached = run_mode("zero_shot", test, source, rerun, cache)
@@ -37,6 +41,15 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     # What the predictions cost is counted the same from the cache as from the model.
     assert cached.metrics() == usage.metrics()
     assert usage.metrics()["instances"] == 6 and usage.prompt_tokens > 0
+
+
+def test_a_reply_that_used_every_token_is_cut_unless_its_ending_came_first():
+    from storyrewrite.llm.run import cut_at_limit
+
+    assert cut_at_limit({"text": "She went home and", "completion_tokens": 5}, 5)
+    assert not cut_at_limit({"text": "She went home.", "completion_tokens": 4}, 5)
+    # clean_reply keeps the first paragraph: the ending was finished before the limit.
+    assert not cut_at_limit({"text": "She went home.\n\nRewritten because", "completion_tokens": 5}, 5)
 
 
 def backend_messages(config, row):

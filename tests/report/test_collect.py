@@ -431,7 +431,8 @@ def test_folders_gathered_apart_are_collected_together_and_a_run_is_its_params(g
     files = _files("dto-delta", "delta", 1.42, 0.2, -1.8, {"tau": 1.0}, "DTO-Delta")
     files["reports/metrics/nll.json"] = json.dumps(_metrics(-1.95)).encode()
     files["reports/stages/generate-finetuned.json"] = json.dumps({**_record("generate-finetuned", "dto-delta", 30.0),
-                                                                  "device": "cpu", "device_name": "cpu", "dtype": "float32"}).encode()
+                                                                  "device": "cpu", "device_name": "cpu", "dtype": "float32",
+                                                                  "cut_at_limit": 3}).encode()
     # A RAG mode whose replies were all cached (no LLM ran: no dtype) but whose embedder ran on the CPU.
     files["reports/stages/llm-rag.json"] = json.dumps({**_record("llm-rag", "dto-delta", 2.0), "dtype": None,
                                                        "embedder_device": "cpu", "embedder_device_name": "AMD EPYC (16 cores)"}).encode()
@@ -443,6 +444,8 @@ def test_folders_gathered_apart_are_collected_together_and_a_run_is_its_params(g
     write_bundle(runs, tmp_path / "out", "two parts")
     results = (tmp_path / "out" / "results.md").read_text()
     assert "| DTO-Delta |" in results
+    # Its generate record counted endings cut at the token limit; the other runs' records hold no count.
+    assert re.search(r"\*\*Cut at the token limit:\*\* DTO-Delta \(3 of \d+\)\. These endings", results)
     # The CPU the embedder ran on is listed among the devices, apart from the generation's record.
     assert ("5 runs (experiments of commit 1234abc, abcdef1), devices: cpu, cpu (AMD EPYC (16 cores)), "
             "cuda:0 (NVIDIA H100 80GB HBM3). Collected") in results

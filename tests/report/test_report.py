@@ -120,6 +120,17 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     (tmp_path / "metrics" / "finetuned.json").write_text(json.dumps(_metrics(-1.5, empty_predictions=1)))
     notes = report(["nll", "finetuned"])[0].split("## Following")[0]
     assert "**Empty endings:** finetuned (1 of 1). These predictions are empty or whitespace" in notes
+    assert "Cut at the token limit" not in notes
+    # Endings cut at the token limit: from the generate stage's record, or an LLM mode's usage file.
+    record = json.loads((tmp_path / "stages" / "generate-nll.json").read_text())
+    (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps({**record, "cut_at_limit": 1}))
+    (tmp_path / "llm" / "zero_shot.json").write_text(json.dumps({
+        "mode": "zero_shot", "mode_label": "zero-shot", "backend": "local", "model": "m", "instances": 1, "prompts": 1,
+        "prompt_tokens": 9, "completion_tokens": 50, "cut_at_limit": 1}))
+    notes = report(["nll", "finetuned", "llm_zero_shot"])[0].split("## Following")[0]
+    assert "**Cut at the token limit:** NLL (1 of 1); m zero-shot (local) (1 of 1). These endings stopped at" in notes
+    (tmp_path / "llm" / "zero_shot.json").unlink()
+    (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps(record))
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
         report(["nll", "finetuned", "llm_rag"])
     # A task without an original ending (ART): the caption says so and what M scores against.

@@ -6,7 +6,9 @@ human rewrite) are decoded once and share the prediction: decoding is greedy or 
 so it would give each of them the same ending anyway. While a run is under way each finished
 batch is appended to a partial file named by a fingerprint of the model weights, the data and
 the generation settings; an interrupted run started again with the same inputs skips what is
-done, anything else starts afresh.
+done, anything else starts afresh. It counts the endings cut at `max_new_tokens`: those the
+model had not finished (no end-of-sequence token, and for a causal LM no line break) when the
+limit stopped it.
 """
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ class Generated(NamedTuple):
 
     predictions: int  # written now (the rest were resumed from the partial file)
     decoded: int  # distinct model inputs decoded for them
+    cut: int = 0  # predictions (of all, resumed ones included) cut at `max_new_tokens`
+
+
+def _cut(ended: bool, text: str, seq2seq: bool) -> bool:
+    """Whether an output row stopped at the token limit in mid-ending: it holds no end-of-sequence
+    token (`ended`: rows that ended are padded after theirs) and, for a causal LM, no line break
+    (`_clean` keeps the line before one: the model had finished the ending and gone on to a new
+    prompt field)."""
+    return not ended and (seq2seq or "\n" not in text.strip())
 
 
 def _clean(text: str, seq2seq: bool) -> str:
@@ -87,10 +98,11 @@ def generate_predictions(
     for stale in partial.parent.glob(f"{out_path.stem}-*.jsonl"):
         if stale != partial:
             stale.unlink()
-    done, torn = {}, False
+    done, cut, torn = {}, set(), False
     if partial.exists():
         rows, torn = read_jsonl_resumable(partial)
         done = {row["id"]: row["prediction"] for row in rows}
+        cut = {row["id"] for row in rows if row.get("cut")}
         if torn:  # rewritten with its complete lines, so that what follows starts on a line of its own
             write_jsonl_atomic(partial, rows)
 
@@ -111,11 +123,18 @@ def generate_predictions(
             inputs = {k: v.to(device) for k, v in encoder.prompts(batch).items()}
             output = model.generate(**inputs, generation_config=generation)
             new_tokens = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
-            for source, text in zip(batch, tokenizer.batch_decode(new_tokens, skip_special_tokens=True), strict=True):
+            # (a seq2seq row starts with the decoder's start token, BART's eos; one read of the device a batch)
+            ended = (new_tokens[:, 1:] if seq2seq else new_tokens).eq(tokenizer.eos_token_id).any(dim=1).tolist()
+            texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+            for source, text, row_ended in zip(batch, texts, ended, strict=True):
+                stopped = _cut(row_ended, text, seq2seq)
                 for instance_id in sharing[source]:
                     done[instance_id] = _clean(text, seq2seq)
-                    sink.write(json.dumps({"id": instance_id, "prediction": done[instance_id]}, ensure_ascii=False) + "\n")
+                    if stopped:
+                        cut.add(instance_id)
+                    sink.write(json.dumps({"id": instance_id, "prediction": done[instance_id], "cut": stopped},
+                                          ensure_ascii=False) + "\n")
             sink.flush()
     write_jsonl_atomic(out_path, ({"id": i, "prediction": done[i]} for i in ids))
     partial.unlink()
-    return Generated(len(sources), len(distinct))
+    return Generated(len(sources), len(distinct), len(cut & set(ids)))

@@ -15,14 +15,16 @@ from storyrewrite.llm.prompts import Template, messages
 class Usage:
     """What a mode's predictions cost, and what this run of it did.
 
-    The cost (`metrics`: distinct prompts, their prompt and completion tokens) counts every
-    answer, from the backend or from the response cache, so it is the same for the same
-    predictions whatever the cache held. What this run did (`run_facts`: requests sent, cache
-    hits, retries, request time) depends on the cache, and goes to the stage record."""
+    The cost (`metrics`: distinct prompts, their prompt and completion tokens, the instances whose
+    ending stopped at the token limit) counts every answer, from the backend or from the response
+    cache, so it is the same for the same predictions whatever the cache held. What this run did
+    (`run_facts`: requests sent, cache hits, retries, request time) depends on the cache, and goes
+    to the stage record."""
     instances: int = 0
     prompts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cut_at_limit: int = 0  # instances whose ending stopped at max_new_tokens (`cut_at_limit`)
     requests: int = 0
     cache_hits: int = 0
     retries: int = 0
@@ -37,7 +39,7 @@ class Usage:
 
     def metrics(self) -> dict:
         return {"instances": self.instances, "prompts": self.prompts, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens}
+                "completion_tokens": self.completion_tokens, "cut_at_limit": self.cut_at_limit}
 
     def run_facts(self) -> dict:
         latency = sorted(self.per_request_seconds)
@@ -46,6 +48,13 @@ class Usage:
             "request_seconds": round(self.seconds, 2),
             "median_request_seconds": round(latency[len(latency) // 2], 3) if latency else None,
         }
+
+
+def cut_at_limit(answer: dict, max_new_tokens: int) -> bool:
+    """Whether an answer stopped at the token limit in mid-ending: all `max_new_tokens` used, and
+    no paragraph break before them (`clean_reply` keeps the first paragraph, so an ending followed
+    by more text was finished)."""
+    return answer["completion_tokens"] >= max_new_tokens and "\n\n" not in answer["text"].strip()
 
 
 def clean_reply(text: str) -> str:
@@ -82,10 +91,10 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
     settings = {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens}
     queries = [messages(template, row, example) for row, example in zip(instances, examples, strict=True)]
     keys = [cache_key(backend.name, backend.model_id, m, settings) for m in queries]
-    usage, replies = Usage(instances=len(instances)), {}
+    usage, replies, cut = Usage(instances=len(instances)), {}, {}  # cut: key -> stopped at the limit
     for key in keys:
         if key not in replies and (entry := cache.get(key)) is not None:
-            replies[key] = entry["text"]
+            replies[key], cut[key] = entry["text"], cut_at_limit(entry, config.max_new_tokens)
             usage.count(entry)
             usage.cache_hits += 1
     todo = list(dict.fromkeys(k for k in keys if k not in replies))  # each distinct prompt once
@@ -101,10 +110,11 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
             key = batch[position]
             entry = {"text": reply.text, "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
             cache.put(key, entry)
-            replies[key] = reply.text
+            replies[key], cut[key] = reply.text, cut_at_limit(entry, config.max_new_tokens)
             usage.count(entry)
             usage.requests += 1
             usage.per_request_seconds.append(reply.seconds)
     usage.seconds = time.perf_counter() - started
     usage.retries = backend.retries
+    usage.cut_at_limit = sum(cut[key] for key in keys)
     return [{"id": row["id"], "prediction": clean_reply(replies[key])} for row, key in zip(instances, keys, strict=True)], usage

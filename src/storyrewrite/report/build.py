@@ -55,6 +55,26 @@ def empty_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
             "them as empty rewrites (ROUGE-L and SacreBLEU 0)."]
 
 
+def cut_count(system: str, records: list[dict], usage: dict | None) -> int | None:
+    """How many of a system's endings stopped at the token limit before the model ended them:
+    from an LLM baseline's usage file, else from the system's generate stage record (None: not
+    counted, as in runs made before the count was kept)."""
+    if usage is not None:
+        return usage.get("cut_at_limit")
+    return next((r.get("cut_at_limit") for r in records if r["stage"] == f"generate-{system}"), None)
+
+
+def cut_notes(labels: dict[str, str], cut: dict[str, tuple[int, int]]) -> list[str]:
+    """In plain words, the systems with endings cut at the token limit (system -> (cut, instances)):
+    a cut ending loses its last words, and the overlap metrics score it as written."""
+    shown = [f"{labels[s]} ({k} of {n})" for s, (k, n) in cut.items() if k]
+    if not shown:
+        return []
+    return [f"**Cut at the token limit:** {'; '.join(shown)}. These endings stopped at `generate.max_new_tokens` "
+            "(trained systems) or `llm.max_new_tokens` (LLM baselines) before the model ended them, and the tables "
+            "score them as cut."]
+
+
 def llm_label(usage: dict) -> str:
     """An LLM baseline's name in reports, from its stage's usage file: model, mode, backend."""
     return f"{usage['model']} {usage['mode_label']} ({usage['backend']})"
@@ -210,6 +230,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         f"over {UNIT_PLURALS[significance.unit]}), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
         *echo_notes(labels, metrics),
         *empty_notes(labels, metrics),
+        *cut_notes(labels, {s: (k, metrics[s]["instances"]) for s in order
+                            if (k := cut_count(s, records, read_llm_usage(s, llm_usage))) is not None}),
     ]
 
     predictions = {system: {row["id"]: row["prediction"] for _, row in read_jsonl(find_file(system, prediction_dirs, ".jsonl"))}

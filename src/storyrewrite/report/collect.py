@@ -32,7 +32,7 @@ from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
 from storyrewrite.objectives.registry import OBJECTIVES, reads_section
 from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
-from storyrewrite.report.build import (coherence_notes, echo_notes, empty_notes, kept_original_section, llm_label, train_seconds, training_section,
+from storyrewrite.report.build import (coherence_notes, cut_count, cut_notes, echo_notes, empty_notes, kept_original_section, llm_label, train_seconds, training_section,
                                        what_m_scores)
 from storyrewrite.report.figure import compact_png, results_figure
 from storyrewrite.report.gather import manifests, params_key, read_blob, with_added_later
@@ -483,6 +483,8 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *([f"No run here trained {', '.join(missing)}: not in these tables."] if (missing := systems_without_a_run(runs)) else []),
         *echo_notes(labels, by_label),
         *empty_notes(labels, by_label),
+        *cut_notes(labels, {e.label: (k, e.metrics["instances"]) for e in entries if e.kind != "copy" and (k := cut_count(
+            e.system, e.run.records, llm_usage(e.run, e.system) if e.kind == "llm" else None)) is not None}),
         *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha, n_resamples),
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
