@@ -128,6 +128,13 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}:1: field `premise` is empty"
     assert _error(capsys, model, "--stories", str(tmp_path / "none.jsonl"), *settings) == (
         f"error: --stories {tmp_path / 'none.jsonl'}: no such file")
+    # A model this project trained on another task (its storyrewrite.json names it).
+    trained = tmp_path / "art-model"
+    trained.mkdir()
+    (trained / "storyrewrite.json").write_text(json.dumps({"task": "art", "objective": "nll", "label": "NLL"}))
+    assert _error(capsys, str(trained), *_flags(story), *settings) == (
+        f"error: {trained} was trained on task `art` (its storyrewrite.json), not `timetravel` (`task` in "
+        f"{ROOT / 'params.yaml'}): use -S task=art")
     stories.write_text("\n")
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}: no story in it (one JSON object a line)"
     # Standard input's lines: named as its own.

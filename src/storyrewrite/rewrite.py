@@ -9,8 +9,10 @@ MODEL is a trained model's folder: `models/nll`, `models/finetuned` (an experime
 exp apply`), or any seq2seq or causal LM in `save_pretrained` form. A story gives the input
 fields of params.yaml's `task`, the task the model was trained on (timetravel: premise, initial,
 original_ending, counterfactual; art: premise, hypothesis_1, hypothesis_2), each a string or a
-list of sentences as in TimeTravel's release. A line of --stories is one story, a JSON object,
-with an optional `id` (default: its line number); `--stories -` reads them from standard input.
+list of sentences as in TimeTravel's release. A model this project trained names its task in its
+`storyrewrite.json`, and a `task` other than that one is refused. A line of --stories is one
+story, a JSON object, with an optional `id` (default: its line number); `--stories -` reads them
+from standard input.
 The model decodes as the `generate` stage does, with params.yaml's `generate` settings (greedy
 or beam search, batch size, dtype, cache), `models.max_input_tokens`, `device` and `seed`; `-S
 key=value` overrides any of them, as `dvc exp run -S` does. A story given by its fields prints
@@ -91,6 +93,16 @@ def check_out(path: Path, stories: Path) -> None:
         raise InputError(f"--out {path}: {ancestor} cannot be written to")
 
 
+def check_task(model: Path, params: Params) -> None:
+    """A model trained by this project names its task beside its weights: the stories must be of it.
+    (A folder that is no model is left to the loading, after the stories are read.)"""
+    from storyrewrite.models.store import TRAINED_FILE, trained_task
+
+    if (task := trained_task(model)) is not None and task != params.task:
+        raise InputError(f"{model} was trained on task `{task}` (its {TRAINED_FILE}), not `{params.task}` (`task` in "
+                         f"{params.source}): use -S task={task}")
+
+
 def rewrite(model: Path, stories: list[dict], params: Params) -> list[str]:
     """The ending the model at `model` writes for each of `stories` (each its `task` input fields),
     decoded by the `generate` stage's own function with `params`' settings."""
@@ -130,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         if len(experiments) > 1:
             raise InputError(f"-S: a sweep gives {len(experiments)} settings; a rewrite takes one")
         params = Params(experiments[0][1], " ".join([str(args.params), *(f"-S {o}" for o in args.overrides)]))
+        check_task(args.model, params)
         given = {field: getattr(args, field) for field in FIELDS if getattr(args, field) is not None}
         if args.stories is None:
             if args.out is not None:

@@ -70,6 +70,9 @@ def test_a_finished_run_is_never_resumed(tmp_path, tiny_model_dirs, small_prepar
     # Step 0: the starting weights, validated before training; never the exported checkpoint.
     assert _steps(tmp_path / "logs", "val_loss") == [0, 2, 4]
     assert (tmp_path / "out" / "config.json").exists()
+    # Beside the weights, what they were trained for: the rewrite command checks the task against it.
+    trained = json.loads((tmp_path / "out" / "storyrewrite.json").read_text())
+    assert (trained["task"], trained["objective"]) == (run.task, "nll") and trained["label"]
     summary = json.loads((tmp_path / "logs" / "metrics.json").read_text())
     assert summary["global_step"] == 4 and summary["best_step"] in (2, 4)
 

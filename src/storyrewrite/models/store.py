@@ -9,14 +9,28 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from storyrewrite.io import InputError, atomic_dir, read_json, sha256_file
+from storyrewrite.io import InputError, atomic_dir, read_json, sha256_file, write_json_atomic
+
+# Beside a trained model's weights: what it was trained for (task, objective, system label).
+# transformers' own files hold no field for it, and the task decides the input format.
+TRAINED_FILE = "storyrewrite.json"
 
 
-def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path) -> None:
-    """save_pretrained into a temporary sibling directory, then swap it in: never half-written."""
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path, trained: dict | None = None) -> None:
+    """save_pretrained into a temporary sibling directory, then swap it in: never half-written.
+    `trained`: what the model was trained for, written to TRAINED_FILE."""
     with atomic_dir(dest) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if trained is not None:
+            write_json_atomic(tmp / TRAINED_FILE, trained)
+
+
+def trained_task(model_dir: str | Path) -> str | None:
+    """The task a model of this project was trained on (None: a model from elsewhere, or exported
+    before the file was written)."""
+    path = Path(model_dir) / TRAINED_FILE
+    return read_json(path).get("task") if path.is_file() else None
 
 
 def _index(path: Path) -> dict | None:

@@ -367,7 +367,8 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
         **_best_step(best_checkpoint, read_curves(log_dir)), main_diagnostics=list(objective.main_diagnostics),
     )
     if trainer.is_global_zero:
-        _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir)
+        _export(module, datamodule.encoder.tokenizer, best_checkpoint, out_dir,
+                {"task": run.task, "objective": objective.name, "label": summary.label})
         artifacts.write(log_dir / "metrics.json", summary)
         write_text_atomic(finished, f"{trainer.global_step}\n")
     return {**summary.model_dump(), "train_seconds": round(elapsed, 1), "validate_seconds": round(monitor.validate_seconds, 1)}
@@ -397,10 +398,10 @@ def _best_step(checkpoint: dict | None, curves: dict[str, list[dict]]) -> dict:
     return {"best_step": step, "best_val_nll": round(nll, 6), "start_val_loss": start}
 
 
-def _export(module: RewriteModule, tokenizer, checkpoint: dict | None, out_dir: Path) -> None:
+def _export(module: RewriteModule, tokenizer, checkpoint: dict | None, out_dir: Path, trained: dict) -> None:
     if checkpoint is not None:
         module.load_state_dict(checkpoint["state_dict"])
     else:
         # No validation ran (a budget shorter than val_check_interval): the final weights stand.
         print("warning: no validation ran; exporting the final weights, not the best-on-val ones")
-    save_model(module.generator, tokenizer, out_dir)
+    save_model(module.generator, tokenizer, out_dir, trained)
