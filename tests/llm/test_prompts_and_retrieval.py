@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from storyrewrite.data.prepare import load_instances
@@ -48,12 +50,25 @@ def test_template_errors_name_the_problem(tmp_path):
     (tmp_path / "t.txt").write_text("[system]\nx\n[example]\ny\n[query]\n{premise}\n")
     with pytest.raises(InputError, match=r"t\.txt:3: no \[example\] section: .*earlier user turn.*valid sections: system, query"):
         Template.read(tmp_path / "t.txt")
-    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{premise} {nope}\n")
-    with pytest.raises(InputError, match=r"unknown placeholder \{nope\}"):
+    (tmp_path / "t.txt").write_text("# a comment\n[system]\nx\n[query]\n\nPremise: {premise}\nMore: {nope}\n")
+    with pytest.raises(InputError, match=r"t\.txt:7: unknown placeholder \{nope\}; valid: \{premise\}$"):
         messages(Template.read(tmp_path / "t.txt"), {"premise": "p"}, None)
     (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{target}\n")  # the answer is never asked for
-    with pytest.raises(InputError, match=r"unknown placeholder \{target\}"):
+    with pytest.raises(InputError, match=r"t\.txt:4: unknown placeholder \{target\}"):
         messages(Template.read(tmp_path / "t.txt"), {"premise": "p", "target": "t"}, None)
+    # A stray brace, a positional or dotted placeholder: refused as the file is read, with the line.
+    for query, problem in (("Reply in {JSON", "expected '}' before end of string"), ("a } b", "Single '}' encountered"),
+                           ("{0}", "placeholder {0} is not a column name"), ("{premise.upper}", "placeholder {premise.upper}")):
+        (tmp_path / "t.txt").write_text(f"[system]\nx {{y}}\n[query]\n{{premise}}\n{query}\n")
+        with pytest.raises(InputError, match=rf"t\.txt:5: {re.escape(problem)}"):
+            Template.read(tmp_path / "t.txt")
+    # Braces of the text itself, doubled, are kept (the system text is never filled: its braces stay as written).
+    (tmp_path / "t.txt").write_text("[system]\nx {y}\n[query]\n{premise} as {{\"ending\": ...}}\n")
+    assert messages(Template.read(tmp_path / "t.txt"), {"premise": "p"}, None) == [
+        {"role": "system", "content": "x {y}"}, {"role": "user", "content": 'p as {"ending": ...}'}]
+    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{premise:d}\n")
+    with pytest.raises(InputError, match=r"t\.txt: Unknown format code 'd'"):
+        messages(Template.read(tmp_path / "t.txt"), {"premise": "p"}, None)
 
 
 def test_example_choice_per_mode(small_prepared):

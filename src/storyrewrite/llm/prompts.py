@@ -7,7 +7,8 @@ instead, the bundled 135M chat model echoed the prompt's fields in every reply."
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import string
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from storyrewrite.io import InputError, read_text
@@ -19,10 +20,13 @@ SECTIONS = ("system", "query")
 class Template:
     system: str
     query: str
+    source: str = "prompt template"  # the file, for errors
+    # Each placeholder of the query -> the line of the file it is first on
+    placeholders: dict[str, int] = field(default_factory=dict, compare=False)
 
     @classmethod
     def read(cls, path: str | Path) -> "Template":
-        sections: dict[str, list[str]] = {}
+        sections: dict[str, list[tuple[int, str]]] = {}
         current = None
         for number, line in enumerate(read_text(path).splitlines(), start=1):
             if line.startswith("#"):
@@ -41,24 +45,44 @@ class Template:
                 if line.strip():
                     raise InputError(f"{path}:{number}: text before the first section")
             else:
-                sections[current].append(line)
+                sections[current].append((number, line))
         missing = [s for s in SECTIONS if s not in sections]
         if missing:
             raise InputError(f"{path}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
         # A paragraph's line breaks are for the file's readers: join wrapped lines of the system text.
-        system = " ".join(" ".join(sections["system"]).split())
-        return cls(system, "\n".join(sections["query"]).strip())
+        system = " ".join(" ".join(line for _, line in sections["system"]).split())
+        query = "\n".join(line for _, line in sections["query"]).strip()
+        return cls(system, query, str(path), _placeholders(sections["query"], path))
 
 
-def _fill(text: str, instance: dict) -> str:
+def _placeholders(lines: list[tuple[int, str]], path: str | Path) -> dict[str, int]:
+    """The query's placeholders, each with its first line; a stray brace or a placeholder that is
+    no column name ({0}, {premise.upper}) is refused here, with its line."""
+    found: dict[str, int] = {}
+    for number, line in lines:
+        try:
+            parsed = list(string.Formatter().parse(line))
+        except ValueError as err:
+            raise InputError(f"{path}:{number}: {err}; a brace of the text itself is written twice ({{{{ or }}}})") from None
+        for _, name, _, _ in parsed:
+            if name is not None and not name.isidentifier():
+                raise InputError(f"{path}:{number}: placeholder {{{name}}} is not a column name such as {{premise}}")
+            if name is not None:
+                found.setdefault(name, number)
+    return found
+
+
+def _fill(template: Template, instance: dict) -> str:
     """Placeholders are the prepared table's columns ({premise}, {counterfactual}, …) but the
     answer ({target}), which is never part of a query."""
     values = {k: v for k, v in instance.items() if k != "target"}
+    if unknown := [name for name in template.placeholders if name not in values]:
+        where = f"{template.source}:{template.placeholders[unknown[0]]}"
+        raise InputError(f"{where}: unknown placeholder {{{unknown[0]}}}; valid: {', '.join('{' + k + '}' for k in values)}")
     try:
-        return text.format(**values)
-    except KeyError as err:
-        raise InputError(f"prompt template: unknown placeholder {{{err.args[0]}}}; valid: "
-                         f"{', '.join('{' + k + '}' for k in values)}") from None
+        return template.query.format(**values)
+    except ValueError as err:  # a format spec the text cannot take ({premise:d})
+        raise InputError(f"{template.source}: {err}") from None
 
 
 def messages(template: Template, query: dict, example: dict | None) -> list[dict]:
@@ -66,6 +90,6 @@ def messages(template: Template, query: dict, example: dict | None) -> list[dict
     example asked and answered, then the query."""
     turns = [{"role": "system", "content": template.system}]
     if example is not None:
-        turns += [{"role": "user", "content": _fill(template.query, example)},
+        turns += [{"role": "user", "content": _fill(template, example)},
                   {"role": "assistant", "content": example["target"]}]
-    return turns + [{"role": "user", "content": _fill(template.query, query)}]
+    return turns + [{"role": "user", "content": _fill(template, query)}]
