@@ -25,7 +25,7 @@ from storyrewrite.io import run_cli
 from storyrewrite.llm.backends import LocalBackend
 from storyrewrite.llm.cache import ResponseCache
 from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
-from storyrewrite.llm.prompts import Template, messages
+from storyrewrite.llm.prompts import Template, messages, template_path
 from storyrewrite.llm.run import longest_first, run_mode
 from storyrewrite.models.device import resolve_device
 from storyrewrite.models.store import resolve_model_dir
@@ -76,7 +76,7 @@ def main() -> None:
     source = ExampleSource(train, params.task, config, params.seed)
 
     # Padding, counted in the backend's own tokens for the order each way sends the prompts.
-    template = Template.read(config.templates[params.task])
+    template = Template.read(template_path(config.templates, params.task))
     chats = [messages(template, row, example) for row, example in zip(queries, get_mode(args.mode).examples(queries, source), strict=True)]
     tokens = backend.encode(chats)["attention_mask"].sum(dim=1).tolist()
     padding = {"length_sorted": padding_share([tokens[i] for i in longest_first(chats)], backend.batch_size),

@@ -242,6 +242,18 @@ def test_the_check_refuses_a_significance_baseline_that_is_no_system_of_the_run(
         "error: -S: `significance.baseline` = 'copy_original' is not a system of this run; systems: nll, finetuned, copy_reference"]
 
 
+def test_the_check_refuses_a_prompt_template_that_is_not_there(capsys):
+    # Before, the check passed it, and each LLM stage ended in a FileNotFoundError traceback.
+    def errors(*overrides: str) -> list[str]:
+        return _check_errors(capsys, *(word for override in overrides for word in ("-S", override)))
+
+    assert errors("llm.templates.timetravel=prompts/missing.txt") == [
+        "error: -S: `llm.templates.timetravel` = prompts/missing.txt: no such file"]
+    main(["check", "-S", "llm.templates.art=prompts/missing.txt"])  # another task's template: not read
+    main(["check", "-S", "llm.templates.timetravel=prompts/missing.txt", "-S", "llm.modes=[]"])  # no LLM stage
+    assert capsys.readouterr().err == ""
+
+
 def test_a_number_boolean_or_null_given_as_a_name_gets_the_valid_names(capsys):
     # YAML and -S read `1`, `true` and `null` as such: a name's check still lists the valid ones.
     def errors(*overrides: str) -> list[str]:

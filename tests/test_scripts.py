@@ -1225,6 +1225,7 @@ def test_the_gpu_pack_prints_whole_commands_for_the_job_and_checks_it_first(tmp_
     shutil.copy(ROOT / "params" / "gpu.yaml", repo / "params" / "gpu.yaml")
     (repo / "scripts").mkdir()  # offline/job.sh checks the bench names with it
     shutil.copy(ROOT / "scripts" / "gpu_bench.sh", repo / "scripts" / "gpu_bench.sh")
+    shutil.copytree(ROOT / "prompts", repo / "prompts")  # the check reads the task's prompt template
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=repo, check=True)
     job = "compare -j auto --mps gpu all params/gpu.yaml"
     home = tmp_path / "home"  # where a job that started would copy the tree

@@ -22,6 +22,7 @@ from typing import Any
 from storyrewrite.errors import line_setting, locate
 from storyrewrite.io import InputError, run_cli
 from storyrewrite.llm.modes import get_mode
+from storyrewrite.llm.prompts import template_path
 from storyrewrite.models.catalogue import ROLES, check_specs, local_models
 from storyrewrite.objectives.registry import SETTINGS, get_objective, reads_section
 from storyrewrite.params import Params, leaves, load_yaml, overlay, with_overrides, yaml_scalar
@@ -31,10 +32,10 @@ from storyrewrite.systems import TRAIN_STAGES, pipeline_systems
 
 def check_registered_names(params: Params) -> list[InputError]:
     """The errors in the names a stage looks up in a registry: `objective` (for the task),
-    `llm.modes`, `significance.baseline` (a system of the run), and the models that `bundled:`
-    and `tiny:` specs name, or that a directory or a cached hub name holds (each fit for its
-    role, the generator's and the scorer's of one vocabulary; a hub name not cached is left to
-    its stage). A look-up whose sections do not validate is left out: Params.errors names them,
+    `llm.modes` (and the task's prompt template, a file), `significance.baseline` (a system of
+    the run), and the models that `bundled:` and `tiny:` specs name, or that a directory or a
+    cached hub name holds (each fit for its role, the generator's and the scorer's of one
+    vocabulary; a hub name not cached is left to its stage). A look-up whose sections do not validate is left out: Params.errors names them,
     and the other look-ups still run, so that one check names every error."""
     def built(*names: str) -> list[Any] | None:
         try:
@@ -47,6 +48,8 @@ def check_registered_names(params: Params) -> list[InputError]:
         look_ups.append(lambda: get_objective(*sections, lambda name: (built(name) or [None])[0]))
     if (llm := built("llm")) is not None:
         look_ups += [lambda name=name: get_mode(name) for name in llm[0].modes]
+    if (prompted := built("llm", "task")) is not None and prompted[0].modes:
+        look_ups.append(lambda: template_path(prompted[0].templates, prompted[1]))
     if (tested := built("significance", "llm", "task")) is not None:
         look_ups.append(lambda: check_baseline(*tested))
     errors = []

@@ -43,6 +43,19 @@ def test_every_shipped_template_reads_and_asks_without_the_answer(template):
     assert "{target}" not in read.query
 
 
+def test_the_template_of_a_task_is_a_file_that_params_names(tmp_path):
+    from storyrewrite.llm.prompts import template_path
+
+    (tmp_path / "t.txt").write_text("[system]\nx\n[query]\n{premise}\n")
+    assert template_path({"art": str(tmp_path / "t.txt")}, "art") == tmp_path / "t.txt"
+    with pytest.raises(InputError, match=r"`llm.templates` names no template for task `timetravel` \(it has: art\)") as error:
+        template_path({"art": str(tmp_path / "t.txt")}, "timetravel")
+    assert error.value.key == "llm.templates"
+    with pytest.raises(InputError, match=rf"`llm.templates.art` = {re.escape(str(tmp_path))}/none.txt: no such file") as error:
+        template_path({"art": str(tmp_path / "none.txt")}, "art")
+    assert error.value.key == "llm.templates.art"
+
+
 def test_template_errors_name_the_problem(tmp_path):
     (tmp_path / "t.txt").write_text("[system]\nx\n")
     with pytest.raises(InputError, match=r"t\.txt: missing section\(s\) \[query\]"):

@@ -16,6 +16,18 @@ from storyrewrite.io import InputError, read_text
 SECTIONS = ("system", "query")
 
 
+def template_path(templates: dict[str, str], task: str) -> Path:
+    """The prompt template of `task` that `llm.templates` names; a task without one, or a file
+    that is not there, is named by its params key."""
+    if task not in templates:
+        raise InputError(f"params: `llm.templates` names no template for task `{task}` (it has: "
+                         f"{', '.join(templates) or 'none'})", key="llm.templates")
+    path = Path(templates[task])
+    if not path.is_file():
+        raise InputError(f"params: `llm.templates.{task}` = {path}: no such file", key=f"llm.templates.{task}")
+    return path
+
+
 @dataclass(frozen=True)
 class Template:
     system: str

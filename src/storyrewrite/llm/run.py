@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from storyrewrite.llm.backends import Backend
 from storyrewrite.llm.cache import ResponseCache, cache_key
 from storyrewrite.llm.modes import ExampleSource, get_mode
-from storyrewrite.llm.prompts import Template, messages
+from storyrewrite.llm.prompts import Template, messages, template_path
 
 
 @dataclass
@@ -86,7 +86,7 @@ def run_mode(mode: str, instances: list[dict], source: ExampleSource, backend: B
     padding, and the largest batch, the memory peak, comes first. False keeps instance order
     (bench/llm_batching.py measures the two)."""
     config = source.config
-    template = Template.read(config.templates[source.task])
+    template = Template.read(template_path(config.templates, source.task))
     examples = get_mode(mode).examples(instances, source)
     settings = {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens}
     queries = [messages(template, row, example) for row, example in zip(instances, examples, strict=True)]
