@@ -35,8 +35,9 @@ def check_registered_names(params: Params) -> list[InputError]:
     `llm.modes` (and the task's prompt template, a file), `significance.baseline` (a system of
     the run), and the models that `bundled:` and `tiny:` specs name, or that a directory or a
     cached hub name holds (each fit for its role, the generator's and the scorer's of one
-    vocabulary; a hub name not cached is left to its stage). A look-up whose sections do not validate is left out: Params.errors names them,
-    and the other look-ups still run, so that one check names every error."""
+    vocabulary; a hub name not cached is left to its stage). A look-up whose sections do not
+    validate is left out: Params.errors names them, and the other look-ups still run, so that one
+    check names every error."""
     def built(*names: str) -> list[Any] | None:
         try:
             return [params.section(name) for name in names]

@@ -219,7 +219,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     summaries = read_summaries(order, train_logs)
     curves = {s: read_curves(train_logs / s) for s in summaries}
     labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
-    usages = {labels[s]: usage for s in order if (usage := read_llm_usage(s, llm_usage)) is not None}
+    usage_of = {s: read_llm_usage(s, llm_usage) for s in order}  # (None for a system that is no LLM mode)
+    usages = {labels[s]: usage for s, usage in usage_of.items() if usage is not None}
     rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
@@ -231,7 +232,7 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
         *echo_notes(labels, metrics),
         *empty_notes(labels, metrics),
         *cut_notes(labels, {s: (k, metrics[s]["instances"]) for s in order
-                            if (k := cut_count(s, records, read_llm_usage(s, llm_usage))) is not None}),
+                            if (k := cut_count(s, records, usage_of[s])) is not None}),
     ]
 
     predictions = {system: {row["id"]: row["prediction"] for _, row in read_jsonl(find_file(system, prediction_dirs, ".jsonl"))}

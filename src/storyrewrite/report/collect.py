@@ -458,7 +458,8 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
                 story_p_values=tests.get(e.label, {}).get("story", {})) for e in entries]
     base_metrics = reference.metrics(BASELINE)
     labels, by_label = {e.label: e.label for e in entries}, {e.label: e.metrics for e in entries}  # (the notes' arguments)
-    usages = {e.label: usage for e in entries if e.kind == "llm" and (usage := llm_usage(e.run, e.system)) is not None}
+    usage_of = {e.label: llm_usage(e.run, e.system) if e.kind == "llm" else None for e in entries}
+    usages = {label: usage for label, usage in usage_of.items() if usage is not None}
     bases = sorted({run.base[:7] for run in runs if run.base})
     devices = where_models_ran(runs)
     runs_of = {e.label: e.run.name for e in entries if e.kind == "trained"}
@@ -483,8 +484,8 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
         *([f"No run here trained {', '.join(missing)}: not in these tables."] if (missing := systems_without_a_run(runs)) else []),
         *echo_notes(labels, by_label),
         *empty_notes(labels, by_label),
-        *cut_notes(labels, {e.label: (k, e.metrics["instances"]) for e in entries if e.kind != "copy" and (k := cut_count(
-            e.system, e.run.records, llm_usage(e.run, e.system) if e.kind == "llm" else None)) is not None}),
+        *cut_notes(labels, {e.label: (k, e.metrics["instances"]) for e in entries
+                            if e.kind != "copy" and (k := cut_count(e.system, e.run.records, usage_of[e.label])) is not None}),
         *head_to_head_markdown(duels or {}, all_columns([e.metrics for e in entries]), alpha, n_resamples),
         *seeds_markdown(runs, alpha),
         "## Following the counterfactual",
