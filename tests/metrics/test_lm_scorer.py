@@ -1,6 +1,9 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
@@ -74,6 +77,23 @@ def test_score_soft_with_one_hot_sources_equals_score(scorer_and_parts):
     many = scorer.score_soft_many(probs, mask, [TARGETS, TARGETS[::-1]])
     torch.testing.assert_close(many[0], soft)
     assert many[1].tolist() == pytest.approx(scorer.score(sources, TARGETS[::-1]), abs=1e-4)
+
+
+def test_soft_sources_are_scaled_as_the_scorer_scales_its_token_embeddings(tiny_model_dirs, tmp_path):
+    """A scorer that scales its token embeddings (BART with `scale_embedding`: × √d_model) reads
+    soft sources as `inputs_embeds`, which it does not scale itself: one-hot sources must still
+    score as their tokens do."""
+    directory = tiny_model_dirs["bart"]
+    config = AutoConfig.from_pretrained(directory)
+    config.scale_embedding = True
+    config.init_std = 0.2  # weights of the default 0.02 leave the scores nearly blind to the source
+    torch.manual_seed(0)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(tmp_path)
+    load_tokenizer(directory).save_pretrained(tmp_path)
+    scorer = LMScorer.from_dir(tmp_path)
+    assert scorer.model.get_input_embeddings().embed_scale == pytest.approx(math.sqrt(config.d_model))
+    probs, mask = _one_hot_sources(scorer, SOURCES)
+    assert scorer.score_soft(probs, mask, TARGETS).tolist() == pytest.approx(scorer.score(SOURCES, TARGETS), abs=1e-4)
 
 
 def test_gradients_reach_source_probs_and_not_the_scorer(scorer_and_parts):

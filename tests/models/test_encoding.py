@@ -45,6 +45,18 @@ def test_targets_end_with_eos_and_truncate_keeping_it(tiny_model_dirs):
     assert encoder.source_ids(["a b c d e f g h"])[0] == tokenizer("a b c d e f g h")["input_ids"][-4:]
 
 
+def test_seq2seq_sources_truncate_as_the_tokenizer_does(tiny_model_dirs):
+    """A seq2seq source keeps its start and its end token, as the tokenizer's own truncation
+    would; one that fits stays whole."""
+    tokenizer = load_tokenizer(tiny_model_dirs["bart"])
+    encoder = Encoder(tokenizer, True, max_input_tokens=4, max_output_tokens=3)
+    long, short = "a b c d e f g h", "a b"
+    truncated = tokenizer(long, truncation=True, max_length=4)["input_ids"]
+    assert encoder.source_ids([long, short]) == [truncated, tokenizer(short)["input_ids"]]
+    assert truncated[0] == tokenizer.bos_token_id and truncated[-1] == tokenizer.eos_token_id
+    assert truncated[1:3] == tokenizer(long)["input_ids"][1:3]
+
+
 def test_nll_loss_hand_computed():
     # Two rows, vocabulary of 3; row 2's second position is padding and must not count.
     logits = torch.tensor([[[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]], [[2.0, 0.0, 0.0], [9.0, 9.0, 9.0]]])

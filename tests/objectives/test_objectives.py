@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from storyrewrite.data.formatting import causal_prompt
 from storyrewrite.io import InputError
@@ -104,6 +105,21 @@ def test_gumbel_softmax_is_seeded_and_hard_is_one_hot():
     assert torch.allclose(a.sum(-1), torch.ones(2, 3))
     hard = gumbel_softmax(logits, 1.0, True, 3)
     assert torch.equal(hard.argmax(-1), a.argmax(-1)) and set(hard.unique().tolist()) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+def test_hard_gumbel_softmax_passes_the_soft_gradient_straight_through(tau):
+    """hard=True: the value is the one-hot argmax of the soft sample, and the gradient that of
+    the soft sample (straight-through), written out here from the soft one."""
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    weights = torch.randn(2, 3, 7)
+    soft = gumbel_softmax(logits, tau, False, 3)
+    hard = gumbel_softmax(logits, tau, True, 3)
+    torch.testing.assert_close(hard, F.one_hot(soft.argmax(-1), 7).float(), rtol=0, atol=1e-6)
+    grad_hard, = torch.autograd.grad((hard * weights).sum(), logits)
+    grad_soft, = torch.autograd.grad((soft * weights).sum(), logits)
+    assert grad_soft.abs().sum() > 0
+    torch.testing.assert_close(grad_hard, grad_soft)
 
 
 @pytest.mark.parametrize("tau, dtype", [(1.0, torch.float32), (0.5, torch.float32), (1.0, torch.bfloat16)])
