@@ -3,7 +3,7 @@ import json
 import pytest
 
 from storyrewrite.data.prepare import (
-    build_splits, check_disjoint, load_instances, prepare, read_stories, subsample_stories,
+    build_splits, check_disjoint, load_instances, prepare, read_stories, split_by_story, subsample_stories,
 )
 from storyrewrite.io import InputError
 from storyrewrite.params import DataConfig
@@ -27,6 +27,16 @@ def test_bundled_train_val_is_a_story_split_of_dev(full_splits):
     train, val = full_splits["timetravel"]["train"], full_splits["timetravel"]["val"]
     assert len(train) + len(val) == 5613  # dev: 1,871 stories x 3 endings
     assert len({r["story_id"] for r in val}) == round(1871 * 0.1)
+
+
+def test_the_story_split_is_seeded_and_holds_out_at_least_one_story():
+    rows = [{"story_id": f"s{i // 3}", "id": f"s{i // 3}:{i % 3}"} for i in range(60)]  # 20 stories of 3
+    train, val = split_by_story(rows, 0.25, seed=1)
+    assert len({r["story_id"] for r in val}) == 5 and len(train) + len(val) == 60
+    assert (train, val) == split_by_story(rows, 0.25, seed=1)
+    assert {r["story_id"] for r in val} != {r["story_id"] for r in split_by_story(rows, 0.25, seed=2)[1]}
+    # A share that rounds to no story still holds one out: the validation split is never empty.
+    assert len(split_by_story(rows, 0.01, seed=1)[1]) == 3
 
 
 @pytest.mark.parametrize("task", ["timetravel", "timetravel_ablated", "art"])
@@ -64,6 +74,9 @@ def test_subsample_keeps_whole_stories_seeded(full_splits):
     assert sample != subsample_stories(rows, 10, seed=4)
     for story in {r["story_id"] for r in sample}:
         assert sum(r["story_id"] == story for r in sample) == 3
+    # A limit below one story's size keeps one whole story.
+    one = subsample_stories(rows, 2, seed=3)
+    assert len(one) == 3 and len({r["story_id"] for r in one}) == 1
 
 
 def test_prepare_writes_tables_and_counts(tmp_path, raw_dir):

@@ -91,6 +91,14 @@ def test_a_causal_ending_is_cut_unless_it_ended_or_its_line_did():
     assert _cut(False, "a\nb", seq2seq=True)  # a seq2seq ending keeps its lines
 
 
+def test_a_causal_ending_is_its_first_line_and_a_seq2seq_ending_all_of_its_lines():
+    from storyrewrite.generation.generate import _clean
+
+    assert _clean(" It rained.\nPremise: The next story", seq2seq=False) == "It rained."
+    assert _clean("\n It rained. \n", seq2seq=False) == "It rained."
+    assert _clean(" It rained.\nThen it stopped. ", seq2seq=True) == "It rained.\nThen it stopped."
+
+
 def test_beam_search_runs(tmp_path, tiny_model_dirs, small_prepared):
     instances = load_instances(small_prepared, "timetravel", "test")[:3]
     _generate(tiny_model_dirs["bart"], instances, tmp_path / "beam.jsonl", num_beams=3, kind="bart")

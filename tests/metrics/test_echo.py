@@ -17,9 +17,15 @@ INSTANCE = {"premise": "Tom had a dog named Rex.", "initial": "Rex ran away.", "
     ("tom   had a dog named REX. Then he was happy.", True),  # the premise verbatim (case and spacing aside)
     ("The premise of the story is odd.", False),  # the word without its colon is not a label
     ("Tom had a dog. He was happy.", False),  # part of the premise is not the premise
+    ("He kept bending: down, then up.", False),  # a label inside a word (`Ending:`) is no label
 ])
 def test_what_echoes_the_prompt(prediction, echo):
     assert echoes(prediction, INSTANCE) is echo
+
+
+def test_an_instance_without_a_premise_echoes_through_its_labels_alone():
+    assert not echoes("Tom was happy.", {"premise": ""})
+    assert echoes("Ending: Tom was happy.", {})
 
 
 def test_the_share_and_the_copy_baselines():

@@ -16,7 +16,7 @@ def _rows():
                              "sacrebleu": {"predictive": 34.5, "counterfactual": 20.0}}, {})
     dto = Row("finetuned", "DTO-Score", {"bartscore": {"predictive": -1.683, "counterfactual": -2.990}, "rougeL": {"predictive": 61.5, "counterfactual": 39.0},
                                          "sacrebleu": {"predictive": 35.5, "counterfactual": 19.0}},
-              {"bartscore/predictive": 0.01, "rougeL/predictive": 0.2})
+              {"bartscore/predictive": 0.01, "rougeL/predictive": 0.2, "sacrebleu/predictive": 0.05})  # p = alpha: no mark
     copy = Row("copy_reference", "Copy", {"bartscore": {"predictive": -0.5}, "rougeL": {"predictive": 100.0}, "sacrebleu": {"predictive": 100.0}}, {}, sanity=True)
     return [nll, dto, copy]
 
