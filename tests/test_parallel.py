@@ -126,6 +126,7 @@ def test_the_worker_count_is_the_least_of_the_cores_the_gpu_memory_and_the_exper
     assert parallel.choose_workers(16, 2, [139.0], 5.35, 3)[0] == 3  # no more workers than experiments
     assert parallel.choose_workers(64, 2, [80.0] * 4, 5.0, 20)[0] == 4  # several GPUs: one a worker
     assert parallel.choose_workers(2, 2, [], 8.0, 20)[0] == 1  # the 2-core CPU
+    assert parallel.choose_workers(5, 2, [], 8.0, 20)[0] == 2  # no worker on half its threads
     assert parallel.choose_workers(16, 2, [1.0], 5.35, 20)[0] == 1  # at least one, whatever fits
 
 

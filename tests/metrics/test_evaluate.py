@@ -42,8 +42,10 @@ def test_empty_prediction_is_scored_not_dropped(tmp_path, tiny_model_dirs, capsy
     path = _write(tmp_path / "p.jsonl", [{"id": "s1:0", "prediction": ""}, {"id": "s1:1", "prediction": "He went out."}])
     predictions = read_predictions(path, INSTANCES)
     assert "1 empty prediction(s), scored as empty, e.g. id s1:0" in capsys.readouterr().err
-    rows, metrics = score_system(predictions, INSTANCES, LMScorer.from_dir(tiny_model_dirs["bart"]), batch_size=2)
+    scorer = LMScorer.from_dir(tiny_model_dirs["bart"])
+    rows, metrics = score_system(predictions, INSTANCES, scorer, batch_size=2)
     assert [r["id"] for r in rows] == ["s1:0", "s1:1"] and metrics["empty_predictions"] == 1
+    assert score_system({**predictions, "s1:0": " \n"}, INSTANCES, scorer, batch_size=2)[1]["empty_predictions"] == 1  # blank
     assert rows[0]["rougeL"] == 0.0 and rows[1]["rougeL"] == pytest.approx(100.0)
     # Each row names its prediction by the start of its SHA-256 (e3b0c442... is the empty string's).
     assert [r["prediction_digest"] for r in rows] == ["e3b0c44298fc", hashlib.sha256(b"He went out.").hexdigest()[:12]]

@@ -78,23 +78,26 @@ def test_reference_based_metrics_score_both_endings_against_the_other_references
 
 def test_the_copy_baselines_scores_are_read_not_computed_again(tiny_evaluators, tmp_path):
     """Given the score stage's rows of the two copy baselines, the validity values equal those it
-    computes without them; CF-PMI is not computed, and the copy's BARTScore is not scored again."""
+    computes without them; CF-PMI is not computed, and the copy's BARTScore is not scored again.
+    Story s1 has three references, as TimeTravel's stories do: each ending is held against the best
+    of two others."""
+    stories = [*STORIES, {**STORIES[0], "id": "s1:2", "target": "She cried and then smiled."}]
     judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
     bertscore = BERTScore(resolve_model_dir(tiny_evaluators, "embedder"), "tiny:roberta", layer=2)
     evaluators = Evaluators(judge=judge, encoder=SentenceEncoder(resolve_model_dir(tiny_evaluators, "embedder")), bertscore=bertscore)
-    computed, not_measured = gold_and_copy(STORIES, evaluators, scorer=judge, batch_size=2)
+    computed, not_measured = gold_and_copy(stories, evaluators, scorer=judge, batch_size=2)
     for system, (column, _) in COPY_BASELINES.items():
-        rows, _ = score_system({row["id"]: row[column] for row in STORIES}, STORIES, judge, 2, evaluators)
+        rows, _ = score_system({row["id"]: row[column] for row in stories}, stories, judge, 2, evaluators)
         write_jsonl_atomic(tmp_path / f"{system}.jsonl", rows)
     scored_pairs = []
     judge.score = lambda sources, targets, batch_size=16: scored_pairs.extend(zip(sources, targets, strict=True)) or judge.score_ids(
         judge.encoder.source_ids(sources), targets, batch_size)
     seconds = {}
-    read, read_not_measured = gold_and_copy(STORIES, evaluators, judge, 2, seconds, read_copy_scores(tmp_path, STORIES))
+    read, read_not_measured = gold_and_copy(stories, evaluators, judge, 2, seconds, read_copy_scores(tmp_path, stories))
     assert set(read) == set(computed) and read_not_measured == not_measured
-    for name, (gold, copy, stories) in computed.items():
+    for name, (gold, copy, story_ids) in computed.items():
         assert read[name][0] == pytest.approx(gold, abs=1e-5) and read[name][1] == pytest.approx(copy, abs=1e-5), name
-        assert read[name][2] == stories
+        assert read[name][2] == story_ids
     assert "cf_pmi" not in seconds and "bartscore" in seconds
     assert scored_pairs and not any(source == "She won a prize." for source, _ in scored_pairs)  # the copy of X_OE
 
