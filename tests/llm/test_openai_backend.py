@@ -114,8 +114,14 @@ def test_an_interrupted_run_resumes_from_the_cache_without_repeating_a_request(k
         server.fail_after = None
         predictions, usage = run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", config, 0),
                                       _backend(config), cache)
+        # Another generation setting asks again (the same server and model): a reply is cached for
+        # its settings, not for its prompt alone.
+        for changed in ({"temperature": 0.7}, {"max_new_tokens": 17}):
+            other = build(LLMConfig, {**config.model_dump(), **changed}, "llm")
+            _, again = run_mode("one_shot_random", instances, ExampleSource(train, "timetravel", other, 0), _backend(other), cache)
+            assert (again.cache_hits, again.requests) == (0, len(stories)), changed
     assert usage.cache_hits == 1 and usage.requests == len(stories) - 1
-    assert server.successes == len(stories)  # every prompt answered exactly once over both runs
+    assert server.successes == 3 * len(stories)  # every prompt answered once over both runs, and once for each other setting
     assert [p["id"] for p in predictions] == [r["id"] for r in instances]
     by_story = {}
     for row, prediction in zip(instances, predictions, strict=True):

@@ -88,8 +88,8 @@ def test_example_choice_per_mode(small_prepared):
     test = load_instances(small_prepared, "timetravel", "test")
     train = load_instances(small_prepared, "timetravel", "train")
 
-    def examples(mode, queries, config=None):
-        return get_mode(mode).examples(queries, ExampleSource(train, "timetravel", config or _config(), 0))
+    def examples(mode, queries, config=None, seed=0):
+        return get_mode(mode).examples(queries, ExampleSource(train, "timetravel", config or _config(), seed))
 
     assert examples("zero_shot", test) == [None] * len(test)
     assert all(e is train[0] for e in examples("one_shot_fixed", test))
@@ -105,6 +105,7 @@ def test_example_choice_per_mode(small_prepared):
     assert len(by_input) < len(test) and all(len(ids) == 1 for ids in by_input.values())
     assert len({ids.pop() for ids in by_input.values()}) > 1
     assert all(e in train for e in random_a)
+    assert [e["id"] for e in examples("one_shot_random", test, seed=1)] != [e["id"] for e in random_a]  # the seed draws
 
 
 def test_an_unknown_mode_lists_the_registered_ones():
