@@ -15,17 +15,37 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
 
 from storyrewrite.errors import locate
+from storyrewrite.data.formatting import model_source, model_target
 from storyrewrite.io import InputError
+from storyrewrite.models.encoding import Encoder
 from storyrewrite.models.materialise import materialise
+from storyrewrite.models.store import load_tokenizer
 from storyrewrite.objectives.base import NLL
 from storyrewrite.objectives.registry import CPOConfig
 from storyrewrite.params import load_yaml
 from storyrewrite.curves import curve_files, read_curve
 from storyrewrite.systems import TRAINING_PLAN
+from storyrewrite.training.data import Collate
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
 from storyrewrite.training.run import NoCloudTips, assemble, bf16_emulation_warning, fit
 
 from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_a_batch_counts_every_real_token_the_generator_reads(tiny_model_dirs, small_prepared, kind, pairs):
+    """`num_tokens` (tokens/s in the logs and the benches): each row's source and target tokens,
+    in a causal LM's one sequence or a seq2seq model's encoder and decoder; CPO's rejected rows too."""
+    seq2seq = kind == "bart"
+    tokenizer = load_tokenizer(tiny_model_dirs[kind])
+    encoder = Encoder(tokenizer, seq2seq, 96, 40)
+    rows = read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:3]
+    sources = encoder.source_ids([model_source(row, "timetravel", tokenizer, seq2seq) for row in rows])
+    endings = [row["target"] for row in rows] + ([row["original_ending"] for row in rows] if pairs else [])
+    targets = encoder.target_ids([model_target(text, seq2seq) for text in endings])
+    expected = sum(map(len, sources)) * (2 if pairs else 1) + sum(map(len, targets))
+    assert Collate(encoder, "timetravel", pairs=pairs)(rows)["num_tokens"] == expected
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
