@@ -17,7 +17,9 @@ from storyrewrite.io import InputError
 from storyrewrite.report.collect import NOT_TESTED, Entry, kept_original, load_runs, param_cell, systems_without_a_run, write_bundle
 from storyrewrite.objectives.registry import RLConfig
 from storyrewrite.params import ScoreConfig, TrainConfig
-from storyrewrite.report.gather import ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, sweep_runs
+from storyrewrite.report.gather import (
+    ADDED_LATER, duplicates, gather_run, gathered_before, listed, main as gather, plan, store_blob, sweep_runs,
+)
 from storyrewrite.significance.compare import compare
 
 STORIES = 3  # three stories of three endings each: nine test instances
@@ -1158,3 +1160,16 @@ def test_the_experiments_table_shows_only_settings_some_run_reads_and_says_what_
     assert "-: a setting of another objective" in table and "Empty: the run's params.yaml has no such setting" in table
     header, _ = header_and_table("ieee")
     assert "| cpo.beta | score.bertscore_rescale |" in header and "fp32_matmul" not in header
+
+
+def test_a_blob_is_the_same_bytes_whenever_it_is_gathered(tmp_path, monkeypatch):
+    """gzip writes the time into its header: a blob stored at another time would be another file
+    for git, though its content is the same."""
+    import time
+
+    stored = []
+    for now in (1.0e9, 2.0e9):
+        monkeypatch.setattr(time, "time", lambda now=now: now)
+        digest = store_blob(b"the same scores", tmp_path / str(now))
+        stored.append((digest, (tmp_path / str(now) / f"{digest}.gz").read_bytes()))
+    assert stored[0] == stored[1] and gzip.decompress(stored[0][1]) == b"the same scores"
