@@ -64,9 +64,10 @@ def test_the_loss_is_a_hand_reinforce_leave_one_out(tiny_model_dirs, small_prepa
     seed, count = 11, config.samples
     with torch.no_grad():
         out = loss(model, batch, seed)
-    completions, _, sources = rloo.sample(model, batch, count, seed, MAX_NEW, 0.7, encoder.tokenizer.eos_token_id,
-                                          encoder.tokenizer.pad_token_id)
+    completions, ended, sources = rloo.sample(model, batch, count, seed, MAX_NEW, 0.7, encoder.tokenizer.eos_token_id,
+                                              encoder.tokenizer.pad_token_id)
     assert len({tuple(c) for c in completions}) > 1 and len({len(c) for c in completions}) >= 1
+    assert out.diagnostics()["completions/clipped_ratio"].item() == pytest.approx(ended.count(False) / len(ended))
     scorer = LMScorer.from_dir(directory, 96, 40)
     total, all_rewards, logps = 0.0, [], []
     for b in range(len(batch["ids"])):
@@ -173,6 +174,12 @@ def test_kl_zero_loads_no_reference_model_and_the_kl_term_is_the_log_ratio(tiny_
     reference = load_model(directory).eval()
     kls = [_alone_logp(model, encoder, s, c) - _alone_logp(reference, encoder, s, c) for s, c in zip(sources, completions, strict=True)]
     assert out.diagnostics()["kl"].item() == pytest.approx(sum(kls) / len(kls), abs=1e-4)
+    # The reward the loss follows is the metric's less kl_beta times the KL (validation: its mean, negated).
+    with torch.no_grad():
+        checked = loss(model, batch, 3, validation=True)
+    kl = checked.diagnostics()["kl"].item()
+    assert abs(kl) > 1e-3
+    assert checked.loss.item() == pytest.approx(-(checked.terms["reward"].item() - 0.5 * kl), abs=1e-5)
 
 
 def test_validation_runs_the_generator_over_its_samples_only_for_a_kl_term(tiny_model_dirs, small_prepared, monkeypatch):
@@ -227,6 +234,12 @@ def test_the_end_token_ends_a_completion_and_padding_gets_no_gradient(tiny_model
     assert grad[0, :2].abs().sum() > 0 and grad[0, 2:].abs().sum() == 0 and grad[1].abs().sum() == 0
     for i in range(2):
         assert logps[i].item() == pytest.approx(_alone_logp(model, encoder, sources[i], completions[i]), abs=1e-5)
+    # At the sampling temperature: log softmax of the logits over it.
+    with torch.no_grad():
+        cooled = rloo.sequence_log_probs(model, encoder, sources, completions, 0.5)
+    for i in range(2):
+        assert cooled[i].item() == pytest.approx(_alone_logp(model, encoder, sources[i], completions[i], 0.5), abs=1e-5)
+        assert abs(cooled[i].item() - logps[i].item()) > 1e-3
 
 
 def test_samples_come_from_the_model_not_from_its_checkpoints_decoding_defaults(tiny_model_dirs, small_prepared):
