@@ -111,8 +111,9 @@ def test_gumbel_softmax_is_seeded_and_hard_is_one_hot():
 def test_hard_gumbel_softmax_passes_the_soft_gradient_straight_through(tau):
     """hard=True: the value is the one-hot argmax of the soft sample, and the gradient that of
     the soft sample (straight-through), written out here from the soft one."""
-    logits = torch.randn(2, 3, 7, requires_grad=True)
-    weights = torch.randn(2, 3, 7)
+    draw = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 7, generator=draw).requires_grad_()
+    weights = torch.randn(2, 3, 7, generator=draw)
     soft = gumbel_softmax(logits, tau, False, 3)
     hard = gumbel_softmax(logits, tau, True, 3)
     torch.testing.assert_close(hard, F.one_hot(soft.argmax(-1), 7).float(), rtol=0, atol=1e-6)
