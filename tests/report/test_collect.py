@@ -936,6 +936,10 @@ def test_how_often_each_system_keeps_the_original_ending_word_for_word():
     table, meaning = kept_original(entries)
     assert table.splitlines()[2:] == ["| NLL | 75.0 |", "| DTO-Score | 25.0 |"] and "ROUGE-L against X_OE is 100" in meaning
     assert keeps_original([{"rougeL": 50.0}]) is None and keeps_original([]) is None  # ART: no original ending
+    # A long ending with one word more is no copy, though its ROUGE-L against X_OE rounds to 100.
+    long = " ".join(f"word{i}" for i in range(150))
+    near = rouge_l([long + " more"], [long])
+    assert 99.5 < near[0] < 100 and keeps_original([{"rougeL_original": v} for v in near]) == 0.0
 
 
 def test_a_sweeps_runs_that_ran_before_are_left_out_before_they_are_queued(tmp_path, monkeypatch, capsys):
