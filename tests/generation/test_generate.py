@@ -123,6 +123,12 @@ def test_an_interrupted_run_resumes_without_regenerating(tmp_path, tiny_model_di
     assert _generate(tiny_model_dirs["llama"], instances, out).predictions == len(instances) - 2
     resumed = read_jsonl(out)
     assert resumed[0]["prediction"] == "reused" and resumed[1:] == full[1:]
+    # A partial file of other settings (another model, say) is of no use: it goes, and all is generated.
+    stale = partial_dir / "resumed-0123456789abcdef.jsonl"
+    stale.write_text("".join(json.dumps(row) + "\n" for row in done))
+    out.unlink()
+    assert _generate(tiny_model_dirs["llama"], instances, out).predictions == len(instances)
+    assert read_jsonl(out) == full and not list(partial_dir.glob("resumed-*.jsonl"))
 
 
 def _partial(tmp_path, name, model_dir, instances, text: str):
