@@ -38,6 +38,7 @@ def test_workers_come_from_the_setting_or_from_dvc_queue_workers_running(tmp_pat
 def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
     assert [parallel.thread_share(2, n) for n in (1, 2, 3)] == [2, 1, 1]
     assert parallel.thread_share(16, 4) == 4
+    assert parallel.thread_share(5, 2) == 2  # rounded down: never more threads than cores
     before = torch.get_num_threads()
     try:
         monkeypatch.setenv("STORYREWRITE_WORKERS", "1")

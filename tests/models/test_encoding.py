@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from storyrewrite.models.encoding import Encoder, causal_mask, target_logits
+from storyrewrite.models.encoding import Encoder, causal_mask, pad_rows, target_logits
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.objectives.nll import nll_loss
 
@@ -55,6 +55,14 @@ def test_seq2seq_sources_truncate_as_the_tokenizer_does(tiny_model_dirs):
     assert encoder.source_ids([long, short]) == [truncated, tokenizer(short)["input_ids"]]
     assert truncated[0] == tokenizer.bos_token_id and truncated[-1] == tokenizer.eos_token_id
     assert truncated[1:3] == tokenizer(long)["input_ids"][1:3]
+
+
+def test_rows_pad_to_the_next_multiple_of_the_bucket_and_no_further():
+    ids, mask = pad_rows([[7, 8, 9, 10], [11]], 0, left=True, multiple=4)
+    assert ids.tolist() == [[7, 8, 9, 10], [0, 0, 0, 11]] and mask.tolist() == [[1, 1, 1, 1], [0, 0, 0, 1]]
+    ids, mask = pad_rows([[7, 8, 9, 10, 12], [11]], 0, left=False, multiple=4)
+    assert ids.shape == (2, 8) and mask.sum(dim=1).tolist() == [5, 1] and ids[1].tolist() == [11] + [0] * 7
+    assert pad_rows([[7, 8, 9]], 0, left=False)[0].tolist() == [[7, 8, 9]]  # no buckets: the longest row
 
 
 def test_nll_loss_hand_computed():
