@@ -273,6 +273,11 @@ def _training_under_way(tmp_path, summary: dict, plan: dict | None, logged_at: f
     return repo
 
 
+def test_a_time_to_go_reads_in_seconds_minutes_or_hours():
+    assert [queue.duration(s) for s in (40, 89, 90, 75 * 60, 90 * 60, 2.5 * 3600)] == [
+        "40 s", "89 s", "2 min", "75 min", "1.5 h", "2.5 h"]
+
+
 def test_a_training_under_way_says_its_step_of_its_total_its_pace_and_its_time_to_go(tmp_path):
     # Resumed at step 20 at time 1000, it logged step 50 at 1180: 30 steps, 6 s each; 250 to go, 1,500 s from then.
     repo = _training_under_way(tmp_path, {"step": 50, "train_loss": 1.25}, {"steps": 300, "from_step": 20, "started_at": 1000.0})
