@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics import coherence
@@ -104,26 +104,35 @@ def test_a_sentence_transformers_directory_pools_as_its_files_say(tiny_evaluator
         torch.testing.assert_close(SentenceEncoder(directory, batch_size=batch_size).embed(texts), expected, atol=1e-5, rtol=1e-5)
 
 
-def _classifier_copy(tiny_evaluators, tmp_path, id2label: dict) -> tuple:
+def _classifier_copy(tiny_evaluators, tmp_path, id2label: dict, initializer_range: float | None = None) -> tuple:
+    """The tiny NLI classifier with other labels; with `initializer_range`, weights drawn afresh at
+    that spread (at the default 0.02 its probabilities barely depend on the premise)."""
     directory = tmp_path / "nli"
     shutil.copytree(resolve_model_dir(tiny_evaluators, "nli"), directory)
     config = json.loads((directory / "config.json").read_text())
     config["id2label"], config["label2id"] = id2label, {v: int(k) for k, v in id2label.items()}
     (directory / "config.json").write_text(json.dumps(config))
+    if initializer_range is not None:
+        config = AutoConfig.from_pretrained(directory)
+        config.initializer_range = initializer_range
+        torch.manual_seed(0)
+        AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
     return directory
 
 
 def test_ents_is_the_softmax_of_the_class_named_entailment_and_hmean_its_harmonic_mean(tiny_evaluators, tmp_path):
-    # Labels in another order than roberta-large-mnli's: the lookup must go by name.
-    directory = _classifier_copy(tiny_evaluators, tmp_path, {"0": "entailment", "1": "neutral", "2": "contradiction"})
+    # Labels in another order than roberta-large-mnli's (and than tiny:roberta-nli's): the lookup must go by name.
+    directory = _classifier_copy(tiny_evaluators, tmp_path, {"0": "neutral", "1": "entailment", "2": "contradiction"}, 0.2)
     model, tokenizer = AutoModelForSequenceClassification.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
     expected = []
     with torch.no_grad():
         for row, ending in zip(STORIES, ENDINGS, strict=True):
-            logits = model(**tokenizer(f"{row['premise']} {row['counterfactual']}", ending, return_tensors="pt")).logits[0]
-            expected.append(torch.softmax(logits, dim=-1)[0].item())
+            # One pair at a time, no padding. (As lists: a lone string pair with an empty hypothesis
+            # drops the hypothesis's separators, which a batch keeps.)
+            logits = model(**tokenizer([f"{row['premise']} {row['counterfactual']}"], [ending], return_tensors="pt")).logits[0]
+            expected.append(torch.softmax(logits, dim=-1)[1].item())
     nli = coherence.EntailmentScorer(directory, "tiny:roberta-nli")
-    assert nli.label == 0
+    assert nli.label == 1
     assert coherence.entailment(nli, STORIES, ENDINGS, batch_size=2) == pytest.approx(expected, abs=1e-5)
     assert coherence.hmean(40.0, 0.6) == pytest.approx(2 * 0.4 * 0.6 / 1.0)
     assert coherence.hmean(0.0, 0.0) == 0.0
