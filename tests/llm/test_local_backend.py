@@ -43,6 +43,20 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     assert usage.metrics()["instances"] == 6 and usage.prompt_tokens > 0
 
 
+def test_a_temperature_above_zero_samples_and_zero_decodes_greedily(tiny_model_dirs, small_prepared):
+    import torch
+
+    section = load_yaml(ROOT / "params.yaml")["llm"]
+    config = build(LLMConfig, {**section, "templates": {k: str(ROOT / v) for k, v in section["templates"].items()}}, "llm")
+    backend = LocalBackend(tiny_model_dirs["llama"], "tiny")
+    prompt = backend_messages(config, load_instances(small_prepared, "timetravel", "test")[0])
+    greedy = [backend.complete(prompt, 8, 0.0).text for _ in range(2)]
+    with torch.random.fork_rng():  # (the draws seeded here, the global random state left as it was)
+        torch.manual_seed(0)
+        sampled = [backend.complete(prompt, 8, 1.0).text for _ in range(2)]
+    assert greedy[0] == greedy[1] and sampled[0] != sampled[1] and greedy[0] not in sampled
+
+
 def test_a_reply_that_used_every_token_is_cut_unless_its_ending_came_first():
     from storyrewrite.llm.run import cut_at_limit
 
