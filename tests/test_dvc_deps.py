@@ -240,3 +240,21 @@ def test_a_dep_inside_an_output_folder_is_named_with_both_stages():
         "stage `train_nll`: dep data/prepared/timetravel lies inside data/prepared, an output of `prepare`; "
         "depend on the whole output, or make that folder an output of its own"
     ]
+
+
+def test_relative_imports_and_renamed_files_count(tmp_path, monkeypatch):
+    """A module's relative imports resolve against its own package (`.` is it, `..` its parent),
+    and a file's name is part of the code digest (a module moved with its content unchanged is
+    other code)."""
+    from storyrewrite import closure as closure_module
+
+    package = tmp_path / "storyrewrite"
+    files = {"__init__.py": "", "a/__init__.py": "", "a/b.py": "from . import c\nfrom ..d import e\n", "a/c.py": "",
+             "d.py": "e = 1\n", "f.py": ""}
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    monkeypatch.setattr(closure_module, "PACKAGE_DIR", package)
+    found = closure_module.closure(package / "a" / "b.py")
+    assert sorted(path.relative_to(package).as_posix() for path in found) == ["__init__.py", "a/__init__.py", "a/b.py", "a/c.py", "d.py"]
+    assert closure_module.digest({package / "a" / "c.py"}) != closure_module.digest({package / "f.py"})  # both empty
