@@ -263,3 +263,24 @@ def test_bundled_smollm2_materialises_exactly(tmp_path, monkeypatch):
     ids = torch.tensor([tokenizer("Premise: Ann baked a cake.\nEdited ending:")["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=0, rtol=0)
+
+
+def test_a_models_identity_is_its_weights(tiny_model_dirs, tmp_path):
+    """weights_digest (what the LLM cache and the generation fingerprint know a model by) reads
+    the weights' bytes: a copy has the digest of its original, other weights of the same files
+    another. same_model (whether eval_models may copy a model) holds only for the same spec and
+    weight files of the same sizes."""
+    import shutil
+
+    from storyrewrite.models.store import same_model, weights_digest
+
+    original = tiny_model_dirs["llama"]
+    copy, changed = tmp_path / "copy", tmp_path / "changed"
+    shutil.copytree(original, copy)
+    model = load_model(original)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[0, 0] += 1.0
+    save_model(model, load_tokenizer(original), changed)
+    assert weights_digest(copy) == weights_digest(original) != weights_digest(changed)
+    assert same_model(original, "tiny:llama", copy, "tiny:llama") and not same_model(original, "tiny:llama", copy, "tiny:bart")
+    assert not same_model(original, "tiny:llama", tiny_model_dirs["bart"], "tiny:llama")  # other weight files
