@@ -206,3 +206,9 @@ def test_the_bootstrap_tests_the_coherence_columns(tiny_evaluators):
     p = compare({"nll": rows, "dto": better}, "nll", n_resamples=500, seed=0, by_story=True)["dto"]
     assert set(p) == {"bartscore/predictive", "rougeL/predictive", "sacrebleu/predictive", "cf_pmi", "cf_follow", "drift", "ents"}
     assert p["cf_pmi"] == 0.0 and p["cf_follow"] == 0.0 and p["drift"] == 1.0 and p["ents"] == 1.0
+
+
+def test_an_ending_follows_the_counterfactual_where_its_cf_pmi_is_above_zero():
+    from storyrewrite.metrics.columns import value
+
+    assert [value({"cf_pmi": v}, "cf_follow") for v in (-0.3, 0.0, 1e-9, 2.0)] == [0.0, 0.0, 1.0, 1.0]
