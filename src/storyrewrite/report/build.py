@@ -96,12 +96,12 @@ def read_llm_usage(system: str, llm_usage: Path) -> dict | None:
     return artifacts.read(path, artifacts.LLMUsage).model_dump() if system.startswith("llm_") and path.exists() else None
 
 
-def system_label(system: str, summary: dict | None, llm_usage: Path) -> str:
+def system_label(system: str, summary: dict | None, usage: dict | None) -> str:
     """How the report names a system: from what its run wrote (the training summary or the LLM
-    stage's usage file, whose labels come from the objective and mode registries)."""
+    stage's usage file, read_llm_usage, whose labels come from the objective and mode registries)."""
     if system in COPY_BASELINES:
         return COPY_BASELINES[system][1]
-    if (usage := read_llm_usage(system, llm_usage)) is not None:
+    if usage is not None:
         return llm_label(usage)
     if summary is not None:
         if system == "nll":
@@ -218,8 +218,8 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
              *(s for s in COPY_BASELINES if s in rest)]
     summaries = read_summaries(order, train_logs)
     curves = {s: read_curves(train_logs / s) for s in summaries}
-    labels = {s: system_label(s, summaries.get(s), llm_usage) for s in order}
     usage_of = {s: read_llm_usage(s, llm_usage) for s in order}  # (None for a system that is no LLM mode)
+    labels = {s: system_label(s, summaries.get(s), usage_of[s]) for s in order}
     usages = {labels[s]: usage for s, usage in usage_of.items() if usage is not None}
     rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
