@@ -10,11 +10,15 @@ from storyrewrite.params import LLMConfig, build, load_yaml
 from helpers import ROOT
 
 
+def _config(**changes) -> LLMConfig:
+    """params.yaml's `llm` section, its templates found from any working directory, with `changes`."""
+    section = load_yaml(ROOT / "params.yaml")["llm"]
+    return build(LLMConfig, {**section, "templates": {k: str(ROOT / v) for k, v in section["templates"].items()}, **changes}, "llm")
+
+
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, tiny_model_dirs, small_prepared, tmp_path):
-    section = load_yaml(ROOT / "params.yaml")["llm"]
-    section = {**section, "max_new_tokens": 5, "templates": {k: str(ROOT / v) for k, v in section["templates"].items()}}
-    config = build(LLMConfig, section, "llm")
+    config = _config(max_new_tokens=5)
     test = load_instances(small_prepared, "timetravel", "test")  # 6 instances of 2 stories
     train = load_instances(small_prepared, "timetravel", "train")
     backend = LocalBackend(tiny_model_dirs[kind], "tiny")
@@ -46,8 +50,7 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
 def test_a_temperature_above_zero_samples_and_zero_decodes_greedily(tiny_model_dirs, small_prepared):
     import torch
 
-    section = load_yaml(ROOT / "params.yaml")["llm"]
-    config = build(LLMConfig, {**section, "templates": {k: str(ROOT / v) for k, v in section["templates"].items()}}, "llm")
+    config = _config()
     backend = LocalBackend(tiny_model_dirs["llama"], "tiny")
     prompt = backend_messages(config, load_instances(small_prepared, "timetravel", "test")[0])
     greedy = [backend.complete(prompt, 8, 0.0).text for _ in range(2)]
@@ -86,8 +89,7 @@ class Recorder:
 
 @pytest.mark.parametrize("length_sorted", [True, False])
 def test_prompts_go_to_the_backend_longest_first_and_come_back_in_instance_order(length_sorted, small_prepared, tmp_path):
-    section = load_yaml(ROOT / "params.yaml")["llm"]
-    config = build(LLMConfig, {**section, "templates": {k: str(ROOT / v) for k, v in section["templates"].items()}}, "llm")
+    config = _config()
     base = load_instances(small_prepared, "timetravel", "test")[0]
     # 12 stories of different lengths in no order, and the first asked again (answered once).
     extra = [5, 0, 9, 2, 11, 7, 1, 10, 3, 8, 4, 6, 5]
