@@ -148,6 +148,17 @@ def test_peak_memory_is_the_processs_own_not_its_parents():
     assert float(child.stdout) < 0.2
 
 
+def test_peak_memory_is_in_gib():
+    """512 MiB made resident raise the peak by 0.5 (GiB: bytes / 2**30), not by 0.537 (GB) or 512."""
+    import subprocess
+    import sys
+
+    code = ("from storyrewrite.records import peak_rss_gb; before = peak_rss_gb(); ballast = bytearray(512 * 2**20); "
+            "ballast[::4096] = b'x' * len(ballast[::4096]); print(peak_rss_gb() - before)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(child.stdout) == pytest.approx(0.5, abs=0.01)
+
+
 def _cpuinfo(*flag_lines: str, key: str = "flags") -> str:
     return "".join(f"processor\t: {i}\nmodel name\t: a CPU\n{key}\t\t: {flags}\n\n" for i, flags in enumerate(flag_lines))
 

@@ -12,7 +12,7 @@ from storyrewrite.metrics.artifacts import SystemMetrics
 from storyrewrite.io import InputError
 from storyrewrite.metrics.bertscore import BERTScore, baseline_file, default_layer
 from storyrewrite.metrics.columns import available
-from storyrewrite.metrics.evaluate import Evaluators, score_system
+from storyrewrite.metrics.evaluate import Evaluators, score_system, scoring_models
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.roles import check_role
 from storyrewrite.models.store import resolve_model_dir
@@ -127,6 +127,21 @@ def test_scored_with_both_forms_where_named_and_absent_everywhere_where_not(tiny
     assert "bertscore" not in metrics and "bertscore" not in rows[0]
     assert SystemMetrics.model_validate(metrics).bertscore is None
     assert not any(column.startswith("bertscore/") for column in available(rows[0]))
+
+
+def test_a_bertscore_column_names_its_encoder_layer_and_rescaling(tiny_evaluators, tiny_model_dirs):
+    """Raw and rescaled BERTScore, or two layers, are different numbers: each row's `scored_by`
+    tells them apart, so that significance never tests one against the other."""
+    directory = _encoder(tiny_evaluators)
+    scorer = LMScorer.from_dir(tiny_model_dirs["bart"])
+    named = {}
+    for spec, layer, rescale in (("tiny:roberta", 1, False), ("tiny:roberta", 2, False), ("roberta-large", 2, True)):
+        evaluators = Evaluators(bertscore=BERTScore(directory, spec, layer=layer, rescale=rescale))
+        rows, _ = score_system({"s1:0": "He stayed out.", "s1:1": "He went home."}, INSTANCES, scorer, batch_size=2,
+                               evaluators=evaluators, models=scoring_models("tiny:bart", "float32", evaluators))
+        named[spec, layer] = rows[0]["scored_by"]["bertscore"]
+    assert named == {("tiny:roberta", 1): "tiny:roberta, layer 1", ("tiny:roberta", 2): "tiny:roberta, layer 2",
+                     ("roberta-large", 2): "roberta-large, layer 2, rescaled"}
 
 
 def test_tables_show_bertscore_only_where_a_system_has_it():

@@ -163,6 +163,26 @@ def _evaluators(tiny_evaluators, nli: bool = True) -> Evaluators:
                       specs={"judge": "tiny:llama", "embedder": "tiny:roberta", "nli": "tiny:roberta-nli" if nli else None})
 
 
+def test_a_judge_with_the_scorers_weights_is_the_scorer_and_another_judge_is_loaded_apart(tiny_evaluators, tmp_path):
+    """The eval_models stage's judge (tiny:llama) against two models stages: one whose scorer is
+    the same model (the judge is that LMScorer, loaded once, and the report says DTO optimised
+    its likelihoods) and one whose scorer is another model (the judge is loaded from its own
+    directory, and CF-PMI is the judge's)."""
+    cpu = torch.device("cpu")
+    found = {}
+    for scorer_spec in ("tiny:llama", "tiny:bart"):
+        models = tmp_path / scorer_spec.replace(":", "_")
+        materialise(ModelsConfig(generator=scorer_spec, scorer=scorer_spec, max_input_tokens=96, max_output_tokens=40), models, seed=0)
+        scorer = LMScorer.from_dir(resolve_model_dir(models, "scorer"), 96, 40)
+        found[scorer_spec] = scorer, Evaluators.load(tiny_evaluators, scorer, models, cpu, "float32", 96, 40)
+    scorer, same = found["tiny:llama"]
+    assert same.judge is scorer and same.judge_is_scorer
+    scorer, other = found["tiny:bart"]
+    assert other.judge is not scorer and not other.judge_is_scorer and other.judge.model.config.model_type == "llama"
+    judge = LMScorer.from_dir(resolve_model_dir(tiny_evaluators, "judge"), 96, 40)
+    assert coherence.cf_pmi(other.judge, STORIES, ENDINGS, 2) == pytest.approx(coherence.cf_pmi(judge, STORIES, ENDINGS, 2), abs=1e-6)
+
+
 def test_score_system_adds_the_coherence_columns_and_their_corpus_values(tiny_evaluators):
     evaluators = _evaluators(tiny_evaluators)
     predictions = {row["id"]: ending for row, ending in zip(STORIES, ENDINGS, strict=True)}
