@@ -27,6 +27,16 @@ def test_markdown_table_bold_best_and_significance_marks():
     assert lines[3] == "| DTO-Score | **-1.683**\\* | **61.5** | **35.5** | -2.990 | 39.0 | 19.0 |"
     # The copy baseline is never bold; its missing counterfactual values say n/a, not 0.
     assert lines[4] == "| Copy | -0.500 | 100.0 | 100.0 | n/a | n/a | n/a |"
+    # Nor where it ties with the best real system; a mark from the story-level test is its own (†).
+    rows = _rows()
+    rows[1].story_p_values = {"bartscore/predictive": 0.02, "rougeL/predictive": 0.01}
+    rows[2].metrics["rougeL"]["predictive"] = 61.5
+    lines = markdown_table(rows, alpha=0.05).splitlines()
+    assert lines[3] == "| DTO-Score | **-1.683**\\*† | **61.5**† | **35.5** | -2.990 | 39.0 | 19.0 |"
+    assert lines[4] == "| Copy | -0.500 | 61.5 | 100.0 | n/a | n/a | n/a |"
+    latex = latex_table(rows, alpha=0.05, caption="c")
+    assert "DTO-Score & \\textbf{-1.683}$^{*}$$^{\\dagger}$ & \\textbf{61.5}$^{\\dagger}$ & \\textbf{35.5} &" in latex
+    assert "Copy & -0.500 & 61.5 & 100.0 &" in latex
 
 
 def test_latex_table():
