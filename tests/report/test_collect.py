@@ -1177,3 +1177,23 @@ def test_a_blob_is_the_same_bytes_whenever_it_is_gathered(tmp_path, monkeypatch)
         digest = store_blob(b"the same scores", tmp_path / str(now))
         stored.append((digest, (tmp_path / str(now) / f"{digest}.gz").read_bytes()))
     assert stored[0] == stored[1] and gzip.decompress(stored[0][1]) == b"the same scores"
+
+
+def test_a_cpo_run_is_labelled_by_the_settings_its_grid_varies_as_the_paper_names_them():
+    """The training summary holds the settings as the config dumps them (CPO's `lambda_`, a
+    Python keyword's spelling); a label names the ones that differ between the system's runs,
+    `lambda` as params.yaml and the paper spell it."""
+    from types import SimpleNamespace
+
+    from storyrewrite.objectives.registry import CPOConfig
+    from storyrewrite.report.collect import objective_label
+
+    def run(beta, lambda_):
+        settings = CPOConfig.model_validate({"beta": beta, "lambda": lambda_}).model_dump()
+        return SimpleNamespace(params={"objective": "cpo"}, summary=lambda system: {"label": "CPO", "settings": settings})
+
+    grid = [run(0.1, 1.0), run(0.1, 2.0), run(0.5, 2.0)]
+    assert [objective_label(r, grid) for r in grid] == ["CPO (beta=0.1, lambda=1.0)", "CPO (beta=0.1, lambda=2.0)",
+                                                         "CPO (beta=0.5, lambda=2.0)"]
+    assert objective_label(grid[1], grid[1:]) == "CPO (beta=0.1)"
+    assert objective_label(grid[0], grid[:1]) == "CPO"
