@@ -25,7 +25,10 @@ def test_local_chat_model_runs_each_distinct_prompt_once_then_from_cache(kind, t
     cache = ResponseCache(tmp_path)
     source = ExampleSource(train, "timetravel", config, 0)
     predictions, usage = run_mode("zero_shot", test, source, backend, cache)
-    assert usage.requests == 2 and usage.cache_hits == 0 and usage.prompts == 2 and 0 < usage.completion_tokens <= 10
+    # The random Llama repeats one token to the limit; the random BART ends at once (its end token
+    # alone, which the count leaves out with the decoder-start token it did not generate).
+    assert usage.requests == 2 and usage.cache_hits == 0 and usage.prompts == 2
+    assert usage.completion_tokens == {"llama": 10, "bart": 0}[kind]
     assert [p["id"] for p in predictions] == [r["id"] for r in test]
     # Batched generation gives what one prompt at a time gives.
     single = [backend.complete(m, 5, 0.0).text for m in [backend_messages(config, r) for r in test[::3]]]
@@ -67,6 +70,59 @@ def test_a_reply_that_used_every_token_is_cut_unless_its_ending_came_first():
     assert not cut_at_limit({"text": "She went home.", "completion_tokens": 4}, 5)
     # clean_reply keeps the first paragraph: the ending was finished before the limit.
     assert not cut_at_limit({"text": "She went home.\n\nRewritten because", "completion_tokens": 5}, 5)
+
+
+PROMPTS = [[{"role": "user", "content": text}] for text in (
+    "Tom went fishing.", "Ann baked a cake for the fair and it burnt badly.", "She sang.",
+    "The dog barked at the mailman all day.")]
+
+
+def _sharper(directory, out):
+    """The tiny model of `directory` drawn again with weights of spread 0.2: its greedy replies
+    then depend on the prompt (the default 0.02 gives every prompt one token repeated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from storyrewrite.models.store import load_tokenizer
+
+    config = AutoConfig.from_pretrained(directory)
+    config.initializer_range = config.init_std = 0.2
+    torch.manual_seed(0)
+    (AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM).from_config(config).save_pretrained(out)
+    load_tokenizer(directory).save_pretrained(out)
+    return LocalBackend(out, "tiny")
+
+
+def test_each_reply_in_a_batch_counts_its_tokens_before_its_end_token(tiny_model_dirs, tmp_path):
+    """Rows of one batch that end at different lengths (a row that ends sooner is padded after
+    its end token): each counts the tokens before its end, as it does alone, unpadded."""
+    backend = _sharper(tiny_model_dirs["llama"], tmp_path)
+    runs = []  # each prompt's greedy reply to the limit, one prompt at a time
+    for prompt in PROMPTS:
+        inputs = backend.encode([prompt])
+        output = backend.model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=backend.tokenizer.pad_token_id)
+        runs.append(output[0, inputs["input_ids"].shape[1]:].tolist())
+    end = runs[1][0]  # a second end token: the second reply ends at once, others later or never
+    backend.model.generation_config.eos_token_id = [backend.tokenizer.eos_token_id, end]
+    expected = [run.index(end) if end in run else 8 for run in runs]
+    assert len(set(expected)) >= 3 and 0 in expected and 8 in expected
+    assert [reply.completion_tokens for _, reply in sorted(backend.complete_many(PROMPTS, 8, 0.0))] == expected
+    assert [backend.complete(prompt, 8, 0.0).completion_tokens for prompt in PROMPTS] == expected
+
+
+def test_a_seq2seq_reply_whose_end_was_forced_at_the_limit_used_every_token(tiny_model_dirs, tmp_path):
+    """BART forces its end token into the last place (`forced_eos_token_id`): a reply cut there
+    counts every token, so that the LLM stage counts it as cut at the limit."""
+    from storyrewrite.llm.run import cut_at_limit
+
+    backend = _sharper(tiny_model_dirs["bart"], tmp_path)
+    backend.model.generation_config.forced_eos_token_id = backend.tokenizer.eos_token_id
+    replies = [reply for _, reply in sorted(backend.complete_many(PROMPTS, 8, 0.0))]
+    inputs = backend.encode(PROMPTS)
+    output = backend.model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=backend.tokenizer.pad_token_id)
+    assert (output[:, -1] == backend.tokenizer.eos_token_id).all() and output.shape[1] == 1 + 8  # decoder start + 8
+    assert [reply.completion_tokens for reply in replies] == [8] * len(PROMPTS)
+    assert all(cut_at_limit({"text": reply.text, "completion_tokens": reply.completion_tokens}, 8) for reply in replies)
 
 
 def backend_messages(config, row):

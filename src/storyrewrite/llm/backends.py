@@ -210,13 +210,31 @@ class LocalBackend:
         with torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
                                          **sampling)
-        new = output if self.seq2seq else output[:, inputs["input_ids"].shape[1]:]
+        # A seq2seq model's output starts with its decoder-start token, which it did not generate.
+        new = output[:, 1:] if self.seq2seq else output[:, inputs["input_ids"].shape[1]:]
         answers = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()
-        new_lengths = (new != self.tokenizer.pad_token_id).sum(dim=1).tolist()
+        new_lengths = reply_lengths(new, self.model.generation_config, max_new_tokens)
         seconds = (time.perf_counter() - started) / len(prompts)
         for i, (text, p, n) in enumerate(zip(answers, prompt_lengths, new_lengths, strict=True)):
             yield i, Reply(text.strip(), p, n, seconds)
+
+
+def reply_lengths(new, generation_config, max_new_tokens: int) -> list[int]:
+    """The tokens of each reply in a batch of generated rows `new` (a tensor): those before the
+    row's first end token (`generation_config.eos_token_id`, one id or several), as a causal chat
+    model's end token is often its pad token too and a row that ends sooner is padded after it.
+    A model that forces an end token at the limit (`forced_eos_token_id`, BART's) puts one in the
+    last place of a reply that used every token: such a reply counts all `max_new_tokens`."""
+    import torch
+
+    ends = generation_config.eos_token_id
+    ends = torch.tensor([] if ends is None else [ends] if isinstance(ends, int) else list(ends), dtype=new.dtype, device=new.device)
+    ended = torch.isin(new, ends)
+    lengths = torch.where(ended.any(dim=1), ended.int().argmax(dim=1), new.shape[1])
+    if generation_config.forced_eos_token_id is not None and new.shape[1] == max_new_tokens:
+        lengths = torch.where(lengths == max_new_tokens - 1, max_new_tokens, lengths)
+    return lengths.tolist()
 
 
 def make_backend(config: LLMConfig, local_models: Path, local_label: str, device: str) -> Backend:
