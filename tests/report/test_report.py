@@ -228,3 +228,15 @@ def test_the_notes_name_the_llm_rows_the_judge_wrote_itself():
     # A task without a counterfactual event (ART): the section says why, as the validity section does.
     assert coherence_notes({"coherence_metrics": "not available: the task has no counterfactual event"}) == [
         "Not available: the task has no counterfactual event."]
+
+
+def test_the_notes_name_the_systems_whose_predictions_mostly_echo_the_prompt():
+    """Above a half of its predictions echoing the prompt, a system's row is named, with its share;
+    at a half or below, not."""
+    from storyrewrite.report.build import echo_notes
+
+    labels = {"nll": "NLL", "llm_zero_shot": "zero-shot", "llm_rag": "RAG"}
+    metrics = {"nll": {"prompt_echo": 0.5}, "llm_zero_shot": {"prompt_echo": 0.51}, "llm_rag": {"prompt_echo": 0.9}}
+    [note] = echo_notes(labels, metrics)
+    assert note.startswith("**Mostly not endings:** the predictions of zero-shot (51 %); RAG (90 %) echo the prompt")
+    assert echo_notes(labels, {"nll": {"prompt_echo": 0.5}}) == []
