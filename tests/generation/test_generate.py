@@ -5,6 +5,7 @@ import torch
 
 from storyrewrite.io import InputError
 
+from storyrewrite.data.formatting import model_source
 from storyrewrite.data.prepare import load_instances
 from storyrewrite.generation.generate import generate_predictions
 from storyrewrite.params import GenerateConfig
@@ -80,6 +81,31 @@ def test_the_endings_cut_at_the_token_limit_are_counted(tmp_path, tiny_model_dir
     _partial(tmp_path, "out", model_dir, instances, "".join(json.dumps({**row, "cut": True}) + "\n" for row in rows[:2]))
     resumed = _generate(model_dir, instances, tmp_path / "out.jsonl", kind="bart")
     assert (resumed.predictions, resumed.cut) == (len(instances) - 2, generated.cut if eos_bias else 2)
+
+
+def test_decoding_follows_generate_s_settings_not_the_checkpoint_s_defaults(tmp_path, tiny_model_dirs, small_prepared):
+    """bart-large-cnn ships decoding defaults for news summaries (4 beams, a minimum length, n-gram
+    blocking, a forced first token), and transformers fills every setting a call leaves unset from
+    them. The generate stage decodes as `generate.*` say: a tiny BART that carries such defaults
+    writes what the same weights write without them (the random BART ends at once; under its
+    defaults it writes at least four tokens)."""
+    from storyrewrite.models.store import load_model, load_tokenizer
+
+    model = load_model(tiny_model_dirs["bart"], "float32", torch.device("cpu")).eval()
+    tokenizer = load_tokenizer(tiny_model_dirs["bart"])
+    model.save_pretrained(tmp_path / "plain")
+    model.generation_config.update(num_beams=4, early_stopping=True, length_penalty=2.0, min_length=5, no_repeat_ngram_size=3,
+                                   forced_bos_token_id=7)
+    model.save_pretrained(tmp_path / "news")
+    for directory in ("plain", "news"):
+        tokenizer.save_pretrained(tmp_path / directory)
+    instances = load_instances(small_prepared, "timetravel", "test")[:3]
+    inputs = tokenizer(model_source(instances[0], "timetravel", tokenizer, True), return_tensors="pt")
+    assert len(load_model(tmp_path / "news").generate(**inputs, max_new_tokens=6)[0]) >= 5  # (what its defaults do)
+    for directory in ("plain", "news"):
+        _generate(tmp_path / directory, instances, tmp_path / f"{directory}.jsonl", kind="bart")
+    assert read_jsonl(tmp_path / "news.jsonl") == read_jsonl(tmp_path / "plain.jsonl")
+    assert all(row["prediction"] == "" for row in read_jsonl(tmp_path / "plain.jsonl"))
 
 
 def test_a_causal_ending_is_cut_unless_it_ended_or_its_line_did():

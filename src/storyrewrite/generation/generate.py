@@ -25,7 +25,7 @@ from transformers import GenerationConfig
 from storyrewrite.data.formatting import model_source
 from storyrewrite.io import InputError, read_jsonl_resumable, write_jsonl_atomic
 from storyrewrite.models.encoding import Encoder
-from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, weights_digest
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding, resolve_model_dir, weights_digest
 from storyrewrite.params import GenerateConfig, ModelsConfig
 
 
@@ -117,7 +117,8 @@ def generate_predictions(
     if torn:
         print(f"warning: {partial}: its last line was cut short (an interrupted write) and is dropped; "
               f"{len(done)} prediction(s) kept, {len(sources)} to generate", file=sys.stderr)
-    with open(partial, "a", encoding="utf-8") as sink, torch.inference_mode():
+    # Decoded as `generate.*` say, not as the checkpoint's own decoding defaults would fill the rest.
+    with open(partial, "a", encoding="utf-8") as sink, torch.inference_mode(), plain_decoding(model):
         for start in tqdm(range(0, len(todo), config.batch_size), desc=f"generate {out_path.stem}", unit="batch"):
             batch = todo[start : start + config.batch_size]
             inputs = {k: v.to(device) for k, v in encoder.prompts(batch).items()}

@@ -4,10 +4,12 @@ with an `index.json` of role -> model directory and the spec each came from)."""
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from storyrewrite.io import InputError, atomic_dir, read_json, sha256_file, write_json_atomic
 
@@ -90,3 +92,21 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: torch.devi
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+@contextmanager
+def plain_decoding(model: PreTrainedModel):
+    """The model with a generation config that holds its special tokens only, so that a decoding
+    is what its call asks for: transformers fills the settings a call leaves unset from the
+    checkpoint's generation config (bart-large-cnn's, for news summaries: 4 beams, a minimum
+    length of 56, trigram blocking, a length penalty, forced first and last tokens). The generate
+    stage's predictions would follow those, and RLOO's samples would not be samples of π."""
+    saved = model.generation_config
+    config = model.config
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=saved.eos_token_id if saved.eos_token_id is not None else config.eos_token_id,
+        pad_token_id=saved.pad_token_id, decoder_start_token_id=getattr(config, "decoder_start_token_id", None))
+    try:
+        yield model
+    finally:
+        model.generation_config = saved

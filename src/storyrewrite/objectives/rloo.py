@@ -64,7 +64,7 @@ from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.encoding import Encoder, target_logits
 from storyrewrite.models.logprobs import token_log_probs
-from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding
 from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
 from storyrewrite.objectives.nll import nll_loss
 from storyrewrite.objectives.registry import RLConfig
@@ -123,23 +123,6 @@ def source_rows(batch: dict, seq2seq: bool) -> tuple[torch.Tensor, torch.Tensor,
     # One read of the device (each waits for it): padding marked −1, never a token id.
     rows = [[token for token in row if token >= 0] for row in torch.where(mask.bool(), ids, -1).tolist()]
     return ids, mask, rows
-
-
-@contextmanager
-def plain_decoding(model: PreTrainedModel):
-    """The model with a generation config that holds its special tokens only: transformers fills
-    the settings a call leaves unset from the checkpoint's generation config (bart-large-cnn's
-    beams, n-gram blocking, forced first token, minimum length), and samples drawn under those are
-    not samples of π."""
-    saved = model.generation_config
-    config = model.config
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=saved.eos_token_id if saved.eos_token_id is not None else config.eos_token_id,
-        pad_token_id=saved.pad_token_id, decoder_start_token_id=getattr(config, "decoder_start_token_id", None))
-    try:
-        yield model
-    finally:
-        model.generation_config = saved
 
 
 @contextmanager
