@@ -134,12 +134,14 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
     # Endings cut at the token limit: from the generate stage's record, or an LLM mode's usage file.
     record = json.loads((tmp_path / "stages" / "generate-nll.json").read_text())
     (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps({**record, "cut_at_limit": 1}))
+    (tmp_path / "stages" / "generate-finetuned.json").write_text(json.dumps({**record, "stage": "generate-finetuned", "cut_at_limit": 0}))
     (tmp_path / "llm" / "zero_shot.json").write_text(json.dumps({
         "mode": "zero_shot", "mode_label": "zero-shot", "backend": "local", "model": "m", "instances": 1, "prompts": 1,
         "prompt_tokens": 9, "completion_tokens": 50, "cut_at_limit": 1}))
     notes = report(["nll", "finetuned", "llm_zero_shot"])[0].split("## Following")[0]
     assert "**Cut at the token limit:** NLL (1 of 1); m zero-shot (local) (1 of 1). These endings stopped at" in notes
     (tmp_path / "llm" / "zero_shot.json").unlink()
+    (tmp_path / "stages" / "generate-finetuned.json").unlink()
     (tmp_path / "stages" / "generate-nll.json").write_text(json.dumps(record))
     with pytest.raises(InputError, match=r"no llm_rag\.json in .*metrics \(is its stage in the pipeline\?\)"):
         report(["nll", "finetuned", "llm_rag"])
@@ -240,3 +242,17 @@ def test_the_notes_name_the_systems_whose_predictions_mostly_echo_the_prompt():
     [note] = echo_notes(labels, metrics)
     assert note.startswith("**Mostly not endings:** the predictions of zero-shot (51 %); RAG (90 %) echo the prompt")
     assert echo_notes(labels, {"nll": {"prompt_echo": 0.5}}) == []
+
+
+def test_a_system_is_named_from_what_its_run_wrote():
+    from storyrewrite.report.build import system_label
+    from storyrewrite.systems import COPY_BASELINES
+
+    assert system_label("nll", training_summary(global_step=300), None) == "NLL"
+    assert system_label("finetuned", training_summary(global_step=40), None) == "NLL, continued (+40 steps)"
+    dto = training_summary(objective="score", label="DTO-Score", global_step=40)
+    assert system_label("finetuned", dto, None) == "DTO-Score (from NLL, +40 steps)"
+    usage = {"model": "m", "mode_label": "zero-shot", "backend": "local"}
+    assert system_label("llm_zero_shot", None, usage) == "m zero-shot (local)"
+    assert system_label("copy_original", None, None) == COPY_BASELINES["copy_original"][1]
+    assert system_label("mine", None, None) == "mine"
