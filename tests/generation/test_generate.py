@@ -191,6 +191,36 @@ def _fingerprint_of(model_dir, instances):
     return _fingerprint(model_dir, instances, config, tiny_models_config("llama"), torch.device("cpu"))
 
 
+def test_inputs_go_to_the_model_longest_first(tmp_path, tiny_model_dirs, small_prepared, monkeypatch):
+    """Similar lengths share a batch, and the longest batch, the memory peak, comes first."""
+    from storyrewrite.models.encoding import Encoder
+
+    widths, prompts = [], Encoder.prompts
+    monkeypatch.setattr(Encoder, "prompts", lambda self, sources: widths.append(prompts(self, sources)["input_ids"].shape[1])
+                        or prompts(self, sources))
+    instances = load_instances(small_prepared, "timetravel", "test") + load_instances(small_prepared, "timetravel", "val")
+    _generate(tiny_model_dirs["llama"], instances, tmp_path / "out.jsonl", batch_size=1)
+    assert len(widths) > 2 and widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+
+
+def test_a_partial_file_is_named_by_everything_its_predictions_depend_on(tiny_model_dirs, small_prepared):
+    """A run resumes only a partial file of the same weights, instances, generation settings,
+    input limit and device type: a change to any of them names another file."""
+    from storyrewrite.generation.generate import _fingerprint
+
+    instances = load_instances(small_prepared, "timetravel", "test")
+    config, models, cpu = GenerateConfig(batch_size=4, num_beams=1, max_new_tokens=6, split="test"), tiny_models_config("llama"), torch.device("cpu")
+    name = _fingerprint(tiny_model_dirs["llama"], instances, config, models, cpu)
+    assert _fingerprint(tiny_model_dirs["llama"], [dict(row) for row in instances], config, models, cpu) == name
+    edited = [{**instances[0], "counterfactual": instances[0]["counterfactual"] + " Then it rained."}, *instances[1:]]
+    others = [_fingerprint(tiny_model_dirs["bart"], instances, config, models, cpu),
+              _fingerprint(tiny_model_dirs["llama"], edited, config, models, cpu),
+              _fingerprint(tiny_model_dirs["llama"], instances, config.model_copy(update={"num_beams": 2}), models, cpu),
+              _fingerprint(tiny_model_dirs["llama"], instances, config, models.model_copy(update={"max_input_tokens": 32}), cpu),
+              _fingerprint(tiny_model_dirs["llama"], instances, config, models, torch.device("cuda"))]
+    assert len({name, *others}) == 6
+
+
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_a_static_kv_cache_gives_the_same_predictions(tmp_path, tiny_model_dirs, small_prepared, kind):
     instances = load_instances(small_prepared, "timetravel", "test")

@@ -712,3 +712,22 @@ def test_the_trainer_prints_no_cloud_advert():
             source.addFilter(f)
     assert ours and any(line.startswith("💡 Tip: For seamless cloud logging") for line in bare)
     assert not any("Tip:" in line for line in filtered) and any(line.startswith("GPU available") for line in filtered)
+
+
+def test_a_resumed_epoch_starts_after_the_instances_every_process_consumed():
+    """The training order is a permutation seeded by seed + epoch; a run resumed part-way through an
+    epoch starts after what was consumed: the batches completed times the batch size times the
+    processes (each took its own batch of every step)."""
+    from types import SimpleNamespace
+
+    from storyrewrite.training.data import ResumableRandomSampler, RewriteDataModule
+
+    full = list(ResumableRandomSampler(10, 3, lambda: (0, 0)))
+    assert full == torch.randperm(10, generator=torch.Generator().manual_seed(3)).tolist()
+    assert list(ResumableRandomSampler(10, 3, lambda: (0, 4))) == full[4:]
+    assert list(ResumableRandomSampler(10, 2, lambda: (1, 0))) == full  # epoch 1 of seed 2: seed 3's order
+    module = RewriteDataModule("unused", "timetravel", None, batch_size=4, seed=0)
+    assert module._position() == (0, 0)  # not attached to a trainer
+    progress = SimpleNamespace(current=SimpleNamespace(completed=3))
+    module.trainer = SimpleNamespace(current_epoch=2, world_size=2, fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    assert module._position() == (2, 24)
