@@ -144,6 +144,18 @@ def test_rag_retrieves_the_duplicated_training_story_and_never_a_test_one(embedd
     assert not test_ids & set(index.nearest(embedder.embed([query_text(r, "timetravel") for r in test])))
 
 
+def test_rag_tells_apart_training_stories_that_differ_in_their_counterfactual_alone(embedder, small_prepared, tmp_path):
+    """The query holds the counterfactual event (the input the rewrite must follow): of two
+    training stories with the same premise, initial event and ending, each query finds the one
+    whose counterfactual it shares."""
+    story = load_instances(small_prepared, "timetravel", "train")[0]
+    events = {"rain": "It rained all day and the streets flooded.", "win": "She won the lottery and bought a yacht."}
+    train = [{**story, "id": f"{name}:0", "story_id": name, "counterfactual": event} for name, event in events.items()]
+    build_index(train, embedder, tmp_path, "timetravel")
+    queries = [{**row, "id": f"query-{row['id']}"} for row in train]
+    assert Index(tmp_path).nearest(embedder.embed([query_text(row, "timetravel") for row in queries])) == ["rain:0", "win:0"]
+
+
 def test_llm_index_is_not_built_and_needs_no_minilm_without_a_retrieving_mode(tmp_path, small_prepared):
     """The stage as DVC runs it: without a retrieving mode it loads neither MiniLM (the module that
     fetches it is never imported) nor torch and transformers."""

@@ -37,6 +37,10 @@ def test_without_original_endings_only_predictive_forms():
 def test_mismatched_instances_and_missing_baseline_are_errors():
     with pytest.raises(InputError, match="scores of `x` and `nll` cover different instances: 3 and 6 instance ids, 3 in both$"):
         compare({"nll": _rows([0.0] * 6), "x": _rows([1.0] * 3)}, "nll", 100, 0, by_story=False)
+    # Every instance, one of them twice: which of its two rows to test is no one's guess.
+    repeated = _rows([1.0] * 6)
+    with pytest.raises(InputError, match=r"cover different instances: 6 and 6 instance ids, 6 in both; `x` repeats 1 id\(s\)$"):
+        compare({"nll": _rows([0.0] * 6), "x": repeated + [{**repeated[2], "bartscore": 9.0}]}, "nll", 100, 0, by_story=False)
     with pytest.raises(InputError, match=r"`significance.baseline` = 'nll' has no scores; systems: x"):
         compare({"x": _rows([1.0] * 3)}, "nll", 100, 0, by_story=False)
 
