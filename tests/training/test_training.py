@@ -63,6 +63,46 @@ def test_a_training_step_lowers_the_loss(tiny_model_dirs, small_prepared, kind):
     assert after.item() < before.item() - 1e-3
 
 
+def test_the_optimiser_warms_up_linearly_to_lr_and_decays_the_weights(tiny_model_dirs, small_prepared):
+    """AdamW with `weight_decay`; the lr rises linearly over `warmup_steps` (the first step at
+    lr / warmup_steps, not 0) and stays at `lr` (the paper trains at a constant lr)."""
+    for warmup, expected in ((4, [2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2, 1e-2]), (0, [1e-2] * 6)):
+        module, _ = assemble(tiny_run(tiny_model_dirs["llama"], small_prepared, lr=1e-2, weight_decay=0.1, warmup_steps=warmup))
+        configured = module.configure_optimizers()
+        optimizer, schedule = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+        assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["weight_decay"] == 0.1
+        lrs = []
+        for _ in expected:
+            lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            schedule.step()
+        assert lrs == pytest.approx(expected)
+
+
+def test_the_logged_gradient_norm_is_the_norm_of_all_gradients_together(tiny_model_dirs, small_prepared):
+    module, data = assemble(tiny_run(tiny_model_dirs["llama"], small_prepared))
+    module.step_loss(data.collate(read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:2])).backward()
+    module.on_before_optimizer_step(None)
+    total = torch.nn.utils.clip_grad_norm_(module.generator.parameters(), float("inf"))  # (inf: measures, clips nothing)
+    assert module.step_logs["grad_norm"].item() == pytest.approx(total.item(), rel=1e-5)
+
+
+def test_validation_logs_the_nll_whatever_the_objective(tiny_model_dirs, small_prepared, monkeypatch):
+    """`val_nll` compares runs of different objectives (model selection, the collector's choice of
+    a run per system): a DTO run logs the NLL of the validation batch there, as the NLL objective
+    computes it, beside its own loss."""
+    dto, dto_data = assemble(tiny_run(tiny_model_dirs["llama"], small_prepared, "score", DTO, tiny_model_dirs["llama"], section="train"))
+    nll, nll_data = assemble(tiny_run(tiny_model_dirs["llama"], small_prepared))
+    rows = read_jsonl(small_prepared / "timetravel" / "val.jsonl")[:2]
+    logged = {}
+    monkeypatch.setattr(dto, "log", lambda name, value, **_: logged.__setitem__(name, float(value)))
+    with torch.no_grad():
+        dto.generator.eval(), nll.generator.eval()
+        dto.validation_step(dto_data.collate(rows), 0)
+        expected = nll.loss(nll.generator, nll_data.collate(rows), 0).loss.item()
+    assert logged["val_nll"] == pytest.approx(expected, rel=1e-5) and abs(logged["val_loss"] - logged["val_nll"]) > 1e-3
+
+
 def _fit(tmp_path, run, callbacks=(), diagnostics=True):
     return fit(run, tmp_path / "out", tmp_path / "ckpt", tmp_path / "logs", callbacks, diagnostics=diagnostics)
 
@@ -210,6 +250,42 @@ def test_a_changed_setting_starts_afresh(tmp_path, tiny_model_dirs, small_prepar
         _fit(tmp_path, run, callbacks=(Crash(2),))
     summary = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=3, lr=5e-4, val_check_interval=3))
     assert summary["resumed_from_step"] is None and summary["global_step"] == 3
+
+
+def test_a_checkpoint_is_resumed_only_by_a_run_of_the_same_weights_data_settings_and_seed(tmp_path, tiny_model_dirs, small_prepared):
+    """The run fingerprint holds the starting weights, the training and validation data, the
+    settings but the budget, the objective's settings and the seed: a longer budget resumes, a
+    change to any of the others starts afresh."""
+    import shutil
+    from dataclasses import replace
+
+    from storyrewrite.models.store import load_model
+    from storyrewrite.training.run import run_fingerprint
+
+    run = tiny_run(tiny_model_dirs["llama"], small_prepared)
+    name = run_fingerprint(run)
+    assert run_fingerprint(tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=7)) == name
+    model = load_model(tiny_model_dirs["llama"])
+    with torch.no_grad():
+        model.get_input_embeddings().weight[0, 0] += 1.0
+    model.save_pretrained(tmp_path / "weights")
+    load_tokenizer(tiny_model_dirs["llama"]).save_pretrained(tmp_path / "weights")
+    data = {}
+    for split in ("train", "val"):
+        data[split] = tmp_path / split
+        shutil.copytree(small_prepared, data[split])
+        path = data[split] / "timetravel" / f"{split}.jsonl"
+        rows = read_jsonl(path)
+        path.write_text("".join(json.dumps({**row, "target": row["target"] + " Then it rained."} if i == 0 else row) + "\n"
+                                for i, row in enumerate(rows)))
+    dto = tiny_run(tiny_model_dirs["llama"], small_prepared, "score", DTO, tiny_model_dirs["llama"], section="train")
+    others = [run_fingerprint(tiny_run(tmp_path / "weights", small_prepared)),
+              run_fingerprint(tiny_run(tiny_model_dirs["llama"], data["train"])),
+              run_fingerprint(tiny_run(tiny_model_dirs["llama"], data["val"])),
+              run_fingerprint(tiny_run(tiny_model_dirs["llama"], small_prepared, lr=5e-4)),
+              run_fingerprint(replace(run, seed=1)),
+              run_fingerprint(dto), run_fingerprint(replace(dto, settings=DTO.model_copy(update={"tau": 0.5})))]
+    assert len({name, *others}) == 1 + len(others)
 
 
 def test_an_objectives_checkpoints_depend_on_its_own_code_only():
