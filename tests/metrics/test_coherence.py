@@ -102,6 +102,16 @@ def test_a_sentence_transformers_directory_pools_as_its_files_say(tiny_evaluator
     # In one batch, and in batches of two (sorted by length): each vector back at its text's place.
     for batch_size in (64, 2):
         torch.testing.assert_close(SentenceEncoder(directory, batch_size=batch_size).embed(texts), expected, atol=1e-5, rtol=1e-5)
+    # Without a Normalize module the mean vectors stay as they are; the card's max_seq_length bounds the input.
+    modules = json.loads((directory / "modules.json").read_text())[:2]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 8}))
+    with torch.no_grad():
+        means = torch.stack([model(**tokenizer(t, return_tensors="pt", truncation=True, max_length=8)).last_hidden_state[0].mean(0)
+                             for t in texts])
+    encoder = SentenceEncoder(directory)
+    assert encoder.max_length == 8 and (means.norm(dim=1) - 1).abs().max() > 0.01
+    torch.testing.assert_close(encoder.embed(texts), means, atol=1e-5, rtol=1e-5)
 
 
 def _classifier_copy(tiny_evaluators, tmp_path, id2label: dict, initializer_range: float | None = None) -> tuple:
