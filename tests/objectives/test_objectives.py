@@ -245,3 +245,10 @@ def test_objectives_that_need_the_original_ending_refuse_art(name, shipped_objec
     with pytest.raises(InputError, match=rf"`objective` = '{name}' needs the original ending, which task 'art' does not have; "
                                          r"objectives for this task: nll, score, rloo$"):
         get_objective(name, "art")
+
+
+def test_an_objective_built_with_another_objectives_settings_says_so():
+    """A builder reads its own section's fields: DTO given CPO's settings fails at once, naming both
+    types, not at the first attribute it misses."""
+    with pytest.raises(TypeError, match=r"^objective 'score' takes DTOConfig settings, got CPOConfig$"):
+        get_objective("score", "timetravel").build(ObjectiveContext(CPOConfig.model_validate({"beta": 0.1, "lambda": 1.0})))
