@@ -34,6 +34,26 @@ def tiny_run(model_dir: Path, prepared: Path, objective: str = "nll", settings=N
                scorer_dir=scorer_dir)
 
 
+def redrawn(directory: Path, out: Path, model_class, spread: float = 0.2, **config_changes) -> Path:
+    """The tiny model of `directory` as `model_class` (an Auto class), its weights drawn afresh
+    (seed 0) at `spread` with `config_changes`, saved with its tokenizer at `out` (which may be
+    `directory`). At the tiny models' default spread of 0.02 their outputs barely depend on the
+    input (docs/testing.md)."""
+    import torch
+    from transformers import AutoConfig
+
+    from storyrewrite.models.store import load_tokenizer
+
+    config = AutoConfig.from_pretrained(directory)
+    for key, value in {"init_std" if hasattr(config, "init_std") else "initializer_range": spread, **config_changes}.items():
+        setattr(config, key, value)
+    tokenizer = load_tokenizer(directory)
+    torch.manual_seed(0)
+    model_class.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return Path(out)
+
+
 def tiny_models_config(kind: str) -> ModelsConfig:
     return ModelsConfig(generator=f"tiny:{kind}", scorer=f"tiny:{kind}", max_input_tokens=96, max_output_tokens=40)
 

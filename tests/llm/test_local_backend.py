@@ -7,7 +7,7 @@ from storyrewrite.llm.modes import ExampleSource
 from storyrewrite.llm.run import prompt_chars, run_mode
 from storyrewrite.params import LLMConfig, build, load_yaml
 
-from helpers import ROOT
+from helpers import ROOT, redrawn
 
 
 def _config(**changes) -> LLMConfig:
@@ -80,17 +80,11 @@ PROMPTS = [[{"role": "user", "content": text}] for text in (
 def _sharper(directory, out):
     """The tiny model of `directory` drawn again with weights of spread 0.2: its greedy replies
     then depend on the prompt (the default 0.02 gives every prompt one token repeated)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from storyrewrite.models.store import load_tokenizer
+    from storyrewrite.models.store import is_seq2seq
 
-    config = AutoConfig.from_pretrained(directory)
-    config.initializer_range = config.init_std = 0.2
-    torch.manual_seed(0)
-    (AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM).from_config(config).save_pretrained(out)
-    load_tokenizer(directory).save_pretrained(out)
-    return LocalBackend(out, "tiny")
+    return LocalBackend(redrawn(directory, out, AutoModelForSeq2SeqLM if is_seq2seq(directory) else AutoModelForCausalLM), "tiny")
 
 
 def test_each_reply_in_a_batch_counts_its_tokens_before_its_end_token(tiny_model_dirs, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics import coherence
@@ -20,6 +20,8 @@ from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.models.store import load_model, load_tokenizer, resolve_model_dir
 from storyrewrite.params import ModelsConfig
 from storyrewrite.significance.compare import compare
+
+from helpers import redrawn
 
 STORIES = [
     {"id": "s1:0", "story_id": "s1", "premise": "Ann baked a cake for the fair.", "initial": "It came out perfect.",
@@ -123,10 +125,7 @@ def _classifier_copy(tiny_evaluators, tmp_path, id2label: dict, initializer_rang
     config["id2label"], config["label2id"] = id2label, {v: int(k) for k, v in id2label.items()}
     (directory / "config.json").write_text(json.dumps(config))
     if initializer_range is not None:
-        config = AutoConfig.from_pretrained(directory)
-        config.initializer_range = initializer_range
-        torch.manual_seed(0)
-        AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
+        redrawn(directory, directory, AutoModelForSequenceClassification, initializer_range)
     return directory
 
 

@@ -3,13 +3,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.store import load_model, load_tokenizer
 
-from helpers import host_reads
+from helpers import host_reads, redrawn
 
 SOURCES = ["Tom lost his keys. He found them.", "A short one.", "", "The cat sat on the mat and then it slept all day long."]
 TARGETS = ["He was happy.", "Then it rained all afternoon in the town.", "Nothing.", "It woke up."]
@@ -83,15 +83,9 @@ def test_soft_sources_are_scaled_as_the_scorer_scales_its_token_embeddings(tiny_
     """A scorer that scales its token embeddings (BART with `scale_embedding`: × √d_model) reads
     soft sources as `inputs_embeds`, which it does not scale itself: one-hot sources must still
     score as their tokens do."""
-    directory = tiny_model_dirs["bart"]
-    config = AutoConfig.from_pretrained(directory)
-    config.scale_embedding = True
-    config.init_std = 0.2  # weights of the default 0.02 leave the scores nearly blind to the source
-    torch.manual_seed(0)
-    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(tmp_path)
-    load_tokenizer(directory).save_pretrained(tmp_path)
-    scorer = LMScorer.from_dir(tmp_path)
-    assert scorer.model.get_input_embeddings().embed_scale == pytest.approx(math.sqrt(config.d_model))
+    # (weights of the default spread 0.02 leave the scores nearly blind to the source)
+    scorer = LMScorer.from_dir(redrawn(tiny_model_dirs["bart"], tmp_path, AutoModelForSeq2SeqLM, scale_embedding=True))
+    assert scorer.model.get_input_embeddings().embed_scale == pytest.approx(math.sqrt(scorer.model.config.d_model))
     probs, mask = _one_hot_sources(scorer, SOURCES)
     assert scorer.score_soft(probs, mask, TARGETS).tolist() == pytest.approx(scorer.score(SOURCES, TARGETS), abs=1e-4)
 
