@@ -317,6 +317,11 @@ def test_the_check_refuses_a_model_directory_where_its_models_stage_would(tmp_pa
         expected = stage_error(roles, **specs)
         others = {} if "generator" in specs else {"generator": "tiny:llama", "scorer": "tiny:llama"}
         assert check(**others, **specs) == [expected], specs
+    # The reasons, in words of the directory rather than of the hub name transformers took it for.
+    assert "cannot be loaded (no such directory)" in stage_error(("generator", "scorer"), generator=nowhere)
+    assert f"cannot be loaded ({tmp_path} has no config.json)" in stage_error(("generator", "scorer"), generator=str(tmp_path))
+    assert f"cannot be loaded ({foreign / 'config.json'} is a file, not a model directory)" in stage_error(
+        ("generator", "scorer"), generator=str(foreign / "config.json"))
     # Directories that can play their roles pass, as at their stage.
     assert main(["check", "-S", f"models.generator={llama}", "-S", f"models.scorer={llama}", "-S", f"models.judge={llama}"]) is None
 

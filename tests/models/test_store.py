@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoTokenizer
 from storyrewrite.io import InputError
 from storyrewrite.params import ModelsConfig
 from storyrewrite.models.materialise import materialise
-from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, catalogued, check_specs
+from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, catalogued, check_specs, is_path
 from storyrewrite.models.roles import check_role, check_same_vocabulary, shape_of
 from storyrewrite.models.specs import fetch, load_from_source
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, save_model
@@ -192,6 +192,34 @@ def test_the_catalogue_says_of_a_model_what_the_model_itself_shows(catalogued_di
         assert [str(error) for error in check_specs({role: spec})] == _refusals(check_role, role, directory, spec), role
 
 
+# Which role each catalogued model can play, written out by hand from the table of roles in
+# storyrewrite.models.catalogue (the check derives it from the models' shapes).
+CAN_PLAY = {
+    "tiny:bart": {"generator", "scorer"},  # seq2seq: no causal judge, no encoder
+    "tiny:llama": {"generator", "scorer", "judge"},  # decoder-only
+    "tiny:roberta": {"embedder", "bertscore"},  # an encoder, no classifier head
+    "tiny:roberta-nli": {"embedder", "bertscore", "nli"},  # an encoder with an entailment head
+    "bundled:all-minilm-l6-v2": {"embedder", "bertscore"},
+    "bundled:smollm2-135m-instruct": {"generator", "scorer", "judge"},
+}
+
+
+@pytest.mark.parametrize("spec", sorted(CAN_PLAY))
+def test_each_catalogued_model_plays_the_roles_its_shape_allows_and_no_other(spec):
+    assert {role for role in ROLES if not check_specs({role: spec})} == CAN_PLAY[spec]
+
+
+def test_an_empty_catalogue_name_is_refused_with_the_valid_ones():
+    # (not taken for a hub name, which would fail later at its stage)
+    assert [str(error) for error in check_specs({"generator": "tiny:"})] == [
+        "params: `models.generator` = 'tiny:': unknown tiny model `tiny:`; valid: tiny:bart, tiny:llama, tiny:roberta, tiny:roberta-nli"]
+
+
+def test_a_spec_is_a_directory_when_it_reads_as_a_path_there_or_not(tmp_path):
+    assert is_path("~/nll") and is_path("./nll") and is_path("runs/a/model") and is_path(str(tmp_path))
+    assert not is_path("facebook/bart-large-cnn") and not is_path("gpt2")
+
+
 def test_two_catalogued_models_share_a_vocabulary_exactly_when_the_catalogue_says_so(catalogued_dirs):
     tokenizers = {spec: AutoTokenizer.from_pretrained(directory) for spec, directory in catalogued_dirs.items()}
     for first, second in combinations(CATALOGUED, 2):
@@ -218,6 +246,18 @@ def test_a_language_model_whose_tokenizer_has_no_end_token_is_refused_naming_its
                                          "which CF-PMI scores after the ending"):
         materialise(config, tmp_path / "evaluators", seed=0, roles=("judge",))
     assert not (tmp_path / "out").exists() and not (tmp_path / "evaluators").exists()
+
+
+def test_a_causal_lm_without_a_pad_token_pads_with_its_end_token(tmp_path):
+    # (as GPT-2 and many causal LMs on the hub: a batch's padding is masked, so eos serves)
+    model, tokenizer = load_from_source("tiny:llama")
+    tokenizer.pad_token, model.config.pad_token_id = None, None
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).pad_token is None
+    model, tokenizer = load_from_source(str(tmp_path))
+    assert tokenizer.pad_token == tokenizer.eos_token is not None
+    assert model.config.pad_token_id == tokenizer.pad_token_id == tokenizer.eos_token_id
 
 
 def test_resolve_model_dir_rejects_a_non_model(tmp_path):

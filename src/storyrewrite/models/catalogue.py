@@ -100,7 +100,7 @@ def catalogued(spec: str) -> Catalogued | None:
     """The model a `bundled:` or `tiny:` spec names (None for a hub name or a directory); an
     unknown name is an error that lists the valid ones."""
     prefix, _, name = spec.partition(":")
-    if prefix not in CATALOGUES or not name:
+    if prefix not in CATALOGUES:
         return None
     if name not in CATALOGUES[prefix]:
         raise InputError(f"unknown {prefix} model `{spec}`; valid: {valid_specs(prefix)}")
@@ -187,8 +187,6 @@ def cannot_be_loaded(role: str, spec: str, error: Exception) -> InputError:
     """transformers' refusal to load a spec (neither a local model directory nor a model it can
     reach on the hub or in its cache) as one line with the specs that work."""
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if is_path(spec):  # (transformers' words for these read as if the spec were a hub name)
-        reason = directory_problem(Path(spec).expanduser()) or reason
     return refused(role, spec, f" cannot be loaded ({reason}); a spec is a local model directory, a Hugging Face "
                    f"hub name (the hub or its cache needed), {valid_specs('bundled')} or {valid_specs('tiny')}")
 
