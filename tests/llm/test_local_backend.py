@@ -70,6 +70,8 @@ def test_a_reply_that_used_every_token_is_cut_unless_its_ending_came_first():
     assert not cut_at_limit({"text": "She went home.", "completion_tokens": 4}, 5)
     # clean_reply keeps the first paragraph: the ending was finished before the limit.
     assert not cut_at_limit({"text": "She went home.\n\nRewritten because", "completion_tokens": 5}, 5)
+    assert not cut_at_limit({"text": "She went home.\n\n", "completion_tokens": 5}, 5)  # (a server's reply is not stripped)
+    assert cut_at_limit({"text": "\n\nShe went home and", "completion_tokens": 5}, 5)  # a break before the ending tells nothing
 
 
 PROMPTS = [[{"role": "user", "content": text}] for text in (

@@ -9,7 +9,7 @@ from storyrewrite.llm.indexing import build_index, extract_minilm
 from storyrewrite.llm.retrieval import Index, query_text
 from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.llm.modes import MODES, ExampleSource, get_mode
-from storyrewrite.llm.run import clean_reply
+from storyrewrite.llm.run import Usage, clean_reply
 from storyrewrite.params import LLMConfig, build, load_yaml
 
 from helpers import ROOT, imported_modules
@@ -116,6 +116,15 @@ def test_an_unknown_mode_lists_the_registered_ones():
 
 def test_clean_reply():
     assert clean_reply("Rewritten ending: She hated them.\nIt was bad.\n\nNote: I changed it.") == "She hated them. It was bad."
+    assert clean_reply("\n\nEDITED ENDING:  She left.") == "She left."  # an echoed label in any case
+    assert clean_reply("ending: She left.") == "She left."
+    assert clean_reply("The ending: she left.") == "The ending: she left."  # a label only at the start
+
+
+def test_the_median_request_time_is_the_middle_one():
+    assert Usage(per_request_seconds=[3.0, 1.0, 2.0]).run_facts()["median_request_seconds"] == 2.0
+    assert Usage(per_request_seconds=[4.0, 1.0, 3.0, 2.0]).run_facts()["median_request_seconds"] == 3.0  # the upper of two
+    assert Usage().run_facts()["median_request_seconds"] is None  # every answer from the cache
 
 
 @pytest.fixture(scope="module")

@@ -52,9 +52,9 @@ class Usage:
 
 def cut_at_limit(answer: dict, max_new_tokens: int) -> bool:
     """Whether an answer stopped at the token limit in mid-ending: all `max_new_tokens` used, and
-    no paragraph break before them (`clean_reply` keeps the first paragraph, so an ending followed
-    by more text was finished)."""
-    return answer["completion_tokens"] >= max_new_tokens and "\n\n" not in answer["text"].strip()
+    no paragraph break after the ending began (`clean_reply` keeps the first paragraph, so an
+    ending followed by a break was finished, whatever came after it)."""
+    return answer["completion_tokens"] >= max_new_tokens and "\n\n" not in answer["text"].lstrip()
 
 
 def clean_reply(text: str) -> str:
