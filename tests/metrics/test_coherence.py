@@ -3,6 +3,7 @@ drift with the encoder called on each text alone, EntScore as a softmax of the c
 logits; the entailment label found by name; tasks without X_CE; the bootstrap over the new
 columns; and the checks that refuse a model that cannot play its role."""
 import json
+import re
 import shutil
 
 import numpy as np
@@ -16,6 +17,7 @@ from storyrewrite.metrics import coherence
 from storyrewrite.metrics.evaluate import Evaluators, score_system, scoring_models
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.models.materialise import materialise
+from storyrewrite.models.roles import check_role
 from storyrewrite.models.sentence import SentenceEncoder
 from storyrewrite.models.store import load_model, load_tokenizer, resolve_model_dir
 from storyrewrite.params import ModelsConfig
@@ -147,9 +149,17 @@ def test_ents_is_the_softmax_of_the_class_named_entailment_and_hmean_its_harmoni
     assert coherence.hmean(0.0, 0.0) == 0.0
 
 
-def test_a_classifier_without_an_entailment_label_is_refused_by_name(tiny_evaluators, tmp_path):
-    directory = _classifier_copy(tiny_evaluators, tmp_path, {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"})
-    with pytest.raises(InputError, match=r"`models.nli` = 'my/nli' has no single `entailment` label .*\(0: LABEL_0, 1: LABEL_1, 2: LABEL_2\)"):
+@pytest.mark.parametrize("labels", [
+    {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"},  # none
+    {"0": "entailment", "1": "neutral", "2": " ENTAILMENT"},  # two, once the case and spaces are set aside
+])
+def test_a_classifier_without_a_single_entailment_label_is_refused_by_name(tiny_evaluators, tmp_path, labels):
+    directory = _classifier_copy(tiny_evaluators, tmp_path, labels)
+    listed = ", ".join(f"{index}: {label}" for index, label in labels.items())
+    refusal = rf"`models.nli` = 'my/nli' has no single `entailment` label .*\({re.escape(listed)}\)"
+    with pytest.raises(InputError, match=refusal):  # the models stage's check, before any scoring
+        check_role("nli", directory, "my/nli")
+    with pytest.raises(InputError, match=refusal):
         coherence.EntailmentScorer(directory, "my/nli")
 
 

@@ -1,6 +1,8 @@
 """Where a stage runs its models, and what a CUDA device sets for them."""
+import pytest
 import torch
 
+from storyrewrite.io import InputError
 from storyrewrite.models import device as device_module
 from storyrewrite.models.device import attention_off_cudnn, resolve_device, set_fp32_matmul
 
@@ -30,3 +32,17 @@ def test_tf32_products_are_set_on_a_cuda_device_only_and_named_in_the_record():
     assert set_fp32_matmul(torch.device("cuda:0"), "bfloat16", "tf32") == "bfloat16"  # no float32 weights to round
     assert set_fp32_matmul(torch.device("cuda"), "float32", "ieee") == "float32"
     assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
+def test_a_named_gpu_that_is_not_there_is_refused_naming_the_param(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match=r"^params: `device` = 'cuda', but CUDA is not available here; valid values: auto, cpu$"):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(device_module, "attention_off_cudnn", lambda device: None)  # (nothing process-wide here)
+    monkeypatch.setattr(device_module, "share_gpu_memory", lambda device: None)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")  # the second of two
+    with pytest.raises(InputError, match=r"^params: `device` = 'cuda:2', but there are 2 GPU\(s\)$"):
+        resolve_device("cuda:2")
