@@ -1,4 +1,5 @@
 import json
+import shutil
 from itertools import combinations, pairwise
 from pathlib import Path
 
@@ -8,11 +9,12 @@ from transformers import AutoConfig, AutoTokenizer
 
 from storyrewrite.io import InputError
 from storyrewrite.params import ModelsConfig
-from storyrewrite.models.materialise import materialise
+from storyrewrite.models.materialise import materialise, spec_dir
 from storyrewrite.models.catalogue import BUNDLED, ROLES, TINY, catalogued, check_specs, is_path
 from storyrewrite.models.roles import check_role, check_same_vocabulary, shape_of
 from storyrewrite.models.specs import fetch, load_from_source
-from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, resolve_model_dir, save_model
+from storyrewrite.models.store import (is_seq2seq, load_model, load_tokenizer, optional_model_dir, plain_decoding, resolve_model_dir,
+                                       save_model)
 from storyrewrite.models.tiny import package_dir
 
 
@@ -85,6 +87,36 @@ def test_a_spec_another_models_stage_holds_is_copied_from_there_and_the_rest_fet
     fetched.clear()
     materialise(config, tmp_path / "alone", seed=0, roles=("judge",), reuse=tmp_path / "nothing-here")
     assert fetched == [("tiny:llama", "lm")]
+    # A folder of the spec's name that the other stage's index does not name (left by another spec): fetched too.
+    shutil.copytree(tmp_path / "pretrained", tmp_path / "stale")
+    (tmp_path / "stale" / "index.json").write_text(json.dumps({"generator": "tiny--llama", "specs": {"generator": "tiny-llama"}}))
+    fetched.clear()
+    materialise(config, tmp_path / "again", seed=0, roles=("judge",), reuse=tmp_path / "stale")
+    assert fetched == [("tiny:llama", "lm")]
+
+
+def test_a_spec_is_materialised_under_a_plain_name_one_per_kind(tmp_path):
+    assert spec_dir(tmp_path, "facebook/bart-large-cnn") == tmp_path / "facebook--bart-large-cnn"
+    assert spec_dir(tmp_path, "./runs/a/model/") == tmp_path / "runs--a--model"  # no hidden folder, no trailing dash
+    assert spec_dir(tmp_path, "/home/me/nli", "classifier") == tmp_path / "home--me--nli--classifier"
+    # One directory in two roles of two kinds (an NLI classifier's encoder for BERTScore): two models, each of its class.
+    fetch("tiny:roberta-nli", "classifier", tmp_path / "mnli")
+    spec = str(tmp_path / "mnli")
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", bertscore=spec, nli=spec, max_input_tokens=32, max_output_tokens=16)
+    index = materialise(config, tmp_path / "evaluators", seed=0, roles=("bertscore", "nli"))
+    assert index["bertscore"] == spec_dir(".", spec, "encoder").name and index["nli"] == spec_dir(".", spec, "classifier").name
+    architectures = {role: AutoConfig.from_pretrained(tmp_path / "evaluators" / index[role]).architectures for role in ("bertscore", "nli")}
+    assert architectures == {"bertscore": ["RobertaModel"], "nli": ["RobertaForSequenceClassification"]}
+
+
+def test_a_role_whose_spec_is_null_has_no_model_and_a_role_not_materialised_is_an_error(tmp_path):
+    config = ModelsConfig(generator="tiny:llama", scorer="tiny:llama", judge=None, max_input_tokens=32, max_output_tokens=16)
+    materialise(config, tmp_path / "evaluators", seed=0, roles=("judge",))
+    assert optional_model_dir(tmp_path / "evaluators", "judge") is None
+    with pytest.raises(InputError, match=r"evaluators: no judge model \(is `models.judge` null\?\)$"):
+        resolve_model_dir(tmp_path / "evaluators", "judge")
+    with pytest.raises(InputError, match=r"evaluators: no embedder model \(is `models.embedder` null\?\)$"):
+        optional_model_dir(tmp_path / "evaluators", "embedder")  # (a stage asked for a role its models stage never had)
 
 
 def test_a_local_model_directory_is_a_spec_of_its_own_kind(tmp_path):
@@ -324,3 +356,19 @@ def test_a_models_identity_is_its_weights(tiny_model_dirs, tmp_path):
     assert weights_digest(copy) == weights_digest(original) != weights_digest(changed)
     assert same_model(original, "tiny:llama", copy, "tiny:llama") and not same_model(original, "tiny:llama", copy, "tiny:bart")
     assert not same_model(original, "tiny:llama", tiny_model_dirs["bart"], "tiny:llama")  # other weight files
+
+
+def test_plain_decoding_keeps_the_checkpoints_special_tokens_and_nothing_else(tiny_model_dirs):
+    """Under plain_decoding a checkpoint's decoding defaults are gone and its special tokens kept:
+    its end tokens (a chat model's end-of-turn among them), pad and decoder-start tokens."""
+    model = load_model(tiny_model_dirs["bart"])
+    end = model.config.eos_token_id
+    model.generation_config.update(num_beams=4, min_length=5, no_repeat_ngram_size=3, forced_bos_token_id=7, eos_token_id=[end, 9])
+    saved = model.generation_config
+    with plain_decoding(model) as plain:
+        config = plain.generation_config
+        # (unset: the call's own settings, else transformers' defaults: one beam, no minimum, no blocking)
+        assert (config.num_beams, config.min_length, config.no_repeat_ngram_size, config.forced_bos_token_id) == (None,) * 4
+        assert config.eos_token_id == [end, 9] and config.pad_token_id == saved.pad_token_id is not None
+        assert config.decoder_start_token_id == model.config.decoder_start_token_id is not None
+    assert model.generation_config is saved
