@@ -79,6 +79,24 @@ def test_a_comparison_record_cut_short_or_resumed_is_said_so_and_kept_out_of_the
     assert page.index("`cut`") < page.index("An interim record") < page.index("`resumed`") < page.index("A resumed comparison")
 
 
+def test_the_readme_gpu_results_follow_the_collected_tables(tmp_path, monkeypatch):
+    """The README's sentences on reports/gpu/ (docs.gpu_results) against edits of the collected
+    results.md: a column every trained system loses to the copy, and every planned run present."""
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    assert docs.gpu_results().startswith("No full-data comparison yet: `bash scripts/comparison.sh -j auto gpu all")
+    text = (ROOT / "reports" / "gpu" / "results.md").read_text(encoding="utf-8")
+    trained = "NLL; NLL, continued; CPO (beta=0.1, lambda=2.0); DTO-Delta; DTO-Score; DTO-Score+Delta"
+    edited = re.sub(r"^(\| CF-PMI \|.*\| )0 of 6 \|$", rf"\g<1>6 of 6 ({trained}) |", text, count=1, flags=re.M)
+    edited = re.sub(r"^No run here trained .*\n", "", edited, flags=re.M)
+    assert edited.count("6 of 6") == 1 and "No run here" not in edited
+    (tmp_path / "reports" / "gpu").mkdir(parents=True)
+    (tmp_path / "reports" / "gpu" / "results.md").write_text(edited, encoding="utf-8")
+    said = docs.gpu_results()
+    assert "every trained system on CF-PMI; no trained system on follows X_CE (%)" in said
+    assert "It holds no run" not in said and said.endswith("the reference rewrites in 1.0 %.")
+    assert "; DTO-Delta on none of them." in said  # (the systems better than NLL nowhere)
+
+
 def test_the_readme_is_short_and_links_pages_that_exist():
     assert len(README.splitlines()) <= 150
     for target in re.findall(r"\]\(([^)#]+)\)", README):
