@@ -61,7 +61,7 @@ def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tm
     assert len(set(expected)) == 4
     # Ids as given (a string, a number) or, where a line has none, its line number; other fields
     # (the reference) are left out of the input; an ending given as a list of sentences is one text.
-    ids = ["mine", 7, None, None]
+    ids = ["mïne", 7, None, None]
     lines = []
     for story_id, row in zip(ids, instances, strict=True):
         story = {field: row[field] for field in FIELDS} | {"target": "not read"}
@@ -77,12 +77,13 @@ def test_a_file_of_stories_gets_the_generate_stages_endings_under_its_own_ids(tm
     stories.write_text("\n".join(lines[:2]) + "\n\n" + "\n".join(lines[2:]) + "\n")  # (a blank line: skipped, counted)
     main([str(loud_llama), "--stories", str(stories), "--out", str(tmp_path / "out.jsonl"), *SETTINGS])
     rows = read_jsonl(tmp_path / "out.jsonl")
-    assert rows == [{"id": i, "prediction": p} for i, p in zip(["mine", 7, 4, 5], expected, strict=True)]
+    assert rows == [{"id": i, "prediction": p} for i, p in zip(["mïne", 7, 4, 5], expected, strict=True)]
     out, err = capsys.readouterr()
     assert out == "" and f"rewrite: 4 timetravel stories with {loud_llama} (greedy, at most 6 new tokens, float32 on cpu)\n" in err
     assert cut[0] > 0 and f"rewrite: {cut[0]} of 4 ending(s) cut at 6 tokens (-S generate.max_new_tokens=N allows more)\n" in err
     main([str(loud_llama), "--stories", str(stories), *SETTINGS])  # no --out: standard output
-    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
+    printed = capsys.readouterr().out
+    assert [json.loads(line) for line in printed.splitlines()] == rows and printed.startswith('{"id": "mïne"')  # (UTF-8, as the file)
     _stdin(monkeypatch, stories.read_bytes())  # `--stories -`: from standard input
     main([str(loud_llama), "--stories", "-", *SETTINGS])
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
@@ -124,6 +125,9 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
     stories.write_text(json.dumps(story | {"id": [1]}) + "\n")
     assert _error(capsys, model, "--stories", str(stories), *settings) == (
         f"error: {stories}:1: field `id` must be a string or a whole number, got [1]")
+    stories.write_text(json.dumps(story | {"id": True}) + "\n")  # (a bool is an int to Python)
+    assert _error(capsys, model, "--stories", str(stories), *settings) == (
+        f"error: {stories}:1: field `id` must be a string or a whole number, got true")
     stories.write_text(json.dumps(story | {"premise": ""}) + "\n{\n")
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}:1: field `premise` is empty"
     assert _error(capsys, model, "--stories", str(tmp_path / "none.jsonl"), *settings) == (
