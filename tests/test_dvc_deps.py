@@ -249,12 +249,13 @@ def test_relative_imports_and_renamed_files_count(tmp_path, monkeypatch):
     from storyrewrite import closure as closure_module
 
     package = tmp_path / "storyrewrite"
-    files = {"__init__.py": "", "a/__init__.py": "", "a/b.py": "from . import c\nfrom ..d import e\n", "a/c.py": "",
-             "d.py": "e = 1\n", "f.py": ""}
+    files = {"__init__.py": "", "a/__init__.py": "from .g import h\n", "a/b.py": "from . import c\nfrom ..d import e\n",
+             "a/c.py": "", "a/g.py": "h = 1\n", "d.py": "e = 1\n", "f.py": ""}  # (a package's own `.` is itself)
     for name, text in files.items():
         (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(text)
     monkeypatch.setattr(closure_module, "PACKAGE_DIR", package)
     found = closure_module.closure(package / "a" / "b.py")
-    assert sorted(path.relative_to(package).as_posix() for path in found) == ["__init__.py", "a/__init__.py", "a/b.py", "a/c.py", "d.py"]
+    expected = ["__init__.py", "a/__init__.py", "a/b.py", "a/c.py", "a/g.py", "d.py"]
+    assert sorted(path.relative_to(package).as_posix() for path in found) == expected
     assert closure_module.digest({package / "a" / "c.py"}) != closure_module.digest({package / "f.py"})  # both empty
