@@ -65,6 +65,6 @@ print(next((json.load(open(p)).get("source_commit") or "" for p in sorted(glob.g
 fi
 mkdir -p runs "bench-out/$NAME.$n"
 mv "$STAGING/runs/$NAME" "$INTO"
-[ ! -d "$STAGING/reports/bench" ] || cp -r "$STAGING/reports/bench/." reports/bench/
+[ ! -d "$STAGING/reports/bench" ] || { mkdir -p reports/bench && cp -r "$STAGING/reports/bench/." reports/bench/; }
 for folder in bench-out .dvc/tmp/exps; do [ ! -d "$STAGING/$folder" ] || cp -r "$STAGING/$folder/." "bench-out/$NAME.$n/"; done
 echo "$INTO: $(find "$INTO" -maxdepth 1 -name '*.json' | wc -l) run(s), ${#refs[@]} experiment(s) fetched (dvc metrics diff A B)"

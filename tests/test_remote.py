@@ -122,8 +122,10 @@ def test_experiments_from_an_offline_machine_come_back_as_a_bundle_that_dvc_metr
     (device / "runs" / "gpu" / "gpu-dto.json").write_text(json.dumps({"name": "gpu-dto", "source_commit": head[:7]}))
     (device / ".dvc" / "tmp" / "exps" / "tmpab12" / "reports" / "stages").mkdir(parents=True)
     (device / ".dvc" / "tmp" / "exps" / "tmpab12" / "reports" / "stages" / "train.json").write_text("{}")
+    (device / "reports" / "bench").mkdir(parents=True)
+    (device / "reports" / "bench" / "comparison.json").write_text('{"NVIDIA X100": {}}')  # the bench's record
     with tarfile.open(tmp_path / "results.tar.gz", "w:gz") as archive:
-        for path in ("runs/gpu", ".dvc/tmp/exps/tmpab12"):
+        for path in ("runs/gpu", ".dvc/tmp/exps/tmpab12", "reports/bench"):
             archive.add(device / path, arcname=path)
 
     _git(tmp_path, "clone", "-q", str(project), str(clone))
@@ -135,6 +137,7 @@ def test_experiments_from_an_offline_machine_come_back_as_a_bundle_that_dvc_metr
     assert shown.strip() == "runs/gpu.1: 1 run(s), 2 experiment(s) fetched (dvc metrics diff A B)"
     assert (clone / "runs" / "gpu.1" / "gpu-dto.json").exists()
     assert (clone / "bench-out" / "gpu.1" / "tmpab12" / "reports" / "stages" / "train.json").exists()
+    assert (clone / "reports" / "bench" / "comparison.json").read_text() == '{"NVIDIA X100": {}}'  # where the benches keep theirs
     diff = _dvc(clone, "metrics", "diff", "gpu-dto", "gpu-cpo")
     assert "metrics.json" in diff and f"{len('score')}" in diff and f"{len('cpo_grid')}" in diff, diff
 
@@ -157,3 +160,12 @@ def test_experiments_from_an_offline_machine_come_back_as_a_bundle_that_dvc_metr
     bad = subprocess.run(["bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"), str(tmp_path / "bad.bundle")], cwd=clone,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and f"error: {tmp_path / 'bad.bundle'}: " in bad.stderr and not (clone / "runs" / "gpu.3").exists()
+    # The same bundle again files each experiment where it is already; an experiment of that name
+    # there with another commit is never overwritten.
+    bundled = [tmp_path / "results.tar.gz", tmp_path / "exps.bundle"]
+    assert _run(clone, "bash", str(unpack), "gpu", *map(str, bundled)).startswith("runs/gpu.3: 1 run(s), 2 experiment(s)")
+    dto = next(ref for ref in _git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").split() if ref.endswith("/gpu-dto"))
+    _git(clone, "update-ref", dto, _git(clone, "rev-parse", dto.replace("gpu-dto", "gpu-cpo")).strip())
+    clash = subprocess.run(["bash", str(unpack), "gpu", *map(str, bundled)], cwd=clone, capture_output=True, text=True)
+    assert clash.returncode == 1 and f"error: {dto} exists with another commit" in clash.stderr
+    assert not (clone / "runs" / "gpu.4").exists()
