@@ -262,6 +262,8 @@ def test_a_part_queues_its_sweeps_and_the_seeds_are_a_dvc_range(tmp_path):
         result, calls = _run(tmp_path / part, "grid", part)
         assert result.returncode == 0, result.stderr
         assert _queued(calls) == sweeps and not any("overrides" in c for c in calls)
+        # (runs planned: 3 RLOO + 4; the 12 CPO; both; 4 objectives × range(1,3)'s 2 seeds, its end left out as DVC does)
+        assert f"of {dict(core=7, cpo=12, all=19, seeds=8)[part]} to gather" in result.stdout
     result, calls = _run(tmp_path / "seeds", "grid", "seeds", env={"COMPARISON_SEEDS": "3,7"})
     assert _queued(calls)[-1].endswith("-S train.seed=3,7") and "of 8 to gather" in result.stdout
     for bad in ("1 2", "range(a)", "x"):
