@@ -1293,6 +1293,8 @@ def test_the_gpu_job_runs_the_training_check_at_once_and_the_rest_once_the_model
     shutil.copy(ROOT / "offline" / "job.sh", tree / "offline" / "job.sh")
     shutil.copy(ROOT / "scripts" / "gpu_bench.sh", tree / "scripts" / "gpu_bench.sh")
     (tree / ".device" / "commit").write_text("abc1234\n")
+    (tree / "runs" / "gpu.2").mkdir(parents=True)  # runs a call carried for a comparison's plan: not a bench's to bring back
+    (tree / "runs" / "gpu.2" / "gpu-nll.json").write_text("{}")
     (home / "parts" / "part_00").write_text("a part still to be joined")
     log = tmp_path / "calls.log"
     bin_dir = _write_stubs(tmp_path, {
@@ -1606,7 +1608,9 @@ def _follow_the_gpu_job(job, results, home, out, log) -> None:
     assert done.returncode == 0 and done.stdout.startswith("done"), done.stdout
     assert {"bench-out/steps/objective_step_time.txt", "bench-out/steps/traces/nll.txt",
             "reports/bench/objective_step_time.json", "reports/bench/training_paths.json"} <= results()
-    assert "bench-out/steps/traces/nll.json" not in results()
+    assert "bench-out/steps/traces/nll.json" not in results() and not any(name.startswith("runs") for name in results())
+    # A poll of a job that has ended returns at once, whatever time it was given (job(): 60 s at most).
+    assert job("poll", "600").stdout.startswith("done")
     # The project's bytecode first (every stage imports it from there), the versions (torch's,
     # transformers'), then the benches.
     assert log.read_text().splitlines() == ["-m commit=abc1234", "-c commit=abc1234", "bench/training_paths.py commit=abc1234",
