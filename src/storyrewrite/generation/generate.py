@@ -24,7 +24,7 @@ from transformers import GenerationConfig
 
 from storyrewrite.data.formatting import model_source
 from storyrewrite.io import InputError, read_jsonl_resumable, write_jsonl_atomic
-from storyrewrite.models.encoding import Encoder
+from storyrewrite.models.encoding import Encoder, generated_tokens
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding, resolve_model_dir, weights_digest
 from storyrewrite.params import GenerateConfig, ModelsConfig
 
@@ -123,9 +123,8 @@ def generate_predictions(
             batch = todo[start : start + config.batch_size]
             inputs = {k: v.to(device) for k, v in encoder.prompts(batch).items()}
             output = model.generate(**inputs, generation_config=generation)
-            new_tokens = output if seq2seq else output[:, inputs["input_ids"].shape[1] :]
-            # (a seq2seq row starts with the decoder's start token, BART's eos; one read of the device a batch)
-            ended = (new_tokens[:, 1:] if seq2seq else new_tokens).eq(tokenizer.eos_token_id).any(dim=1).tolist()
+            new_tokens = generated_tokens(output, inputs["input_ids"], seq2seq)
+            ended = new_tokens.eq(tokenizer.eos_token_id).any(dim=1).tolist()  # (one read of the device a batch)
             texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
             for source, text, row_ended in zip(batch, texts, ended, strict=True):
                 stopped = _cut(row_ended, text, seq2seq)

@@ -204,14 +204,15 @@ class LocalBackend:
     def complete_many(self, prompts: list[list[dict]], max_new_tokens: int, temperature: float) -> Iterator[tuple[int, Reply]]:
         import torch
 
+        from storyrewrite.models.encoding import generated_tokens
+
         started = time.perf_counter()
         inputs = self.encode(prompts).to(self.model.device)
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         with torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
                                          **sampling)
-        # A seq2seq model's output starts with its decoder-start token, which it did not generate.
-        new = output[:, 1:] if self.seq2seq else output[:, inputs["input_ids"].shape[1]:]
+        new = generated_tokens(output, inputs["input_ids"], self.seq2seq)
         answers = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()
         new_lengths = reply_lengths(new, self.model.generation_config, max_new_tokens)

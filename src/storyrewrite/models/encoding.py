@@ -94,6 +94,13 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
+def generated_tokens(output: torch.Tensor, prompt_ids: torch.Tensor, seq2seq: bool) -> torch.Tensor:
+    """The tokens `generate` wrote in each row of its `output`: a seq2seq model's after its
+    decoder-start token, which it did not generate; a causal LM's after the (left-padded) prompt
+    `prompt_ids` it continued. Rows that ended sooner are padded after their end token."""
+    return output[:, 1:] if seq2seq else output[:, prompt_ids.shape[1]:]
+
+
 def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
     """Teacher-forced logits at each target position, B×T×V, whichever the model kind."""
     target = batch["target_ids"]  # B×T

@@ -62,7 +62,7 @@ from transformers.generation import utils as generation_utils
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.encoding import Encoder, target_logits
+from storyrewrite.models.encoding import Encoder, generated_tokens, target_logits
 from storyrewrite.models.logprobs import token_log_probs
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding
 from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
@@ -277,7 +277,7 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
             output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options, **cache)
     finally:
         generator.train(was_training)
-    new = output[:, 1:] if seq2seq else output[:, ids.shape[1]:]  # seq2seq: after the decoder start token
+    new = generated_tokens(output, ids, seq2seq)
     return new, [row for row in rows for _ in range(count)]
 
 
