@@ -108,6 +108,21 @@ def test_default_profile_end_to_end(tmp_path):
     kept = results.split("| System | endings that keep X_OE word for word (%) |")[1].split("\n\n")[0].splitlines()[2:]
     assert [row.split(" | ")[0] for row in kept] == ["| NLL", "| NLL, continued (+1 steps)", "| tiny:llama one-shot, fixed example (local)",
                                                     "| Copy of the reference (upper bound)"]
+    # The stage records count what the stages wrote (reports/results.md's cost rows divide by them).
+    records = {path.stem: json.loads(path.read_text()) for path in (tmp_path / "reports" / "stages").glob("*.json")}
+    for stage, folder in (("score-nll", "reports/scores"), ("score_sanity", "reports/sanity/scores")):
+        files = [path for path in sorted((tmp_path / folder).glob("*.jsonl")) if stage != "score-nll" or path.stem == "nll"]
+        assert records[stage]["items"] == sum(len(read_jsonl(path)) for path in files) > 0
+        assert records[stage]["systems"] == len(files) and {"load_models", "bartscore", "rougeL", "cf_pmi", "drift"} <= set(records[stage]["seconds"])
+    assert (records["validity"]["items"], records["validity"]["unit"]) == (3, "instances")
+    p_values = json.loads((tmp_path / "reports" / "significance.json").read_text())["p_values"]
+    assert records["significance"]["items"] == len(p_values) * TINY["significance"]["n_resamples"]
+    # The three test instances are one story's three rewrites: one input, decoded once; a random-init
+    # model ends no ending within 4 tokens, so each is cut at the limit, and the report says so.
+    for system in ("nll", "finetuned"):
+        record = records[f"generate-{system}"]
+        assert (record["items"], record["predictions"], record["resumed"], record["cut_at_limit"]) == (1, 3, 0, 3)
+    assert "**Cut at the token limit:** NLL (3 of 3); NLL, continued (+1 steps) (3 of 3);" in results
 
     output = _dvc(tmp_path, "repro")
     assert _ran(output) == set() and "up to date" in output
@@ -117,7 +132,8 @@ def test_default_profile_end_to_end(tmp_path):
     before = (tmp_path / "params.yaml").read_text()
     for change, readers in (({"generate": {"max_new_tokens": 3}}, {"generate@nll", "generate@finetuned"}),
                             ({"train": {"lr": 2.0e-5}}, {"train"}),
-                            ({"significance": {"n_resamples": 500}}, {"significance", "validity"})):  # both resample
+                            ({"significance": {"n_resamples": 500}}, {"significance", "validity"}),  # both resample
+                            ({"significance": {"alpha": 0.5}}, {"report"})):
         _write_params(tmp_path, change)
         assert _ran(_dvc(tmp_path, "repro", "--dry")) == readers, change
         (tmp_path / "params.yaml").write_text(before)
@@ -197,6 +213,11 @@ def test_default_profile_end_to_end(tmp_path):
     assert (tmp_path / "predictions" / f"llm_{mode}.jsonl").read_bytes() == before
     record = json.loads((tmp_path / "reports" / "stages" / f"llm-{mode}.json").read_text())
     assert record["items"] == 0 and record["cache_hits"] > 0 and record["dtype"] is None and record["device"] == "cpu"
+
+    # The significance level is the report's alone: it runs again, and its stars and notes say the new one.
+    _write_params(tmp_path, {"significance": {"alpha": 0.5}})
+    assert _ran(_dvc(tmp_path, "repro", "--single-item", "report")) == {"report"}
+    assert "p < 0.5. **Bold**" in (tmp_path / "reports" / "results.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,69 @@
+"""The thin stage scripts' own choices, run as DVC runs them (a params.yaml in the working
+folder), on inputs that need no model: what they pass on from params.yaml and what their
+records count."""
+import json
+import random
+import subprocess
+import sys
+
+import yaml
+
+from storyrewrite.params import load_yaml
+from storyrewrite.significance.compare import compare
+
+from helpers import ROOT
+
+
+def _stage(folder, name: str, params: dict, *argv: str) -> subprocess.CompletedProcess:
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return subprocess.run([sys.executable, str(ROOT / "stages" / f"{name}.py"), *argv], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _scores(shift: float, rng: random.Random) -> list[dict]:
+    """Six stories of three instances each: a story-wide effect, then each instance's own noise."""
+    rows = []
+    for story in range(6):
+        effect = rng.gauss(0.0, 1.0)
+        for k in range(3):
+            value = shift + effect + rng.gauss(0.0, 0.3)
+            rows.append({"id": f"s{story}:{k}", "story_id": f"s{story}", "prediction_digest": f"{shift}-{story}-{k}",
+                         "bartscore": value, "rougeL": 50.0 + 10 * value})
+    return rows
+
+
+def test_the_significance_stage_resamples_the_unit_params_yaml_names(tmp_path):
+    """`significance.unit: story` reaches the bootstrap (stories resampled whole), the output says
+    which unit it resampled, and the record counts every system's resamples."""
+    rng = random.Random(0)
+    scores = {"nll": _scores(0.0, rng), "finetuned": _scores(0.4, rng), "copy_reference": _scores(1.0, rng),
+              "copy_original": _scores(0.2, rng)}
+    (tmp_path / "scores").mkdir()
+    for system, rows in scores.items():
+        (tmp_path / "scores" / f"{system}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    params = load_yaml(ROOT / "params.yaml")
+    params["task"], params["llm"]["modes"] = "timetravel", []
+    argv = ("--systems", "nll", "finetuned", "--scores", "scores", "--out", "significance.json", "--record", "record.json")
+    for unit in ("story", "instance"):
+        params["significance"].update(unit=unit, n_resamples=400, baseline="nll")
+        result = _stage(tmp_path, "significance", params, *argv)
+        assert result.returncode == 0, result.stderr
+        written = json.loads((tmp_path / "significance.json").read_text())
+        record = json.loads((tmp_path / "record.json").read_text())
+        direct = {by_story: compare(scores, "nll", 400, params["seed"], by_story=by_story) for by_story in (True, False)}
+        assert direct[True] != direct[False]  # the two units tell apart on these scores
+        assert written["p_values"] == direct[unit == "story"] and written["unit"] == unit
+        assert (record["items"], record["unit"], record["unit_of_resampling"]) == (3 * 400, "resamples", unit)
+
+
+def test_the_validity_stage_says_a_task_without_an_original_ending_has_nothing_to_copy(tmp_path):
+    """ART has no X_OE: the stage writes why there is no figure, and loads no model (the model
+    folders named do not exist)."""
+    params = load_yaml(ROOT / "params.yaml")
+    params["task"] = "art"
+    result = _stage(tmp_path, "validity", params, "--data", "none", "--scorer", "none", "--evaluators", "none",
+                    "--out", "validity.json", "--record", "record.json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "validity.json").read_text())["not_available"] == "task art has no original ending to copy"
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert (record["device"], record["items"], record["unit"]) == ("cpu", 0, "instances")
