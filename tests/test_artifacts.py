@@ -24,9 +24,9 @@ def test_a_written_artifact_reads_back_as_it_was(tmp_path):
 
 @pytest.mark.parametrize("data, message", [
     ({**USAGE, "colour": "red"}, "field `colour`: not a field of LLMUsage"),  # a renamed field's new name
-    ({key: value for key, value in USAGE.items() if key != "prompts"}, "field `prompts`: missing LLMUsage"),
+    ({key: value for key, value in USAGE.items() if key != "prompts"}, "missing field `prompts` (LLMUsage)"),
     ({**USAGE, "prompts": "three"}, "field `prompts`: Input should be a valid integer, unable to parse string as an integer"),
-    ([USAGE], "field `(the whole file)`: Input should be a valid dictionary or instance of LLMUsage"),
+    ([USAGE], "Input should be a valid dictionary or instance of LLMUsage"),
     ('{\n "mode": "rag",\n "prompts": 3,,\n}', "3: malformed JSON (Expecting property name enclosed in double quotes)"),
 ])
 def test_a_wrong_artifact_names_its_file_and_first_wrong_field(tmp_path, data, message):

@@ -119,7 +119,7 @@ def test_records_are_read_in_pipeline_order_and_tabulated(tmp_path):
 
 def test_a_file_that_is_not_a_record_is_named(tmp_path):
     (tmp_path / "train.json").write_text(json.dumps({"stage": "train", "device": "cpu"}))
-    with pytest.raises(InputError, match=r"train\.json: field `device_name`: missing Record$"):
+    with pytest.raises(InputError, match=r"train\.json: missing field `device_name` \(Record\)$"):
         read_records(tmp_path)
 
 

@@ -124,10 +124,13 @@ def read(path: str | Path, model: type[A], text: str | None = None) -> A:
         return model.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "(the whole file)"
-        what = {"missing": "missing", "extra_forbidden": "not a field of"}.get(first["type"], first["msg"])
-        raise InputError(f"{path}: field `{field}`: {what} {model.__name__}"
-                         if first["type"] in ("missing", "extra_forbidden") else f"{path}: field `{field}`: {what}") from None
+        field = ".".join(str(part) for part in first["loc"])
+        if not field:  # the file as a whole is not of the model's kind (a list, a number)
+            raise InputError(f"{path}: {first['msg']}") from None
+        if first["type"] == "missing":  # worded as the data readers word a missing field
+            raise InputError(f"{path}: missing field `{field}` ({model.__name__})") from None
+        what = "not a field of " + model.__name__ if first["type"] == "extra_forbidden" else first["msg"]
+        raise InputError(f"{path}: field `{field}`: {what}") from None
 
 
 def write(path: str | Path, artifact: BaseModel, only_set: bool = False) -> None:

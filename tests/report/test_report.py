@@ -205,7 +205,7 @@ def test_a_renamed_field_fails_where_the_artifact_is_read_naming_file_and_field(
     summary = training_summary()
     summary["best_val_NLL"] = summary.pop("best_val_nll")  # renamed by some edit
     (tmp_path / "nll" / "metrics.json").write_text(json.dumps(summary))
-    with pytest.raises(InputError, match=r"nll/metrics\.json: field `best_val_nll`: missing TrainingSummary"):
+    with pytest.raises(InputError, match=r"nll/metrics\.json: missing field `best_val_nll` \(TrainingSummary\)"):
         read_summaries(["nll"], tmp_path)
 
 
