@@ -1749,5 +1749,15 @@ def test_the_machines_install_puts_the_wheels_in_its_site_and_writes_the_environ
     subprocess.run(["bash", "-c", "source $HOME/env.sh && dvc queue start -j 2"], cwd=copy, check=True, timeout=60,
                    env={**env, "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"})
     assert log.read_text().splitlines()[-1] == "python3 -m dvc queue start -j 2"
+    # The machine is offline (no hub lookups, no analytics) and has no git identity of its own:
+    # without env.sh's, `dvc exp run` could not commit an experiment there.
+    bare = {"HOME": str(home), "PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    flags = subprocess.run(["bash", "-c", "source $HOME/env.sh && echo $HF_HUB_OFFLINE $TRANSFORMERS_OFFLINE $DVC_NO_ANALYTICS "
+                            "$PYTHONUNBUFFERED"], env=bare, capture_output=True, text=True, check=True).stdout
+    assert flags.split() == ["1", "1", "1", "1"]
+    subprocess.run(["git", "init", "-q", str(tmp_path / "exp")], check=True, env=bare)
+    committed = subprocess.run(["bash", "-c", "source $HOME/env.sh && git commit -q --allow-empty -m queued && git log --format='%an %ce'"],
+                               cwd=tmp_path / "exp", env=bare, capture_output=True, text=True)
+    assert committed.returncode == 0 and committed.stdout.split() == ["storyrewrite", "storyrewrite@localhost"], committed.stderr
     assert machine("install", FAIL_IMPORT="1").returncode == 1
     assert machine("nonsense").returncode == 2
