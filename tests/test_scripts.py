@@ -1025,6 +1025,7 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
     calls run; packing again starts from all of them; a wheel too large for any call is named."""
     kit, repo = _kit_and_repo(tmp_path)
     sizes = {"3000", "2500", "2000", "1500", "700"}  # KiB: 9.5 MiB in all, 5.99 MiB left a call of 8 MiB
+    fetched = None
     for _ in range(2):  # the second pack finds the wheels in two folders and splits them again alike
         result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB=" ".join(sorted(sizes)))
         assert result.returncode == 0, result.stderr
@@ -1036,6 +1037,9 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
             carried = tree + (device / "machine.sh").stat().st_size + sum(w.stat().st_size for w in folder.iterdir())
             assert carried + 1024 * 1024 <= 8 * 1024 * 1024, folder.name
         assert {w.name.split("-")[0][1:] for f in folders for w in f.iterdir()} == sizes
+        wheels = {w.name: w.read_bytes() for f in folders for w in f.iterdir()}
+        assert fetched in (None, wheels)  # moved back for the fetch, which keeps them: none fetched again
+        fetched = wheels
         calls = [line for line in result.stdout.splitlines() if line.startswith("  carry")]
         # whl.2 (4.1 MiB) leaves 1.9 MiB of its call: the first part; whl (5.4 MiB) under 1 MiB: none.
         assert calls[0] == ('  carry [".device/machine.sh", ".device/whl.2", ".device/parts/part_00", ".device/parts/sha256"]: '
@@ -1051,6 +1055,33 @@ def test_the_gpu_pack_spreads_the_wheels_over_as_many_calls_as_they_need(tmp_pat
         assert hashlib.sha256(b"".join(part.read_bytes() for part in parts)).hexdigest() == (device / "parts" / "sha256").read_text().strip()
     too_large = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="6500")
     assert too_large.returncode == 1 and "w6500-1.0-py3-none-any.whl (6.3 MiB) does not fit beside the working tree" in too_large.stderr
+
+
+def test_the_gpu_pack_puts_each_wheel_in_the_first_call_with_room_for_it(tmp_path):
+    """First fit, largest first, in calls of 5.99 MiB: 4000 and 3000 KiB open two calls, 2000 goes
+    beside 4000 and 1999 beside 3000. Two calls, where adding only to the newest would take three."""
+    kit, repo = _kit_and_repo(tmp_path)
+    result = _pack(repo, kit, CARRY_MIB="8", MARGIN_MIB="1", WHEELS_KIB="4000 3000 2000 1999")
+    assert result.returncode == 0, result.stderr
+    held = {folder.name: sorted(wheel.name.split("-")[0] for wheel in folder.iterdir()) for folder in (repo / ".device").glob("whl*")}
+    assert held == {"whl": ["w2000", "w4000"], "whl.2": ["w1999", "w3000"]}
+
+
+def test_the_gpu_pack_counts_a_shared_folder_in_the_checkout_even_where_git_ignores_it(tmp_path):
+    """A `shared/` folder inside the checkout travels with every command: its bytes come off
+    each call's room for the model parts."""
+    kit, repo = _kit_and_repo(tmp_path)
+    (repo / "shared").mkdir()
+    (repo / "shared" / "data.bin").write_bytes(os.urandom(1024 * 1024))
+    (repo / ".gitignore").write_text("/shared/\n")
+    result = _pack(repo, kit, CARRY_MIB="9", MARGIN_MIB="1")
+    assert result.returncode == 0, result.stderr
+    device = repo / ".device"
+    fixed = sum(path.stat().st_size for path in (repo / "tracked.bin", repo / "packed.txt", repo / ".gitignore",
+                                                 repo / "shared" / "data.bin", device / "machine.sh", device / "parts" / "sha256"))
+    parts = sorted((device / "parts").glob("part_*"))
+    assert len(parts) >= 3 and all(fixed + part.stat().st_size + 1024 * 1024 <= 9 * 1024 * 1024 for part in parts)
+    assert max(part.stat().st_size for part in parts) > 9 * 1024 * 1024 - fixed - 1024 * 1024 - 1024 * 1024  # filled but for shared/
 
 
 def test_the_packs_calls_run_in_order_on_fresh_copies_install_every_wheel_and_package(tmp_path):
@@ -1133,6 +1164,9 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
         (repo / "reports" / name / "scores" / "nll.jsonl.gz").write_bytes(os.urandom(512 * 1024))
     (repo / "reports" / "stages").mkdir()  # the pipeline's own, which every stage writes
     (repo / "reports" / "stages" / "prepare.json").write_text("{}")
+    (repo / "runs" / "notes").mkdir()  # a folder of runs/ that the gather did not write: left as it is
+    (repo / "runs" / "notes" / "seeds.json").write_text('{"seeds": 3}')
+    (repo / "runs" / "notes" / "spread.png").write_bytes(os.urandom(1024))
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=repo, check=True)
     everything = {path.relative_to(repo): path.read_bytes() for path in repo.rglob("*") if path.is_file() and ".git" not in path.parts}
@@ -1144,7 +1178,8 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
     assert result.returncode == 0, result.stderr
     kept = {Path("runs/gpu.2") / gpu[f"{name} params.yaml"] for name in ("nll", "dto")} | {
         Path("runs/gpu.2/nll.json"), Path("runs/gpu.2/dto.json"), Path("runs/gpu.2/stages/train.json"),
-        Path("runs/grid.1/cpo.json"), Path("reports/stages/prepare.json"), Path("tracked.bin")}
+        Path("runs/grid.1/cpo.json"), Path("reports/stages/prepare.json"), Path("tracked.bin"), Path("runs/notes/seeds.json"),
+        Path("runs/notes/spread.png")}
     kept |= {Path("runs/grid.1") / path.relative_to(repo / "runs" / "grid.1")
              for path in (repo / "runs" / "grid.1" / "blobs").iterdir()}  # (grid's params blob: its only one left)
     assert len(list((repo / "runs" / "grid.1" / "blobs").iterdir())) == 1
