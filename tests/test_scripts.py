@@ -1519,6 +1519,20 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     mixed = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
     assert mixed.returncode == 1 and "joined do not match the sha256 of results.tar.gz" in mixed.stderr
     assert not (here / "runs" / "gpu.2").exists()
+    # A later poll's tar in fewer parts, then whole: no part of an earlier, longer split stays in $OUT
+    # to be joined with the new ones, and a whole file has no sha256 line.
+    smaller = os.urandom(1_200_000)
+    (home / "proj" / "runs" / "gpu" / "blob.bin").write_bytes(smaller)
+    for expected in (["results.tar.gz.part_00", "results.tar.gz.part_01"], ["results.tar.gz"]):
+        polled = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": "1"},
+                                capture_output=True, text=True, timeout=60)
+        assert polled.returncode == 0, polled.stderr
+        assert sorted(p.name for p in out.glob("results.tar.gz*")) == expected
+        assert (out / "parts.sha256").exists() == (len(expected) > 1)
+        unpacked = subprocess.run(unpack, cwd=here, capture_output=True, text=True)
+        assert unpacked.returncode == 0, unpacked.stderr
+        (home / "proj" / "runs" / "gpu" / "blob.bin").unlink(missing_ok=True)
+    assert (here / "runs" / "gpu.2" / "blob.bin").read_bytes() == smaller and not (here / "runs" / "gpu.3" / "blob.bin").exists()
 
 
 def _job_tree(tmp_path, bench: str) -> tuple[Path, Path, Path]:
@@ -1611,7 +1625,11 @@ def test_the_gpu_job_passes_mps_and_its_run_limit_to_the_comparison_bench(tmp_pa
         return subprocess.run(["bash", "offline/job.sh", *args], cwd=tree, env={**env, **extra}, capture_output=True, text=True,
                               timeout=60)
 
-    assert job("compare", "-j", "2", "--mps", "gpu", "core", GPU_JOB_CHECK="1").returncode == 0
+    bare = job("compare", "gpu", "core", HOME=str(tmp_path / "bare"))  # a machine without the kit's install
+    assert bare.returncode == 1 and "env.sh not found: run 'bash .device/machine.sh install' first" in bare.stderr
+    assert not (tmp_path / "bare").exists()
+    for part in ("core", "cpo", "all", "seeds"):  # scripts/comparison.sh's parts, each a job
+        assert job("compare", "-j", "2", "--mps", "gpu", part, GPU_JOB_CHECK="1").returncode == 0, part
     usage = job("compare", "-j", "2", "--mps", "gpu", GPU_JOB_CHECK="1")
     assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [-n N] [--mps] NAME" in usage.stderr
     for args, error in ((["--mps", "-j"], "error: -j needs a value"), (["-J", "2", "gpu", "core"], "error: unknown option '-J' of compare"),
