@@ -110,8 +110,8 @@ def test_default_profile_end_to_end(tmp_path):
                                                     "| Copy of the reference (upper bound)"]
     # The stage records count what the stages wrote (reports/results.md's cost rows divide by them).
     records = {path.stem: json.loads(path.read_text()) for path in (tmp_path / "reports" / "stages").glob("*.json")}
-    for stage, folder in (("score-nll", "reports/scores"), ("score_sanity", "reports/sanity/scores")):
-        files = [path for path in sorted((tmp_path / folder).glob("*.jsonl")) if stage != "score-nll" or path.stem == "nll"]
+    for stage, files in (("score-nll", [tmp_path / "reports" / "scores" / "nll.jsonl"]),
+                         ("score_sanity", sorted((tmp_path / "reports" / "sanity" / "scores").glob("*.jsonl")))):
         assert records[stage]["items"] == sum(len(read_jsonl(path)) for path in files) > 0
         assert records[stage]["systems"] == len(files) and {"load_models", "bartscore", "rougeL", "cf_pmi", "drift"} <= set(records[stage]["seconds"])
     assert (records["validity"]["items"], records["validity"]["unit"]) == (3, "instances")

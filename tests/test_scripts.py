@@ -1495,11 +1495,12 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     # parts, the small bundle whole; offline/unpack.sh joins the parts, checks them and unpacks.
     blob = os.urandom(2_500_000)
     (home / "proj" / "runs" / "gpu" / "blob.bin").write_bytes(blob)
-    bad = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": "0.5"},
-                         capture_output=True, text=True, timeout=60)
+    def poll(out_file_mib: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": out_file_mib},
+                              capture_output=True, text=True, timeout=60)
+    bad = poll("0.5")
     assert bad.returncode == 2 and "error: OUT_FILE_MIB must be a whole number of MiB >= 1, got '0.5'" in bad.stderr
-    split = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": "1"},
-                           capture_output=True, text=True, timeout=60)
+    split = poll("1")
     assert split.returncode == 0, split.stderr
     assert sorted(p.name for p in out.iterdir()) == ["exps.bundle", "log.txt", "parts.sha256", "results.tar.gz.part_00",
                                                      "results.tar.gz.part_01", "results.tar.gz.part_02"]
@@ -1524,8 +1525,7 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     smaller = os.urandom(1_200_000)
     (home / "proj" / "runs" / "gpu" / "blob.bin").write_bytes(smaller)
     for expected in (["results.tar.gz.part_00", "results.tar.gz.part_01"], ["results.tar.gz"]):
-        polled = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, env={**env, "OUT_FILE_MIB": "1"},
-                                capture_output=True, text=True, timeout=60)
+        polled = poll("1")
         assert polled.returncode == 0, polled.stderr
         assert sorted(p.name for p in out.glob("results.tar.gz*")) == expected
         assert (out / "parts.sha256").exists() == (len(expected) > 1)
