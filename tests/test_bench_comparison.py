@@ -8,6 +8,7 @@ from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
 from helpers import ROOT
 
 from storyrewrite.report.collect import Run
@@ -101,10 +102,12 @@ def test_what_torch_compile_did_is_summed_by_stage_and_objective_with_the_first_
         {**record("b", None, 1.0), "objective": "rloo", "compiled_graphs": 2, "graph_breaks": 1, "cudagraph_skips": 0},
         {**record("c", None, 1.0, stage="generate-finetuned"), "compiled_graphs": 1, "graph_breaks": 0, "cudagraph_skips": 0},
         {**record("d", None, 1.0), "objective": "score"},  # compiled nothing
+        {**record("e", None, 1.0), "objective": "rloo", "compiled_graphs": 1, "graph_breaks": 0, "cudagraph_skips": 1,
+         "cudagraph_skip_reason": "skipping cudagraphs due to cpu device"},  # a later reason: the first is kept
     ]
     assert comparison.compiled(records) == {
         "generate-finetuned": {"runs": 1, "compiled_graphs": 1, "graph_breaks": 0, "cudagraph_skips": 0},
-        "train (rloo)": {"runs": 2, "compiled_graphs": 5, "graph_breaks": 1, "cudagraph_skips": 1,
+        "train (rloo)": {"runs": 3, "compiled_graphs": 6, "graph_breaks": 1, "cudagraph_skips": 2,
                          "cudagraph_skip_reason": "skipping cudagraphs due to mutated inputs"}}
 
 
@@ -156,6 +159,31 @@ def test_an_idle_gpu_is_named_where_it_waited_ten_seconds_or_more():
     assert comparison.idle_windows(busy + idle + dip + unread + tail, 0.5) == [
         {"from_s": 10.0, "s": 12.0}, {"from_s": 40.0, "s": 10.5}]
     assert comparison.idle_windows([(t / 2, 0.0) for t in range(1, 20)], 0.5) == []  # 9.5 s
+    assert comparison.idle_windows([(t / 2, 0.0) for t in range(1, 21)], 0.5) == [{"from_s": 0.0, "s": 10.0}]  # 10 s: one
+    at_five = [(t / 2, 0.0) for t in range(1, 11)] + [(5.5, 5.0)] + [(t / 2, 4.9) for t in range(12, 32)]
+    assert comparison.idle_windows(at_five, 0.5) == [{"from_s": 5.5, "s": 10.0}]  # 5 % is not idle, 4.9 % is
+
+
+def test_the_load_is_the_mean_of_its_samples_with_the_peak_memory_and_the_longest_idle_windows_in_time_order():
+    """Worked by hand on samples 0.5 s apart (seconds, CPU %, GPU %, GPU GB): the means of the
+    samples that have a reading, the largest memory, and of seven idle windows the five longest,
+    in the order they came."""
+    samples, windows = [], []
+    for idle_s in (11, 16, 10, 14, 12, 10.5, 13):  # each after 3 s of work
+        samples += [(len(samples) / 2 + 0.5 * k, 60.0, 80.0, 4.0) for k in range(1, 7)]
+        windows.append((samples[-1][0], idle_s))
+        samples += [(len(samples) / 2 + 0.5 * k, 20.0, 0.0, 2.0) for k in range(1, int(2 * idle_s) + 1)]
+    samples[5] = (samples[5][0], None, 80.0, 9.5)  # a CPU sample that read nothing, at the peak of memory
+    sampler = comparison.Sampler(interval=0.5)
+    sampler.samples = samples
+    longest = sorted(sorted(windows, key=lambda w: -w[1])[:5])  # 16, 14, 13, 12, 11 s, by their start
+    cpu = [s[1] for s in samples if s[1] is not None]
+    figures = sampler.figures()
+    assert figures == {"samples": len(samples), "cpu_busy_pct_mean": round(sum(cpu) / len(cpu), 1),
+                       "gpu_busy_pct_mean": round(sum(s[2] for s in samples) / len(samples), 1), "gpu_memory_gb_peak": 9.5,
+                       "gpu_idle_s": 11 + 16 + 10 + 14 + 12 + 10.5 + 13,
+                       "gpu_idle_windows": [{"from_s": start, "s": seconds} for start, seconds in longest]}
+    assert [w["s"] for w in figures["gpu_idle_windows"]] == [11, 16, 14, 12, 13]
 
 
 class _Run:
@@ -338,3 +366,72 @@ def test_an_interim_record_says_whether_mps_runs_in_the_part_under_way(tmp_path,
     interim = [settings["mps"] for complete, settings in written if not complete]
     assert {"all": "off: MPS not started: no daemon"} in interim
     assert written[-1] == (True, {**written[-1][1], "mps": {"all": "off: MPS not started: no daemon"}})
+
+
+def test_the_stage_walls_count_each_stage_once_however_many_runs_restored_it_and_core_leaves_cpo_out(tmp_path):
+    """The runs of two machines (runs/gpu.2: NLL continued and DTO; runs/gpu.3: the CPO grid),
+    gathered as one comparison: each run restored its machine's shared stages (NLL, the LLM modes,
+    the copy baselines), whose time counts once per machine, and ran its own; core is every run
+    but CPO's."""
+    runs = tmp_path / "runs" / "gpu"
+    for folder in ("gpu.2", "gpu.3"):
+        shutil.copytree(ROOT / "runs" / folder, runs, dirs_exist_ok=True)
+    loaded = comparison.gathered_runs([runs], tmp_path)
+    figures, ends, core = comparison.stage_walls(tmp_path, "gpu")
+    assert core == {run.name for run in loaded if run.params["objective"] != "cpo"} and len(core) == 4
+    assert len(loaded) == 16 and figures["experiment_wall_s"] == {
+        run.name: round(sum(r["wall_s"] for r in run.records), 1) for run in loaded}
+    for stage in ("train_nll", "generate-nll", "llm-rag"):  # shared: one run per machine
+        machines = {(r["started_at"], r["wall_s"]) for run in loaded for r in run.records if r["stage"] == stage}
+        assert len(machines) == 2 and figures["stage_wall_s"][stage] == round(sum(wall for _, wall in machines), 1)
+    own = [r["wall_s"] for run in loaded for r in run.records if r["stage"] == "train"]  # each run's own
+    assert len(own) == 16 and figures["stage_wall_s"]["train"] == round(sum(own), 1)
+    assert set(ends) == {run.name for run in loaded}
+
+
+def test_a_part_after_one_that_failed_runs_the_shared_stages_again(tmp_path, monkeypatch):
+    """COMPARISON_SHARED=0 (restore the shared stages from the run cache) only after a part that
+    succeeded: where core failed, its shared stages may not be in the run cache, and cpo runs
+    them; the part after cpo restores them."""
+    monkeypatch.setattr(comparison, "write_result", lambda *args, **kwargs: None)
+    monkeypatch.delenv("COMPARISON_SHARED", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "comparison.sh").write_text(
+        'echo "$4 ${COMPARISON_SHARED:-unset}" >> parts.log\n[ "$4" != "$FAIL" ]\n')
+    monkeypatch.setattr(comparison, "workspace", lambda into: repo)
+    for fail, expected in (("core", "core unset\ncpo unset\nseeds 0\n"), ("none", "core unset\ncpo 0\nseeds 0\n")):
+        monkeypatch.setenv("FAIL", fail)
+        monkeypatch.setattr(sys, "argv", ["comparison.py", "--parts", "core", "cpo", "seeds", "--interim-every", "0"])
+        (repo / "parts.log").unlink(missing_ok=True)
+        if fail == "core":
+            with pytest.raises(SystemExit, match="part.s. failed: core"):
+                comparison.main()
+        else:
+            comparison.main()
+        assert (repo / "parts.log").read_text() == expected
+
+
+def test_with_parts_all_the_record_holds_when_core_ended_within_it(tmp_path, monkeypatch):
+    """--parts all: `core_in_all` is from the part's start to the end of its last core
+    experiment (a CPO run that ends later is not core's), held to core's target on a GPU."""
+    written = []
+    monkeypatch.setattr(comparison, "write_result", lambda name, device, figures, settings, targets, quiet=False:
+                        written.append((figures, targets)))
+    monkeypatch.setattr(comparison.torch.cuda, "is_available", lambda: True)
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "comparison.sh").write_text("sleep 1\n")
+    monkeypatch.setattr(comparison, "workspace", lambda into: repo)
+    walls = {"stage_wall_s": {}, "experiment_wall_s": {}, "between_stages": {"startup_s": 0.0, "between_s": 0.0},
+             "compiled": {}, "step_time": {}, "scoring_s": {}, "validating_s": {}, "part_edges_s": {}}
+    # When the stage records are read (the part has ended): a core run ended 0.5 s before, a CPO run 100 s later.
+    monkeypatch.setattr(comparison, "stage_walls", lambda repo, name, spans=None: (
+        walls, {"dto": time.time() - 0.5, "cpo-run": time.time() + 100}, {"dto"}))
+    monkeypatch.setattr(sys, "argv", ["comparison.py", "--parts", "all", "--interim-every", "0"])
+    comparison.main()
+    figures, targets = written[-1]
+    within, whole = figures["wall_s"]["core_in_all"], figures["wall_s"]["all"]
+    assert 0 < within < whole and abs(within - (whole - 0.5)) < 0.3
+    assert targets == {"wall_s.core_in_all": {"max": comparison.TARGETS_S["core"]},
+                       "wall_s.total": {"max": comparison.TARGETS_S["all"]}}
