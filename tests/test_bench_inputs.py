@@ -528,6 +528,71 @@ def test_the_compiled_step_bench_sets_each_step_against_the_eager_one_and_dto_ag
     assert not any("gpu_busy" in name or "syncs" in name for name in compiled_steps.figures_of(runs, [16, 32])[1])
 
 
+def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_on_its_own_rows(tmp_path, monkeypatch):
+    """bench/compiled_steps.py's measurement of one objective, on the CPU with aot_eager (the same
+    tracing, no generated kernels): the eager step at the first batch size, then the generator's
+    and the scorer's bodies compiled, and each batch size timed on as many training rows."""
+    import compiled_steps
+    import torch
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    args = compiled_steps.arguments().parse_args(["--device", "cpu", "--precision", "32-true", "--profile", str(profile),
+                                                  "--backend", "aot_eager", "--mode", "default", "--batch-sizes", "2", "4",
+                                                  "--steps", "1"])
+    args.mode = None  # (as main() passes `default` on)
+    compiled, compile_body = [], compiled_steps.compile_body
+    monkeypatch.setattr(compiled_steps, "compile_body", lambda model, *rest: (compiled.append(model), compile_body(model, *rest)))
+    timed_sizes, timed = [], compiled_steps.timed
+    monkeypatch.setattr(compiled_steps, "timed", lambda module, optimizer, batch, *rest: (
+        timed_sizes.append((len(batch["ids"]), len(compiled))), timed(module, optimizer, batch, *rest))[1])
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        result = compiled_steps.measure("score", args)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert len(compiled) == 2 and compiled[0] is not compiled[1] and graphs >= 2  # the generator and the scorer
+    assert timed_sizes == [(2, 0), (2, 2), (4, 2)]  # (rows, bodies compiled): eager at the first size, then each compiled
+    eager = result["eager"]
+    assert eager["batch_size"] == 2 and eager["tokens_per_s"] * eager["s_per_step"] == pytest.approx(result["b2"]["tokens"])
+    assert result["b4"]["tokens"] > result["b2"]["tokens"] and result["b4"]["flops"] > result["b2"]["flops"] > 0
+    for size in (2, 4):
+        row = result[f"b{size}"]
+        assert row["s_per_step"] > 0 and row["tokens_per_s"] == pytest.approx(row["tokens"] / row["s_per_step"])
+        assert "gpu_busy" not in row  # (a GPU's figure)
+
+
+def test_the_compiled_step_bench_measures_each_objective_in_a_process_of_its_own_and_records_it(tmp_path, monkeypatch):
+    """main(): the objective's process is this script with `--one` and the same arguments; its
+    last line of output is the measurement, which the record keeps with the run's settings."""
+    import compiled_steps
+
+    written = []
+    monkeypatch.setattr(compiled_steps, "write_result", lambda name, device, figures, settings, targets:
+                        written.append((name, figures, settings, targets)))
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    monkeypatch.setattr(sys, "argv", ["compiled_steps.py", "--device", "cpu", "--precision", "32-true", "--profile", str(profile),
+                                      "--backend", "aot_eager", "--mode", "default", "--batch-sizes", "2", "3", "--steps", "1",
+                                      "--objectives", "nll", "--name", "compiled_steps-check"])
+    compiled_steps.main()
+    [(name, figures, settings, targets)] = written
+    assert name == "compiled_steps-check" and set(figures) == {"nll"} and set(figures["nll"]) == {"eager", "b2", "b3", "best_speedup"}
+    assert figures["nll"]["best_speedup"] == max(figures["nll"]["b2"]["speedup"], figures["nll"]["b3"]["speedup"]) > 0
+    assert settings == {"precision": "32-true", "mode": "default", "backend": "aot_eager", "batch_sizes": [2, 3],
+                        "eager_batch_size": 2, "steps": 1, "profile_steps": 4, "profiles": [str(profile)]}
+    assert targets == {"nll.best_speedup": {"min": 5.0}}
+    for bad in (["--batch-sizes", "16", "0"], ["--steps", "0"], ["--profile-steps", "0"]):
+        monkeypatch.setattr(sys, "argv", ["compiled_steps.py", *bad])
+        with pytest.raises(SystemExit, match="must be at least 1"):
+            compiled_steps.main()
+    assert len(written) == 1
+
+
 def test_the_workspace_env_keeps_the_packages_pythonpath_holds(tmp_path, monkeypatch):
     """An offline machine's packages are installed with --target and found through PYTHONPATH: the
     benches that run a clone's commands put its src/ first and keep them (the comparison bench once

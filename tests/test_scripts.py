@@ -1533,6 +1533,18 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
         assert unpacked.returncode == 0, unpacked.stderr
         (home / "proj" / "runs" / "gpu" / "blob.bin").unlink(missing_ok=True)
     assert (here / "runs" / "gpu.2" / "blob.bin").read_bytes() == smaller and not (here / "runs" / "gpu.3" / "blob.bin").exists()
+    # tar's exit 1 (a file changed as it read it: a workspace DVC removed mid-read) still brings the
+    # archive back; its exit 2 (a fatal error, the archive not whole) leaves the last one in $OUT.
+    tar = shutil.which("tar")
+    for status, note in ((1, "changed"), (2, "broken")):
+        (home / "proj" / "runs" / "gpu" / "note.txt").write_text(note)
+        (tmp_path / f"tar-{status}").mkdir()
+        stub = _write_stubs(tmp_path / f"tar-{status}", {"tar": f'{tar} "$@" || exit\necho "tar: a file changed" >&2\nexit {status}'})
+        polled = subprocess.run(["bash", "offline/job.sh", "poll", "0"], cwd=tree, capture_output=True, text=True, timeout=60,
+                                env={**env, "PATH": f"{stub}{os.pathsep}{env['PATH']}"})
+        assert polled.returncode == 0, polled.stderr
+        with tarfile.open(out / "results.tar.gz") as archive:
+            assert archive.extractfile("runs/gpu/note.txt").read() == b"changed"
 
 
 def _job_tree(tmp_path, bench: str) -> tuple[Path, Path, Path]:
