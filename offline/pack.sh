@@ -94,8 +94,9 @@ for folder in sorted({Path(*path.parts[:2]) for path in travels if path.parts[0]
     if not runs or not all(isinstance(run, dict) and isinstance(run.get("files"), dict) for run in runs):
         continue  # not a gathered folder (storyrewrite.report.gather's manifests)
     names.add(folder.name.split(".")[0])
-    # Kept: the manifests, the params blobs they name, the stage records (scripts/comparison.sh's plan and worker count).
-    keep = {folder / "blobs" / f"{run['files'].get('params.yaml')}.gz" for run in runs}
+    # Kept: the manifests, the params blobs they name, the stage records (scripts/comparison.sh's plan
+    # and worker count), and the `.held` mark of a folder an earlier pack held into another HOLD.
+    keep = {folder / "blobs" / f"{run['files'].get('params.yaml')}.gz" for run in runs} | {folder / ".held"}
     held = []
     for path in travels:
         if folder in path.parents and path not in keep:

@@ -1235,6 +1235,27 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
     assert "HOLD: nothing to hold" in nothing.stdout and "restore" not in nothing.stdout and not hold.exists()
 
 
+def test_a_restore_moves_back_its_own_hold_and_leaves_another_holds_marks(tmp_path):
+    """Runs unpacked after a pack held the others are held by the next pack, in a HOLD of its own:
+    restoring the first HOLD clears the `.held` marks that name it, not the second's, whose folder
+    still lacks its files (offline/job.sh checks them out where the mark says so)."""
+    kit, repo = _kit_and_repo(tmp_path)
+    _gathered(repo / "runs" / "gpu.2", {"nll": os.urandom(256 * 1024)})
+    first, second = tmp_path / "hold-1", tmp_path / "hold-2"
+    assert _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(first)).returncode == 0
+    _gathered(repo / "runs" / "gpu.3", {"dto": os.urandom(256 * 1024)})  # unpacked since
+    result = _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(second))
+    assert result.returncode == 0, result.stderr
+    marks = lambda: {path.parent.name: path.read_text() for path in (repo / "runs").glob("*/.held")}  # noqa: E731
+    assert marks() == {"gpu.2": f"{first}\n", "gpu.3": f"{second}\n"}
+    for hold, left in ((first, {"gpu.3": f"{second}\n"}), (second, {})):
+        back = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
+                              env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+        assert back.returncode == 0, back.stderr
+        assert marks() == left and not hold.exists()
+    assert len(list((repo / "runs" / "gpu.3" / "blobs").iterdir())) == 2
+
+
 def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     """.device/commit: HEAD's short name, `+changes` while a tracked file differs from it (the
     figures of a machine's copy of the tree, which has no .git, name it: bench/common.py)."""
