@@ -67,3 +67,38 @@ def test_the_validity_stage_says_a_task_without_an_original_ending_has_nothing_t
     assert json.loads((tmp_path / "validity.json").read_text())["not_available"] == "task art has no original ending to copy"
     record = json.loads((tmp_path / "record.json").read_text())
     assert (record["device"], record["items"], record["unit"]) == ("cpu", 0, "instances")
+
+
+def test_the_generate_stage_counts_the_predictions_it_resumed_apart_from_those_it_generated(tmp_path, tiny_model_dirs,
+                                                                                             small_prepared):
+    """A run cut short leaves its finished predictions in `.partial/` beside the output; the next
+    run of the same settings takes them and generates the rest. Its record counts each kind, and
+    the output is the one a whole run writes."""
+    import torch
+
+    from storyrewrite.data.prepare import load_instances
+    from storyrewrite.generation.generate import _fingerprint
+    from storyrewrite.params import Params
+
+    params = load_yaml(ROOT / "params.yaml")
+    params["task"], params["device"] = "timetravel", "cpu"
+    params["generate"].update(max_new_tokens=4, batch_size=4, split="test")
+    model = tiny_model_dirs["llama"]
+    argv = ("--model", str(model), "--data", str(small_prepared), "--out", "out.jsonl", "--record", "record.json")
+    whole = _stage(tmp_path, "generate", params, *argv)
+    assert whole.returncode == 0, whole.stderr
+    lines = (tmp_path / "out.jsonl").read_text().splitlines(keepends=True)
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert len(lines) == 6 and (record["predictions"], record["resumed"]) == (6, 0)
+
+    typed = Params.load(tmp_path / "params.yaml")
+    instances = load_instances(small_prepared, "timetravel", "test")
+    fingerprint = _fingerprint(model, instances, typed.generate, typed.models, torch.device("cpu"))
+    (tmp_path / ".partial").mkdir(exist_ok=True)
+    (tmp_path / ".partial" / f"out-{fingerprint}.jsonl").write_text("".join(lines[:2]))
+    (tmp_path / "out.jsonl").unlink()
+    resumed = _stage(tmp_path, "generate", params, *argv)
+    assert resumed.returncode == 0, resumed.stderr
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert (record["predictions"], record["resumed"]) == (4, 2) and "(4 generated now" in resumed.stdout
+    assert (tmp_path / "out.jsonl").read_text().splitlines(keepends=True) == lines
