@@ -28,7 +28,7 @@
 # naming HOLD, and git takes the held tracked files for unchanged until the restore (its
 # skip-worktree bit). On the machine, offline/job.sh checks the held files out of the copy's repository
 # where it came with one; else scripts/comparison.sh leaves such a folder out of the collect there.
-# `HOLD=DIR bash offline/pack.sh restore` moves them back.
+# `HOLD=DIR bash offline/pack.sh restore` moves them back (a HOLD that is gone: git's HEAD has the tracked ones).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HOLD=${HOLD:-}
@@ -55,8 +55,26 @@ def listed(*which: str) -> set[bytes]:  # git ls-files' names under runs/ and re
                               check=True).stdout.split(b"\0")) - {b""}
 
 
+def unskip(names: list[bytes]) -> None:  # git tracks these as they are again (see the hold's skip-worktree below)
+    if names:
+        subprocess.run(["git", "update-index", "--no-skip-worktree", "-z", "--stdin"], input=b"\0".join(names) + b"\0", check=True)
+
+
 if verb == "restore":
     files = sorted(path for path in hold.rglob("*") if path.is_file()) if hold.is_dir() else []
+    marks = [mark for mark in Path("runs").glob("*/.held") if mark.read_text().strip() == str(hold)]
+    if not files and marks:
+        # The hold is gone (deleted, or on another machine): what git tracks of it comes back from
+        # HEAD, the files the hold marked for git to take as unchanged; what git never tracked is lost.
+        skipped = [entry[2:] for entry in listed("-v") if entry.startswith(b"S ")]
+        unskip(skipped)
+        missing = [name for name in skipped if not Path(os.fsdecode(name)).exists()]
+        if missing:
+            subprocess.run(["git", "checkout", "HEAD", "--", *map(os.fsdecode, missing)], check=True)
+        for mark in marks:
+            mark.unlink()
+        sys.exit(print(f"HOLD={hold} holds nothing: checked {len(missing)} held file(s) out of git's HEAD and cleared "
+                       f"the marks of {' '.join(sorted(str(mark.parent) for mark in marks))} (files git did not track are lost)"))
     if not files:
         sys.exit(f"error: HOLD={hold} holds nothing to move back")
     targets = {path: path.relative_to(hold) for path in files}
@@ -65,13 +83,10 @@ if verb == "restore":
     for path, target in targets.items():
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(path, target)
-    for marker in Path("runs").glob("*/.held"):
-        if marker.read_text().strip() == str(hold):
-            marker.unlink()
-    # Tracked again as they are (the hold marked them for git to take as unchanged: see below).
+    for mark in marks:
+        mark.unlink()
     back = {os.fsencode(target) for target in targets.values()}
-    if clear := [entry[2:] for entry in listed("-v") if entry.startswith(b"S ") and entry[2:] in back]:
-        subprocess.run(["git", "update-index", "--no-skip-worktree", "-z", "--stdin"], input=b"\0".join(clear) + b"\0", check=True)
+    unskip([entry[2:] for entry in listed("-v") if entry.startswith(b"S ") and entry[2:] in back])
     prune(hold)
     print(f"moved {len(files)} file(s) back from {hold}")
     sys.exit()

@@ -1256,6 +1256,35 @@ def test_a_restore_moves_back_its_own_hold_and_leaves_another_holds_marks(tmp_pa
     assert len(list((repo / "runs" / "gpu.3" / "blobs").iterdir())) == 2
 
 
+def test_a_restore_whose_hold_is_gone_checks_the_held_files_out_of_git(tmp_path):
+    """A HOLD deleted before its restore (or left on another machine): the restore checks what git
+    tracks of it out of HEAD and clears its marks, so that the comparison here collects again; a
+    HOLD that no mark names is still refused."""
+    kit, repo = _kit_and_repo(tmp_path)
+    _gathered(repo / "runs" / "gpu.2", {"nll": os.urandom(256 * 1024), "dto": os.urandom(256 * 1024)})
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "runs"], cwd=repo, check=True)
+    before = {path: path.read_bytes() for path in (repo / "runs").rglob("*") if path.is_file()}
+    hold = tmp_path / "hold"
+    assert _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(hold)).returncode == 0
+    assert len(list(hold.rglob("*.gz"))) == 2 and (repo / "runs" / "gpu.2" / ".held").exists()
+    shutil.rmtree(hold)
+
+    def restore(folder):
+        return subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
+                              env={**os.environ, "PYTHON": sys.executable, "HOLD": str(folder)})
+    other = restore(tmp_path / "elsewhere")
+    assert other.returncode == 1 and f"error: HOLD={tmp_path / 'elsewhere'} holds nothing to move back" in other.stderr
+    back = restore(hold)
+    assert back.returncode == 0, back.stderr
+    assert back.stdout == (f"HOLD={hold} holds nothing: checked 2 held file(s) out of git's HEAD and cleared the marks of "
+                           "runs/gpu.2 (files git did not track are lost)\n")
+    assert {path: path.read_bytes() for path in (repo / "runs").rglob("*") if path.is_file()} == before
+    assert subprocess.run(["git", "status", "--porcelain", "--", "runs"], cwd=repo, capture_output=True, text=True).stdout == ""
+    assert not [line for line in subprocess.run(["git", "ls-files", "-v"], cwd=repo, capture_output=True,
+                                                text=True).stdout.splitlines() if not line.startswith("H ")]
+
+
 def test_the_gpu_pack_names_the_commit_the_figures_come_from(tmp_path):
     """.device/commit: HEAD's short name, `+changes` while a tracked file differs from it (the
     figures of a machine's copy of the tree, which has no .git, name it: bench/common.py)."""
