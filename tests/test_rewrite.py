@@ -132,6 +132,10 @@ def test_a_bad_story_or_command_line_is_named_before_any_model_loads(tmp_path, c
     assert _error(capsys, model, "--stories", str(stories), *settings) == f"error: {stories}:1: field `premise` is empty"
     assert _error(capsys, model, "--stories", str(tmp_path / "none.jsonl"), *settings) == (
         f"error: --stories {tmp_path / 'none.jsonl'}: no such file")
+    monkeypatch.chdir(tmp_path)  # (outside the repository: no params.yaml here)
+    assert _error(capsys, model, "--stories", str(stories)) == (
+        "error: --params params.yaml: no such file (run it from the repository's root, or give --params)")
+    assert _error(capsys, model, "--stories", str(stories), "--params", "mine.yaml") == "error: --params mine.yaml: no such file"
     # A model this project trained on another task (its storyrewrite.json names it).
     trained = tmp_path / "art-model"
     trained.mkdir()

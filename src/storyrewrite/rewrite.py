@@ -132,12 +132,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="with --stories: the rewrites' JSON Lines file (default: standard output)")
     for field in FIELDS:
         parser.add_argument(flag(field), dest=field, metavar="TEXT", help=f"one story's `{field}`")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"),
+                        help="the settings (default: params.yaml, in the folder it runs in: the repository's root)")
     parser.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a params override, as `dvc exp run -S` takes it (repeatable)")
     args = parser.parse_args(argv)
 
     def run() -> None:
+        if not args.params.is_file():
+            where = " (run it from the repository's root, or give --params)" if args.params == Path("params.yaml") else ""
+            raise InputError(f"--params {args.params}: no such file{where}")
         experiments = with_overrides(load_yaml(args.params), args.overrides)
         if len(experiments) > 1:
             raise InputError(f"-S: a sweep gives {len(experiments)} settings; a rewrite takes one")
