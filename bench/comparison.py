@@ -63,6 +63,7 @@ from common import ROOT, record_name, workspace_env, write_result
 
 from storyrewrite.io import run_cli, write_text_atomic
 from storyrewrite.queue import ended, running
+from storyrewrite.report.collect import check_name
 
 TARGETS_S = {"core": 360, "all": 720}  # on one H100/H200-class GPU
 
@@ -476,8 +477,7 @@ def main() -> None:
     for profile in args.profile:
         if not (ROOT / profile).is_file():
             raise SystemExit(f"error: --profile {profile}: no such file")
-    if args.name in {"bench", "stages", "train", "metrics", "scores", "llm", "sanity", "tests"}:
-        raise SystemExit(f"error: --name {args.name}: reports/{args.name} is the pipeline's own folder; choose another name")
+    check_name(args.name, ROOT)  # (the collect's rule for runs/NAME and reports/NAME)
     if args.interim_every < 0:
         raise SystemExit(f"error: --interim-every {args.interim_every:g}: seconds >= 0 (0: no interim record)")
     if args.max_runs is not None and args.max_runs < 1:

@@ -118,6 +118,7 @@ compare)
   done
   if [ -n "${GPU_JOB_CHECK:-}" ]; then
     # (--elsewhere: the job runs on the GPU machine, not on this one's CPU)
+    "${PYTHON:-python3}" -m storyrewrite.report.collect --check-name "$1" || exit 2
     [ $# -eq 2 ] || "${PYTHON:-python3}" -m storyrewrite.profiles check --elsewhere "${@:3}" >&2 || exit 2
     exit 0
   fi

@@ -56,6 +56,7 @@ seeds)
 core) ;;
 *) echo "error: PART must be core, cpo, all or seeds, got '$PART'" >&2; exit 2 ;;
 esac
+python -m storyrewrite.report.collect --check-name "$NAME" || exit 2  # (runs/NAME and reports/NAME: its own folders)
 OVERRIDES=()
 # shellcheck disable=SC2207  # the overrides are -S key=value words without spaces
 [ $# -eq 0 ] || OVERRIDES=($(python -m storyrewrite.profiles overrides "$@"))

@@ -94,7 +94,9 @@ def _stubs(tmp_path, dedupe: str = "exp-a exp-b", python: str = GATHERED, plan: 
 if [ "$3" = --queue ]; then touch {queued}; echo "Queued experiment 'exp-$(wc -l < {log})' for future execution."; fi
 if [ "$1 $2" = "queue start" ]; then rm -f {queued}; fi
 exit 0""",
-        "python": f"""echo "python $*" >> {log}
+        # (the check of NAME by the collector's own code, not logged: test_a_name_that_is_not_the_comparisons_own_is_refused)
+        "python": f"""if [ "$3" = --check-name ]; then exec {sys.executable} "$@"; fi
+echo "python $*" >> {log}
 {polls}if [ "$3" = overrides ]; then echo "-S device=auto -S train.max_steps=300"; fi
 if [ "$3" = get ]; then echo "zero_shot rag"; fi
 if [ "$2 $3" = "storyrewrite.parallel gpu-reserve" ]; then echo 9.25; fi
@@ -646,6 +648,22 @@ def test_a_bad_part_is_refused_with_the_valid_ones(tmp_path):
     assert result.returncode == 2
     assert "error: PART must be core, cpo, all or seeds, got 'dto'" in result.stderr
     assert calls == []
+
+
+def test_a_name_that_is_not_the_comparisons_own_is_refused_before_anything_runs(tmp_path):
+    """NAME gives runs/NAME and reports/NAME, which the collect replaces whole after the last
+    experiment: a folder of the pipeline's (dvc.yaml's stages write it), one of other files (the
+    benchmarks' records), or a name with a dot or a slash is refused at once, by the collector's rule."""
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / "reports" / "bench").mkdir(parents=True)
+    (tmp_path / "reports" / "bench" / "comparison.json").write_text("{}")
+    for name, error in (("stages", "error: NAME stages: reports/stages is the pipeline's own (dvc.yaml's stages write it)"),
+                        ("bench", "error: NAME bench: reports/bench holds files that no collect wrote"),
+                        ("gpu.2", "error: NAME 'gpu.2': letters, digits, '_' and '-' only"),
+                        ("../x", "error: NAME '../x': letters, digits, '_' and '-' only")):
+        result, calls = _run(tmp_path, name, "core")
+        assert result.returncode == 2 and result.stderr.startswith(error), result.stderr
+        assert calls == []
 
 
 def test_the_gpu_bench_runs_the_benches_asked_for_in_its_order_and_survives_a_failure(tmp_path):
@@ -1691,7 +1709,13 @@ def test_the_gpu_job_passes_mps_and_its_run_limit_to_the_comparison_bench(tmp_pa
     assert bare.returncode == 1 and "env.sh not found: run 'bash .device/machine.sh install' first" in bare.stderr
     assert not (tmp_path / "bare").exists()
     for part in ("core", "cpo", "all", "seeds"):  # scripts/comparison.sh's parts, each a job
-        assert job("compare", "-j", "2", "--mps", "gpu", part, GPU_JOB_CHECK="1").returncode == 0, part
+        assert job("compare", "-j", "2", "--mps", "gpu", part, GPU_JOB_CHECK="1", PYTHON=sys.executable).returncode == 0, part
+    (tree / "reports" / "bench").mkdir(parents=True)  # the benchmarks' records: no comparison's name
+    (tree / "reports" / "bench" / "comparison.json").write_text("{}")
+    for name, error in (("bench", "error: NAME bench: reports/bench holds files that no collect wrote"),
+                        ("gpu.4", "error: NAME 'gpu.4': letters, digits, '_' and '-' only")):
+        refused = job("compare", name, "core", GPU_JOB_CHECK="1", PYTHON=sys.executable)
+        assert refused.returncode == 2 and refused.stderr.startswith(error), refused.stderr
     usage = job("compare", "-j", "2", "--mps", "gpu", GPU_JOB_CHECK="1")
     assert usage.returncode == 2 and "usage: bash offline/job.sh compare [-j N] [-n N] [--mps] NAME" in usage.stderr
     for args, error in ((["--mps", "-j"], "error: -j needs a value"), (["-J", "2", "gpu", "core"], "error: unknown option '-J' of compare"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -696,14 +697,44 @@ def check_out(out: Path) -> None:
                          "replaced whole; name a new folder, e.g. reports/NAME")
 
 
+# A folder under reports/ that dvc.yaml names (a stage's output is in it): the pipeline's own.
+PIPELINE_FOLDER = re.compile(r"\breports/([A-Za-z0-9_.-]+)/")
+
+
+def check_name(name: str, root: Path = Path(".")) -> None:
+    """Refuse a comparison's NAME (scripts/comparison.sh, bench/comparison.py, offline/job.sh
+    compare) before anything runs, not at the collect after the last experiment: runs/NAME and
+    reports/NAME must be its own. Letters, digits, '_' and '-' (no dot: runs/NAME.<n> hold other
+    machines' runs of it); not a folder of reports/ that dvc.yaml's stages write; not a folder of
+    other files (check_out: reports/bench, reports/tests)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
+        raise InputError(f"NAME {name!r}: letters, digits, '_' and '-' only, a letter or digit first (runs/NAME and "
+                         "reports/NAME; runs/NAME.<n> hold other machines' runs of it)")
+    dvc_yaml = root / "dvc.yaml"
+    if dvc_yaml.is_file() and name in PIPELINE_FOLDER.findall(dvc_yaml.read_text(encoding="utf-8")):
+        raise InputError(f"NAME {name}: reports/{name} is the pipeline's own (dvc.yaml's stages write it); choose another name")
+    try:
+        check_out(root / "reports" / name)
+    except InputError:
+        raise InputError(f"NAME {name}: reports/{name} holds files that no collect wrote (it has no experiments.md), and the "
+                         "collect replaces it whole; choose another name") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m storyrewrite.report.collect", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", type=Path, nargs="+", help="folders written by storyrewrite.report.gather")
-    parser.add_argument("--out", type=Path, required=True, help="the tables' folder, replaced whole: a new one, or one a collect wrote")
+    parser.add_argument("runs", type=Path, nargs="*", help="folders written by storyrewrite.report.gather")
+    parser.add_argument("--out", type=Path, help="the tables' folder, replaced whole: a new one, or one a collect wrote")
     parser.add_argument("--title", default="gathered experiments", help="the results' title, e.g. the profile and device")
     parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--check-name", metavar="NAME", help="instead: check a comparison's NAME for runs/NAME and "
+                                                             "reports/NAME here, and exit")
     args = parser.parse_args(argv)
+    if args.check_name is not None:
+        check_name(args.check_name)
+        return
+    if not args.runs or args.out is None:
+        parser.error("give the runs' folders and --out (or --check-name NAME)")
     if not 0 < args.alpha < 1:
         raise InputError(f"--alpha must lie in (0, 1), got {args.alpha}")
     check_out(args.out)
