@@ -90,6 +90,11 @@ def test_invalid_choice_lists_valid_values():
         _params(task="rocstories").task
     with pytest.raises(InputError, match=r"^params: `device` = 'gpu': valid values: auto, cpu, cuda, cuda:N$"):
         _params(device="gpu").device
+    # A union of a boolean and a name (train.compile): the key itself, with every member's values.
+    train = load_yaml(ROOT / "params.yaml")["train"]
+    with pytest.raises(InputError, match=r"^params: `train\.compile` = 'max': valid values: true, false, 'reduce-overhead'$"):
+        build(TrainConfig, {**train, "compile": "max"}, "train")
+    assert build(TrainConfig, {**train, "compile": "reduce-overhead"}, "train").compile == "reduce-overhead"
 
 
 def test_out_of_range_value():

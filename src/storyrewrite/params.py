@@ -279,6 +279,28 @@ def _valid_keys(kind: Any, loc: tuple) -> list[str]:
     return [f.alias or n for n, f in kind.model_fields.items()] if isinstance(kind, type) and issubclass(kind, BaseModel) else []
 
 
+# The parts of a pydantic error's location that name a validator or a member of a union (`bool |
+# Literal["reduce-overhead"]` fails as `compile.bool` and `compile.literal['reduce-overhead']`), not a key.
+UNION_MEMBERS = ("bool", "int", "float", "str")
+
+
+def _key_path(loc: tuple) -> tuple:
+    return tuple(part for part in loc if not (str(part).startswith(("function-", "literal[")) or part in UNION_MEMBERS))
+
+
+def _union_values(errors: list[dict]) -> str | None:
+    """A union of booleans and literals that refused a value: its valid values, each member's; else None."""
+    values = []
+    for error in errors:
+        if error["type"] in ("bool_parsing", "bool_type"):
+            values += ["true", "false"]
+        elif error["type"] == "literal_error":
+            values.append(error["ctx"]["expected"])
+        else:
+            return None
+    return f"valid values: {', '.join(values)}" if len(errors) > 1 else None
+
+
 def build(kind: Any, value: Any, key: str) -> Any:
     """`value` validated as `kind` (a section's model or a scalar type); the first error as one
     line naming the key (`key` and the nested path), the value and what is allowed."""
@@ -287,13 +309,14 @@ def build(kind: Any, value: Any, key: str) -> Any:
     except ValidationError as error:
         # A typo is a missing key and an unknown one: name the one the user wrote.
         first = next((e for e in error.errors() if e["type"] == "extra_forbidden"), error.errors()[0])
-        loc = tuple(part for part in first["loc"] if not str(part).startswith(("function-", "literal[")))
+        loc = _key_path(first["loc"])
         where = key + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
         if first["type"] == "extra_forbidden":
             raise InputError(f"params: unknown key `{where}`; valid keys: {', '.join(_valid_keys(kind, loc))}", key=where) from None
         if first["type"] == "missing":
             raise InputError(f"params: missing key `{where}`", key=where) from None
         allowed = "valid values: auto, cpu, cuda, cuda:N" if first["type"] == "string_pattern_mismatch" else first["msg"]
+        allowed = _union_values([e for e in error.errors() if _key_path(e["loc"]) == loc]) or allowed
         raise InputError(f"params: `{where}` = {first['input']!r}: {allowed.removeprefix('Value error, ')}", key=where) from None
 
 
