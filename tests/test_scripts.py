@@ -960,6 +960,12 @@ def _pack(folder, kit, **environment):
                           env={**os.environ, "PYTHON": sys.executable, "WHEELS_KIB": "512", "FETCH": str(kit / "fetch.sh"), **environment})
 
 
+def _restore(folder, hold) -> subprocess.CompletedProcess:
+    """`HOLD=hold bash offline/pack.sh restore` in `folder`."""
+    return subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=folder, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+
+
 def _kit_and_repo(tmp_path):
     """(a folder with a stub fetch.sh and machine.sh, a git checkout holding 1 MiB)."""
     kit = tmp_path / "kit"
@@ -1228,13 +1234,11 @@ def test_the_gpu_pack_holds_what_no_job_reads_out_of_the_tree_and_moves_it_back(
 
     (repo / "reports" / "gpu").mkdir()
     (repo / "reports" / "gpu" / "experiments.md").write_text("# collected again here\n")
-    clash = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
-                           env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+    clash = _restore(repo, hold)
     assert clash.returncode == 1 and "e.g. reports/gpu/experiments.md: nothing moved back" in clash.stderr
     assert {path.relative_to(hold) for path in hold.rglob("*") if path.is_file()} == set(held)
     shutil.rmtree(repo / "reports" / "gpu")
-    back = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+    back = _restore(repo, hold)
     assert back.returncode == 0 and back.stdout == f"moved {len(held)} file(s) back from {hold}\n", back.stderr
     assert not hold.exists()
     assert not [line for line in subprocess.run(["git", "ls-files", "-v"], cwd=repo, capture_output=True,
@@ -1267,8 +1271,7 @@ def test_a_restore_moves_back_its_own_hold_and_leaves_another_holds_marks(tmp_pa
     marks = lambda: {path.parent.name: path.read_text() for path in (repo / "runs").glob("*/.held")}  # noqa: E731
     assert marks() == {"gpu.2": f"{first}\n", "gpu.3": f"{second}\n"}
     for hold, left in ((first, {"gpu.3": f"{second}\n"}), (second, {})):
-        back = subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
-                              env={**os.environ, "PYTHON": sys.executable, "HOLD": str(hold)})
+        back = _restore(repo, hold)
         assert back.returncode == 0, back.stderr
         assert marks() == left and not hold.exists()
     assert len(list((repo / "runs" / "gpu.3" / "blobs").iterdir())) == 2
@@ -1287,13 +1290,9 @@ def test_a_restore_whose_hold_is_gone_checks_the_held_files_out_of_git(tmp_path)
     assert _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(hold)).returncode == 0
     assert len(list(hold.rglob("*.gz"))) == 2 and (repo / "runs" / "gpu.2" / ".held").exists()
     shutil.rmtree(hold)
-
-    def restore(folder):
-        return subprocess.run(["bash", str(ROOT / "offline" / "pack.sh"), "restore"], cwd=repo, capture_output=True, text=True,
-                              env={**os.environ, "PYTHON": sys.executable, "HOLD": str(folder)})
-    other = restore(tmp_path / "elsewhere")
+    other = _restore(repo, tmp_path / "elsewhere")
     assert other.returncode == 1 and f"error: HOLD={tmp_path / 'elsewhere'} holds nothing to move back" in other.stderr
-    back = restore(hold)
+    back = _restore(repo, hold)
     assert back.returncode == 0, back.stderr
     assert back.stdout == (f"HOLD={hold} holds nothing: checked 2 held file(s) out of git's HEAD and cleared the marks of "
                            "runs/gpu.2 (files git did not track are lost)\n")
