@@ -12,6 +12,8 @@
 # compares any two. They are kept in runs/NAME.<n>/exps.bundle without the objects of that commit;
 # a clone fetches them with
 #   git fetch runs/NAME.<n>/exps.bundle 'refs/exps/*:refs/exps/*'
+# Results whose runs a runs/NAME.<n> already holds, file for file, are not unpacked again
+# (only their bundle's experiments, where that folder has none).
 set -euo pipefail
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: bash offline/unpack.sh NAME RESULTS.tar.gz [EXPS.bundle]" >&2; exit 2; }
 NAME=$1 RESULTS=$2 BUNDLE=${3:-}
@@ -31,15 +33,27 @@ joined() {  # joined FILE: FILE, or FILE.part_00, FILE.part_01, ... (job.sh poll
   echo "$JOINED/${file##*/}"
 }
 RESULTS=$(joined "$RESULTS") || exit $?
-[ -z "$BUNDLE" ] || BUNDLE=$(joined "$BUNDLE") || exit $?
+if [ -n "$BUNDLE" ]; then
+  BUNDLE=$(joined "$BUNDLE") || exit $?
+  verified=$(git bundle verify -q "$BUNDLE" 2>&1) || { echo "error: $BUNDLE: $verified" >&2; exit 1; }
+fi
 n=1
 while [ -e "runs/$NAME.$n" ]; do n=$((n + 1)); done
 INTO=runs/$NAME.$n
 tar xzf "$RESULTS" -C "$STAGING"
 [ -d "$STAGING/runs/$NAME" ] || { echo "error: $RESULTS holds no runs/$NAME (NAME is the comparison's)" >&2; exit 2; }
+# The same results unpacked again make no second folder of the same runs (a pack would carry
+# both to the next machine); the exps.bundle this script writes is not compared.
+for earlier in runs/"$NAME".*; do
+  if [ -d "$earlier" ] && diff -rq -x exps.bundle "$STAGING/runs/$NAME" "$earlier" > /dev/null 2>&1; then
+    if [ -z "$BUNDLE" ] || [ -f "$earlier/exps.bundle" ]; then
+      echo "$earlier already holds these runs: nothing unpacked"; exit 0
+    fi
+    INTO=$earlier  # unpacked before without the bundle: its experiments are fetched into that folder
+  fi
+done
 refs=()
 if [ -n "$BUNDLE" ]; then
-  verified=$(git bundle verify -q "$BUNDLE" 2>&1) || { echo "error: $BUNDLE: $verified" >&2; exit 1; }
   trap 'rm -rf "$STAGING" "$JOINED"; git for-each-ref --format="delete %(refname)" refs/unpacked | git update-ref --stdin' EXIT
   git fetch -q "$BUNDLE" 'refs/exps/*:refs/unpacked/*'
   source=$(python3 -c 'import glob, json, sys
@@ -62,6 +76,10 @@ print(next((json.load(open(p)).get("source_commit") or "" for p in sorted(glob.g
     refs+=("$target")
   done
   git bundle create -q "$STAGING/runs/$NAME/exps.bundle" "${refs[@]}" --not "${source:-HEAD}"
+fi
+if [ "$INTO" != "runs/$NAME.$n" ]; then
+  cp "$STAGING/runs/$NAME/exps.bundle" "$INTO/"
+  echo "$INTO: the same runs, unpacked before; ${#refs[@]} experiment(s) fetched (dvc metrics diff A B)"; exit 0
 fi
 mkdir -p runs "bench-out/$NAME.$n"
 mv "$STAGING/runs/$NAME" "$INTO"

@@ -153,19 +153,30 @@ def test_experiments_from_an_offline_machine_come_back_as_a_bundle_that_dvc_metr
     _git(tmp_path, "clone", "-q", str(clone), str(fresh))
     _git(fresh, "fetch", "-q", "runs/gpu.1/exps.bundle", "refs/exps/*:refs/exps/*")
     assert _dvc(fresh, "metrics", "diff", "gpu-dto", "gpu-cpo") == diff
-    # A second unpacking of the same results takes the next number.
-    again = _run(clone, "bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"))
-    assert again.strip() == "runs/gpu.2: 1 run(s), 0 experiment(s) fetched (dvc metrics diff A B)"
+    # The same results again: nothing unpacked, no second folder of the same runs.
+    again = _run(clone, "bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"), str(tmp_path / "exps.bundle"))
+    assert again.strip() == "runs/gpu.1 already holds these runs: nothing unpacked" and not (clone / "runs" / "gpu.2").exists()
     (tmp_path / "bad.bundle").write_text("not a bundle\n")  # a damaged copy: named, nothing unpacked
     bad = subprocess.run(["bash", str(unpack), "gpu", str(tmp_path / "results.tar.gz"), str(tmp_path / "bad.bundle")], cwd=clone,
                          capture_output=True, text=True)
-    assert bad.returncode == 1 and f"error: {tmp_path / 'bad.bundle'}: " in bad.stderr and not (clone / "runs" / "gpu.3").exists()
-    # The same bundle again files each experiment where it is already; an experiment of that name
-    # there with another commit is never overwritten.
-    bundled = [tmp_path / "results.tar.gz", tmp_path / "exps.bundle"]
-    assert _run(clone, "bash", str(unpack), "gpu", *map(str, bundled)).startswith("runs/gpu.3: 1 run(s), 2 experiment(s)")
+    assert bad.returncode == 1 and f"error: {tmp_path / 'bad.bundle'}: " in bad.stderr and not (clone / "runs" / "gpu.2").exists()
+    # A later poll's results (one more run) take the next number; unpacked first without the bundle.
+    (device / "runs" / "gpu" / "gpu-cpo.json").write_text(json.dumps({"name": "gpu-cpo", "source_commit": head[:7]}))
+    with tarfile.open(tmp_path / "later.tar.gz", "w:gz") as archive:
+        archive.add(device / "runs" / "gpu", arcname="runs/gpu")
+    later = _run(clone, "bash", str(unpack), "gpu", str(tmp_path / "later.tar.gz"))
+    assert later.strip() == "runs/gpu.2: 2 run(s), 0 experiment(s) fetched (dvc metrics diff A B)"
+    # Then with it: an experiment of that name here with another commit is never overwritten...
+    bundled = [tmp_path / "later.tar.gz", tmp_path / "exps.bundle"]
     dto = next(ref for ref in _git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").split() if ref.endswith("/gpu-dto"))
+    kept_dto = _git(clone, "rev-parse", dto).strip()
     _git(clone, "update-ref", dto, _git(clone, "rev-parse", dto.replace("gpu-dto", "gpu-cpo")).strip())
     clash = subprocess.run(["bash", str(unpack), "gpu", *map(str, bundled)], cwd=clone, capture_output=True, text=True)
     assert clash.returncode == 1 and f"error: {dto} exists with another commit" in clash.stderr
-    assert not (clone / "runs" / "gpu.4").exists()
+    assert not (clone / "runs" / "gpu.2" / "exps.bundle").exists() and not (clone / "runs" / "gpu.3").exists()
+    # ...and where each is already, the same bundle files it there again, into the folder of its runs.
+    _git(clone, "update-ref", dto, kept_dto)
+    fetched = _run(clone, "bash", str(unpack), "gpu", *map(str, bundled))
+    assert fetched.strip() == "runs/gpu.2: the same runs, unpacked before; 2 experiment(s) fetched (dvc metrics diff A B)"
+    assert (clone / "runs" / "gpu.2" / "exps.bundle").exists() and not (clone / "runs" / "gpu.3").exists()
+    assert _run(clone, "bash", str(unpack), "gpu", *map(str, bundled)).strip() == "runs/gpu.2 already holds these runs: nothing unpacked"
