@@ -78,11 +78,11 @@ def clone_with_cache(into: Path) -> Path:
 
 
 def evaluators_dir(params: Params) -> Path:
-    """The eval_models stage's directory for these params: the pipeline's where its models are
-    these params' (`dvc repro`), else materialised once into .cache/bench/."""
+    """The eval_models stage's directory for these params: the pipeline's where its models and
+    seed are these params' (`dvc repro`), else materialised once into .cache/bench/."""
     workspace = Params.load(ROOT / "params.yaml")
     evaluators = ROOT / "models" / "evaluators"
-    if params.models != workspace.models or not (evaluators / "index.json").exists():
+    if (params.models, params.seed) != (workspace.models, workspace.seed) or not (evaluators / "index.json").exists():
         evaluators = cached("evaluators", [params.models.model_dump(), params.seed], materialise_module.__file__,
                             lambda out: materialise(params.models, out, params.seed, EVAL_ROLES))
     return evaluators
@@ -162,7 +162,8 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None, sets: list[
     params.yaml lacks refused with the valid ones); the models stage's directory; prepared tables).
 
     The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
-    models, the data); anything else comes from .cache/bench/ (see `cached`)."""
+    models and the seed, as the models stage's params: a tiny model's weights are drawn from it; the
+    data); anything else comes from .cache/bench/ (see `cached`)."""
     raw_params = load_yaml(ROOT / "params.yaml")
     for source, layer in [*((str(profile), load_yaml(profile)) for profile in profiles), ("overrides", overrides or {})]:
         raw_params = overlay(raw_params, layer, source=source)
@@ -173,7 +174,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None, sets: list[
         raw_params = experiments[0][1]
     params, workspace = Params(raw_params, settings=SETTINGS), Params.load(ROOT / "params.yaml", settings=SETTINGS)
     pretrained = ROOT / "models" / "pretrained"
-    if params.models != workspace.models or not (pretrained / "index.json").exists():
+    if (params.models, params.seed) != (workspace.models, workspace.seed) or not (pretrained / "index.json").exists():
         pretrained = cached("models", [params.models.model_dump(), params.seed], materialise_module.__file__,
                             lambda out: materialise(params.models, out, params.seed))
     prepared = ROOT / "data" / "prepared"

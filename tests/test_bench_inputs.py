@@ -67,6 +67,35 @@ def test_a_cpu_record_is_kept_per_cpu_features_and_replaces_one_whose_features_a
     assert runs[f"cpu: {name}, AVX512, bf16 instructions"]["figures"] == {"s": 4} and len(runs) == 4
 
 
+def test_a_bench_takes_the_pipelines_models_and_data_only_where_its_params_made_them(tmp_path, monkeypatch):
+    """bench/common.inputs and evaluators_dir take `dvc repro`'s outputs where the stage that made
+    them had the bench's params (models: the models and the seed; data: the data, download and
+    seed settings), else what .cache/bench/ builds for those params."""
+    import shutil
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    for made in ("models/pretrained/index.json", "models/evaluators/index.json", "data/prepared/timetravel/train.jsonl"):
+        (tmp_path / made).parent.mkdir(parents=True)
+        (tmp_path / made).write_text("{}")
+    built = []
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    monkeypatch.setattr(common, "cached", lambda kind, key, code, build: built.append((kind, key[-1])) or tmp_path / kind)
+
+    def taken(*sets: str) -> tuple:
+        built.clear()
+        params, pretrained, prepared = common.inputs(sets=list(sets))
+        where = (pretrained, prepared, common.evaluators_dir(params))
+        return tuple(str(path.relative_to(tmp_path)) for path in where), built
+
+    assert taken() == (("models/pretrained", "data/prepared", "models/evaluators"), [])
+    assert taken("seed=7") == (("models", "data/prepared", "evaluators"), [("models", 7), ("data", 7), ("evaluators", 7)])
+    assert taken("data.max_train=30") == (("models/pretrained", "data/prepared", "models/evaluators"), [("data", 0)])
+    assert taken("models.generator=tiny:llama", "models.scorer=tiny:llama") == (
+        ("models", "data/prepared", "evaluators"), [("models", 0), ("evaluators", 0)])
+    (tmp_path / "models" / "pretrained" / "index.json").unlink()  # `dvc repro` not run (or not to its end)
+    assert taken() == (("models", "data/prepared", "models/evaluators"), [("models", 0)])
+
+
 def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
     """A figure names the commit that measured it: git's (this checkout), or STORYREWRITE_COMMIT
     where the tree was copied without its .git."""
