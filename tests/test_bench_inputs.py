@@ -1,7 +1,9 @@
 """The bench scripts' shared inputs (bench/common.py): what they build is built once."""
 import importlib
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +58,10 @@ def test_a_cpu_record_is_kept_per_cpu_features_and_replaces_one_whose_features_a
     monkeypatch.setattr(common, "cpu_facts", lambda: {"cpu_capability": "AVX512", "cpu_bf16": True})
     common.write_result("x", common.torch.device("cpu"), {"s": 4}, {})
     runs = read_json(tmp_path / "reports" / "bench" / "x.json")
+    record = runs[f"cpu: {name}, AVX512, bf16 instructions"]  # the script that ran, and as it was called
+    script = f"bench/{Path(sys.argv[0]).name}"
+    assert (record["script"], record["command"]) == (script, " ".join(["python", script, *sys.argv[1:]]))
+    assert record["torch_threads"] == common.torch.get_num_threads() and record["targets"] == {}
     assert {key: run["figures"]["s"] for key, run in runs.items()} == {
         "cpu: Other CPU (2 cores), AVX2, no bf16 instructions": 2, "NVIDIA X100": 3,
         f"cpu: {name}, AVX512, bf16 instructions": 4}
@@ -65,6 +71,16 @@ def test_a_cpu_record_is_kept_per_cpu_features_and_replaces_one_whose_features_a
     runs = read_json(tmp_path / "reports" / "bench" / "x.json")
     assert runs[f"cpu: {name}, AVX2, no bf16 instructions"]["figures"] == {"s": 6}
     assert runs[f"cpu: {name}, AVX512, bf16 instructions"]["figures"] == {"s": 4} and len(runs) == 4
+
+
+def test_a_cached_input_is_built_anew_when_the_code_that_builds_it_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    version = ["a"]
+    monkeypatch.setattr(common.closure, "digest", lambda files: version[0])
+    built = []
+    first = common.cached("data", {"max_train": 60}, common.prepare_module.__file__, built.append)
+    version[0] = "b"
+    assert common.cached("data", {"max_train": 60}, common.prepare_module.__file__, built.append) != first and len(built) == 2
 
 
 def test_a_bench_takes_the_pipelines_models_and_data_only_where_its_params_made_them(tmp_path, monkeypatch):
@@ -94,6 +110,70 @@ def test_a_bench_takes_the_pipelines_models_and_data_only_where_its_params_made_
         ("models", "data/prepared", "evaluators"), [("models", 0), ("evaluators", 0)])
     (tmp_path / "models" / "pretrained" / "index.json").unlink()  # `dvc repro` not run (or not to its end)
     assert taken() == (("models", "data/prepared", "models/evaluators"), [("models", 0)])
+
+
+def test_a_bench_runs_this_interpreters_dvc_and_a_failed_command_ends_it_with_its_name(tmp_path, monkeypatch):
+    """bench/common.dvc: DVC of this interpreter, in the repository, with its code first
+    (workspace_env: this interpreter's folder first on PATH too); a command that fails ends the
+    bench naming it, with the end of its output; clone_with_cache's clone uses this repository's
+    DVC cache."""
+    from pathlib import Path
+
+    env = common.workspace_env(tmp_path)
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    common.dvc(tmp_path / "repo", "init", "-q")
+    assert (tmp_path / "repo" / ".dvc" / "config").exists()
+    with pytest.raises(SystemExit) as failed:
+        common.dvc(tmp_path / "repo", "exp", "show", "--no-such-flag")
+    assert str(failed.value).startswith(f"error: dvc exp show --no-such-flag failed in {tmp_path / 'repo'}:\n")
+    assert "--no-such-flag" in str(failed.value).split("\n", 1)[1]
+    with pytest.raises(SystemExit) as quiet:
+        common.dvc(tmp_path / "repo", "exp", "show", "--no-such-flag", output=False)
+    assert str(quiet.value) == f"error: dvc exp show --no-such-flag failed in {tmp_path / 'repo'}"
+    # A clone of a repository whose DVC cache is elsewhere (here: this one's, under ROOT).
+    origin = tmp_path / "origin"
+    subprocess.run(["git", "init", "-q", str(origin)], check=True)
+    common.dvc(origin, "init", "-q")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "dvc"], cwd=origin, check=True)
+    monkeypatch.setattr(common, "ROOT", origin)
+    clone = common.clone_with_cache(tmp_path / "clone")
+    assert common.dvc(clone, "cache", "dir").strip() == str(origin / ".dvc" / "cache")
+
+
+def test_the_sync_count_is_the_warnings_of_torchs_sync_debug_mode_while_the_work_ran(monkeypatch):
+    """bench/common.count_syncs on a stand-in for torch's CUDA sync debug mode: the mode is "warn"
+    while the work runs, and back to "default" after it, even when the work fails; only its
+    warnings of a synchronizing operation count."""
+    import warnings
+
+    modes = []
+    monkeypatch.setattr(common.torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def work():
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)  # torch's text
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)  # (each one, "always")
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        assert modes == ["warn"]
+
+    assert common.count_syncs(work) == 2 and modes == ["warn", "default"]
+    with pytest.raises(ZeroDivisionError):
+        common.count_syncs(lambda: 1 / 0)
+    assert modes[-1] == "default"
+
+
+def test_the_nan_fill_flag_is_on_only_with_deterministic_algorithms_that_fill_memory():
+    torch = common.torch
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        for deterministic, fill in ((False, True), (True, False), (True, True)):
+            torch.use_deterministic_algorithms(deterministic)
+            torch.utils.deterministic.fill_uninitialized_memory = fill
+            assert common.nan_fill() is (deterministic and fill)
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.utils.deterministic.fill_uninitialized_memory = before[1]
+    assert f"{torch.get_num_threads()} torch threads" in common.describe(torch.device("cpu"))
 
 
 def test_the_commit_of_a_copy_without_git_is_the_one_named(monkeypatch):
