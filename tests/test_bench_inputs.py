@@ -545,7 +545,7 @@ def test_the_step_bench_profiles_and_reads_the_decoding_graphs_before_it_counts_
             events.append(f"read {key}")
             return super().__getitem__(key)
 
-    module = types.SimpleNamespace(step_logs=Logs(sample_seconds=0.1, sample_read_seconds=0.0, decoding_graphs=1.0))
+    module = types.SimpleNamespace(step_logs=Logs(sample_seconds=0.5, sample_read_seconds=0.25, decoding_graphs=1.0))
     batch = {"ids": [0, 1], "num_tokens": 10}
 
     class Counter:
@@ -563,12 +563,14 @@ def test_the_step_bench_profiles_and_reads_the_decoding_graphs_before_it_counts_
         work()
         return 0.5, None
 
-    def step(*args, timed=None, **kwargs):
-        events.append("step")
-        if timed is not None:  # (the diagnostics' own seconds)
-            timed.append(0.0)
+    diagnostics = iter([0.2, 0.4, 1.2])  # the instrumented steps' diagnostics seconds: median 0.4, mean 0.6
 
-    ticks = iter(range(1000))  # (a second a clock read)
+    def step(*args, timed=None, optimise=True, **kwargs):
+        events.append("step" if optimise else "step, parameters kept")
+        if timed is not None:  # (the diagnostics' own seconds)
+            timed.append(next(diagnostics))
+
+    ticks = iter(range(0, 2000, 2))  # (two seconds a clock read: each step takes 2 s)
     stubs = {"resolve_device": lambda name: torch.device("cuda"), "build": lambda objective, args, device: (module, None, batch),
              "step": step, "clock": lambda device: next(ticks),
              "peak_memory_gb": lambda device: 1.0, "describe": lambda device: "cuda:0 (stub)", "nan_fill": lambda: False,
@@ -576,11 +578,119 @@ def test_the_step_bench_profiles_and_reads_the_decoding_graphs_before_it_counts_
              "count_flops": lambda work: events.append("flops") or 100}
     for name, stub in stubs.items():
         monkeypatch.setattr(objective_step_time, name, stub)
-    args = objective_step_time.arguments().parse_args(["--device", "cuda", "--steps", "1", "--profile-steps", "1"])
+    args = objective_step_time.arguments().parse_args(["--device", "cuda", "--steps", "3", "--profile-steps", "1"])
     result = objective_step_time.measure("rloo", args)
     order = [event for event in events if event != "step" and not event.startswith("read sample")]
-    assert order == ["profile", "syncs", "read decoding_graphs", "ops", "flops"], events
+    assert order == ["profile", "syncs", "read decoding_graphs", "ops", "step, parameters kept", "flops"], events
     assert result["decoding_graphs"] == 1.0 and result["gpu_busy"] == 0.5 and result["ops"] == 7 and result["flops"] == 100
+    # A step's 2 s; without the diagnostics, less their median's seconds; sampling's and its read's shares of a step.
+    assert (result["with"], result["without"], result["first"]) == (2, 1.6, 2)
+    assert (result["sample_share"], result["sample_read_share"]) == (0.25, 0.125)
+    # Compiled steps are not counted: a dispatch mode would change how a compiled body runs.
+    events.clear()
+    diagnostics = iter([0.2, 0.4, 1.2])
+    compiled = objective_step_time.measure("rloo", objective_step_time.arguments().parse_args(
+        ["--device", "cuda", "--steps", "3", "--compile"]))
+    assert not {"ops", "flops"} & compiled.keys() and not {"ops", "flops"} & set(events)
+
+
+def test_the_step_benchs_figures_are_means_over_repeats_of_each_process_and_a_failure_is_named(monkeypatch):
+    """bench/objective_step_time.py's figures from its processes' rows (stubs that answer as CUDA
+    processes would, other numbers each repeat), against the figures worked out by hand: means
+    over the repeats, the ratios to the first objective's, the peak memory and syncs at their
+    most, RLOO's decoding graphs at their fewest; only the first repeat writes a trace. A failed
+    objective is left out of the record and named; the base's failure ends the bench."""
+    import json
+    import subprocess
+    import types
+
+    import objective_step_time
+
+    base = {"first": 1.0, "sample_share": None, "sample_read_share": None, "device": "cuda:0 (stub)", "batch_size": 16,
+            "tokens": 1898, "deterministic": True, "nan_fill": False, "syncs": 0, "phases": {"build_s": 1.0}}
+    rows = {  # objective -> its process's row in each repeat
+        "nll": [{"with": 0.2, "without": 0.19, "first": 1.0, "peak_memory_gb": 1.0, "gpu_busy": 0.1, "ops": 100, "flops": 1e9},
+                {"with": 0.22, "without": 0.2, "first": 1.2, "peak_memory_gb": 1.5, "gpu_busy": 0.3, "ops": 100, "flops": 1e9}],
+        "score": [{"with": 0.4, "without": 0.38, "first": 2.0, "peak_memory_gb": 2.0, "gpu_busy": 0.2, "ops": 250, "flops": 1.6e9},
+                  {"with": 0.48, "without": 0.44, "first": 3.0, "peak_memory_gb": 1.5, "gpu_busy": 0.4, "ops": 250, "flops": 1.6e9}],
+        "rloo": [{"with": 1.0, "without": 1.0, "peak_memory_gb": 3.0, "gpu_busy": 0.5, "ops": 2000, "flops": 2e9, "syncs": 3,
+                  "sample_share": 0.5, "sample_read_share": 0.1, "decoding_graphs": 2.0},
+                 {"with": 1.2, "without": 1.2, "peak_memory_gb": 3.0, "gpu_busy": 0.5, "ops": 2000, "flops": 2e9, "syncs": 5,
+                  "sample_share": 0.7, "sample_read_share": 0.3, "decoding_graphs": 1.0}],
+    }
+    commands, written, failing = [], {}, set()
+
+    def process(command, **kwargs):
+        commands.append(command)
+        objective = command[command.index("--one") + 1]
+        if objective in failing:
+            return types.SimpleNamespace(returncode=1, communicate=lambda: ("", "Traceback ...\nRuntimeError: boom"))
+        row = base | rows[objective][sum(objective in c for c in commands) - 1]
+        return types.SimpleNamespace(returncode=0, communicate=lambda: (json.dumps(row) + "\n", ""))
+
+    monkeypatch.setattr(subprocess, "Popen", process)
+    monkeypatch.setattr(objective_step_time, "write_result",
+                        lambda name, device, figures, settings, targets: written.update(settings, figures=figures, targets=targets))
+    argv = ["objective_step_time.py", "--device", "cpu", "--objectives", "nll", "score", "rloo", "--repeats", "2",
+            "--batch-size", "16", "--trace", "traces"]
+    monkeypatch.setattr(sys, "argv", argv)
+    objective_step_time.main()
+    assert [("--trace" in command, command[command.index("--batch-size") + 1]) for command in commands] == [(True, "16")] * 3 + [(False, "16")] * 3
+    figures = written["figures"]
+    assert figures["nll"] == {"s_per_step": 0.21, "ratio": 1.0, "ratio_per_repeat": [1.0, 1.0], "peak_memory_gb": 1.5,
+                              "diagnostics_ratio": 1.077, "first_step_s": 1.1, "gpu_busy": 0.2, "syncs_per_step": 0,
+                              "ops_per_step": 100, "ops_ratio": 1.0, "gflop_per_step": 1.0, "tflop_per_s": 0.0048, "flop_ratio": 1.0}
+    # score: 0.44 s / 0.21 s; 0.44 s with the diagnostics / 0.41 s without; 1.6 GFLOP in 0.44 s.
+    assert figures["score"] == {"s_per_step": 0.44, "ratio": 2.095, "ratio_per_repeat": [2.0, 2.182], "peak_memory_gb": 2.0,
+                                "diagnostics_ratio": 1.073, "first_step_s": 2.5, "gpu_busy": 0.3, "syncs_per_step": 0,
+                                "ops_per_step": 250, "ops_ratio": 2.5, "gflop_per_step": 1.6, "tflop_per_s": 0.0036, "flop_ratio": 1.6}
+    assert {key: figures["rloo"][key] for key in ("ratio", "sample_share", "sample_read_share", "syncs_per_step", "decoding_graphs",
+                                                  "tflop_per_s")} == {"ratio": 5.238, "sample_share": 0.6, "sample_read_share": 0.2,
+                                                                      "syncs_per_step": 5, "decoding_graphs": 1, "tflop_per_s": 0.0018}
+    assert written["targets"] == {"score.ratio": {"max": 1.5}, **{f"{o}.diagnostics_ratio": {"max": 1.05} for o in rows},
+                                  **{f"{o}.gpu_busy": {"min": common.GPU_BUSY_TARGET} for o in rows},
+                                  "nll.syncs_per_step": {"max": 0}, "score.syncs_per_step": {"max": 0}}
+    assert "failed" not in written
+    # One objective fails: the others measured and recorded, it named; the base fails: nothing to set them against.
+    written.clear(), commands.clear()
+    failing.add("score")
+    with pytest.raises(SystemExit, match=r"^error: these objectives failed \(their errors above\): score$"):
+        objective_step_time.main()
+    assert written["failed"] == ["score"] and set(written["figures"]) == {"nll", "rloo"}
+    assert sum("score" in command for command in commands) == 1  # (not tried again in the next repeat)
+    written.clear()
+    failing.add("nll")
+    with pytest.raises(SystemExit, match=r"^error: nll, the base of every ratio, failed$"):
+        objective_step_time.main()
+    assert not written
+
+
+def test_a_timed_step_trains_as_the_stage_does_and_leaves_the_module_as_it_was(tmp_path, monkeypatch):
+    """bench/objective_step_time.step on a tiny model: `optimise: False` leaves the parameters as
+    they were (a counted step), a step with them moves them; timing the diagnostics puts the
+    objective's loss back; `read: False` leaves the logged values unread (the sync count)."""
+    import objective_step_time
+    import torch
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    args = objective_step_time.arguments().parse_args(["--device", "cpu", "--batch-size", "2", "--profile", str(profile)])
+    device = torch.device("cpu")
+    module, optimizer, batch = objective_step_time.build("score", args, device)
+    reads = []
+    monkeypatch.setattr(objective_step_time, "read_logs", lambda logs: reads.append(dict(logs)))
+
+    def weights():
+        return [p.detach().clone() for p in module.parameters() if p.requires_grad]
+
+    before, loss = weights(), module.loss
+    timed = []
+    objective_step_time.step(module, optimizer, batch, device, "32-true", True, timed=timed, optimise=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(), strict=True)) and len(reads) == 1
+    assert module.loss is not loss and module.loss.compute is loss.compute and len(timed) == 1 and timed[0] > 0
+    objective_step_time.step(module, optimizer, batch, device, "32-true", True, read=False)
+    assert not all(torch.equal(a, b) for a, b in zip(before, weights(), strict=True)) and len(reads) == 1
 
 
 def test_a_set_key_overlays_the_params_a_bench_trains_with():
