@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
-from storyrewrite.io import InputError
+from storyrewrite.io import InputError, read_jsonl
 
 sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402  (bench/ is a folder of scripts, not a package)
@@ -783,6 +783,53 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
         row = result[f"b{size}"]
         assert row["s_per_step"] > 0 and row["tokens_per_s"] == pytest.approx(row["tokens"] / row["s_per_step"])
         assert "gpu_busy" not in row  # (a GPU's figure)
+
+
+def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_each_batch_size(tmp_path, monkeypatch, capsys):
+    """bench/nll_throughput.py end to end on the CPU with tiny models: the timed NLL steps after a
+    warm-up step, generation for test instances of distinct inputs (a TimeTravel story's three
+    rewrites share one), after a warm-up of two batches, and another batch size set against the
+    run's; the figures, on a clock of set ticks, agree with the printed table and the predictions."""
+    import nll_throughput
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\ngenerate:\n  max_new_tokens: 8\n")
+    written, generated = [], []
+    monkeypatch.setattr(nll_throughput, "write_result", lambda name, device, figures, settings, targets: written.append(
+        (name, figures, settings, targets)))
+    generate = nll_throughput.generate_predictions
+
+    def generate_and_count(model_dir, rows, task, config, models, out, *rest):  # (batch size, stories, words of each prediction)
+        generate(model_dir, rows, task, config, models, out, *rest)
+        generated.append((config.batch_size, [row["story_id"] for row in rows], [len(row["prediction"].split()) for _, row in read_jsonl(out)]))
+        folders.add(out.parent)
+
+    folders = set()
+    monkeypatch.setattr(nll_throughput, "generate_predictions", generate_and_count)
+    # A clock read before and after each step, warm-up, generation: the warm-up step takes 10 s, the
+    # two timed steps 1 s each; each generation's warm-up 1 s; batch 1's generation 1 s, batch 2's 2 s.
+    ticks = iter([0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 23])
+    monkeypatch.setattr(nll_throughput, "clock", lambda device: next(ticks))
+    monkeypatch.setattr(sys, "argv", ["nll_throughput.py", "--device", "cpu", "--profile", str(profile), "--steps", "2",
+                                      "--generate", "4", "--batch-size", "1", "--compare-batch-sizes", "1", "2", "--dtype", "float32"])
+    nll_throughput.main()
+    [(name, figures, settings, targets)] = written
+    assert name == "nll_throughput-float32" and targets is None  # (a CPU record holds no target)
+    assert len(set(generated[1][1])) == 4  # one instance of each of 4 stories
+    # The run's batch size (a warm-up of two batches, then the rows), then the other one (batch 1, the run's, not again).
+    assert [(size, len(ids)) for size, ids, _ in generated] == [(1, 2), (1, 4), (2, 4), (2, 4)]
+    assert settings["generate_instances"] == 4 and settings["warmup_instances"] == 2 and settings["generate_batch_size"] == 1
+    assert settings["train_batch_size"] == 2 and settings["max_new_tokens"] == 8 and settings["deterministic"] is True
+    # Two timed steps of 1 s each (the warm-up's 10 s left out) of 2 instances; each generation 1 s for 4 instances.
+    assert (figures["train_s_per_step"], figures["train_instances_per_s"]) == (1.0, 2.0)
+    assert (figures["generate_predictions_per_s"], figures["warmup_s"]) == (4.0, 1.0)
+    assert figures["other_batch_sizes"] == {"2": {"predictions_per_s": 2.0, "ratio": 0.5}}
+    assert figures["words_per_prediction"] == round(sum(generated[1][2]) / 4, 1) and figures["peak_memory_gb"] > 0
+    assert len(folders) == 1 and not folders.pop().exists()  # (the predictions' scratch folder removed)
+    printed = capsys.readouterr().out
+    assert "NLL training:  1.000 s/step = 2.0 instances/s (batch 2, 32-true; mean of 2 steps after a warm-up step)" in printed
+    assert "generation:    4.0 predictions/s (4 test instances of distinct inputs, batch 1, float32, dynamic cache, <= 8 new tokens" in printed
 
 
 def test_the_compiled_step_bench_measures_each_objective_in_a_process_of_its_own_and_records_it(tmp_path, monkeypatch):
