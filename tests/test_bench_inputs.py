@@ -832,6 +832,55 @@ def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_
     assert "generation:    4.0 predictions/s (4 test instances of distinct inputs, batch 1, float32, dynamic cache, <= 8 new tokens" in printed
 
 
+def test_the_llm_batching_bench_sends_both_orders_alike_and_takes_the_median_of_each(tmp_path, monkeypatch, capsys):
+    """bench/llm_batching.py end to end on the CPU with a tiny chat model: one prompt per distinct
+    training story, a warm-up batch, then both orders each repeat, which goes first alternating; a
+    clock of set ticks gives the medians the rates come from. The padding share is counted per
+    batch padded to its longest prompt."""
+    import llm_batching
+
+    assert llm_batching.padding_share([3, 1, 3, 1], 2) == (12 - 8) / 12  # batches [3, 1] and [3, 1]: 6 positions each
+    assert llm_batching.padding_share([3, 3, 1, 1], 2) == 0 and llm_batching.padding_share([3, 1, 1], 2) == (6 + 1 - 5) / 7
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\nllm:\n  max_new_tokens: 4\n")
+    written, sent = [], []
+    monkeypatch.setattr(llm_batching, "write_result", lambda name, device, figures, settings, targets: written.append(
+        (name, figures, settings, targets)))
+    run_mode = llm_batching.run_mode
+    monkeypatch.setattr(llm_batching, "run_mode", lambda mode, queries, source, backend, cache, *rest: (
+        sent.append((len({query["story_id"] for query in queries}), *rest)),
+        run_mode(mode, queries, source, backend, cache, *rest))[1])
+    encoded = []  # each call's prompts and their lengths in the backend's tokens
+
+    class Backend(llm_batching.LocalBackend):
+        def encode(self, chats):
+            tokens = super().encode(chats)
+            encoded.append((chats, tokens["attention_mask"].sum(dim=1).tolist()))
+            return tokens
+
+    monkeypatch.setattr(llm_batching, "LocalBackend", Backend)
+    # Two clock reads a timed run, in the order run: longest first 1 s, instance order 2 s; then instance
+    # order 3 s, longest first 1 s; then longest first 2 s, instance order 2 s.
+    ticks = iter([0, 1, 1, 3, 3, 6, 6, 7, 7, 9, 9, 11])
+    monkeypatch.setattr(llm_batching, "clock", lambda device: next(ticks))
+    monkeypatch.setattr(sys, "argv", ["llm_batching.py", "--device", "cpu", "--profile", str(profile), "--prompts", "6",
+                                      "--batch-size", "3", "--dtype", "float32"])
+    llm_batching.main()
+    [(name, figures, settings, targets)] = written
+    # Stories, each asked about once (a warm-up batch of 3 first), and the order each run sends them in.
+    assert sent == [(3,), (6, True), (6, False), (6, False), (6, True), (6, True), (6, False)]
+    # Medians: longest first 1 s, instance order 2 s, for 6 prompts.
+    assert (figures["length_sorted_prompts_per_s"], figures["instance_order_prompts_per_s"], figures["speedup"]) == (6.0, 3.0, 2.0)
+    chats, lengths = encoded[0]  # (the padding counted before anything is generated)
+    assert figures["padding_instance_order"] == round(llm_batching.padding_share(lengths, 3), 4)
+    assert figures["padding_length_sorted"] == round(llm_batching.padding_share([lengths[i] for i in llm_batching.longest_first(chats)], 3), 4)
+    assert 0 <= figures["replies_alike"] <= 6
+    assert settings["generator"] == "tiny:llama" and settings["prompts"] == 6 and settings["batch_size"] == 3 and settings["max_new_tokens"] == 4 and targets == {"speedup": {"min": 1.0}}
+    printed = capsys.readouterr().out
+    assert "speed-up 2.00x (medians of 3)" in printed and "longest first:  6.00 prompts/s" in printed
+
+
 def test_the_compiled_step_bench_measures_each_objective_in_a_process_of_its_own_and_records_it(tmp_path, monkeypatch):
     """main(): the objective's process is this script with `--one` and the same arguments; its
     last line of output is the measurement, which the record keeps with the run's settings."""
