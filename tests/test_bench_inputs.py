@@ -785,6 +785,18 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
         assert "gpu_busy" not in row  # (a GPU's figure)
 
 
+def _tiny_bench(bench, params: str, tmp_path, monkeypatch) -> tuple[Path, list]:
+    """A profile of tiny models with `params` (YAML) beside them, inputs built under tmp_path, and
+    the list `bench`'s write_result calls land in, as (name, figures, settings, targets)."""
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n" + params)
+    written = []
+    monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets: written.append(
+        (name, figures, settings, targets)))
+    return profile, written
+
+
 def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_each_batch_size(tmp_path, monkeypatch, capsys):
     """bench/nll_throughput.py end to end on the CPU with tiny models: the timed NLL steps after a
     warm-up step, generation for test instances of distinct inputs (a TimeTravel story's three
@@ -792,12 +804,8 @@ def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_
     run's; the figures, on a clock of set ticks, agree with the printed table and the predictions."""
     import nll_throughput
 
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\ngenerate:\n  max_new_tokens: 8\n")
-    written, generated = [], []
-    monkeypatch.setattr(nll_throughput, "write_result", lambda name, device, figures, settings, targets: written.append(
-        (name, figures, settings, targets)))
+    profile, written = _tiny_bench(nll_throughput, "generate:\n  max_new_tokens: 8\n", tmp_path, monkeypatch)
+    generated = []
     generate = nll_throughput.generate_predictions
 
     def generate_and_count(model_dir, rows, task, config, models, out, *rest):  # (batch size, stories, words of each prediction)
@@ -841,12 +849,8 @@ def test_the_llm_batching_bench_sends_both_orders_alike_and_takes_the_median_of_
 
     assert llm_batching.padding_share([3, 1, 3, 1], 2) == (12 - 8) / 12  # batches [3, 1] and [3, 1]: 6 positions each
     assert llm_batching.padding_share([3, 3, 1, 1], 2) == 0 and llm_batching.padding_share([3, 1, 1], 2) == (6 + 1 - 5) / 7
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\nllm:\n  max_new_tokens: 4\n")
-    written, sent = [], []
-    monkeypatch.setattr(llm_batching, "write_result", lambda name, device, figures, settings, targets: written.append(
-        (name, figures, settings, targets)))
+    profile, written = _tiny_bench(llm_batching, "llm:\n  max_new_tokens: 4\n", tmp_path, monkeypatch)
+    sent = []
     run_mode = llm_batching.run_mode
     monkeypatch.setattr(llm_batching, "run_mode", lambda mode, queries, source, backend, cache, *rest: (
         sent.append((len({query["story_id"] for query in queries}), *rest)),
