@@ -77,15 +77,19 @@ def clone_with_cache(into: Path) -> Path:
     return into
 
 
+def models_dir(params: Params, workspace: Params, stage_dir: Path, kind: str, roles: tuple[str, ...]) -> Path:
+    """A models stage's directory (models/pretrained, models/evaluators) where `dvc repro` made it
+    with these params' models and seed (the stages' params: a tiny model's weights are drawn from
+    the seed), else `roles` materialised once into .cache/bench/<kind>-..."""
+    if (params.models, params.seed) == (workspace.models, workspace.seed) and (stage_dir / "index.json").exists():
+        return stage_dir
+    return cached(kind, [params.models.model_dump(), params.seed], materialise_module.__file__,
+                  lambda out: materialise(params.models, out, params.seed, roles))
+
+
 def evaluators_dir(params: Params) -> Path:
-    """The eval_models stage's directory for these params: the pipeline's where its models and
-    seed are these params' (`dvc repro`), else materialised once into .cache/bench/."""
-    workspace = Params.load(ROOT / "params.yaml")
-    evaluators = ROOT / "models" / "evaluators"
-    if (params.models, params.seed) != (workspace.models, workspace.seed) or not (evaluators / "index.json").exists():
-        evaluators = cached("evaluators", [params.models.model_dump(), params.seed], materialise_module.__file__,
-                            lambda out: materialise(params.models, out, params.seed, EVAL_ROLES))
-    return evaluators
+    """The eval_models stage's directory for these params (models_dir)."""
+    return models_dir(params, Params.load(ROOT / "params.yaml"), ROOT / "models" / "evaluators", "evaluators", EVAL_ROLES)
 
 
 def record_key(where: dict, facts: dict) -> str:
@@ -162,8 +166,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None, sets: list[
     params.yaml lacks refused with the valid ones); the models stage's directory; prepared tables).
 
     The pipeline's outputs (`dvc repro`) are used where their settings are these params' (the
-    models and the seed, as the models stage's params: a tiny model's weights are drawn from it; the
-    data); anything else comes from .cache/bench/ (see `cached`)."""
+    models and the seed: models_dir; the data); anything else comes from .cache/bench/ (see `cached`)."""
     raw_params = load_yaml(ROOT / "params.yaml")
     for source, layer in [*((str(profile), load_yaml(profile)) for profile in profiles), ("overrides", overrides or {})]:
         raw_params = overlay(raw_params, layer, source=source)
@@ -173,10 +176,7 @@ def inputs(profiles: list[Path] = (), overrides: dict | None = None, sets: list[
             raise InputError(f"--set {' '.join(sets)}: a sweep ({len(experiments)} experiments); a bench measures one value a key")
         raw_params = experiments[0][1]
     params, workspace = Params(raw_params, settings=SETTINGS), Params.load(ROOT / "params.yaml", settings=SETTINGS)
-    pretrained = ROOT / "models" / "pretrained"
-    if (params.models, params.seed) != (workspace.models, workspace.seed) or not (pretrained / "index.json").exists():
-        pretrained = cached("models", [params.models.model_dump(), params.seed], materialise_module.__file__,
-                            lambda out: materialise(params.models, out, params.seed))
+    pretrained = models_dir(params, workspace, ROOT / "models" / "pretrained", "models", ("generator", "scorer"))
     prepared = ROOT / "data" / "prepared"
     same_data = (params.data, params.download, params.seed) == (workspace.data, workspace.download, workspace.seed)
     if not same_data or not (prepared / params.task / "train.jsonl").exists():
