@@ -23,7 +23,6 @@ choose them again for generation, to measure the difference.
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -111,7 +110,8 @@ def main() -> None:
     for row in load_instances(prepared, params.task, "test"):
         distinct.setdefault(tuple(row[f] for f in fields), row)
     rows = list(distinct.values())[: args.generate]
-    scratch = Path(tempfile.mkdtemp())  # the predictions, removed once counted
+    scratch_dir = tempfile.TemporaryDirectory()  # the predictions, removed once counted
+    scratch = Path(scratch_dir.name)
 
     def measure(batch_size: int) -> dict:
         """Generation for `rows` in batches of `batch_size`, as the stage generates: predictions/s,
@@ -152,7 +152,7 @@ def main() -> None:
                                    "ratio": round(other["predictions_per_s"] / run["predictions_per_s"], 3),
                                    **({"peak_memory_gb": other["peak_memory_gb"]} if other["peak_memory_gb"] is not None else {})}
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch_dir.cleanup()
     # On CUDA the peak since training's, each generation's apart; on a CPU the process's peak RSS.
     peak = max([train_memory, run["peak_memory_gb"], *(c["peak_memory_gb"] for c in compared.values() if "peak_memory_gb" in c)]) \
         if device.type == "cuda" else peak_memory_gb(device)
