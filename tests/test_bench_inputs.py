@@ -331,14 +331,20 @@ def test_the_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
     assert common.device_seconds(events, DeviceType.CUDA) == 0
 
 
+def _tiny_profile(tmp_path, monkeypatch, params: str = "") -> Path:
+    """A profile of tiny models with `params` (YAML) beside them, the benches' inputs built under tmp_path."""
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n" + params)
+    return profile
+
+
 def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch):
     """bench/objective_step_time.py's per-process line: the `steps` phase spans the untimed first
     step and every timed one (it is the interval around them), the others are there and positive."""
     import objective_step_time
 
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    profile = _tiny_profile(tmp_path, monkeypatch)
     args = objective_step_time.arguments().parse_args(["--device", "cpu", "--steps", "2", "--batch-size", "2",
                                                        "--profile", str(profile)])
     result = objective_step_time.measure("score", args)
@@ -375,9 +381,7 @@ def test_the_paired_step_bench_times_each_objective_against_nll_in_one_process(t
     the ratio each round's own, NLL's 1; its record carries the targets."""
     import objective_pairs
 
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    profile = _tiny_profile(tmp_path, monkeypatch)
     args = objective_pairs.arguments().parse_args(["--device", "cpu", "--steps", "3", "--batch-size", "2",
                                                    "--profile", str(profile), "--objectives", "nll", "score"])
     steps = []
@@ -672,9 +676,7 @@ def test_a_timed_step_trains_as_the_stage_does_and_leaves_the_module_as_it_was(t
     import objective_step_time
     import torch
 
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    profile = _tiny_profile(tmp_path, monkeypatch)
     args = objective_step_time.arguments().parse_args(["--device", "cpu", "--batch-size", "2", "--profile", str(profile)])
     device = torch.device("cpu")
     module, optimizer, batch = objective_step_time.build("score", args, device)
@@ -755,9 +757,7 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
     import torch
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    profile = _tiny_profile(tmp_path, monkeypatch)
     args = compiled_steps.arguments().parse_args(["--device", "cpu", "--precision", "32-true", "--profile", str(profile),
                                                   "--backend", "aot_eager", "--mode", "default", "--batch-sizes", "2", "4",
                                                   "--steps", "1"])
@@ -786,11 +786,9 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
 
 
 def _tiny_bench(bench, params: str, tmp_path, monkeypatch) -> tuple[Path, list]:
-    """A profile of tiny models with `params` (YAML) beside them, inputs built under tmp_path, and
-    the list `bench`'s write_result calls land in, as (name, figures, settings, targets)."""
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n" + params)
+    """_tiny_profile with `params`, and the list `bench`'s write_result calls land in, as (name,
+    figures, settings, targets)."""
+    profile = _tiny_profile(tmp_path, monkeypatch, params)
     written = []
     monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets: written.append(
         (name, figures, settings, targets)))
