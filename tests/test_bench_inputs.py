@@ -296,17 +296,47 @@ def test_the_step_benchs_flop_count_takes_the_cpus_attention_as_the_math_path_co
     assert fused_step - math_step == scores * config.num_hidden_layers
 
 
-def test_the_training_check_trains_an_objective_through_the_stages_fit(tmp_path, monkeypatch):
-    """bench/training_paths.py (the GPU bench's first check), here on the CPU: a DTO objective's 2
-    steps through `fit`, validated at the start and after, its weights exported."""
-    import argparse
+def test_the_training_check_trains_each_objective_in_a_process_of_its_own_and_names_those_that_failed(tmp_path, monkeypatch, capsys):
+    """bench/training_paths.py (the GPU bench's first check), here on the CPU: an objective's
+    process (`--one`) trains a DTO objective 2 steps through `fit`, validated at the start and
+    after, its weights exported, and prints what it did as JSON; the parent runs one such process
+    per objective, prints a line each, the end of a failed one's error, and exits naming those
+    that failed."""
+    import json
 
     import training_paths
 
     monkeypatch.setattr(common, "CACHE", tmp_path)
-    args = argparse.Namespace(device="cpu", profile=[], tiny=True, steps=2)
-    result = training_paths.train("score", args)
-    assert (result["device"], result["steps"], result["precision"]) == ("cpu", 2, "32-true")
+    trained, train = [], training_paths.train
+    monkeypatch.setattr(training_paths, "train", lambda objective, args: (trained.append(objective), train(objective, args))[1])
+    monkeypatch.setattr(sys, "argv", ["training_paths.py", "--one", "score", "--device", "cpu", "--steps", "2", "--tiny"])
+    training_paths.main()
+    printed = capsys.readouterr().out
+    result = json.loads(printed.splitlines()[-1])  # (after Lightning's progress and summary)
+    assert trained == ["score"]
+    assert (result["device"], result["steps"], result["precision"]) == ("cpu", 2, "32-true") and result["seconds"] > 0
+
+    commands, error = [], "\nRuntimeError: no deterministic kernel\n"
+
+    def run(command, **kwargs):  # the processes: score's prints what the one above did; nll's fails
+        commands.append(command)
+        if command[3] == "score":
+            return subprocess.CompletedProcess(command, 0, printed, "")
+        return subprocess.CompletedProcess(command, 3, "", "Traceback ...\n" + "x" * 3000 + error)
+
+    monkeypatch.setattr(training_paths.subprocess, "run", run)
+    profile = tmp_path / "overlay.yaml"
+    monkeypatch.setattr(sys, "argv", ["training_paths.py", "--device", "cuda", "--profile", str(profile), "--tiny",
+                                      "--objectives", "score", "nll", "--steps", "3"])
+    with pytest.raises(SystemExit, match=r"these objectives failed to train \(their errors above\): nll$"):
+        training_paths.main()
+    assert commands == [[sys.executable, training_paths.__file__, "--one", objective, "--device", "cuda", "--steps", "3",
+                         "--profile", str(profile), "--tiny"] for objective in ("score", "nll")]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"score        ok: 2 steps on cpu in 32-true, validated at the start and after, best weights "
+                               f"exported (fit {result['seconds']} s, process ")
+    # The end of nll's error, its last 3,000 characters as they were (the final newline an empty line).
+    assert lines[1:] == ["nll          FAILED (exit 3):", "x" * (3000 - len(error)), "RuntimeError: no deterministic kernel", ""]
 
 
 def test_the_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
@@ -790,7 +820,7 @@ def _tiny_bench(bench, params: str, tmp_path, monkeypatch) -> tuple[Path, list]:
     figures, settings, targets)."""
     profile = _tiny_profile(tmp_path, monkeypatch, params)
     written = []
-    monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets: written.append(
+    monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets=None: written.append(
         (name, figures, settings, targets)))
     return profile, written
 
@@ -1101,3 +1131,193 @@ def test_the_memory_share_bench_waits_for_no_process_that_died(monkeypatch):
     died, recorded = figures["each"]
     assert died["failed"].startswith("exit 1: ")
     assert recorded["error"] and recorded["allocator"] == "expandable_segments:True"  # the stages' share, set before CUDA
+
+
+class _StepClock:
+    """A clock that moves only when a step ends: each step takes the next of `durations` seconds."""
+
+    def __init__(self, durations: list[float]):
+        self.now, self.durations = 0.0, iter(durations)
+
+    def read(self, device=None) -> float:
+        return self.now
+
+    def timed(self, work):
+        """`work`, after which the clock has moved by the next duration."""
+        def run(*args, **kwargs):
+            result = work(*args, **kwargs)
+            self.now += next(self.durations)
+            return result
+        return run
+
+
+def test_the_nan_fill_bench_alternates_the_fill_step_by_step_and_leaves_it_off(tmp_path, monkeypatch, capsys):
+    """bench/nan_fill.py end to end with tiny models: each objective's step with the fill on and
+    off in turn (a warm-up round, then each way first in turn), on a clock of set ticks; the ratio
+    is without over with, round by round; the stage's setting (off) is back at the end."""
+    import torch
+
+    import nan_fill
+
+    profile, written = _tiny_bench(nan_fill, "", tmp_path, monkeypatch)
+    # Each step's seconds in the order run: (on, off) unmeasured, then (off, on), (on, off), (off, on).
+    clock = _StepClock([9, 9, 1, 4, 2, 1, 2, 4] + [9, 9, 3, 3, 6, 2, 2, 3])
+    monkeypatch.setattr(common, "clock", clock.read)
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", True)  # (torch's default; put back after)
+    steps, batches, objectives = [], {}, {}
+    real_step, real_build = nan_fill.step, nan_fill.build
+
+    def step(module, *args, **kwargs):
+        steps.append((objectives[id(module)], torch.utils.deterministic.fill_uninitialized_memory, kwargs["diagnostics"]))
+        return real_step(module, *args, **kwargs)
+
+    def build(objective, *args):
+        built = real_build(objective, *args)
+        objectives[id(built[0])] = objective
+        batches[objective] = (len(built[2]["ids"]), built[2]["num_tokens"])
+        return built
+
+    monkeypatch.setattr(nan_fill, "step", clock.timed(step))
+    monkeypatch.setattr(nan_fill, "build", build)
+    monkeypatch.setattr(sys, "argv", ["nan_fill.py", "--device", "cpu", "--profile", str(profile), "--steps", "3",
+                                      "--batch-size", "2", "--objectives", "nll", "score"])
+    nan_fill.main()
+    order = [True, False, False, True, True, False, False, True]
+    assert steps == [("nll", fill, False) for fill in order] + [("score", fill, False) for fill in order]
+    assert torch.utils.deterministic.fill_uninitialized_memory is False  # (the last step ran with it on)
+    [(name, figures, settings, targets)] = written
+    # nll: on 4, 2, 4 s; off 1, 1, 2 s; off over on 0.25, 0.5, 0.5. score: on 3, 6, 3; off 3, 2, 2; 1, 1/3, 2/3.
+    assert figures == {"nll": {"fill_s_per_step": 4.0, "no_fill_s_per_step": 1.0, "ratio": 0.5, "ratio_quartiles": [0.25, 0.5]},
+                       "score": {"fill_s_per_step": 3.0, "no_fill_s_per_step": 2.0, "ratio": 0.667, "ratio_quartiles": [0.333, 1.0]}}
+    batch_size, tokens = batches["nll"]
+    assert name == "nan_fill" and targets is None and batch_size == 2
+    assert settings == {"precision": "32-true", "batch_size": 2, "tokens": tokens, "steps": 3, "deterministic": True,
+                        "profiles": [str(profile)]}
+    printed = capsys.readouterr().out
+    assert "nll: 4.0000 s/step with the fill, 1.0000 without; paired ratio 0.500x (quartiles 0.250-0.500)" in printed
+    assert f"batch of 2 ({tokens} tokens for nll); medians of 3 steps each way, alternating" in printed
+
+
+def test_the_paired_step_bench_records_each_objectives_median_step_and_ratio_against_its_targets(tmp_path, monkeypatch, capsys):
+    """bench/objective_pairs.py's main() with tiny models under bf16-mixed, on a clock of set ticks:
+    the steps go round (a warm-up round, then each objective first in turn), each ratio the median
+    of a round's step over NLL's of the same round; the record is named by its precision and
+    carries the targets. An objective named twice is refused."""
+    import objective_pairs
+
+    profile, written = _tiny_bench(objective_pairs, "", tmp_path, monkeypatch)
+    # The rounds' steps in the order run: (nll, score) unmeasured, then (score, nll), (nll, score), (score, nll).
+    clock = _StepClock([9, 9, 3, 1, 2, 2, 6, 2])
+    monkeypatch.setattr(common, "clock", clock.read)
+    diagnostics = []
+    real_step = objective_pairs.step
+    monkeypatch.setattr(objective_pairs, "step", clock.timed(lambda *args: (diagnostics.append(args[5]), real_step(*args))[1]))
+    monkeypatch.setattr(sys, "argv", ["objective_pairs.py", "--device", "cpu", "--profile", str(profile), "--steps", "3",
+                                      "--batch-size", "2", "--precision", "bf16-mixed", "--objectives", "nll", "score"])
+    objective_pairs.main()
+    [(name, figures, settings, targets)] = written
+    assert diagnostics == [True] * 8  # (the train stage's step: its diagnostics computed)
+    # nll 1, 2, 2 s; score 3, 2, 6 s; score over nll round by round 3, 1, 3.
+    assert figures == {"nll": {"s_per_step": 2.0, "ratio": 1.0, "ratio_quartiles": [1.0, 1.0]},
+                       "score": {"s_per_step": 3.0, "ratio": 3.0, "ratio_quartiles": [1.0, 3.0]}}
+    assert name == "objective_pairs-bf16-mixed" and targets == {"score.ratio": {"max": 1.5}}
+    assert {key: settings[key] for key in ("precision", "deterministic", "base", "batch_size", "steps", "profiles")} == {
+        "precision": "bf16-mixed", "deterministic": True, "base": "nll", "batch_size": 2, "steps": 3, "profiles": [str(profile)]}
+    assert settings["tokens"] > 0 and settings["peak_memory_gb"] > 0
+    printed = capsys.readouterr().out
+    assert f"the same batch of 2 ({settings['tokens']} tokens for nll) every step; 3 rounds" in printed
+    assert "score          3.0000  3.000x   1.000-3.000  <= 1.5x" in printed and "nll            2.0000  1.000x" in printed
+    monkeypatch.setattr(sys, "argv", ["objective_pairs.py", "--objectives", "nll", "score", "nll"])
+    with pytest.raises(SystemExit, match="--objectives names one twice: nll score nll"):
+        objective_pairs.main()
+    assert len(written) == 1
+
+
+def test_the_startup_bench_times_each_stage_alone_then_side_by_side_and_refuses_a_stage_it_lacks(monkeypatch, capsys):
+    """bench/stage_startup.py's main() on a real stage: its imports from a run under `-X
+    importtime`, then the medians, on a clock of set ticks, of the runs alone and of the processes
+    started together."""
+    import types
+
+    import stage_startup
+
+    written = []
+    monkeypatch.setattr(stage_startup, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    # Alone: started at 0, 10, 20, ended 2, 3, 7 s later; then three at once from 30, ended at 34, 35 and 39.
+    ticks = iter([0, 2, 10, 13, 20, 27, 30, 34, 35, 39])
+    monkeypatch.setattr(stage_startup, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(sys, "argv", ["stage_startup.py", "--stages", "significance", "--repeats", "3", "--side-by-side", "3"])
+    stage_startup.main()
+    [(name, figures, settings)] = written
+    assert name == "stage_startup" and settings == {"stages": ["significance"], "repeats": 3, "side_by_side": 3}
+    [(stage, row)] = figures.items()
+    packages = row.pop("top_packages")
+    assert stage == "significance" and row.pop("imports_s") > 0
+    assert row == {"alone_s": 3.0, "side_by_side_s": 5.0, "side_by_side_ratio": 1.67}
+    assert 0 < len(packages) <= stage_startup.TOP_PACKAGES and list(packages.values()) == sorted(packages.values(), reverse=True)
+    assert "significance   alone   3.00 s   3 at once   5.00 s (1.67x)   imports " in capsys.readouterr().out
+    for bad, error in ((["--stages", "significance", "nope"], "--stages: no stage nope; valid: .* significance .*"),
+                       (["--repeats", "0"], "--repeats and --side-by-side must be at least 1"),
+                       (["--side-by-side", "0"], "--repeats and --side-by-side must be at least 1")):
+        monkeypatch.setattr(sys, "argv", ["stage_startup.py", *bad])
+        with pytest.raises(SystemExit, match=error):
+            stage_startup.main()
+    assert len(written) == 1
+
+
+@pytest.mark.parametrize("mps_fails", [None, "nvidia-cuda-mps-control not found on PATH"])
+def test_the_memory_share_bench_runs_each_setting_without_the_callers_allocator_and_through_mps_when_asked(
+        mps_fails, tmp_path, monkeypatch, capsys):
+    """bench/gpu_memory_share.py's main() (the GPU's parts stubbed): each setting's processes get
+    the caller's environment less its allocator settings (the shared setting sets its own), with
+    src/ on PYTHONPATH and, under --mps, the MPS client's variables where the server started; the
+    server is stopped and its folder removed; a server that did not start is said in the record."""
+    import types
+
+    import gpu_memory_share
+
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(gpu_memory_share.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_memory_share.torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(total_memory=80 * 2**30))
+    folders, stopped = [], []
+
+    def start(directory):
+        folders.append(directory)
+        return mps_fails
+
+    monkeypatch.setattr(gpu_memory_share.nvidia_mps, "start", start)
+    monkeypatch.setattr(gpu_memory_share.nvidia_mps, "stop", stopped.append)
+    ran = []
+
+    def run_setting(setting, processes, steps, env):
+        ran.append((setting, processes, steps, env))
+        each = [{"graphs": {"captured_graph": True}}] if setting == "shared" else [{}]
+        return {"processes": processes, "out_of_memory": 0, "failed": 0, "peak_allocated_gb_max": 1.0,
+                "peak_reserved_gb_max": 2.0, "peak_reserved_gb_sum": 4.0, "wall_s": 3.0, "each": each}
+
+    monkeypatch.setattr(gpu_memory_share, "run_setting", run_setting)
+    written = []
+    monkeypatch.setattr(gpu_memory_share, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    monkeypatch.setattr(sys, "argv", ["gpu_memory_share.py", "--processes", "2", "--steps", "5", "--mps"])
+    gpu_memory_share.main()
+    [folder] = folders
+    assert [(setting, processes, steps) for setting, processes, steps, _ in ran] == [("torch-default", 2, 5), ("shared", 2, 5)]
+    env = ran[0][3]
+    assert ran[1][3] == env and "PYTORCH_CUDA_ALLOC_CONF" not in env and "PYTORCH_ALLOC_CONF" not in env
+    assert env["PYTHONPATH"] == os.pathsep.join([str(ROOT / "src"), "/elsewhere"])
+    client = gpu_memory_share.nvidia_mps.client_env(folder)
+    assert all(env.get(key) == (value if mps_fails is None else None) for key, value in client.items())
+    assert stopped == ([folder] if mps_fails is None else []) and not folder.exists()
+    [(name, figures, settings)] = written
+    assert name == "gpu_memory_share-mps" and figures["graphs"] == {"captured_graph": True} and figures["gpu_total_gb"] == 80.0
+    assert settings["mps"] == ("on" if mps_fails is None else f"off: {mps_fails}") and (settings["processes"], settings["steps"]) == (2, 5)
+    assert "shared: 2 processes, 0 out of memory, 0 failed; peak per process 1.0 GB handed out, 2.0 GB held" in capsys.readouterr().out
+    monkeypatch.setattr(gpu_memory_share.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["gpu_memory_share.py"])
+    with pytest.raises(InputError, match="needs a CUDA GPU"):
+        gpu_memory_share.main()
+    monkeypatch.setattr(sys, "argv", ["gpu_memory_share.py", "--processes", "0"])
+    with pytest.raises(InputError, match="--processes and --steps must be whole numbers >= 1, got 0 and 200"):
+        gpu_memory_share.main()
