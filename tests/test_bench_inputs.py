@@ -1233,6 +1233,7 @@ def test_the_paired_step_bench_records_each_objectives_median_step_and_ratio_aga
     assert len(written) == 1
 
 
+@pytest.mark.slow
 def test_the_startup_bench_times_each_stage_alone_then_side_by_side_and_refuses_a_stage_it_lacks(monkeypatch, capsys):
     """bench/stage_startup.py's main() on a real stage: its imports from a run under `-X
     importtime`, then the medians, on a clock of set ticks, of the runs alone and of the processes
@@ -1321,3 +1322,97 @@ def test_the_memory_share_bench_runs_each_setting_without_the_callers_allocator_
     monkeypatch.setattr(sys, "argv", ["gpu_memory_share.py", "--processes", "0"])
     with pytest.raises(InputError, match="--processes and --steps must be whole numbers >= 1, got 0 and 200"):
         gpu_memory_share.main()
+
+
+def test_the_lexical_bench_times_both_ways_on_the_same_pairs_and_refuses_values_that_differ(tmp_path, monkeypatch, capsys):
+    """bench/lexical_metrics.py end to end on the first test instances, on a clock of set ticks:
+    the libraries' plain calls and storyrewrite.metrics.lexical alternate each repeat, the medians
+    are recorded with their ratio; values that differ from the libraries' end the bench."""
+    import types
+
+    import lexical_metrics
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)  # (the prepared data, where no `dvc repro` made it)
+    written = []
+    monkeypatch.setattr(lexical_metrics, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    # Each repeat: the plain calls, then the kept ones; plain 4, 7, 5 s; kept 1, 3, 2 s.
+    ticks = iter([0, 4, 4, 5, 5, 12, 12, 15, 15, 20, 20, 22])
+    monkeypatch.setattr(lexical_metrics, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(sys, "argv", ["lexical_metrics.py", "--instances", "9", "--repeats", "3"])
+    lexical_metrics.main()
+    [(name, figures, settings)] = written
+    assert name == "lexical_metrics" and settings == {"instances": 9, "repeats": 3, "profiles": []}
+    assert figures == {"plain_s": 5.0, "kept_s": 2.0, "speedup": 2.5, "equal_values": True}
+    assert "storyrewrite.metrics.lexical:       2.00 s (2.50x faster), the same values" in capsys.readouterr().out
+
+    rouge_l = lexical_metrics.lexical.rouge_l
+    monkeypatch.setattr(lexical_metrics.lexical, "rouge_l", lambda predictions, references: [v + 1e-9 for v in rouge_l(predictions, references)])
+    monkeypatch.setattr(lexical_metrics, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+    monkeypatch.setattr(sys, "argv", ["lexical_metrics.py", "--instances", "3", "--repeats", "1"])
+    with pytest.raises(SystemExit, match="lexical's values differ from the libraries' plain calls"):
+        lexical_metrics.main()
+    monkeypatch.setattr(sys, "argv", ["lexical_metrics.py", "--repeats", "0"])
+    with pytest.raises(SystemExit, match="--repeats and --instances must be at least 1"):
+        lexical_metrics.main()
+    assert len(written) == 1
+
+
+def test_the_validity_page_renders_each_runs_figures_as_on_file(tmp_path, monkeypatch):
+    """`bench/metric_validity.py --render`: the page from the figures on file is the one committed
+    (reports/metric_validity.md), written whole, in a folder of its own here, not the repository's;
+    a second machine's run adds a section of its own."""
+    import json
+
+    import metric_validity
+
+    (tmp_path / "reports" / "bench").mkdir(parents=True)
+    figures = tmp_path / "reports" / "bench" / "metric_validity.json"
+    runs = json.loads((ROOT / "reports" / "bench" / "metric_validity.json").read_text())
+    figures.write_text(json.dumps(runs))
+    monkeypatch.setattr(metric_validity, "ROOT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["metric_validity.py", "--render"])
+    metric_validity.main()
+    page = (tmp_path / "reports" / "metric_validity.md").read_text(encoding="utf-8")
+    assert page == (ROOT / "reports" / "metric_validity.md").read_text(encoding="utf-8")
+
+    [run] = runs.values()
+    gpu = {key: value for key, value in run.items() if not key.startswith("cpu_")} | {"device": "cuda:0", "device_name": "NVIDIA H200"}
+    figures.write_text(json.dumps({**runs, "NVIDIA H200": gpu}))
+    metric_validity.main()
+    two = (tmp_path / "reports" / "metric_validity.md").read_text(encoding="utf-8")
+    assert two.startswith(page.rstrip("\n")) and two.count("\n## ") == 2 and "\n## cuda:0 (NVIDIA H200)\n" in two
+
+
+@pytest.mark.slow
+def test_the_checkpoint_bench_saves_three_ways_then_kills_saves_and_finds_the_atomic_ones_readable(tmp_path, monkeypatch, capsys):
+    """bench/checkpoint_save.py end to end with a tiny model: the training state after a step,
+    each way of saving it timed, then processes killed while they save; every `last.ckpt` an
+    atomic save left loads. Its scratch folder is gone afterwards."""
+    import time
+    import types
+
+    import checkpoint_save
+
+    profile = _tiny_profile(tmp_path, monkeypatch)
+    monkeypatch.setattr(checkpoint_save, "inputs", lambda: common.inputs([profile]))
+    monkeypatch.setattr(checkpoint_save, "WORK", tmp_path / "work")
+    written = []
+    monkeypatch.setattr(checkpoint_save, "write_result", lambda name, device, figures, settings, targets: written.append(
+        (name, figures, settings, targets)))
+    # Two clock reads a step, then a save: steps of 0.01 and 0.02 s; saves in the order run, the
+    # second repeat's reversed: plain 0.02, Lightning's 0.03, atomic 0.025; atomic 0.035, Lightning's 0.03, plain 0.02.
+    ticks = iter([0, 0.01, 0.01, 0.03, 0.03, 0.05, 0.05, 0.08, 0.08, 0.105, 0.105, 0.14, 0.14, 0.17, 0.17, 0.19])
+    monkeypatch.setattr(checkpoint_save, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks), sleep=time.sleep))
+    monkeypatch.setattr(sys, "argv", ["checkpoint_save.py", "--repeats", "2", "--tries", "2", "--steps", "2"])
+    checkpoint_save.main()
+    [(name, figures, settings, targets)] = written
+    assert name == "checkpoint_save" and settings == {"repeats": 2, "steps": 2} and not (tmp_path / "work").exists()
+    assert set(figures["save_s"]) == {"plain torch.save", "Lightning TorchCheckpointIO", "AtomicCheckpointIO"}
+    assert figures["kills"] == 2 and figures["unreadable_after_kill"]["atomic"] == 0
+    # The medians: a step 0.015 s; plain 0.02, Lightning's 0.03, atomic 0.03 s; (0.03 - 0.02) / (0.015 + 0.02) = 2/7.
+    assert figures["step_s"] == 0.015 and figures["save_s"] == {"plain torch.save": 0.02, "Lightning TorchCheckpointIO": 0.03,
+                                                               "AtomicCheckpointIO": 0.03}
+    assert figures["atomic_overhead_of_a_checkpointing_step"] == round(2 / 7, 4)
+    assert targets == {"atomic_overhead_of_a_checkpointing_step": {"max": 0.05}, "unreadable_after_kill.atomic": {"max": 0}}
+    printed = capsys.readouterr().out
+    assert "atomic save overhead: +28.6 % of a checkpointing step" in printed and "kills during a save: atomic 0 of 2 unreadable" in printed
