@@ -1416,3 +1416,46 @@ def test_the_checkpoint_bench_saves_three_ways_then_kills_saves_and_finds_the_at
     assert targets == {"atomic_overhead_of_a_checkpointing_step": {"max": 0.05}, "unreadable_after_kill.atomic": {"max": 0}}
     printed = capsys.readouterr().out
     assert "atomic save overhead: +28.6 % of a checkpointing step" in printed and "kills during a save: atomic 0 of 2 unreadable" in printed
+
+
+def test_the_coherence_bench_checks_the_batched_judge_and_times_the_score_stage_both_ways(tmp_path, monkeypatch, capsys):
+    """bench/coherence.py end to end with tiny models, on a clock of set ticks: the batched CF-PMI
+    agrees with one context at a time; the score stage's work alternates without and with the
+    evaluators (the copy of the original ending where the pipeline made no such predictions); the
+    ratio is the medians'. A judge whose batched values differ ends the bench."""
+    import itertools
+
+    import coherence
+
+    profile, written = _tiny_bench(coherence, "  judge: tiny:llama\n  embedder: tiny:roberta\n  nli: tiny:roberta-nli\n",
+                                   tmp_path, monkeypatch)
+    loads = []
+    stage_work = coherence.stage_work
+    monkeypatch.setattr(coherence, "stage_work", lambda params, pretrained, evaluators, *rest: (
+        loads.append(evaluators is not None), stage_work(params, pretrained, evaluators, *rest))[1])
+    # Two reads a timed pass: the batched judge 1 s, the loop 4 s; then the score stage without the
+    # evaluators 2 s, with them 3 s; with them 5 s, without 2 s; without 4 s, with them 4 s.
+    ticks = iter([0, 1, 1, 5, 5, 7, 7, 10, 10, 15, 15, 17, 17, 21, 21, 25])
+    monkeypatch.setattr(coherence, "clock", lambda device: next(ticks))
+    monkeypatch.setattr(sys, "argv", ["coherence.py", "--device", "cpu", "--instances", "6", "--system", "no-such-system",
+                                      "--repeats", "3", "--profile", str(profile)])
+    coherence.main()
+    [(name, figures, settings, targets)] = written
+    assert loads == [False, True, True, False, False, True]
+    assert name == "coherence" and figures["judge_largest_difference"] <= 1e-5
+    # 12 pairs in 1 s and in 4 s; the stage without the evaluators 2, 2, 4 s, with them 3, 5, 4 s.
+    assert {key: value for key, value in figures.items() if key != "judge_largest_difference"} == {
+        "judge_batched_pairs_per_s": 12.0, "judge_loop_pairs_per_s": 3.0, "judge_speedup": 4.0,
+        "score_stage_without_s": 2.0, "score_stage_with_s": 4.0, "score_stage_ratio": 2.0}
+    assert {key: settings[key] for key in ("judge", "embedder", "nli", "judge_instances", "predictions", "repeats")} == {
+        "judge": "tiny:llama", "embedder": "tiny:roberta", "nli": "tiny:roberta-nli", "judge_instances": 6,
+        "predictions": "copy_original", "repeats": 3}
+    assert "without the evaluators 2.00 s, with them 4.00 s (medians of 3): 2.00x (target <= 1.6x)" in capsys.readouterr().out
+
+    cf_pmi = coherence.cf_pmi
+    monkeypatch.setattr(coherence, "cf_pmi", lambda judge, rows, endings, *rest: [v + 1e-4 for v in cf_pmi(judge, rows, endings, *rest)])
+    seconds = itertools.count()
+    monkeypatch.setattr(coherence, "clock", lambda device: next(seconds))
+    with pytest.raises(SystemExit, match="batched and one-at-a-time CF-PMI differ by 1.00e-04 > 1e-5"):
+        coherence.main()
+    assert len(written) == 1
