@@ -1443,6 +1443,7 @@ def test_the_coherence_bench_checks_the_batched_judge_and_times_the_score_stage_
     [(name, figures, settings, targets)] = written
     assert loads == [False, True, True, False, False, True]
     assert name == "coherence" and figures["judge_largest_difference"] <= 1e-5
+    assert targets == {"score_stage_ratio": {"max": 1.6}, "judge_largest_difference": {"max": 1e-5}}  # (the bench's own check)
     # 12 pairs in 1 s and in 4 s; the stage without the evaluators 2, 2, 4 s, with them 3, 5, 4 s.
     assert {key: value for key, value in figures.items() if key != "judge_largest_difference"} == {
         "judge_batched_pairs_per_s": 12.0, "judge_loop_pairs_per_s": 3.0, "judge_speedup": 4.0,
@@ -1456,6 +1457,6 @@ def test_the_coherence_bench_checks_the_batched_judge_and_times_the_score_stage_
     monkeypatch.setattr(coherence, "cf_pmi", lambda judge, rows, endings, *rest: [v + 1e-4 for v in cf_pmi(judge, rows, endings, *rest)])
     seconds = itertools.count()
     monkeypatch.setattr(coherence, "clock", lambda device: next(seconds))
-    with pytest.raises(SystemExit, match="batched and one-at-a-time CF-PMI differ by 1.00e-04 > 1e-5"):
+    with pytest.raises(SystemExit, match="batched and one-at-a-time CF-PMI differ by 1.00e-04 > 1e-05"):
         coherence.main()
     assert len(written) == 1
