@@ -439,12 +439,14 @@ def test_the_step_bench_names_its_figures_file_by_precision_and_compilation_or_a
         "objective_step_time-bf16-mixed-others"
 
 
-def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_of_the_same_work(tmp_path, monkeypatch):
+def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_of_the_same_work(tmp_path, monkeypatch, capsys):
     """bench/queue_workers.py queues its experiments with DVC's --force-downstream, so that no
     stage after `train` is restored from the run cache (predictions an earlier run made once
-    spared the second round its score and significance stages); rounds that ran other stages all
-    the same are not compared, and nothing is written."""
-    import time
+    spared the second round its score and significance stages); each round's workers start the
+    queue, which is stopped after it, and its wall time (on a clock of set ticks) runs from the
+    start to the last experiment's end. Rounds that ran other stages all the same are not
+    compared, and nothing is written; an experiment that ends without a result is named."""
+    import types
 
     import queue_workers
 
@@ -454,15 +456,27 @@ def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_
     monkeypatch.setattr(queue_workers, "check_cache_holds_head", lambda: None)  # tested below
     full = ["generate@finetuned", "report", "score@finetuned", "significance", "train"]
     stages = {"lr-0-j1": full, "lr-1-j1": full, "lr-0-j2": full, "lr-1-j2": full}
-    queued, written = [], []
+    queued, written, calls, failing = [], [], [], set()
+    # -j 1 from 0 s to 10 s; -j 2 from 20 s to 26 s. A poll finds one more experiment done.
+    ticks = iter([0, 10, 20, 26])
+    polls = []
+
+    def sleep(seconds):  # between polls: a bench that never stops polling fails here, not by hanging
+        polls.append(seconds)
+        if len(polls) > 100:
+            pytest.fail("the bench polled the queue 100 times after it stopped running anything")
+
+    monkeypatch.setattr(queue_workers, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks), sleep=sleep))
 
     def dvc(repo, *args, output=True):
+        calls.append(" ".join(args[:4]))
         if args[:3] == ("exp", "run", "--queue"):
             queued.append(args)
-        if args[:2] == ("queue", "start"):
-            time.sleep(0.05)  # the round's wall time
         if args[:2] == ("exp", "list"):
-            return " ".join(name for *_, name, _, _ in queued)
+            done = [name for *_, name, _, _ in queued if name not in failing]
+            return " ".join(done[: sum(call.startswith("exp list") for call in calls)])
+        if args[:2] == ("queue", "status"):
+            return "Running" if len(calls) < 40 else "Failed"
         if args[:2] == ("queue", "logs"):
             return "".join(f"Running stage '{stage}':\n> python ...\n" for stage in stages[args[2]])
         return ""
@@ -474,18 +488,34 @@ def test_the_queue_bench_forces_the_stages_after_train_and_compares_only_rounds_
     assert len(queued) == 4 and all("--force-downstream" in args for args in queued)
     lrs = [float(args[-1].split("=")[1]) for args in queued]
     assert len(set(lrs)) == 4  # every experiment's learning rate its own: none restored whole
-    figures = written[0][2]
+    assert all(1.0001 <= lr / base <= 1.001 for lr, base in zip(lrs, [2e-5, 3e-5, 2e-5, 3e-5], strict=True))
+    rounds = [[call for call in calls if call.startswith(("queue start", "queue stop"))][i::2] for i in (0, 1)]
+    assert rounds == [["queue start -j 1", "queue start -j 2"], ["queue stop --kill", "queue stop --kill"]]
+    figures, settings, targets = written[0][2:]
     assert [r["ran"] for r in figures["rounds"]] == [{"lr-0-j1": full, "lr-1-j1": full}, {"lr-0-j2": full, "lr-1-j2": full}]
-    assert "two_workers_over_one" in figures
+    assert [(r["jobs"], r["wall_s"], r["failed"]) for r in figures["rounds"]] == [(1, 10, []), (2, 6, [])]
+    assert figures["two_workers_over_one"] == 0.6 and settings["lrs"] == ["2e-5", "3e-5"] and targets == {"two_workers_over_one": {"max": 1.0}}
+    assert "-j 2 / -j 1 wall time: 0.60 (target <= 1)" in capsys.readouterr().out
 
     # The second round's score and significance restored: its time is not that of the same work.
-    queued.clear(), written.clear()
+    queued.clear(), written.clear(), calls.clear()
+    ticks = iter([0, 10, 20, 26])
     restored = ["generate@finetuned", "report", "train"]
     stages.update({"lr-0-j2": restored, "lr-1-j2": restored})
     with pytest.raises(SystemExit, match="the rounds ran different stages") as stopped:
         queue_workers.main()
     assert "-j 2: generate@finetuned, report, train | generate@finetuned, report, train" in str(stopped.value)
     assert written == []
+
+    # An experiment that failed: the queue no longer runs anything, and the round names it.
+    queued.clear(), calls.clear()
+    ticks = iter([0, 10])
+    failing.add("lr-1-j1")
+    monkeypatch.setattr(sys, "argv", ["queue_workers.py", "--jobs", "1"])
+    queue_workers.main()
+    [round_] = written[0][2]["rounds"]
+    assert round_["failed"] == ["lr-1-j1"] and "two_workers_over_one" not in written[0][2]
+    assert "-j 1: 10 s for 2 experiments; FAILED: lr-1-j1" in capsys.readouterr().out
 
 
 def test_the_queue_bench_refuses_a_cache_that_lacks_heads_stages(tmp_path, monkeypatch):
