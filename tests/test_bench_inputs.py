@@ -1490,3 +1490,80 @@ def test_the_coherence_bench_checks_the_batched_judge_and_times_the_score_stage_
     with pytest.raises(SystemExit, match="batched and one-at-a-time CF-PMI differ by 1.00e-04 > 1e-05"):
         coherence.main()
     assert len(written) == 1
+
+
+def test_the_setup_bench_alternates_the_link_types_and_takes_dvcs_shares_from_a_profile(tmp_path, monkeypatch, capsys):
+    """bench/experiment_setup.py's main() with DVC stubbed, on a clock of set ticks: the clone's
+    dvc.lock removed, `cache.type` set before each experiment, copies and hardlinks alternating,
+    their medians and ratio; the profiled run's shares are its cProfile file's cumulative times
+    of DVC's lock rewrite and checkout over its wall time. Link types that ran other stages are
+    not compared. Its scratch folder is removed."""
+    import cProfile
+    import importlib.util
+    import types
+
+    import experiment_setup
+
+    (tmp_path / ".dvc" / "cache" / "runs").mkdir(parents=True)
+    (tmp_path / ".cache").mkdir()
+    monkeypatch.setattr(experiment_setup, "ROOT", tmp_path)
+    clones = []
+
+    def clone(into):
+        into.mkdir(parents=True)
+        (into / "dvc.lock").write_text("schema: '2.0'\n")
+        clones.append(into)
+        return into
+
+    monkeypatch.setattr(experiment_setup, "clone_with_cache", clone)
+    # DVC's own functions, as the profile names them (a file ending dvc/dvcfile.py and dvc/output.py),
+    # and another package's function of the same name, which is not DVC's checkout.
+    functions = {}
+    for module, source in (("dvcfile", "import time\ndef _dump_lockfile():\n    time.sleep(0.4)\n"),
+                           ("output", "import time\ndef checkout():\n    time.sleep(0.2)\n"),
+                           ("elsewhere", "import time\ndef checkout():\n    time.sleep(0.2)\n")):
+        path = tmp_path / ("elsewhere" if module == "elsewhere" else "dvc") / f"{module}.py"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"_fake_dvc_{module}", path)
+        functions[module] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(functions[module])
+    calls, ran = [], {"copy": "Running stage 'train':\n", "hardlink,copy": "Running stage 'train':\n"}
+
+    def dvc(repo, *args, interpreter=()):
+        calls.append((args, (repo / "dvc.lock").exists()))
+        if args[:2] == ("config", "--local"):
+            dvc.link = args[3]
+        if args[:2] == ("exp", "run") and interpreter:
+            profiler = cProfile.Profile()
+            profiler.runcall(lambda: [function() for function in (functions["dvcfile"]._dump_lockfile, functions["output"].checkout,
+                                                                  functions["elsewhere"].checkout)])
+            profiler.dump_stats(interpreter[-1])
+        return ran[dvc.link] if args[:2] == ("exp", "run") else ""
+
+    monkeypatch.setattr(experiment_setup, "dvc", dvc)
+    written = []
+    monkeypatch.setattr(experiment_setup, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    # Two reads an experiment, each repeat copies then hardlinks: 10 s, 4 s; 12 s, 6 s; 20 s, 5 s; profiled 2 s.
+    ticks = iter(map(float, [0, 10, 10, 14, 14, 26, 26, 32, 32, 52, 52, 57, 57, 59]))
+    monkeypatch.setattr(experiment_setup, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(sys, "argv", ["experiment_setup.py", "--repeats", "3"])
+    experiment_setup.main()
+    [(name, figures, settings)] = written
+    links = [args[3] for args, _ in calls if args[:2] == ("config", "--local")]
+    assert links == ["copy", "hardlink,copy"] * 3 + ["copy"]
+    runs = [(args[4], lock) for args, lock in calls if args[:2] == ("exp", "run")]
+    assert runs == [(f"setup-{link}-{repeat}", False) for repeat in range(3) for link in ("copy", "hardlink")] + [("setup-profiled", False)]
+    assert figures["wall_s"] == {"copy": 12.0, "hardlink": 5.0} and figures["hardlink_over_copy"] == round(5 / 12, 3)
+    assert figures["stages_run"] == ["train"] and figures["profiled"]["wall_s"] == 2.0 and settings["repeats"] == 3
+    assert figures["profiled"]["lock_dump_share"] == pytest.approx(0.4 / 2, abs=0.04)
+    assert figures["profiled"]["checkout_share"] == pytest.approx(0.2 / 2, abs=0.04)
+    assert not clones[0].parent.exists() and name == "experiment_setup"
+    assert "copies 12.0 s, hardlinks 5.0 s (0.42x)" in capsys.readouterr().out
+
+    written.clear()
+    ran["hardlink,copy"] = ""  # restored whole with hardlinks: other work than with copies
+    ticks = iter(map(float, range(0, 100, 2)))
+    with pytest.raises(SystemExit, match="the link types ran different stages"):
+        experiment_setup.main()
+    assert written == [] and not clones[1].parent.exists()
