@@ -845,14 +845,17 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
         assert "gpu_busy" not in row  # (a GPU's figure)
 
 
-def _tiny_bench(bench, params: str, tmp_path, monkeypatch) -> tuple[Path, list]:
-    """_tiny_profile with `params`, and the list `bench`'s write_result calls land in, as (name,
-    figures, settings, targets)."""
-    profile = _tiny_profile(tmp_path, monkeypatch, params)
+def _written(bench, monkeypatch) -> list:
+    """The list `bench`'s write_result calls land in, as (name, figures, settings, targets)."""
     written = []
     monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets=None: written.append(
         (name, figures, settings, targets)))
-    return profile, written
+    return written
+
+
+def _tiny_bench(bench, params: str, tmp_path, monkeypatch) -> tuple[Path, list]:
+    """_tiny_profile with `params`, and `_written`'s list of `bench`'s records."""
+    return _tiny_profile(tmp_path, monkeypatch, params), _written(bench, monkeypatch)
 
 
 def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_each_batch_size(tmp_path, monkeypatch, capsys):
@@ -948,9 +951,7 @@ def test_the_compiled_step_bench_measures_each_objective_in_a_process_of_its_own
     last line of output is the measurement, which the record keeps with the run's settings."""
     import compiled_steps
 
-    written = []
-    monkeypatch.setattr(compiled_steps, "write_result", lambda name, device, figures, settings, targets:
-                        written.append((name, figures, settings, targets)))
+    written = _written(compiled_steps, monkeypatch)
     profile = tmp_path / "tiny.yaml"
     profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
     monkeypatch.setattr(sys, "argv", ["compiled_steps.py", "--device", "cpu", "--precision", "32-true", "--profile", str(profile),
@@ -1272,15 +1273,14 @@ def test_the_startup_bench_times_each_stage_alone_then_side_by_side_and_refuses_
 
     import stage_startup
 
-    written = []
-    monkeypatch.setattr(stage_startup, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    written = _written(stage_startup, monkeypatch)
     # Alone: started at 0, 10, 20, ended 2, 3, 7 s later; then three at once from 30, ended at 34, 35 and 39.
     ticks = iter([0, 2, 10, 13, 20, 27, 30, 34, 35, 39])
     monkeypatch.setattr(stage_startup, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setattr(sys, "argv", ["stage_startup.py", "--stages", "significance", "--repeats", "3", "--side-by-side", "3"])
     stage_startup.main()
-    [(name, figures, settings)] = written
-    assert name == "stage_startup" and settings == {"stages": ["significance"], "repeats": 3, "side_by_side": 3}
+    [(name, figures, settings, targets)] = written
+    assert (name, targets) == ("stage_startup", None) and settings == {"stages": ["significance"], "repeats": 3, "side_by_side": 3}
     [(stage, row)] = figures.items()
     packages = row.pop("top_packages")
     assert stage == "significance" and row.pop("imports_s") > 0
@@ -1329,8 +1329,7 @@ def test_the_memory_share_bench_runs_each_setting_without_the_callers_allocator_
                 "peak_reserved_gb_max": 2.0, "peak_reserved_gb_sum": 4.0, "wall_s": 3.0, "each": each}
 
     monkeypatch.setattr(gpu_memory_share, "run_setting", run_setting)
-    written = []
-    monkeypatch.setattr(gpu_memory_share, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    written = _written(gpu_memory_share, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["gpu_memory_share.py", "--processes", "2", "--steps", "5", "--mps"])
     gpu_memory_share.main()
     [folder] = folders
@@ -1341,8 +1340,8 @@ def test_the_memory_share_bench_runs_each_setting_without_the_callers_allocator_
     client = gpu_memory_share.nvidia_mps.client_env(folder)
     assert all(env.get(key) == (value if mps_fails is None else None) for key, value in client.items())
     assert stopped == ([folder] if mps_fails is None else []) and not folder.exists()
-    [(name, figures, settings)] = written
-    assert name == "gpu_memory_share-mps" and figures["graphs"] == {"captured_graph": True} and figures["gpu_total_gb"] == 80.0
+    [(name, figures, settings, targets)] = written
+    assert (name, targets) == ("gpu_memory_share-mps", None) and figures["graphs"] == {"captured_graph": True} and figures["gpu_total_gb"] == 80.0
     assert settings["mps"] == ("on" if mps_fails is None else f"off: {mps_fails}") and (settings["processes"], settings["steps"]) == (2, 5)
     assert "shared: 2 processes, 0 out of memory, 0 failed; peak per process 1.0 GB handed out, 2.0 GB held" in capsys.readouterr().out
     monkeypatch.setattr(gpu_memory_share.torch.cuda, "is_available", lambda: False)
@@ -1363,15 +1362,14 @@ def test_the_lexical_bench_times_both_ways_on_the_same_pairs_and_refuses_values_
     import lexical_metrics
 
     monkeypatch.setattr(common, "CACHE", tmp_path)  # (the prepared data, where no `dvc repro` made it)
-    written = []
-    monkeypatch.setattr(lexical_metrics, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    written = _written(lexical_metrics, monkeypatch)
     # Each repeat: the plain calls, then the kept ones; plain 4, 7, 5 s; kept 1, 3, 2 s.
     ticks = iter([0, 4, 4, 5, 5, 12, 12, 15, 15, 20, 20, 22])
     monkeypatch.setattr(lexical_metrics, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setattr(sys, "argv", ["lexical_metrics.py", "--instances", "9", "--repeats", "3"])
     lexical_metrics.main()
-    [(name, figures, settings)] = written
-    assert name == "lexical_metrics" and settings == {"instances": 9, "repeats": 3, "profiles": []}
+    [(name, figures, settings, targets)] = written
+    assert (name, targets) == ("lexical_metrics", None) and settings == {"instances": 9, "repeats": 3, "profiles": []}
     assert figures == {"plain_s": 5.0, "kept_s": 2.0, "speedup": 2.5, "equal_values": True}
     assert "storyrewrite.metrics.lexical:       2.00 s (2.50x faster), the same values" in capsys.readouterr().out
 
@@ -1426,9 +1424,7 @@ def test_the_checkpoint_bench_saves_three_ways_then_kills_saves_and_finds_the_at
     profile = _tiny_profile(tmp_path, monkeypatch)
     monkeypatch.setattr(checkpoint_save, "inputs", lambda: common.inputs([profile]))
     monkeypatch.setattr(checkpoint_save, "WORK", tmp_path / "work")
-    written = []
-    monkeypatch.setattr(checkpoint_save, "write_result", lambda name, device, figures, settings, targets: written.append(
-        (name, figures, settings, targets)))
+    written = _written(checkpoint_save, monkeypatch)
     # Two clock reads a step, then a save: steps of 0.01 and 0.02 s; saves in the order run, the
     # second repeat's reversed: plain 0.02, Lightning's 0.03, atomic 0.025; atomic 0.035, Lightning's 0.03, plain 0.02.
     ticks = iter([0, 0.01, 0.01, 0.03, 0.03, 0.05, 0.05, 0.08, 0.08, 0.105, 0.105, 0.14, 0.14, 0.17, 0.17, 0.19])
@@ -1542,14 +1538,13 @@ def test_the_setup_bench_alternates_the_link_types_and_takes_dvcs_shares_from_a_
         return ran[dvc.link] if args[:2] == ("exp", "run") else ""
 
     monkeypatch.setattr(experiment_setup, "dvc", dvc)
-    written = []
-    monkeypatch.setattr(experiment_setup, "write_result", lambda name, device, figures, settings: written.append((name, figures, settings)))
+    written = _written(experiment_setup, monkeypatch)
     # Two reads an experiment, each repeat copies then hardlinks: 10 s, 4 s; 12 s, 6 s; 20 s, 5 s; profiled 2 s.
     ticks = iter(map(float, [0, 10, 10, 14, 14, 26, 26, 32, 32, 52, 52, 57, 57, 59]))
     monkeypatch.setattr(experiment_setup, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setattr(sys, "argv", ["experiment_setup.py", "--repeats", "3"])
     experiment_setup.main()
-    [(name, figures, settings)] = written
+    [(name, figures, settings, targets)] = written
     links = [args[3] for args, _ in calls if args[:2] == ("config", "--local")]
     assert links == ["copy", "hardlink,copy"] * 3 + ["copy"]
     runs = [(args[4], lock) for args, lock in calls if args[:2] == ("exp", "run")]
@@ -1558,7 +1553,7 @@ def test_the_setup_bench_alternates_the_link_types_and_takes_dvcs_shares_from_a_
     assert figures["stages_run"] == ["train"] and figures["profiled"]["wall_s"] == 2.0 and settings["repeats"] == 3
     assert figures["profiled"]["lock_dump_share"] == pytest.approx(0.4 / 2, abs=0.04)
     assert figures["profiled"]["checkout_share"] == pytest.approx(0.2 / 2, abs=0.04)
-    assert not clones[0].parent.exists() and name == "experiment_setup"
+    assert not clones[0].parent.exists() and (name, targets) == ("experiment_setup", None)
     assert "copies 12.0 s, hardlinks 5.0 s (0.42x)" in capsys.readouterr().out
 
     written.clear()
