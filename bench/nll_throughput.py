@@ -110,12 +110,11 @@ def main() -> None:
     for row in load_instances(prepared, params.task, "test"):
         distinct.setdefault(tuple(row[f] for f in fields), row)
     rows = list(distinct.values())[: args.generate]
-    scratch_dir = tempfile.TemporaryDirectory()  # the predictions, removed once counted
-    scratch = Path(scratch_dir.name)
 
-    def measure(batch_size: int) -> dict:
-        """Generation for `rows` in batches of `batch_size`, as the stage generates: predictions/s,
-        the warm-up's seconds, words per prediction and (CUDA) the peak memory of generation alone."""
+    def measure(batch_size: int, scratch: Path) -> dict:
+        """Generation for `rows` in batches of `batch_size`, as the stage generates, its predictions
+        written in `scratch`: predictions/s, the warm-up's seconds, words per prediction and (CUDA)
+        the peak memory of generation alone."""
         config = generate.model_copy(update={"batch_size": batch_size})
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -136,14 +135,15 @@ def main() -> None:
                 "words_per_prediction": round(sum(len(row["prediction"].split()) for _, row in read_jsonl(out)) / len(rows), 1),
                 "peak_memory_gb": round(peak_memory_gb(device), 2) if device.type == "cuda" else None}
 
-    try:
-        run = measure(generate.batch_size)
+    with tempfile.TemporaryDirectory() as folder:  # the predictions, removed once counted
+        scratch = Path(folder)
+        run = measure(generate.batch_size, scratch)
         # Each other batch size, as the record holds it: its rate, its ratio to the run's and (CUDA) the
         # peak memory of its generation, or why it has none.
         compared: dict[str, dict] = {}
         for size in (s for s in args.compare_batch_sizes if s != generate.batch_size):
             try:
-                other = measure(size)
+                other = measure(size, scratch)
             except torch.OutOfMemoryError:  # a size too large for the device is a finding; the run's figures stand
                 compared[str(size)] = {"error": "out of memory"}
                 torch.cuda.empty_cache()
@@ -151,8 +151,6 @@ def main() -> None:
             compared[str(size)] = {"predictions_per_s": other["predictions_per_s"],
                                    "ratio": round(other["predictions_per_s"] / run["predictions_per_s"], 3),
                                    **({"peak_memory_gb": other["peak_memory_gb"]} if other["peak_memory_gb"] is not None else {})}
-    finally:
-        scratch_dir.cleanup()
     # On CUDA the peak since training's, each generation's apart; on a CPU the process's peak RSS.
     peak = max([train_memory, run["peak_memory_gb"], *(c["peak_memory_gb"] for c in compared.values() if "peak_memory_gb" in c)]) \
         if device.type == "cuda" else peak_memory_gb(device)
