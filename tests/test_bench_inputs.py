@@ -951,9 +951,7 @@ def test_the_compiled_step_bench_measures_each_objective_in_a_process_of_its_own
     last line of output is the measurement, which the record keeps with the run's settings."""
     import compiled_steps
 
-    written = _written(compiled_steps, monkeypatch)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
+    profile, written = _tiny_bench(compiled_steps, "", tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["compiled_steps.py", "--device", "cpu", "--precision", "32-true", "--profile", str(profile),
                                       "--backend", "aot_eager", "--mode", "default", "--batch-sizes", "2", "3", "--steps", "1",
                                       "--objectives", "nll", "--name", "compiled_steps-check"])
@@ -1515,10 +1513,10 @@ def test_the_setup_bench_alternates_the_link_types_and_takes_dvcs_shares_from_a_
     # DVC's own functions, as the profile names them (a file ending dvc/dvcfile.py and dvc/output.py),
     # and another package's function of the same name, which is not DVC's checkout.
     functions = {}
-    for module, source in (("dvcfile", "import time\ndef _dump_lockfile():\n    time.sleep(0.4)\n"),
-                           ("output", "import time\ndef checkout():\n    time.sleep(0.2)\n"),
-                           ("elsewhere", "import time\ndef checkout():\n    time.sleep(0.2)\n")):
-        path = tmp_path / ("elsewhere" if module == "elsewhere" else "dvc") / f"{module}.py"
+    for folder, module, source in (("dvc", "dvcfile", "import time\ndef _dump_lockfile():\n    time.sleep(0.4)\n"),
+                                   ("dvc", "output", "import time\ndef checkout():\n    time.sleep(0.2)\n"),
+                                   ("elsewhere", "elsewhere", "import time\ndef checkout():\n    time.sleep(0.2)\n")):
+        path = tmp_path / folder / f"{module}.py"
         path.parent.mkdir(exist_ok=True)
         path.write_text(source)
         spec = importlib.util.spec_from_file_location(f"_fake_dvc_{module}", path)
