@@ -66,7 +66,11 @@ if verb == "restore":
     if not files and marks:
         # The hold is gone (deleted, or on another machine): what git tracks of it comes back from
         # HEAD, the files the hold marked for git to take as unchanged; what git never tracked is lost.
-        skipped = [entry[2:] for entry in listed("-v") if entry.startswith(b"S ")]
+        # What another hold that a mark names still holds stays held, for that hold's own restore.
+        others = {Path(mark.read_text().strip()) for mark in Path("runs").glob("*/.held")} - {hold}
+        live = {os.fsencode(path.relative_to(other)) for other in others if other.is_dir()
+                for path in other.rglob("*") if path.is_file()}
+        skipped = [entry[2:] for entry in listed("-v") if entry.startswith(b"S ") and entry[2:] not in live]
         unskip(skipped)
         missing = [name for name in skipped if not Path(os.fsdecode(name)).exists()]
         if missing:

@@ -1279,16 +1279,27 @@ def test_a_restore_moves_back_its_own_hold_and_leaves_another_holds_marks(tmp_pa
 
 def test_a_restore_whose_hold_is_gone_checks_the_held_files_out_of_git(tmp_path):
     """A HOLD deleted before its restore (or left on another machine): the restore checks what git
-    tracks of it out of HEAD and clears its marks, so that the comparison here collects again; a
-    HOLD that no mark names is still refused."""
+    tracks of it out of HEAD and clears its marks, so that the comparison here collects again; what
+    a later pack's HOLD holds stays held until that HOLD's restore; a HOLD that no mark names is
+    still refused."""
     kit, repo = _kit_and_repo(tmp_path)
+
+    def commit(*paths: str) -> None:
+        subprocess.run(["git", "add", *paths], cwd=repo, check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "runs"], cwd=repo, check=True)
+
     _gathered(repo / "runs" / "gpu.2", {"nll": os.urandom(256 * 1024), "dto": os.urandom(256 * 1024)})
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "runs"], cwd=repo, check=True)
+    commit("-A")
     before = {path: path.read_bytes() for path in (repo / "runs").rglob("*") if path.is_file()}
-    hold = tmp_path / "hold"
+    hold, later = tmp_path / "hold", tmp_path / "later"
     assert _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(hold)).returncode == 0
     assert len(list(hold.rglob("*.gz"))) == 2 and (repo / "runs" / "gpu.2" / ".held").exists()
+    _gathered(repo / "runs" / "gpu.3", {"rloo": os.urandom(256 * 1024)})  # unpacked and committed since
+    before.update({path: path.read_bytes() for path in (repo / "runs" / "gpu.3").rglob("*") if path.is_file()})
+    commit("runs/gpu.3")
+    assert _pack(repo, kit, CARRY_MIB="10", MARGIN_MIB="1", HOLD=str(later)).returncode == 0
+    held_later = {path.relative_to(later) for path in later.rglob("*") if path.is_file()}
+    assert len(held_later) == 1
     shutil.rmtree(hold)
     other = _restore(repo, tmp_path / "elsewhere")
     assert other.returncode == 1 and f"error: HOLD={tmp_path / 'elsewhere'} holds nothing to move back" in other.stderr
@@ -1296,6 +1307,10 @@ def test_a_restore_whose_hold_is_gone_checks_the_held_files_out_of_git(tmp_path)
     assert back.returncode == 0, back.stderr
     assert back.stdout == (f"HOLD={hold} holds nothing: checked 2 held file(s) out of git's HEAD and cleared the marks of "
                            "runs/gpu.2 (files git did not track are lost)\n")
+    skipped = {Path(line[2:]) for line in subprocess.run(["git", "ls-files", "-v"], cwd=repo, capture_output=True,
+                                                         text=True).stdout.splitlines() if line.startswith("S ")}
+    assert skipped == held_later and (repo / "runs" / "gpu.3" / ".held").read_text() == f"{later}\n"
+    assert _restore(repo, later).returncode == 0
     assert {path: path.read_bytes() for path in (repo / "runs").rglob("*") if path.is_file()} == before
     assert subprocess.run(["git", "status", "--porcelain", "--", "runs"], cwd=repo, capture_output=True, text=True).stdout == ""
     assert not [line for line in subprocess.run(["git", "ls-files", "-v"], cwd=repo, capture_output=True,
