@@ -312,6 +312,7 @@ def test_the_check_refuses_a_model_directory_where_its_models_stage_would(tmp_pa
         (("generator", "scorer"), dict(generator=str(tmp_path), scorer="tiny:llama")),  # a directory without a model
         (("generator", "scorer"), dict(generator=str(foreign), scorer="tiny:llama")),  # a config.json not a model's
         (("generator", "scorer"), dict(generator="no/such/model", scorer="tiny:llama")),  # relative, and no hub name
+        (("generator", "scorer"), dict(generator="no such model", scorer="tiny:llama")),  # no hub name either
         (("generator", "scorer"), dict(generator=str(foreign / "config.json"), scorer="tiny:llama")),  # a file
         (("judge",), dict(judge=bart)),  # not a causal LM
         (("embedder",), dict(embedder=llama)),  # a decoder-only LM, not an encoder

@@ -151,17 +151,21 @@ def directory_problem(directory: Path) -> str | None:
 def local_directory(spec: str) -> Path | None:
     """Where the model of a spec that no catalogue holds lies on this machine: the directory it
     names, or a hub name's snapshot in the Hugging Face cache; None for a hub name not cached
-    (never a download). An OSError where a directory is named but holds no model."""
+    (never a download). An OSError where a directory is named but holds no model, or where the
+    spec cannot be a hub name (as transformers refuses it when the models stage loads it)."""
     if is_path(spec):
         directory = Path(spec).expanduser()
         if (problem := directory_problem(directory)) is not None:
             raise OSError(problem)
         return directory
     from huggingface_hub import snapshot_download  # (no transformers: a fraction of a second)
+    from huggingface_hub.errors import HFValidationError
 
     try:
         found = Path(snapshot_download(spec, local_files_only=True))
-    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError), or not a hub name at all
+    except HFValidationError as error:  # not a hub name at all ('bad name', 'org/name-')
+        raise OSError(str(error)) from None
+    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError)
         return None
     return found if (found / "config.json").is_file() else None
 
