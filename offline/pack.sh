@@ -62,13 +62,13 @@ def unskip(names: list[bytes]) -> None:  # git tracks these as they are again (s
 
 if verb == "restore":
     files = sorted(path for path in hold.rglob("*") if path.is_file()) if hold.is_dir() else []
-    marks = [mark for mark in Path("runs").glob("*/.held") if mark.read_text().strip() == str(hold)]
+    named = {mark: Path(mark.read_text().strip()) for mark in Path("runs").glob("*/.held")}  # each mark's HOLD
+    marks = [mark for mark, where in named.items() if where == hold]
     if not files and marks:
         # The hold is gone (deleted, or on another machine): what git tracks of it comes back from
         # HEAD, the files the hold marked for git to take as unchanged; what git never tracked is lost.
         # What another hold that a mark names still holds stays held, for that hold's own restore.
-        others = {Path(mark.read_text().strip()) for mark in Path("runs").glob("*/.held")} - {hold}
-        live = {os.fsencode(path.relative_to(other)) for other in others if other.is_dir()
+        live = {os.fsencode(path.relative_to(other)) for other in set(named.values()) - {hold} if other.is_dir()
                 for path in other.rglob("*") if path.is_file()}
         skipped = [entry[2:] for entry in listed("-v") if entry.startswith(b"S ") and entry[2:] not in live]
         unskip(skipped)
