@@ -498,7 +498,7 @@ def test_the_experiments_page_says_how_to_reach_the_runs_in_dvc_and_fetch_those_
     write_bundle(load_runs([gathered, second]), tmp_path / "out", "two parts")
     page = (tmp_path / "out" / "experiments.md").read_text().split("## In DVC")[1]
     assert page.strip().endswith("`dvc metrics diff cpo-a cpo-b` compares two.")
-    assert f"`dvc exp show --rev abcdef1 --rev {base[:7]}` lists them" in page and "fedcba9" not in page
+    assert f"`dvc exp show --only-changed --rev abcdef1 --rev {base[:7]}` lists them" in page and "fedcba9" not in page
     fetch = re.findall(r"`(git fetch \S+ 'refs/exps/\*:refs/exps/\*')`", page)
     assert fetch == [f"git fetch {second}/exps.bundle 'refs/exps/*:refs/exps/*'"]
     subprocess.run(fetch[0], shell=True, cwd=clone, check=True, capture_output=True)
@@ -506,7 +506,7 @@ def test_the_experiments_page_says_how_to_reach_the_runs_in_dvc_and_fetch_those_
     # Runs gathered here: no bundle, no fetch.
     write_bundle(load_runs([gathered]), tmp_path / "here", "one part")
     here = (tmp_path / "here" / "experiments.md").read_text()
-    assert "`dvc exp show --rev abcdef1` lists them" in here and "git fetch" not in here
+    assert "`dvc exp show --only-changed --rev abcdef1` lists them" in here and "git fetch" not in here
     (second / "exps.bundle").write_text("not a bundle\n")
     with pytest.raises(InputError, match=r"runs-2/exps\.bundle: not a git bundle git can read"):
         write_bundle(load_runs([gathered, second]), tmp_path / "out", "two parts")
