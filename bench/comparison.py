@@ -11,7 +11,7 @@ phase (COMPARISON_SHARED=0): its experiments restore those stages from the run c
 all` queues both at once: the CPO grid fills the workers while core's longest runs go on, and
 core's own wall time is read from the stage records (core_in_all). The GPU's load and
 memory are sampled through the whole run (nvidia-smi, every 0.5 s), and the host CPUs' busy
-share (/proc/stat) beside them (`--timeline FILE`: every sample, as CSV). Afterwards every gathered experiment's stage
+share (psutil) beside them (`--timeline FILE`: every sample, as CSV). Afterwards every gathered experiment's stage
 records (device, wall time; the shared stages' too, restored with their first run's record) are
 read back.
 
@@ -58,6 +58,7 @@ from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
 
+import psutil
 import torch
 from common import ROOT, record_name, workspace_env, write_result
 
@@ -121,9 +122,10 @@ def run_part(command: list[str], cwd: Path, env: dict, steps: list, interval: fl
 
 
 class Sampler:
-    """The host CPUs' busy share from /proc/stat and, where nvidia-smi is there, the GPU's
-    utilisation and memory, sampled every `interval` seconds until `stop()`. Both on a GPU: a GPU
-    left idle by experiments side by side may wait for the host's cores."""
+    """The host CPUs' busy share (psutil's, which counts neither iowait nor guest time busy) and,
+    where nvidia-smi is there, the GPU's utilisation and memory, sampled every `interval` seconds
+    until `stop()`. Both on a GPU: a GPU left idle by experiments side by side may wait for the
+    host's cores."""
 
     def __init__(self, interval: float = 0.5, timeline: Path | None = None):
         self.interval, self.gpu, self.timeline = interval, shutil.which("nvidia-smi") is not None, timeline
@@ -150,12 +152,9 @@ class Sampler:
         return (float(fields[0]), float(fields[1]) * 2**20 / 1e9) if len(fields) == 2 else (None, None)
 
     def _run(self) -> None:
-        previous = _cpu_times()
+        psutil.cpu_percent()  # the start of the first sample's period: each call answers since the one before
         while not self._stop.wait(self.interval):
-            now = _cpu_times()
-            busy, total = now[0] - previous[0], now[1] - previous[1]
-            previous = now
-            self.samples.append((round(time.perf_counter() - self._started, 2), 100.0 * busy / total if total > 0 else None,
+            self.samples.append((round(time.perf_counter() - self._started, 2), psutil.cpu_percent(),
                                  *(self._gpu() if self.gpu else (None, None))))
             if self.timeline and len(self.samples) % TIMELINE_EVERY == 0:  # a run cut short keeps its timeline
                 self.write_timeline(self.timeline)
@@ -197,13 +196,6 @@ def idle_windows(samples: list[tuple[float, float | None]], interval: float) -> 
             windows.append({"from_s": round(start, 1), "s": round(last - start, 1)})
         start = None
     return windows
-
-
-def _cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
 
 
 def workspace(into: Path) -> Path:

@@ -148,6 +148,29 @@ def test_the_load_holds_the_hosts_cpus_beside_the_gpus_nvidia_smi(tmp_path, monk
             assert not {"gpu_busy_pct_mean", "gpu_memory_gb_peak", "gpu_idle_s"} & figures.keys()
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_the_cpus_busy_share_is_full_while_a_process_spins_on_each_core():
+    """A process spinning on each of the host's cores for a second: every sample taken inside that
+    second reads the CPUs busy (at least 80 %, the spinners' start and the sampler's own reads aside)."""
+    import multiprocessing
+
+    spinners = [multiprocessing.get_context("fork").Process(target=_spin, args=(1.2,)) for _ in range(os.cpu_count())]
+    with comparison.Sampler(interval=0.1) as sampler:
+        time.sleep(0.15)
+        started = time.perf_counter() - sampler._started
+        for spinner in spinners:
+            spinner.start()
+        for spinner in spinners:
+            spinner.join()
+    inside = [cpu for seconds, cpu, *_ in sampler.samples if started + 0.2 <= seconds <= started + 1.1]
+    assert len(inside) >= 5 and min(inside) >= 80, sampler.samples
+
+
 def test_an_idle_gpu_is_named_where_it_waited_ten_seconds_or_more():
     """Stretches of samples below 5 % lasting 10 s or more, each from the start of the period its
     first sample speaks for; shorter dips, and samples without a reading, are not idle windows."""
