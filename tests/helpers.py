@@ -208,3 +208,27 @@ def deal(ids: list[str], expected: dict[str, float], workers: int) -> list[str]:
     for share, size in zip(shares, sizes, strict=True):
         share.extend(next(short) for _ in range(size - len(share)))
     return [test for share in shares for test in share]
+
+
+def bench_profile(tmp_path: Path, monkeypatch, params: str = "") -> Path:
+    """A profile of tiny models with `params` (YAML) beside them, the benches' inputs (bench/common.py's
+    cache) built under tmp_path. For the tests of bench/ scripts, which put that folder on sys.path."""
+    import common
+
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n" + params)
+    return profile
+
+
+def bench_records(bench, monkeypatch) -> list:
+    """The list `bench`'s write_result calls land in, as (name, figures, settings, targets)."""
+    written = []
+    monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets=None: written.append(
+        (name, figures, settings, targets)))
+    return written
+
+
+def tiny_bench(bench, params: str, tmp_path: Path, monkeypatch) -> tuple[Path, list]:
+    """bench_profile with `params`, and bench_records' list of `bench`'s records."""
+    return bench_profile(tmp_path, monkeypatch, params), bench_records(bench, monkeypatch)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, bench_profile, bench_records, tiny_bench
 from storyrewrite.io import InputError, read_jsonl
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -361,20 +361,12 @@ def test_the_benchs_device_seconds_add_up_the_work_a_profiler_recorded():
     assert common.device_seconds(events, DeviceType.CUDA) == 0
 
 
-def _tiny_profile(tmp_path, monkeypatch, params: str = "") -> Path:
-    """A profile of tiny models with `params` (YAML) beside them, the benches' inputs built under tmp_path."""
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n" + params)
-    return profile
-
-
 def test_the_step_benchs_phases_cover_the_steps_they_time(tmp_path, monkeypatch):
     """bench/objective_step_time.py's per-process line: the `steps` phase spans the untimed first
     step and every timed one (it is the interval around them), the others are there and positive."""
     import objective_step_time
 
-    profile = _tiny_profile(tmp_path, monkeypatch)
+    profile = bench_profile(tmp_path, monkeypatch)
     args = objective_step_time.arguments().parse_args(["--device", "cpu", "--steps", "2", "--batch-size", "2",
                                                        "--profile", str(profile)])
     result = objective_step_time.measure("score", args)
@@ -411,7 +403,7 @@ def test_the_paired_step_bench_times_each_objective_against_nll_in_one_process(t
     the ratio each round's own, NLL's 1; its record carries the targets."""
     import objective_pairs
 
-    profile = _tiny_profile(tmp_path, monkeypatch)
+    profile = bench_profile(tmp_path, monkeypatch)
     args = objective_pairs.arguments().parse_args(["--device", "cpu", "--steps", "3", "--batch-size", "2",
                                                    "--profile", str(profile), "--objectives", "nll", "score"])
     steps = []
@@ -736,7 +728,7 @@ def test_a_timed_step_trains_as_the_stage_does_and_leaves_the_module_as_it_was(t
     import objective_step_time
     import torch
 
-    profile = _tiny_profile(tmp_path, monkeypatch)
+    profile = bench_profile(tmp_path, monkeypatch)
     args = objective_step_time.arguments().parse_args(["--device", "cpu", "--batch-size", "2", "--profile", str(profile)])
     device = torch.device("cpu")
     module, optimizer, batch = objective_step_time.build("score", args, device)
@@ -817,7 +809,7 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
     import torch
     from torch._dynamo.utils import counters
 
-    profile = _tiny_profile(tmp_path, monkeypatch)
+    profile = bench_profile(tmp_path, monkeypatch)
     args = compiled_steps.arguments().parse_args(["--device", "cpu", "--precision", "32-true", "--profile", str(profile),
                                                   "--backend", "aot_eager", "--mode", "default", "--batch-sizes", "2", "4",
                                                   "--steps", "1"])
@@ -845,19 +837,6 @@ def test_the_compiled_step_bench_compiles_both_models_and_times_each_batch_size_
         assert "gpu_busy" not in row  # (a GPU's figure)
 
 
-def _written(bench, monkeypatch) -> list:
-    """The list `bench`'s write_result calls land in, as (name, figures, settings, targets)."""
-    written = []
-    monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets=None: written.append(
-        (name, figures, settings, targets)))
-    return written
-
-
-def _tiny_bench(bench, params: str, tmp_path, monkeypatch) -> tuple[Path, list]:
-    """_tiny_profile with `params`, and `_written`'s list of `bench`'s records."""
-    return _tiny_profile(tmp_path, monkeypatch, params), _written(bench, monkeypatch)
-
-
 def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_each_batch_size(tmp_path, monkeypatch, capsys):
     """bench/nll_throughput.py end to end on the CPU with tiny models: the timed NLL steps after a
     warm-up step, generation for test instances of distinct inputs (a TimeTravel story's three
@@ -865,7 +844,7 @@ def test_the_throughput_bench_trains_and_generates_as_the_stages_do_and_records_
     run's; the figures, on a clock of set ticks, agree with the printed table and the predictions."""
     import nll_throughput
 
-    profile, written = _tiny_bench(nll_throughput, "generate:\n  max_new_tokens: 8\n", tmp_path, monkeypatch)
+    profile, written = tiny_bench(nll_throughput, "generate:\n  max_new_tokens: 8\n", tmp_path, monkeypatch)
     generated = []
     generate = nll_throughput.generate_predictions
 
@@ -910,7 +889,7 @@ def test_the_llm_batching_bench_sends_both_orders_alike_and_takes_the_median_of_
 
     assert llm_batching.padding_share([3, 1, 3, 1], 2) == (12 - 8) / 12  # batches [3, 1] and [3, 1]: 6 positions each
     assert llm_batching.padding_share([3, 3, 1, 1], 2) == 0 and llm_batching.padding_share([3, 1, 1], 2) == (6 + 1 - 5) / 7
-    profile, written = _tiny_bench(llm_batching, "llm:\n  max_new_tokens: 4\n", tmp_path, monkeypatch)
+    profile, written = tiny_bench(llm_batching, "llm:\n  max_new_tokens: 4\n", tmp_path, monkeypatch)
     sent = []
     run_mode = llm_batching.run_mode
     monkeypatch.setattr(llm_batching, "run_mode", lambda mode, queries, source, backend, cache, *rest: (
@@ -951,7 +930,7 @@ def test_the_compiled_step_bench_measures_each_objective_in_a_process_of_its_own
     last line of output is the measurement, which the record keeps with the run's settings."""
     import compiled_steps
 
-    profile, written = _tiny_bench(compiled_steps, "", tmp_path, monkeypatch)
+    profile, written = tiny_bench(compiled_steps, "", tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["compiled_steps.py", "--device", "cpu", "--precision", "32-true", "--profile", str(profile),
                                       "--backend", "aot_eager", "--mode", "default", "--batch-sizes", "2", "3", "--steps", "1",
                                       "--objectives", "nll", "--name", "compiled_steps-check"])
@@ -1188,7 +1167,7 @@ def test_the_nan_fill_bench_alternates_the_fill_step_by_step_and_leaves_it_off(t
 
     import nan_fill
 
-    profile, written = _tiny_bench(nan_fill, "", tmp_path, monkeypatch)
+    profile, written = tiny_bench(nan_fill, "", tmp_path, monkeypatch)
     # Each step's seconds in the order run: (on, off) unmeasured, then (off, on), (on, off), (off, on).
     clock = _StepClock([9, 9, 1, 4, 2, 1, 2, 4] + [9, 9, 3, 3, 6, 2, 2, 3])
     monkeypatch.setattr(common, "clock", clock.read)
@@ -1234,7 +1213,7 @@ def test_the_paired_step_bench_records_each_objectives_median_step_and_ratio_aga
     carries the targets. An objective named twice is refused."""
     import objective_pairs
 
-    profile, written = _tiny_bench(objective_pairs, "", tmp_path, monkeypatch)
+    profile, written = tiny_bench(objective_pairs, "", tmp_path, monkeypatch)
     # The rounds' steps in the order run: (nll, score) unmeasured, then (score, nll), (nll, score), (score, nll).
     clock = _StepClock([9, 9, 3, 1, 2, 2, 6, 2])
     monkeypatch.setattr(common, "clock", clock.read)
@@ -1271,7 +1250,7 @@ def test_the_startup_bench_times_each_stage_alone_then_side_by_side_and_refuses_
 
     import stage_startup
 
-    written = _written(stage_startup, monkeypatch)
+    written = bench_records(stage_startup, monkeypatch)
     # Alone: started at 0, 10, 20, ended 2, 3, 7 s later; then three at once from 30, ended at 34, 35 and 39.
     ticks = iter([0, 2, 10, 13, 20, 27, 30, 34, 35, 39])
     monkeypatch.setattr(stage_startup, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
@@ -1327,7 +1306,7 @@ def test_the_memory_share_bench_runs_each_setting_without_the_callers_allocator_
                 "peak_reserved_gb_max": 2.0, "peak_reserved_gb_sum": 4.0, "wall_s": 3.0, "each": each}
 
     monkeypatch.setattr(gpu_memory_share, "run_setting", run_setting)
-    written = _written(gpu_memory_share, monkeypatch)
+    written = bench_records(gpu_memory_share, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["gpu_memory_share.py", "--processes", "2", "--steps", "5", "--mps"])
     gpu_memory_share.main()
     [folder] = folders
@@ -1360,7 +1339,7 @@ def test_the_lexical_bench_times_both_ways_on_the_same_pairs_and_refuses_values_
     import lexical_metrics
 
     monkeypatch.setattr(common, "CACHE", tmp_path)  # (the prepared data, where no `dvc repro` made it)
-    written = _written(lexical_metrics, monkeypatch)
+    written = bench_records(lexical_metrics, monkeypatch)
     # Each repeat: the plain calls, then the kept ones; plain 4, 7, 5 s; kept 1, 3, 2 s.
     ticks = iter([0, 4, 4, 5, 5, 12, 12, 15, 15, 20, 20, 22])
     monkeypatch.setattr(lexical_metrics, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
@@ -1419,10 +1398,10 @@ def test_the_checkpoint_bench_saves_three_ways_then_kills_saves_and_finds_the_at
 
     import checkpoint_save
 
-    profile = _tiny_profile(tmp_path, monkeypatch)
+    profile = bench_profile(tmp_path, monkeypatch)
     monkeypatch.setattr(checkpoint_save, "inputs", lambda: common.inputs([profile]))
     monkeypatch.setattr(checkpoint_save, "WORK", tmp_path / "work")
-    written = _written(checkpoint_save, monkeypatch)
+    written = bench_records(checkpoint_save, monkeypatch)
     # Two clock reads a step, then a save: steps of 0.01 and 0.02 s; saves in the order run, the
     # second repeat's reversed: plain 0.02, Lightning's 0.03, atomic 0.025; atomic 0.035, Lightning's 0.03, plain 0.02.
     ticks = iter([0, 0.01, 0.01, 0.03, 0.03, 0.05, 0.05, 0.08, 0.08, 0.105, 0.105, 0.14, 0.14, 0.17, 0.17, 0.19])
@@ -1451,7 +1430,7 @@ def test_the_coherence_bench_checks_the_batched_judge_and_times_the_score_stage_
 
     import coherence
 
-    profile, written = _tiny_bench(coherence, "  judge: tiny:llama\n  embedder: tiny:roberta\n  nli: tiny:roberta-nli\n",
+    profile, written = tiny_bench(coherence, "  judge: tiny:llama\n  embedder: tiny:roberta\n  nli: tiny:roberta-nli\n",
                                    tmp_path, monkeypatch)
     loads = []
     stage_work = coherence.stage_work
@@ -1536,7 +1515,7 @@ def test_the_setup_bench_alternates_the_link_types_and_takes_dvcs_shares_from_a_
         return ran[dvc.link] if args[:2] == ("exp", "run") else ""
 
     monkeypatch.setattr(experiment_setup, "dvc", dvc)
-    written = _written(experiment_setup, monkeypatch)
+    written = bench_records(experiment_setup, monkeypatch)
     # Two reads an experiment, each repeat copies then hardlinks: 10 s, 4 s; 12 s, 6 s; 20 s, 5 s; profiled 2 s.
     ticks = iter(map(float, [0, 10, 10, 14, 14, 26, 26, 32, 32, 52, 52, 57, 57, 59]))
     monkeypatch.setattr(experiment_setup, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, tiny_bench
 from storyrewrite.metrics.lm_scorer import LMScorer
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -57,14 +57,7 @@ def test_the_scorer_bench_times_each_pass_after_an_untimed_one_and_records_its_r
     """main() end to end on the CPU with a tiny scorer, on a clock of set ticks: the rates are the
     pairs over each timed pass's seconds, the speed-ups the loop's seconds over a pass's; the fp32
     scores of the loop and the batches agree; no TF32 pass and no speed-up target on a CPU."""
-    import common
-
-    monkeypatch.setattr(common, "CACHE", tmp_path)
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text("models:\n  generator: tiny:llama\n  scorer: tiny:llama\n")
-    written = []
-    monkeypatch.setattr(bench, "write_result", lambda name, device, figures, settings, targets: written.append(
-        (name, figures, settings, targets)))
+    profile, written = tiny_bench(bench, "", tmp_path, monkeypatch)
     # Two reads a timed pass: batched fp32 2 s, batch 2's fp32 3 s, the loop 8 s, batched bf16 1 s.
     ticks = iter([0, 2, 2, 5, 5, 13, 13, 14])
     monkeypatch.setattr(bench, "clock", lambda device: next(ticks))
