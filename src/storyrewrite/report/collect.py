@@ -565,9 +565,9 @@ def in_dvc_markdown(runs: list[Run]) -> str:
         fetch = "; ".join(f"`git fetch {bundle.as_posix()} 'refs/exps/*:refs/exps/*'`" for bundle in bundles)
         lines.append(f"The runs kept with their experiments (an exps.bundle beside them) reach a clone of this repository with {fetch}.")
     if commits:
-        lines.append(f"`dvc exp show --only-changed {' '.join(f'--rev {c[:7]}' for c in commits)}` lists them with the params "
-                     f"and metrics in which they differ (they derive from commit{'s' if len(commits) > 1 else ''} "
-                     f"{', '.join(c[:7] for c in commits)}).")
+        short = [commit[:7] for commit in commits]
+        lines.append(f"`dvc exp show --only-changed {' '.join(f'--rev {c}' for c in short)}` lists them with the params "
+                     f"and metrics in which they differ (they derive from commit{'s' if len(short) > 1 else ''} {', '.join(short)}).")
     lines.append(f"`dvc metrics diff {runs[0].name} {runs[1].name}` compares two." if len(runs) > 1
                  else f"`dvc metrics diff {runs[0].name}` compares it with the workspace.")
     return " ".join(lines)
