@@ -12,7 +12,8 @@ import pytest
 
 from helpers import ROOT
 from storyrewrite.io import InputError
-from storyrewrite.records import StageRecord, cpu_features, cpu_has_bf16, describe_device, read_records, stages_table
+from storyrewrite.records import StageRecord, cpu_features, cpu_has_bf16, describe_device, read_records
+from storyrewrite.report.stages import stages_table
 
 
 def test_a_record_names_the_device_the_wall_time_and_the_rate(tmp_path, monkeypatch):
@@ -113,8 +114,8 @@ def test_records_are_read_in_pipeline_order_and_tabulated(tmp_path):
     assert rows[2] == "| train_nll | cuda:0 (NVIDIA H100) | - | 102 s | 316 steps | 3.09 steps/s | RSS 2.5 GiB |"
     # The replies an LLM stage found in its response cache, beside the requests it made.
     assert rows[4] == "| llm-rag | cpu | - | 2.0 s | 0 requests (+8 from the response cache) | - | RSS 2.5 GiB |"
-    assert rows[5] == "| score-nll | cuda:0 (NVIDIA H100) | - | 12 s | 5613 predictions | 468 predictions/s | RSS 2.5 GiB, CUDA 4.0 GiB |"
-    assert rows[6] == "| significance | cpu | - | 3.0 s | 60000 resamples | 2e+04 resamples/s | RSS 2.5 GiB |"
+    assert rows[5] == "| score-nll | cuda:0 (NVIDIA H100) | - | 12 s | 5,613 predictions | 468 predictions/s | RSS 2.5 GiB, CUDA 4.0 GiB |"
+    assert rows[6] == "| significance | cpu | - | 3.0 s | 60,000 resamples | 20,000 resamples/s | RSS 2.5 GiB |"
 
 
 def test_a_file_that_is_not_a_record_is_named(tmp_path):

@@ -243,7 +243,7 @@ def gpu_results() -> str:
                 "collects it into `reports/gpu/` ([docs/gpu.md](docs/gpu.md)).")
     text = read_text(path)
     title = re.search(r"^# Results: (.*)$", text, re.M).group(1)
-    scale = re.search(r"^Task `(\w+)`, (\d+) test instances;.*devices: ([^.]*)\.", text, re.M)
+    scale = re.search(r"^Task `(\w+)`, ([\d,]+) test instances;.*devices: ([^.]*)\.", text, re.M)
     main, *_ = _markdown_tables(text)
     copy, *kept = _markdown_tables(text.split("## The copy of the original ending")[1].split("## Training")[0])
     trained = [row[0] for row in _markdown_tables(text.split("## Training")[1])[0][1:]]

@@ -8,7 +8,7 @@ Every stage that loads a model (and the bootstrap) writes one when it succeeds:
      "experiment": "gpu-dto-score", "torch": "2.13.0", "cuda": "12.8"}
 
 Memory peaks are GiB (bytes / 2**30) under their `_gb` keys, as records have always held them.
-The report and the experiment collector turn them into a table, so a GPU run states which stage
+The report and the experiment collector turn them into a table (`report.stages`), so a GPU run states which stage
 ran where (the issue's "no model stage on the CPU") and what each cost. The wall time runs from
 `StageRecord.start` (after the stage's imports and argument parsing; loading models and starting
 CUDA count in it) to `finish`; `startup_s`, from the process's start to `StageRecord.start` (the
@@ -35,7 +35,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from storyrewrite import artifacts
-from storyrewrite.markdown import table
 
 # Stage records are tabulated in the order the pipeline runs their stages.
 PIPELINE_ORDER = ("train_nll", "train", "generate", "llm_index", "llm", "score", "score_llm", "score_sanity", "significance")
@@ -250,32 +249,3 @@ def read_records(directory: Path) -> list[dict]:
     """The stage records in `directory`, in the order the pipeline runs them."""
     records = [artifacts.read(path, artifacts.Record).model_dump(exclude_unset=True) for path in sorted(Path(directory).glob("*.json"))]
     return sorted(records, key=_pipeline_position)
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
-
-
-STAGE_HEADER = ["Stage", "device", "dtype", "wall time", "work", "rate", "peak memory"]
-
-
-def stages_table(records: list[dict]) -> str:
-    """Markdown: one row per stage record (`stage_rows`)."""
-    return table(STAGE_HEADER, stage_rows(records))
-
-
-def stage_rows(records: list[dict]) -> list[list[str]]:
-    """The cells of each stage record under STAGE_HEADER: device, dtype, wall time, work done and
-    its rate, peak memory; an LLM stage's replies from its response cache beside its requests."""
-    rows = []
-    for r in records:
-        where = where_ran(r)
-        work = "-" if r["items"] is None else f"{r['items']} {r['unit']}"
-        if r.get("cache_hits"):  # an LLM stage: the replies its response cache held cost no request
-            work += f" (+{r['cache_hits']} from the response cache)"
-        rate = "-" if not r["items_per_s"] else f"{r['items_per_s']:.3g} {r['unit']}/s"
-        # (GiB: the records' `*_gb` keys hold bytes / 2**30, as _peak_memory measures them)
-        memory = f"RSS {r.get('peak_rss_gb', 'n/a')} GiB" + (f", CUDA {r['peak_cuda_gb']} GiB" if "peak_cuda_gb" in r else "") + (
-            f" ({r['peak_cuda_reserved_gb']} GiB held)" if "peak_cuda_reserved_gb" in r else "")
-        rows.append([r["stage"], where, r["dtype"] or "-", _seconds(r["wall_s"]), work, rate, memory])
-    return rows

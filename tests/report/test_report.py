@@ -114,7 +114,7 @@ def test_the_report_holds_exactly_the_systems_of_the_run(tmp_path):
                           "timetravel", "copy_original", 0.05)[0]
     table = [line for line in copied.split("## Training")[0].splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == ["| Copy of the original ending", "| NLL"]  # listed once
-    assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5000 predictions | 250 predictions/s | RSS 3.0 GiB, CUDA 9.5 GiB |" \
+    assert "| generate-nll | cuda:0 (H100) | bfloat16 | 20 s | 5,000 predictions | 250 predictions/s | RSS 3.0 GiB, CUDA 9.5 GiB |" \
         in markdown.split("## Stages")[1]
     assert "Task `timetravel`, 1 test instance. M(Ŷ, Y_EE) scores the prediction against the edited ending;" in markdown
     assert "Empty endings" not in markdown

@@ -8,7 +8,8 @@ from storyrewrite import artifacts
 from storyrewrite.metrics.artifacts import Significance, SystemMetrics, Validity
 from storyrewrite.io import InputError, find_file, read_jsonl
 from storyrewrite.params import ReportConfig
-from storyrewrite.records import read_records, stages_table
+from storyrewrite.records import read_records
+from storyrewrite.report.stages import stages_table
 from storyrewrite.curves import read_curves
 from storyrewrite.report.examples import example_block
 from storyrewrite.report.figure import ECHO_LIMIT, results_figure, training_figure, training_panels
@@ -224,10 +225,10 @@ def build_report(systems: list[str], metrics_dirs: list[Path], significance_path
     rows = [Row(s, labels[s], metrics[s], significance.p_values.get(s, {}), sanity=s in COPY_BASELINES) for s in order]
 
     n = metrics[baseline]["instances"]
-    tested = f"{n} test instance{'' if n == 1 else 's'}"
+    tested = f"{n:,} test instance{'' if n == 1 else 's'}"
     notes = [
         f"Task `{task}`, {tested}. {what_m_scores(metrics[baseline])}",
-        f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.n_resamples} resamples "
+        f"\\* one-tailed paired bootstrap against {labels[baseline]} ({significance.n_resamples:,} resamples "
         f"over {UNIT_PLURALS[significance.unit]}), p < {alpha}. **Bold**: best value of the column among the systems (copy baselines excluded).",
         *echo_notes(labels, metrics),
         *empty_notes(labels, metrics),

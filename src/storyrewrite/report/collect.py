@@ -32,7 +32,8 @@ from storyrewrite.metrics.artifacts import Significance, SystemMetrics
 from storyrewrite.markdown import table
 from storyrewrite.metrics.columns import keeps_original
 from storyrewrite.objectives.registry import OBJECTIVES, reads_section
-from storyrewrite.records import STAGE_HEADER, stage_rows, where_ran
+from storyrewrite.records import where_ran
+from storyrewrite.report.stages import STAGE_HEADER, stage_rows
 from storyrewrite.report.build import (coherence_notes, cut_count, cut_notes, echo_notes, empty_notes, kept_original_section, llm_label, train_seconds, training_section,
                                        what_m_scores)
 from storyrewrite.report.figure import compact_png, results_figure
@@ -471,14 +472,14 @@ def results_markdown(entries: list[Entry], tests: dict, runs: list[Run], title: 
     n_resamples = bootstrap_settings(reference)[0]
     return "\n\n".join([
         f"# Results: {title}",
-        f"Task `{reference.params.get('task')}`, {base_metrics['instances']} test instances; {len(runs)} runs "
+        f"Task `{reference.params.get('task')}`, {base_metrics['instances']:,} test instances; {len(runs)} runs "
         f"(experiments of commit {', '.join(bases) or 'unknown'}), devices: {', '.join(devices) or 'not recorded'}. "
         "Collected by `python -m storyrewrite.report.collect`; every number below comes from the runs' own outputs.",
         markdown_table(rows, alpha),
         "![Each system's mean per test instance with its bootstrap 95 % interval](results.png)",
         f"Each objective fine-tunes the NLL model; of several runs of an objective (the CPO grid) the one with the "
         f"lowest validation NLL at its best checkpoint is shown (runs: {', '.join(f'{k}: {v}' for k, v in runs_of.items())}). "
-        f"One-tailed paired bootstrap against the NLL model of the same run ({n_resamples} resamples): \\* p < {alpha} "
+        f"One-tailed paired bootstrap against the NLL model of the same run ({n_resamples:,} resamples): \\* p < {alpha} "
         f"resampling instances, † p < {alpha} resampling stories. **Bold**: best of the column, copy baselines excluded. "
         f"{what_m_scores(base_metrics)}",
         *([note] if (note := baseline_note(entries)) else []),
@@ -665,7 +666,7 @@ def write_bundle(runs: list[Run], out: Path, title: str, alpha: float = 0.05) ->
         results_figure(staging / "results.png", {e.label: e.run.scores(e.system) for e in entries}, {e.label: e.label for e in entries},
                        entries[0].label, [e.label for e in entries if e.kind == "copy"],
                        {e.label: e.metrics.get("prompt_echo", 0.0) for e in entries},
-                       f"{title}: {reference.params.get('task')}, {reference.metrics(BASELINE)['instances']} test instances",
+                       f"{title}: {reference.params.get('task')}, {reference.metrics(BASELINE)['instances']:,} test instances",
                        seed=seed)
         write_json_atomic(staging / "significance.json", {
             "_baseline": "NLL model of each system's own run", "_units": list(UNITS),
