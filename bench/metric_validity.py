@@ -65,7 +65,7 @@ def render() -> None:
         machine = where_ran(run)  # with a CPU's vector features, where the record holds them
         timing = ", ".join(f"{name} {value:.0f} s" for name, value in figures["seconds"].items())
         sections += [f"## {machine}",
-                     f"Task `{settings['task']}`, all {settings['instances']} test instances; judge `{settings['judge']}`, "
+                     f"Task `{settings['task']}`, all {settings['instances']:,} test instances; judge `{settings['judge']}`, "
                      f"embedder `{settings['embedder']}`, NLI classifier `{settings['nli'] or 'none'}`, BARTScore scorer "
                      f"`{settings['scorer']}`; {machine}, torch {run['torch']}, commit {run['commit']}, "
                      f"{run['measured_at'][:10]}: {figures['total_seconds'] / 60:.1f} min in all ({timing}; loading the "

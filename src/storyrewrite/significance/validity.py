@@ -64,7 +64,7 @@ def markdown(result: dict) -> str:
     rows, verdicts = [], []
     for name, figures in result["metrics"].items():
         low, high = figures["margin_ci"]
-        rows.append([LABELS[name], figures["compared"], figures["instances"],
+        rows.append([LABELS[name], figures["compared"], f"{figures['instances']:,}",
                      f"{_share(figures['wins'])} ({_share(figures['wins_ci'][0])}–{_share(figures['wins_ci'][1])})",
                      _share(figures["ties"]), _share(figures["losses"]),
                      f"{100 * figures['margin']:+.1f} ({100 * low:+.1f} to {100 * high:+.1f})",
@@ -84,6 +84,6 @@ def markdown(result: dict) -> str:
     header = ["Metric", "compared", "instances", "Y_EE wins (95 % CI)", "ties", "X_OE wins",
               "wins − losses, points (95 % CI)", "separates"]
     return "\n\n".join([table(header, rows), *verdicts, *notes,
-                        f"{result['instances']} instances of {result['stories']} stories; intervals: {result['n_resamples']} "
+                        f"{result['instances']:,} instances of {result['stories']:,} stories; intervals: {result['n_resamples']:,} "
                         "bootstrap resamples of whole stories. Reference-based metrics score both endings against the "
                         "story's other references (the best of them), never against the instance's own."])
