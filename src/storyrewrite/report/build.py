@@ -49,7 +49,7 @@ def echo_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
 def empty_notes(labels: dict[str, str], metrics: dict[str, dict]) -> list[str]:
     """In plain words, the systems that wrote empty endings, and how many: the tables score an
     empty ending like any other (ROUGE-L and SacreBLEU 0), so a row of them reads as a weak model."""
-    empty = [f"{labels[s]} ({m['empty_predictions']} of {m['instances']})" for s, m in metrics.items() if m["empty_predictions"]]
+    empty = [f"{labels[s]} ({m['empty_predictions']:,} of {m['instances']:,})" for s, m in metrics.items() if m["empty_predictions"]]
     if not empty:
         return []
     return [f"**Empty endings:** {'; '.join(empty)}. These predictions are empty or whitespace, and the tables score "
@@ -68,7 +68,7 @@ def cut_count(system: str, records: list[dict], usage: dict | None) -> int | Non
 def cut_notes(labels: dict[str, str], cut: dict[str, tuple[int, int]]) -> list[str]:
     """In plain words, the systems with endings cut at the token limit (system -> (cut, instances)):
     a cut ending loses its last words, and the overlap metrics score it as written."""
-    shown = [f"{labels[s]} ({k} of {n})" for s, (k, n) in cut.items() if k]
+    shown = [f"{labels[s]} ({k:,} of {n:,})" for s, (k, n) in cut.items() if k]
     if not shown:
         return []
     return [f"**Cut at the token limit:** {'; '.join(shown)}. These endings stopped at `generate.max_new_tokens` "

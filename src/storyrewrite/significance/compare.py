@@ -145,7 +145,7 @@ def p_text(p: float, n_resamples: int) -> str:
 
 def bound_note(cells: list[str], n_resamples: int) -> str:
     """Said under a table of p-values where a cell is such a bound (p_text)."""
-    return (f" {p_text(0, n_resamples)}: not one of the {n_resamples} resamples went against H1 (the bootstrap's k/n is 0)."
+    return (f" {p_text(0, n_resamples)}: not one of the {n_resamples:,} resamples went against H1 (the bootstrap's k/n is 0)."
             if any("< " in cell for cell in cells) else "")
 
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     shared = (f"; the same prediction on {same_predictions(system, against).sum()} of "
               f"{len(against)} instances (ties)" if named else "")
     print(f"{args.system} against {args.against}: one-tailed paired bootstrap (H1: the first scores higher), "
-          f"{args.n_resamples} resamples, seed {args.seed}{shared}")
+          f"{args.n_resamples:,} resamples, seed {args.seed}{shared}")
     rows = [[c, p_text(p["instance"][c], args.n_resamples), p_text(p["story"][c], args.n_resamples)] for c in p["instance"]]
     print(table(["column", "p (instances)", "p (stories)"], rows))
     if note := bound_note([cell for row in rows for cell in row[1:]], args.n_resamples):
