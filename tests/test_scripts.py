@@ -245,13 +245,16 @@ def test_a_stop_while_queueing_waits_for_dvc_to_restore_its_workspace_before_dvc
     and at its end puts the workspace back as it found it: without dvc.lock, set aside. The script
     waits for it, then puts dvc.lock back; put back earlier, DVC's restore would delete it. The stop
     comes at once, as the stub starts: before the script waits for it, where bash runs a trap at
-    once. And DVC runs in the background without ignoring SIGINT, so that Ctrl-C reaches it."""
+    once. And DVC runs in the background without ignoring SIGINT, so that Ctrl-C reaches it. (The
+    script starts with SIGINT as a terminal gives it: a test run from a background job, which
+    ignores it, would pass that on, and bash cannot undo an ignore it was started with.)"""
     (tmp_path / "dvc.lock").write_text("schema: '2.0'\n")
     dvc = ('if [ "$3" = --queue ]; then kill -TERM $PPID; trap -p INT > sigint; sleep 1\n'
            '  if [ -f dvc.lock ]; then echo restored-too-early > early; fi; rm -f dvc.lock; echo ended > dvc-ended; fi\nexit 0')
     bin_dir = _write_stubs(tmp_path, {"dvc": dvc, "python": PLAN_AS_IS + "exit 0"})
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["bash", str(SCRIPT), "grid", "core"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
     assert (tmp_path / "dvc-ended").exists() and not (tmp_path / "early").exists()
     assert (tmp_path / "dvc.lock").read_text() == "schema: '2.0'\n"
