@@ -242,6 +242,45 @@ def test_the_end_token_ends_a_completion_and_padding_gets_no_gradient(tiny_model
         assert abs(cooled[i].item() - logps[i].item()) > 1e-3
 
 
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_each_source_is_read_once_for_its_samples_with_the_values_and_gradients_of_one_forward(tiny_model_dirs, kind):
+    """Completions whose sources repeat (K samples of each) get log π and parameter gradients of
+    the one forward over every (source, completion) row, while the model reads each distinct
+    source once: its input embeddings (a causal LM's body, a seq2seq model's encoder) see two
+    source rows where there are six completions."""
+    directory = tiny_model_dirs[kind]
+    model = load_model(directory).eval()
+    encoder = Encoder(load_tokenizer(directory), is_seq2seq(directory), 96, 40)
+    eos = encoder.tokenizer.eos_token_id
+    sources = [[10, 11, 12, 13]] * 3 + [[14, 15]] * 3
+    completions = [[20, eos], [21, 22, 23, eos], [24, 25, 26, 27, 28], [29, eos], [30], [31, 32, eos]]
+
+    def logps_and_grads(shared: bool):
+        model.zero_grad()
+        rows = []
+        reader = model.get_encoder() if encoder.seq2seq else model  # what reads the sources first
+        handle = reader.get_input_embeddings().register_forward_hook(lambda module, inputs, output: rows.append(inputs[0].shape[0]))
+        if shared:
+            logps = rloo.sequence_log_probs(model, encoder, sources, completions, 0.7)
+        else:
+            batch = encoder.batch_ids(sources, completions)
+            logits = target_logits(model, batch) / 0.7
+            logps = (torch.log_softmax(logits, -1).gather(2, batch["target_ids"].unsqueeze(-1)).squeeze(-1)
+                     * batch["target_mask"]).sum(dim=1)
+        handle.remove()
+        (logps * torch.linspace(-1.0, 1.0, len(completions))).sum().backward()  # each row's gradient weighs apart
+        return logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, rows
+    shared, shared_grads, shared_rows = logps_and_grads(True)
+    alone, alone_grads, alone_rows = logps_and_grads(False)
+    assert shared_rows[0] == 2 and alone_rows[0] == 6
+    assert torch.allclose(shared, alone, atol=1e-5)
+    for i, (source, completion) in enumerate(zip(sources, completions, strict=True)):
+        assert shared[i].item() == pytest.approx(_alone_logp(model, encoder, source, completion, 0.7), abs=1e-5)
+    assert shared_grads.keys() == alone_grads.keys() and len(shared_grads) > 5
+    for name, grad in alone_grads.items():
+        assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
+
+
 def test_samples_come_from_the_model_not_from_its_checkpoints_decoding_defaults(tiny_model_dirs, small_prepared):
     """A checkpoint's generation config (bart-large-cnn's beams, n-gram blocking, forced first
     token) would make the samples something other than draws from π: with top-k 2 and a forced

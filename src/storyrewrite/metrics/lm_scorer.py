@@ -12,12 +12,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.modeling_outputs import BaseModelOutput
 
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
-from storyrewrite.models.encoding import (Encoder, causal_allowed, causal_mask, continuation_mask, decoder_mask, key_mask, model_form,
-                                         output_logits, pad_rows, position_ids, target_logits)
+from storyrewrite.models.encoding import (Encoder, causal_allowed, causal_mask, decoder_mask, key_mask, model_form, output_logits,
+                                         pad_rows, position_ids, shared_source_logits, target_logits)
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -111,57 +110,12 @@ class LMScorer:
 
     def _score_shared_source(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
         """M(source, target) for each (source, target) pair of `chunk` (token ids), each distinct
-        source read once: the values of `target_logits` over the pairs, at a fraction of the
-        compute where sources repeat (a story's three reference endings scored against one
-        prediction, or a reference against the others)."""
-        if self.seq2seq:
-            return self._score_shared_encoder(chunk)
-        return self._score_shared_prefix(chunk)
-
-    def _shared_source_rows(self, chunk: list[tuple[tuple, tuple]], left: bool) -> tuple[torch.Tensor, ...]:
-        """The distinct sources of `chunk` (padded on the left or right) and their masks, its
-        targets (right-padded) and their masks, and each target's source row, on the device."""
-        pad, multiple = self.encoder.tokenizer.pad_token_id, self.encoder.pad_to_multiple_of
-        sources = list(dict.fromkeys(source for source, _ in chunk))
-        row = {source: i for i, source in enumerate(sources)}
-        source_ids, source_mask = pad_rows([list(s) for s in sources], pad, left=left, multiple=multiple)
-        target_ids, target_mask = pad_rows([list(t) for _, t in chunk], pad, left=False, multiple=multiple)
-        index = torch.tensor([row[source] for source, _ in chunk])
-        return tuple(x.to(self.device, non_blocking=True) for x in (source_ids, source_mask, target_ids, target_mask, index))
-
-    def _score_shared_encoder(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
-        """`_score_shared_source` of a seq2seq scorer: the encoder runs over the distinct
-        sources; each target's decoder attends to its own source's states (picked per target)."""
-        source_ids, source_mask, target_ids, target_mask, index = self._shared_source_rows(chunk, left=False)
-        encoded = self.model.get_encoder()(input_ids=source_ids, attention_mask=key_mask(self.model, source_mask)).last_hidden_state
-        decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(labels=target_ids)
-        logits = self.model(
-            encoder_outputs=BaseModelOutput(last_hidden_state=encoded[index]), attention_mask=key_mask(self.model, source_mask[index]),
-            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_mask(self.model, decoder_input_ids), use_cache=False,
-        ).logits
-        return mean_target_log_prob(logits, target_ids, target_mask)
-
-    def _score_shared_prefix(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
-        """`_score_shared_source` of a causal scorer: a pass over the sources keeps their keys
-        and values, which each target's row then continues (the cache's rows picked per
-        target), with the positions after its source's."""
-        source_ids, source_mask, target_ids, target_mask, index = self._shared_source_rows(chunk, left=True)
-        read = self.model.base_model(input_ids=source_ids, attention_mask=causal_mask(self.model, source_mask),
-                                     position_ids=position_ids(source_mask), use_cache=True)
-        # The last source position (each row's real last token: left padding) predicts the
-        # target's first token; the target's tokens but its last predict the rest.
-        hidden = read.last_hidden_state[index, -1:]
-        inputs, input_mask, past_mask = target_ids[:, :-1], target_mask[:, :-1], source_mask[index]
-        if inputs.shape[1]:
-            cache = read.past_key_values
-            cache.reorder_cache(index)
-            positions = past_mask.sum(dim=1, keepdim=True) + torch.arange(inputs.shape[1], device=self.device)
-            continued = self.model.base_model(
-                input_ids=inputs, attention_mask=continuation_mask(self.model, past_mask, input_mask),
-                position_ids=positions, past_key_values=cache, use_cache=True,
-            ).last_hidden_state
-            hidden = torch.cat([hidden, continued], dim=1)
-        return mean_target_log_prob(output_logits(self.model, hidden), target_ids, target_mask)
+        source read once (`shared_source_logits`): the values of `target_logits` over the pairs,
+        at a fraction of the compute where sources repeat (a story's three reference endings
+        scored against one prediction, or a reference against the others)."""
+        batch = self.encoder.shared_batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return mean_target_log_prob(shared_source_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
 
     def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:
         """probs B×S×V @ E V×d -> B×S×d, scaled as the model scales its own token embeddings."""

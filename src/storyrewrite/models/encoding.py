@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_outputs import BaseModelOutput
 
 
 @dataclass
@@ -68,6 +69,19 @@ class Encoder:
             "target_mask": target_mask,
         }
 
+    def shared_batch_ids(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> dict:
+        """`batch_ids` for targets whose sources repeat, each distinct source once, for
+        `shared_source_logits`: `source_ids`/`source_mask` (D×S, the distinct sources in their
+        first order: left-padded for a causal LM, right-padded for seq2seq), `target_ids`/
+        `target_mask` (R×T, right-padded) and `index` (R: each target's source row)."""
+        pad, multiple = self.tokenizer.pad_token_id, self.pad_to_multiple_of
+        distinct = list(dict.fromkeys(tuple(row) for row in source_ids))
+        row_of = {source: i for i, source in enumerate(distinct)}
+        sources, source_mask = pad_rows([list(s) for s in distinct], pad, left=not self.seq2seq, multiple=multiple)
+        targets, target_mask = pad_rows(target_ids, pad, left=False, multiple=multiple)
+        return {"source_ids": sources, "source_mask": source_mask, "target_ids": targets, "target_mask": target_mask,
+                "index": torch.tensor([row_of[tuple(row)] for row in source_ids])}
+
     def prompts(self, sources: list[str]) -> dict:
         """Left-padded (causal) or right-padded (seq2seq) sources, for generation."""
         ids, mask = pad_rows(self.source_ids(sources), self.tokenizer.pad_token_id, left=not self.seq2seq)
@@ -116,6 +130,43 @@ def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
         model, target.shape[1], input_ids=batch["input_ids"][:, :-1],
         attention_mask=batch["attention_mask"][:, :-1], position_ids=batch["position_ids"][:, :-1], use_cache=False,
     )
+
+
+def shared_source_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
+    """The values of `target_logits` (R×T×V) for a batch of `Encoder.shared_batch_ids`: each
+    distinct source is read once, for all the targets that continue it, at a fraction of the
+    compute where sources repeat (the K samples of one source, a story's reference endings scored
+    against one prediction). Differentiable: a source's gradient sums over its targets.
+
+    A seq2seq model's encoder runs over the distinct sources; each target's decoder attends to its
+    own source's states. A causal LM's body reads the sources once and keeps their keys and
+    values, which each target's row then continues (the cache's rows picked per target), with the
+    positions after its source's."""
+    index, target_ids, target_mask = batch["index"], batch["target_ids"], batch["target_mask"]
+    source_ids, source_mask = batch["source_ids"], batch["source_mask"]
+    if model.config.is_encoder_decoder:
+        encoded = model.get_encoder()(input_ids=source_ids, attention_mask=key_mask(model, source_mask)).last_hidden_state
+        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=target_ids)
+        return model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoded[index]), attention_mask=key_mask(model, source_mask[index]),
+            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_mask(model, decoder_input_ids), use_cache=False,
+        ).logits
+    read = model.base_model(input_ids=source_ids, attention_mask=causal_mask(model, source_mask),
+                            position_ids=position_ids(source_mask), use_cache=True)
+    # The last source position (each row's real last token: left padding) predicts the target's
+    # first token; the target's tokens but its last predict the rest.
+    hidden = read.last_hidden_state[index, -1:]
+    inputs, input_mask, past_mask = target_ids[:, :-1], target_mask[:, :-1], source_mask[index]
+    if inputs.shape[1]:
+        cache = read.past_key_values
+        cache.reorder_cache(index)
+        positions = past_mask.sum(dim=1, keepdim=True) + torch.arange(inputs.shape[1], device=inputs.device)
+        continued = model.base_model(
+            input_ids=inputs, attention_mask=continuation_mask(model, past_mask, input_mask),
+            position_ids=positions, past_key_values=cache, use_cache=True,
+        ).last_hidden_state
+        hidden = torch.cat([hidden, continued], dim=1)
+    return output_logits(model, hidden)
 
 
 def output_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:

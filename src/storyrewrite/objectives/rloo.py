@@ -20,9 +20,10 @@ model (the NLL model; `kl_beta: 0` loads no reference model). The advantage of s
   leave_one_out  A_k = r_k − (1/(K−1)) Σ_{j≠k} r_j
   greedy         A_k = r_k − r(greedy decode)          (self-critical, Rennie et al. 2017)
 
-and the loss, from one teacher-forced forward of the B·K samples with gradient (in the module's
-mode, as every objective's forward; padding and tokens after the end token get no weight), one
-update per batch (no ratio clipping: the samples come from the policy being updated):
+and the loss, from one teacher-forced pass over the B·K samples with gradient (in the module's
+mode, as every objective's forward; padding and tokens after the end token get no weight; each
+source read once for its K samples, `sequence_log_probs`), one update per batch (no ratio
+clipping: the samples come from the policy being updated):
 
   L = −(1/(B·K)) Σ_b Σ_k A_{b,k} · Σ_t log π(ŷ_{b,k,t} | x_b, ŷ_{b,k,<t})
 
@@ -62,7 +63,7 @@ from transformers.generation import utils as generation_utils
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.encoding import Encoder, generated_tokens, target_logits
+from storyrewrite.models.encoding import Encoder, generated_tokens, shared_source_logits, target_logits
 from storyrewrite.models.logprobs import token_log_probs
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding
 from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
@@ -107,11 +108,18 @@ def completion_ids(new_tokens: torch.Tensor, eos_id: int) -> tuple[list[list[int
 def sequence_log_probs(generator: PreTrainedModel, encoder: Encoder, source_ids: list[list[int]],
                        completions: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
     """log π(ŷ | x) = Σ_t log π(ŷ_t | x, ŷ_<t) of each completion (token ids, its end token
-    included) after its source (token ids, unpadded), teacher-forced in one forward, at the
-    sampling temperature: R (float32). Padding gets no weight."""
+    included) after its source (token ids, unpadded), teacher-forced, at the sampling
+    temperature: R (float32). Padding gets no weight. Where sources repeat (a step's K samples
+    of each), each is read once (`shared_source_logits`): the forward, and in training its
+    backward, then cost about a source and K completions an instance, not K of both."""
     device = next(generator.parameters()).device
-    batch = {k: v.to(device) for k, v in encoder.batch_ids(source_ids, completions).items()}
-    logps = token_log_probs(target_logits(generator, batch) / temperature, batch["target_ids"])  # R×T
+    if len({tuple(row) for row in source_ids}) < len(source_ids):
+        batch = {k: v.to(device) for k, v in encoder.shared_batch_ids(source_ids, completions).items()}
+        logits = shared_source_logits(generator, batch)
+    else:
+        batch = {k: v.to(device) for k, v in encoder.batch_ids(source_ids, completions).items()}
+        logits = target_logits(generator, batch)
+    logps = token_log_probs(logits / temperature, batch["target_ids"])  # R×T
     return (logps * batch["target_mask"].to(logps.dtype)).sum(dim=1)
 
 
