@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from storyrewrite.data.formatting import model_target
 from storyrewrite.io import InputError
 from storyrewrite.models.encoding import (Encoder, causal_allowed, causal_mask, decoder_mask, key_mask, model_form, output_logits,
-                                         pad_rows, position_ids, shared_source_logits, target_logits)
+                                         pad_rows, pair_logits, position_ids)
 from storyrewrite.models.store import load_model, load_tokenizer
 from storyrewrite.models.logprobs import mean_target_log_prob
 
@@ -83,7 +83,7 @@ class LMScorer:
         # system's prediction, and its score against the original ending, often repeat.
         pairs = [(tuple(s), tuple(t)) for s, t in zip(source_ids, target_ids, strict=True)]
         unique = list(dict.fromkeys(pairs))
-        # A source is read once for all its targets in a batch (`_score_shared_source`): a
+        # A source is read once for all its targets in a batch (`pair_logits`): a
         # source's pairs go together, longest target first. Where no source repeats, this is
         # the order of the longest pairs first.
         targets_of: dict[tuple, list[tuple]] = {}
@@ -98,24 +98,12 @@ class LMScorer:
         values = []
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            if len({source for source, _ in chunk}) < len(chunk):
-                values.append(self._score_shared_source(chunk))
-                continue
-            batch = self.encoder.batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
+            batch = self.encoder.pair_batch([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            values.append(mean_target_log_prob(target_logits(self.model, batch), batch["target_ids"], batch["target_mask"]))
+            values.append(mean_target_log_prob(pair_logits(self.model, batch), batch["target_ids"], batch["target_mask"]))
         scored = torch.cat(values).tolist() if values else []
         values_of = dict(zip(order, scored, strict=True))
         return [values_of[pair] for pair in pairs]
-
-    def _score_shared_source(self, chunk: list[tuple[tuple, tuple]]) -> torch.Tensor:
-        """M(source, target) for each (source, target) pair of `chunk` (token ids), each distinct
-        source read once (`shared_source_logits`): the values of `target_logits` over the pairs,
-        at a fraction of the compute where sources repeat (a story's three reference endings
-        scored against one prediction, or a reference against the others)."""
-        batch = self.encoder.shared_batch_ids([list(s) for s, _ in chunk], [list(t) for _, t in chunk])
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        return mean_target_log_prob(shared_source_logits(self.model, batch), batch["target_ids"], batch["target_mask"])
 
     def soft_embeddings(self, source_probs: torch.Tensor) -> torch.Tensor:
         """probs B×S×V @ E V×d -> B×S×d, scaled as the model scales its own token embeddings."""

@@ -69,13 +69,16 @@ class Encoder:
             "target_mask": target_mask,
         }
 
-    def shared_batch_ids(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> dict:
-        """`batch_ids` for targets whose sources repeat, each distinct source once, for
-        `shared_source_logits`: `source_ids`/`source_mask` (D×S, the distinct sources in their
-        first order: left-padded for a causal LM, right-padded for seq2seq), `target_ids`/
-        `target_mask` (R×T, right-padded) and `index` (R: each target's source row)."""
-        pad, multiple = self.tokenizer.pad_token_id, self.pad_to_multiple_of
+    def pair_batch(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> dict:
+        """The batch of (source, target) pairs for `pair_logits`: `batch_ids` where every source
+        differs; where sources repeat, each distinct source once: `source_ids`/`source_mask` (D×S,
+        the distinct sources in their first order: left-padded for a causal LM, right-padded for
+        seq2seq), `target_ids`/`target_mask` (R×T, right-padded) and `index` (R: each target's
+        source row), for `shared_source_logits`."""
         distinct = list(dict.fromkeys(tuple(row) for row in source_ids))
+        if len(distinct) == len(source_ids):
+            return self.batch_ids(source_ids, target_ids)
+        pad, multiple = self.tokenizer.pad_token_id, self.pad_to_multiple_of
         row_of = {source: i for i, source in enumerate(distinct)}
         sources, source_mask = pad_rows([list(s) for s in distinct], pad, left=not self.seq2seq, multiple=multiple)
         targets, target_mask = pad_rows(target_ids, pad, left=False, multiple=multiple)
@@ -132,8 +135,15 @@ def target_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
     )
 
 
+def pair_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
+    """Teacher-forced logits at each target position (R×T×V) of an `Encoder.pair_batch`: one
+    forward over every row (`target_logits`), or, where its sources repeat, each read once
+    (`shared_source_logits`)."""
+    return shared_source_logits(model, batch) if "index" in batch else target_logits(model, batch)
+
+
 def shared_source_logits(model: PreTrainedModel, batch: dict) -> torch.Tensor:
-    """The values of `target_logits` (R×T×V) for a batch of `Encoder.shared_batch_ids`: each
+    """The values of `target_logits` (R×T×V) for an `Encoder.pair_batch` whose sources repeat: each
     distinct source is read once, for all the targets that continue it, at a fraction of the
     compute where sources repeat (the K samples of one source, a story's reference endings scored
     against one prediction). Differentiable: a source's gradient sums over its targets.

@@ -63,7 +63,7 @@ from transformers.generation import utils as generation_utils
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.encoding import Encoder, generated_tokens, shared_source_logits, target_logits
+from storyrewrite.models.encoding import Encoder, generated_tokens, pair_logits, target_logits
 from storyrewrite.models.logprobs import token_log_probs
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding
 from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
@@ -110,16 +110,11 @@ def sequence_log_probs(generator: PreTrainedModel, encoder: Encoder, source_ids:
     """log π(ŷ | x) = Σ_t log π(ŷ_t | x, ŷ_<t) of each completion (token ids, its end token
     included) after its source (token ids, unpadded), teacher-forced, at the sampling
     temperature: R (float32). Padding gets no weight. Where sources repeat (a step's K samples
-    of each), each is read once (`shared_source_logits`): the forward, and in training its
-    backward, then cost about a source and K completions an instance, not K of both."""
+    of each), each is read once (`pair_logits`): the forward, and in training its backward, then
+    cost about a source and K completions an instance, not K of both."""
     device = next(generator.parameters()).device
-    if len({tuple(row) for row in source_ids}) < len(source_ids):
-        batch = {k: v.to(device) for k, v in encoder.shared_batch_ids(source_ids, completions).items()}
-        logits = shared_source_logits(generator, batch)
-    else:
-        batch = {k: v.to(device) for k, v in encoder.batch_ids(source_ids, completions).items()}
-        logits = target_logits(generator, batch)
-    logps = token_log_probs(logits / temperature, batch["target_ids"])  # R×T
+    batch = {k: v.to(device) for k, v in encoder.pair_batch(source_ids, completions).items()}
+    logps = token_log_probs(pair_logits(generator, batch) / temperature, batch["target_ids"])  # R×T
     return (logps * batch["target_mask"].to(logps.dtype)).sum(dim=1)
 
 
