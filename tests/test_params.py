@@ -217,6 +217,23 @@ def test_the_check_names_the_file_and_line_that_set_a_bad_value(tmp_path, capsys
     assert errors(str(second))[0].startswith(f"error: {second}:3: unknown key `cpo.betta`; valid keys in `cpo`: ")
 
 
+def test_two_keys_that_conflict_are_named_at_the_one_a_sweep_changes(tmp_path, capsys):
+    # The leave-one-out baseline needs two samples: the error names `rl.samples` where it was set,
+    # though `rl.baseline` is read after it.
+    lines = (ROOT / "params.yaml").read_text().splitlines()
+    samples = next(number for number, line in enumerate(lines, 1) if line.strip().startswith("samples:"))
+    assert lines[samples - 2].startswith("rl:")
+    needs = "the leave_one_out baseline needs >= 2 (or rl.baseline: greedy)"
+    assert _check_errors(capsys, "-S", "rl.samples=1") == [f"error: -S: `rl.samples` = 1: {needs}"]
+    own = tmp_path / "params.yaml"
+    own.write_text("\n".join(lines[:samples - 1] + ["  samples: 1"] + lines[samples:]) + "\n")
+    assert _check_errors(capsys, "--params", str(own)) == [f"error: {own}:{samples}: `rl.samples` = 1: {needs}"]
+    assert _check_errors(capsys, "--params", str(own), "-S", "rl.baseline=leave_one_out") == [
+        f"error: {own}:{samples}: `rl.samples` = 1: {needs}"]
+    main(["check", "--params", str(own), "-S", "rl.baseline=greedy"])  # the self-critical baseline needs one
+    assert capsys.readouterr().err == ""
+
+
 def test_the_check_names_a_bad_registry_name_beside_a_bad_value(capsys):
     # One check names every error: the names the registries look up too, where another section fails.
     def errors(*overrides: str) -> list[str]:

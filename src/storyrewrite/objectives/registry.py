@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from storyrewrite.io import InputError
 from storyrewrite.objectives.base import NLL, Loss, LossFn, LossOutput, Objective, ObjectiveContext  # noqa: F401  re-exported
@@ -56,12 +57,16 @@ class RLConfig(Section):
     # precision); bfloat16 or float16, a copy of it in that dtype, refreshed before each sampling
     sample_dtype: Dtype | None = None
 
-    @field_validator("baseline")
-    @classmethod
-    def _enough_samples(cls, value: str, info) -> str:
-        if value == "leave_one_out" and info.data.get("samples", 2) < 2:
-            raise ValueError("leave_one_out needs rl.samples >= 2 (or baseline: greedy)")
-        return value
+    @model_validator(mode="after")
+    def _enough_samples(self) -> "RLConfig":
+        # Checked once both keys are read and laid on `samples`, the key a sweep changes: an error
+        # from baseline's own check would name baseline's line for `-S rl.samples=1`. (pydantic
+        # gives a model's check no key of its own; a ValidationError raised in it keeps its loc.)
+        if self.baseline == "leave_one_out" and self.samples < 2:
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("value_error", "the leave_one_out baseline needs >= 2 (or rl.baseline: greedy)"),
+                loc=("samples",), input=self.samples)])
+        return self
 
 
 
