@@ -7,6 +7,8 @@ record, so DVC reruns every stage when that file changes; how the report shows t
 the report stage's code alone."""
 from __future__ import annotations
 
+import numpy as np
+
 from storyrewrite.markdown import table
 from storyrewrite.records import where_ran
 
@@ -20,9 +22,9 @@ def seconds(value: float) -> str:
 
 def rate(value: float) -> str:
     """A rate to three significant digits, in digits with thousands separators (2,520,000, not
-    2.52e+06; 0.00123 below 1)."""
+    2.52e+06; 0.00123 and 0.0000123 below 1, not 1.23e-05)."""
     rounded = float(f"{value:.3g}")
-    return f"{rounded:,.0f}" if rounded >= 1000 else f"{value:.3g}"
+    return f"{rounded:,.0f}" if rounded >= 1000 else np.format_float_positional(rounded, trim="-")
 
 
 def stages_table(records: list[dict]) -> str:
