@@ -211,6 +211,42 @@ def test_a_refused_rerun_keeps_the_interrupted_runs_checkpoints(tmp_path, tiny_m
     assert summary["resumed_from_step"] == 2 and summary["global_step"] == 5
 
 
+@pytest.mark.parametrize("objective", ["nll", "score_delta", "cpo", "rloo"])
+def test_each_objectives_batches_travel_to_a_spawned_data_loader_worker(tiny_model_dirs, small_prepared, objective):
+    """A data-loading worker started by spawn or forkserver (macOS's default; Linux's from Python
+    3.14) gets the collate function pickled: it holds no model, and makes the same batch there."""
+    import io
+    import pickle
+
+    settings = {"nll": None, "score_delta": DTO, "cpo": CPOConfig(beta=0.1, **{"lambda": 1.0}), "rloo": RL}[objective]
+    _, data = assemble(tiny_run(tiny_model_dirs["llama"], small_prepared, objective, settings, tiny_model_dirs["llama"],
+                                section="train"))
+    models = []
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, torch.nn.Module):
+                models.append(type(obj).__name__)
+            return NotImplemented
+
+    buffer = io.BytesIO()
+    Pickler(buffer).dump(data.collate)
+    assert models == []
+    rows = read_jsonl(small_prepared / "timetravel" / "train.jsonl")[:3]
+
+    def same(a, b) -> bool:  # tensors, their tuples and dicts (a pair's rows), and plain values
+        if isinstance(a, torch.Tensor):
+            return torch.equal(a, b)
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+        if isinstance(a, tuple):
+            return len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
+    here, there = data.collate(rows), pickle.loads(buffer.getvalue())(rows)
+    assert here.keys() == there.keys() and all(same(here[key], there[key]) for key in here)
+
+
 def test_an_interrupted_run_continues_under_a_larger_budget(tmp_path, tiny_model_dirs, small_prepared):
     # With data-loading workers, as the GPU profile uses them.
     settings = dict(checkpoint_every_n_steps=2, val_check_interval=5, num_workers=2)
