@@ -198,7 +198,7 @@ def test_the_experiments_still_running_are_named_with_their_stages_and_steps(tmp
         assert shown.startswith("== stages done in experiments still running\nexp-a: first on cpu in 1.0 s\n"), shown
         # 20 s a step (a little more by the time it is read), 7 steps to go: about 140 s, 2 min.
         pace = re.fullmatch(r"exp-a: finetuned trained to step 3 of 10 \((\d+\.?\d*) s a step so far: about (\d+) min to go; "
-                            r"train_loss 1\.5, sample_time_share 0\.4\)\n", shown.split("\n", 2)[2])
+                            r"train_loss 1\.5, sample_time_share 40\.0%\)\n", shown.split("\n", 2)[2])
         assert pace and 20 <= float(pace[1]) < 30 and abs(int(pace[2]) - 7 * float(pace[1]) / 60) <= 0.5, shown
         # The trainings' lines alone, as scripts/comparison.sh prints them: the stage's line left out.
         trainings = run(sys.executable, "-m", "storyrewrite.queue", "--trainings")
@@ -298,7 +298,7 @@ def test_a_training_under_way_says_its_step_of_its_total_its_pace_and_its_time_t
 
 def test_a_training_line_shows_the_clock_curves_mean_and_a_count_curves_last_value(tmp_path):
     """RLOO's `decoding_graphs` (graphs compiled while sampling so far) at its last value, 2; the
-    clock's curves at the mean of their last RECENT_STEPS values (12 rows: the last 10, 0.375)."""
+    clock's curves at the mean of their last RECENT_STEPS values (12 rows: the last 10, 37.5 %)."""
     repo = _training_under_way(tmp_path, {"step": 12, "train_loss": 1.25}, {"steps": 300, "from_step": 0, "started_at": 1000.0},
                                logged_at=1120.0)
     curves = tmp_path / "workspace" / "reports" / "train" / "finetuned" / "plots" / "metrics"
@@ -306,7 +306,7 @@ def test_a_training_line_shows_the_clock_curves_mean_and_a_count_curves_last_val
     (curves / "sample_time_share.tsv").write_text("step\tsample_time_share\n" + "".join(f"{s}\t{s / 20}\n" for s in range(1, 13)))
     (curves / "decoding_graphs.tsv").write_text("step\tdecoding_graphs\n1\t1\n2\t1\n3\t2\n")
     (line,) = queue.progress_lines(repo, now=1120.0)
-    assert line.endswith("; train_loss 1.25, sample_time_share 0.375, decoding_graphs 2)"), line
+    assert line.endswith("; train_loss 1.25, sample_time_share 37.5%, decoding_graphs 2)"), line
 
 
 def test_a_validation_under_way_does_not_slow_the_pace_the_next_step_carries_it(tmp_path):

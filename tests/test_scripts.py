@@ -1550,8 +1550,8 @@ def test_the_gpu_job_runs_the_comparison_in_a_git_copy_and_brings_each_gathered_
     # The stages each unfinished experiment ran itself, a record not yet whole left out.
     # Then the experiment that failed, with the end of its log.
     assert done.stdout.endswith("== stages done in experiments still running\ngpu-dto-score: llm_index on cuda:0 in 2.2 s\n"
-                                "gpu-dto-score: finetuned trained to step 120 (train_loss 1.031, sample_time_share 0.8, "
-                                "cpu_wait_time_share 0.25)\ngpu.shared-nll: train_nll on cuda:0 in 98.5 s\n"
+                                "gpu-dto-score: finetuned trained to step 120 (train_loss 1.031, sample_time_share 80.0%, "
+                                "cpu_wait_time_share 25.0%)\ngpu.shared-nll: train_nll on cuda:0 in 98.5 s\n"
                                 "== gpu-rloo-score failed; the end of its log (.dvc/tmp/exps/run/ef/ef.out):\n"
                                 "  Running stage 'train':\n  error: boom\n  ERROR: failed to reproduce 'train'\n"), done.stdout
     assert (home / "proj" / "comparison.log").read_text() == "-j 3 gpu all params/gpu.yaml commit=abc1234 git=device copy of abc1234 held=skip\n"

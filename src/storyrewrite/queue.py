@@ -347,7 +347,8 @@ def training_line(name: str, workspace: Path, system: str, training: Training, n
     curves = workspace / "reports" / "train" / system / "plots" / "metrics"
     shown = {"train_loss": training.summary.get("train_loss"), **{curve: _recent(curves / f"{curve}.tsv") for curve in CLOCK_CURVES},
              **{curve: _recent(curves / f"{curve}.tsv", 1) for curve in COUNT_CURVES}}
-    shown = ", ".join(f"{key} {value:.4g}" for key, value in shown.items() if isinstance(value, (int, float)))
+    shown = ", ".join(f"{key} {value:.1%}" if key.endswith("_share") else f"{key} {value:.4g}"  # (a share: 0.0 %, not 2e-06)
+                      for key, value in shown.items() if isinstance(value, (int, float)))
     plan, step = training.plan, training.summary["step"]
     per_step, left = pace(plan, training.logged_step, training.logged_at, now)
     timing = ""
