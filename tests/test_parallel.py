@@ -100,15 +100,35 @@ def test_device_auto_and_training_auto_use_the_gpu_this_worker_holds(tmp_path, m
     monkeypatch.setattr(parallel, "_held", {})
     config = tiny_train_config(accelerator="auto", devices="auto")
     monkeypatch.setenv("STORYREWRITE_WORKERS", "1")
-    assert resolve_device("auto") == torch.device("cuda") and placement(config) == ("auto", "auto")
+    assert resolve_device("auto") == torch.device("cuda") and placement(config) == ("cuda", "auto")
     monkeypatch.setenv("STORYREWRITE_WORKERS", "2")
     try:
-        assert resolve_device("auto") == torch.device("cuda:0") and placement(config) == ("gpu", [0])
+        assert resolve_device("auto") == torch.device("cuda:0") and placement(config) == ("cuda", [0])
         # An explicit choice is left alone.
         assert placement(tiny_train_config(accelerator="cpu", devices=1)) == ("cpu", 1)
     finally:
         for fd in parallel._held.values():
             os.close(fd)
+
+
+@pytest.mark.filterwarnings("ignore:GPU available but not used")  # (the MPS this test makes up)
+def test_training_auto_is_the_cpu_where_lightnings_auto_would_take_apples_gpu(monkeypatch):
+    # A Mac: Apple's MPS, no CUDA. Lightning's own `auto` takes MPS; the params' `device: auto`
+    # (generation, scoring) is the CPU, and so is a training section's `accelerator: auto`.
+    import lightning as L
+    from lightning.fabric.accelerators.mps import MPSAccelerator
+    from lightning.fabric.utilities.device_parser import _select_auto_accelerator
+
+    from storyrewrite.training.run import trainer_kwargs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: True))
+    assert _select_auto_accelerator() == "mps"  # (the Mac, as Lightning sees it)
+    config = tiny_train_config(accelerator="auto", devices="auto")
+    assert resolve_device("auto") == torch.device("cpu") and placement(config) == ("cpu", "auto")
+    assert L.Trainer(**trainer_kwargs(config), enable_checkpointing=False).strategy.root_device == torch.device("cpu")
+    # Asked for by name, MPS is Lightning's to place (and to refuse where it cannot run).
+    assert placement(tiny_train_config(accelerator="mps", devices="auto")) == ("mps", "auto")
 
 
 def test_the_lock_files_live_in_the_outermost_repository(tmp_path):

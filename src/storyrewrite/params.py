@@ -162,7 +162,7 @@ class TrainConfig(Section):
     val_check_interval: Positive  # validate every this many training batches
     checkpoint_every_n_steps: Positive  # save the resumable last.ckpt this often
     resume: bool  # continue an interrupted run from last.ckpt when it is the same run
-    accelerator: Accelerator  # Lightning Trainer arguments, checked against its values ("auto" picks a GPU)
+    accelerator: Accelerator  # Lightning Trainer arguments, checked against its values ("auto": a CUDA GPU, else the CPU)
     devices: Devices  # Lightning's: auto, a count (-1: all), or which ones ([0, 1] or "0,1")
     strategy: Strategy  # Lightning's: auto, ddp, fsdp, ...
     precision: Precision  # Lightning's: 32-true, bf16-mixed, 16-mixed, ... (an alias, bf16, as bf16-mixed)

@@ -418,9 +418,11 @@ def build(context: ObjectiveContext[RLConfig]) -> Loss:
         kl = torch.zeros_like(metric)
         if reference is not None:
             with torch.no_grad():
-                # (float64 on the device, then one read: the difference the host would compute)
-                kl = (logps().detach().double() - sequence_log_probs(reference, encoder, sources, completions,
-                                                                     config.temperature).double()).cpu()
+                # One read of both log-probabilities, their difference in float64 on the host: the
+                # same number float64 on the device gives, and Apple's MPS has no float64.
+                both = torch.stack((logps().detach().float(), sequence_log_probs(
+                    reference, encoder, sources, completions, config.temperature).float())).cpu().double()
+                kl = both[0] - both[1]
         return metric - config.kl_beta * kl, metric, kl
 
     def compute(generator: PreTrainedModel, batch: dict, noise_seed: int, validation: bool) -> LossOutput:

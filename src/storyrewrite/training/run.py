@@ -155,14 +155,20 @@ def run_fingerprint(run: Run) -> str:
 
 
 def placement(config: TrainConfig) -> tuple[str, int | str | list[int]]:
-    """Lightning's (accelerator, devices) for the section: as configured, except that `auto`
-    on a machine whose GPUs several concurrent workers share is the GPU this process holds
-    (storyrewrite.parallel); Lightning's own `auto` would put every worker on all of them."""
-    if config.accelerator in ("auto", "gpu", "cuda") and config.devices == "auto" and torch.cuda.is_available():
+    """Lightning's (accelerator, devices) for the section: as configured, except for `auto`, which
+    means what the params' `device: auto` means (storyrewrite.models.device): a CUDA GPU if there
+    is one, on a machine whose GPUs several concurrent workers share the one this process holds
+    (storyrewrite.parallel), else the CPU. Lightning's own `auto` prefers a TPU, then Apple's MPS,
+    then CUDA, and puts every worker on all the GPUs: on a Mac it would train on MPS while
+    generation and scoring run on the CPU. `mps` (or `gpu` on a Mac) still asks Lightning for MPS."""
+    accelerator = config.accelerator
+    if accelerator == "auto":
+        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    if accelerator in ("gpu", "cuda") and config.devices == "auto" and torch.cuda.is_available():
         index = assigned_gpu(torch.cuda.device_count())
         if index is not None:
-            return "gpu", [index]
-    return config.accelerator, config.devices
+            return "cuda", [index]
+    return accelerator, config.devices
 
 
 def progress_bar(monitor: TrainingMonitor) -> Callback:
