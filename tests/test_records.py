@@ -149,6 +149,22 @@ def test_peak_memory_is_the_processs_own_not_its_parents():
     assert float(child.stdout) < 0.2
 
 
+@pytest.mark.parametrize("platform, unit", [("darwin", 2**30), ("linux", 2**20), ("freebsd14", 2**20)])
+def test_without_proc_the_peak_memory_is_getrusages_in_that_systems_unit(tmp_path, monkeypatch, platform, unit):
+    """No /proc (macOS): getrusage's ru_maxrss, which macOS gives in bytes and Linux and the BSDs
+    in KiB (getrusage(2)); a 3 GiB peak reads 3.0 on each."""
+    import resource
+    from types import SimpleNamespace
+
+    from storyrewrite import records
+
+    real = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # (KiB: this is Linux)
+    assert records.peak_rss_gb(tmp_path / "no-status") == pytest.approx(real / 2**20, rel=0.01)
+    monkeypatch.setattr(records.sys, "platform", platform)
+    monkeypatch.setattr(records.resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=3 * unit))
+    assert records.peak_rss_gb(tmp_path / "no-status") == 3.0
+
+
 def test_peak_memory_is_in_gib():
     """512 MiB made resident raise the peak by 0.5 (GiB: bytes / 2**30), not by 0.537 (GB) or 512."""
     import subprocess

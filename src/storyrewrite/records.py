@@ -111,14 +111,15 @@ def describe_device(device) -> dict:
     return {"device": text, "device_name": text}
 
 
-def peak_rss_gb() -> float:
-    """The process's peak resident memory: VmHWM, which starts afresh with the process
-    (getrusage's ru_maxrss carries a parent's peak across exec: DVC's, for a stage)."""
-    status = Path("/proc/self/status")
+def peak_rss_gb(status: Path = Path("/proc/self/status")) -> float:
+    """The process's peak resident memory in GiB: VmHWM of its `status`, which starts afresh with
+    the process (getrusage's ru_maxrss carries a parent's peak across exec: DVC's, for a stage);
+    where there is no /proc (macOS), getrusage's."""
     if status.exists():
         line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
         return int(line.split()[1]) / 2**20  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    # Elsewhere getrusage's peak: in bytes on macOS, in KiB on Linux and the BSDs (getrusage(2)).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def process_age_s() -> float | None:
