@@ -29,7 +29,7 @@ from storyrewrite.training.data import Collate
 from storyrewrite.training.monitor import TrainingDiverged, TrainingMonitor
 from storyrewrite.training.run import NoCloudTips, assemble, bf16_emulation_warning, fit
 
-from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run
+from helpers import DTO, RL, ROOT, read_jsonl, tiny_models_config, tiny_run, tiny_train_config
 
 
 @pytest.mark.parametrize("pairs", [False, True])
@@ -747,6 +747,34 @@ def test_a_bf16_run_on_such_a_cpu_prints_the_warning_once(tmp_path, tiny_model_d
                                       validate_at_start=True), diagnostics=False)
     assert capsys.readouterr().out.count("on a CPU without bf16 instructions") == 1
     assert math.isfinite(summary["start_val_loss"]) and math.isfinite(summary["best_val_loss"])
+
+
+def test_auto_beside_apples_mps_trains_on_the_cpu_and_says_which_setting_takes_mps(tmp_path, tiny_model_dirs, small_prepared,
+                                                                                     monkeypatch, capsys):
+    """A Mac (Lightning sees MPS, torch no CUDA): `accelerator: auto` trains on the CPU, and one
+    line names the -S that trains on MPS, in place of Lightning's warning, which suggests a
+    Trainer argument (`accelerator='gpu'`) no params key is written as."""
+    import warnings
+
+    from lightning.fabric.accelerators.mps import MPSAccelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = _fit(tmp_path, tiny_run(tiny_model_dirs["llama"], small_prepared, max_steps=1, val_check_interval=1,
+                                          accelerator="auto", devices="auto"), diagnostics=False)
+    assert summary["global_step"] == 1
+    assert not [w for w in caught if "GPU available but not used" in str(w.message)]
+    assert capsys.readouterr().out.count("note: `train_nll.accelerator` = auto trains on the CPU, as `device: auto` "
+                                         "generates and scores there; Apple's MPS is here: "
+                                         "-S train_nll.accelerator=mps trains on it\n") == 1
+    # (where training was asked for by name, or there is no MPS, no line)
+    from storyrewrite.training.run import unused_mps
+
+    assert unused_mps("train", tiny_train_config(accelerator="cpu")) is None
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: False))
+    assert unused_mps("train", tiny_train_config(accelerator="auto")) is None
 
 
 @pytest.mark.slow

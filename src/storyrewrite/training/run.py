@@ -171,6 +171,22 @@ def placement(config: TrainConfig) -> tuple[str, int | str | list[int]]:
     return accelerator, config.devices
 
 
+# Lightning's warning where a GPU is there and unused: it suggests `Trainer(accelerator='gpu')`,
+# an argument a user of the pipeline does not write (unused_mps says what to set instead).
+UNUSED_GPU_WARNING = "GPU available but not used"
+
+
+def unused_mps(section: str, config: TrainConfig) -> str | None:
+    """The line a training section prints where its `accelerator: auto` trains on the CPU with
+    Apple's MPS there (placement), naming the setting that trains on MPS; None elsewhere."""
+    from lightning.fabric.accelerators.mps import MPSAccelerator  # (Lightning's test: MPS on Apple silicon)
+
+    if config.accelerator != "auto" or torch.cuda.is_available() or not MPSAccelerator.is_available():
+        return None
+    return (f"note: `{section}.accelerator` = auto trains on the CPU, as `device: auto` generates and scores there; "
+            f"Apple's MPS is here: -S {section}.accelerator=mps trains on it")
+
+
 def progress_bar(monitor: TrainingMonitor) -> Callback:
     """Lightning's own default progress bar (rich where installed, else tqdm), showing the loss
     `monitor` read (a step late: a loss logged to the bar would be read back at every step, the
@@ -338,8 +354,13 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     without_nan_fill()
     every_callback = [best, latest, monitor, TrainingPlan(checkpoint_dir / TRAINING_PLAN), progress_bar(monitor), *callbacks]
     settings = trainer_kwargs(run.config)
+    note = unused_mps(run.section, run.config)
     try:
-        trainer = L.Trainer(callbacks=every_callback, default_root_dir=str(checkpoint_dir), plugins=[AtomicCheckpointIO()], **settings)
+        with warnings.catch_warnings():
+            if note:
+                warnings.filterwarnings("ignore", message=UNUSED_GPU_WARNING)
+            trainer = L.Trainer(callbacks=every_callback, default_root_dir=str(checkpoint_dir), plugins=[AtomicCheckpointIO()],
+                                **settings)
     except (MisconfigurationException, ModuleNotFoundError, ValueError) as error:
         # Refused before any model is loaded; a fresh run's directory goes (an interrupted run's stays).
         if resume_from is None:
@@ -350,8 +371,9 @@ def fit(run: Run, out_dir: Path, checkpoint_dir: Path, log_dir: Path, callbacks:
     module, datamodule = assemble(run, diagnostics)
     warning = bf16_emulation_warning(run.section, run.config.precision, device,
                                      cpu_has_bf16() if device.type == "cpu" else None)  # (/proc/cpuinfo read on a CPU only)
-    if warning and trainer.is_global_zero:
-        print(warning, flush=True)
+    for line in (note, warning):
+        if line and trainer.is_global_zero:
+            print(line, flush=True)
 
     started = time.perf_counter()
     if run.config.validate_at_start and resume_from is None:
