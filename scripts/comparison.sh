@@ -79,10 +79,14 @@ RECORDS=(reports/stages/*.json "runs/$NAME".*/stages/*.json)  # the stage record
 shopt -u nullglob
 
 # workers: the pids of this repository's DVC queue workers (`dvc exp queue-worker` processes whose
-# working directory is the repository).
+# working directory is the repository), from /proc; without one (macOS), through psutil.
 HERE=$(pwd -P)
 workers() {
   local cmdline
+  if [ ! -d /proc/self ]; then
+    python -m storyrewrite.parallel queue-workers --cwd "$HERE"
+    return
+  fi
   for cmdline in $(grep -lsa 'queue-worke[r]' /proc/[0-9]*/cmdline || true); do
     [ "$(readlink "${cmdline%/cmdline}/cwd" 2>/dev/null)" != "$HERE" ] || basename "${cmdline%/cmdline}"
   done

@@ -35,6 +35,31 @@ def test_workers_come_from_the_setting_or_from_dvc_queue_workers_running(tmp_pat
         parallel.workers({"STORYREWRITE_WORKERS": "two"}, proc)
 
 
+def test_without_proc_the_queue_workers_are_found_through_psutil_as_proc_finds_them(tmp_path, capsys):
+    """macOS has no /proc: psutil reads the processes there. Here both readers, over real processes:
+    two queue workers in two folders, and a DVC command that is not one."""
+    folders = [tmp_path / "repo", tmp_path / "other"]
+    hold = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    children = []
+    try:
+        for folder, command in ((folders[0], ["dvc", "exp", "queue-worker", "dvc-exp-1@localhost"]),
+                                (folders[1], ["dvc", "exp", "queue-worker", "dvc-exp-2@localhost"]),
+                                (folders[0], ["dvc", "exp", "run", "--queue"])):
+            folder.mkdir(exist_ok=True)
+            children.append(subprocess.Popen([*hold, *command], cwd=folder, stdin=subprocess.PIPE))
+        ours = {child.pid for child in children}
+        for proc in (Path("/proc"), tmp_path / "no-proc"):
+            assert ours & set(parallel.queue_worker_pids(proc)) == {children[0].pid, children[1].pid}, proc
+            assert ours & set(parallel.queue_worker_pids(proc, folders[0])) == {children[0].pid}, proc
+        parallel.main(["queue-workers", "--cwd", str(folders[1])])
+        assert capsys.readouterr().out == f"{children[1].pid}\n"
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+            child.stdin.close()
+
+
 def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
     assert [parallel.thread_share(2, n) for n in (1, 2, 3)] == [2, 1, 1]
     assert parallel.thread_share(16, 4) == 4
@@ -163,7 +188,9 @@ def test_the_worker_count_keeps_to_the_hosts_available_memory(tmp_path):
     meminfo.write_text("MemTotal:       25000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
     assert parallel.host_available_gb(meminfo) == 20000000 * 1024 / 1e9
     meminfo.write_text("MemTotal:       25000000 kB\n")  # an old kernel's: no bound
-    assert parallel.host_available_gb(meminfo) is None and parallel.host_available_gb(tmp_path / "none") is None
+    assert parallel.host_available_gb(meminfo) is None
+    # Without /proc/meminfo (macOS): psutil's estimate, which on Linux is MemAvailable itself.
+    assert parallel.host_available_gb(tmp_path / "none") == pytest.approx(parallel.host_available_gb(), abs=0.5)
 
 
 def test_the_worker_count_reads_the_gpus_free_memory_and_the_stage_records_peak(tmp_path, monkeypatch, capsys):

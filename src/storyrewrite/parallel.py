@@ -48,16 +48,42 @@ RESERVE_ENV = "STORYREWRITE_WORKER_GPU_GB"  # each worker's GPU memory (share_gp
 _held: dict[int, int] = {}  # GPU index -> the file descriptor whose lock this process holds
 
 
-def queue_workers(proc: Path = Path("/proc")) -> int:
-    """The DVC queue workers running on this machine (0 where /proc cannot tell)."""
-    count = 0
+def queue_worker_pids(proc: Path = Path("/proc"), cwd: Path | None = None) -> list[int]:
+    """The pids of the DVC queue workers running on this machine (`dvc exp queue-worker`
+    processes), of those whose working directory is `cwd` where given. Read from `proc` where
+    it is a directory (Linux: no import); elsewhere (macOS, the BSDs) through psutil, the
+    portable reader of other processes, which pays an import and a system call a process."""
+    cwd = cwd.resolve() if cwd is not None else None
+    if not proc.is_dir():
+        return _queue_worker_pids_psutil(cwd)
+    found = []
     for cmdline in proc.glob("[0-9]*/cmdline"):
         try:
-            if b"exp\0queue-worker\0" in cmdline.read_bytes():
-                count += 1
+            if b"exp\0queue-worker\0" in cmdline.read_bytes() and (cwd is None or (cmdline.parent / "cwd").readlink() == cwd):
+                found.append(int(cmdline.parent.name))
         except OSError:
-            continue  # a process that ended while we looked
-    return count
+            continue  # a process that ended while we looked, or another user's (its cwd unreadable)
+    return sorted(found)
+
+
+def _queue_worker_pids_psutil(cwd: Path | None) -> list[int]:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            command = process.cmdline()
+            if any(command[i:i + 2] == ["exp", "queue-worker"] for i in range(len(command) - 1)) and (
+                    cwd is None or Path(process.cwd()) == cwd):
+                found.append(process.pid)
+        except (psutil.Error, OSError):
+            continue  # a process that ended while we looked, or another user's
+    return sorted(found)
+
+
+def queue_workers(proc: Path = Path("/proc")) -> int:
+    """How many DVC queue workers run on this machine (queue_worker_pids)."""
+    return len(queue_worker_pids(proc))
 
 
 def workers(environ=os.environ, proc: Path = Path("/proc")) -> int:
@@ -213,7 +239,12 @@ HOST_HEADROOM = 0.8  # of the host's available memory: the rest for DVC, the dat
 
 def host_available_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
     """The memory the host can give new processes without swapping (MemAvailable), in GB; None
-    where /proc/meminfo cannot tell."""
+    where /proc/meminfo holds no such line (Linux before 3.14). Without /proc/meminfo (macOS, the
+    BSDs), psutil's estimate of the same."""
+    if not meminfo.exists():
+        import psutil
+
+        return psutil.virtual_memory().available / 1e9
     try:
         line = next(line for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
@@ -327,7 +358,14 @@ def main(argv: list[str] | None = None) -> None:
     reserve = commands.add_parser("gpu-reserve", help=f"print a worker's GPU memory in GB, as `workers` counts it "
                                   f"(for {RESERVE_ENV})")
     reserve.add_argument("--records", type=Path, nargs="*", default=[], help="stage records, as for `workers`")
+    pids = commands.add_parser("queue-workers", help="print the pids of the DVC queue workers running here, a line each "
+                               "(scripts/comparison.sh's reader where there is no /proc)")
+    pids.add_argument("--cwd", type=Path, help="only those whose working directory is this one")
     args = parser.parse_args(argv)
+    if args.command == "queue-workers":
+        if found := queue_worker_pids(cwd=args.cwd):
+            print(*found, sep="\n")
+        return
     if args.command == "gpu-reserve":
         print(f"{worker_gpu_gb(args.records)[0]:.2f}")
         return
