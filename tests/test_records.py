@@ -214,3 +214,27 @@ def test_the_cpu_is_named_from_cpuinfo_and_without_it_from_the_platform(monkeypa
     monkeypatch.setattr(records, "_proc_cpuinfo", lambda: None)  # not Linux
     assert records.cpu_name() == f"{platform.processor() or platform.machine()} ({cores} cores)"
     assert records.cpu_has_bf16() is None
+
+
+@pytest.mark.parametrize("feature, bf16", [("1", True), ("0", False), (None, None)])  # M2 and later; M1; an Intel Mac
+def test_on_macos_the_cpu_and_its_bf16_come_from_sysctl(tmp_path, monkeypatch, feature, bf16):
+    """A Mac has no /proc: `sysctl -n` names the CPU and says whether it has bf16 instructions
+    (here a stand-in sysctl on the PATH answers as macOS's does, exiting 1 for a name it lacks)."""
+    import os
+    import platform
+
+    from storyrewrite import records
+
+    settings = {"machdep.cpu.brand_string": "Apple M2 Pro", "hw.optional.arm.FEAT_BF16": feature}
+    answers = "\n".join(f'  {name}) echo "{value}" ;;' for name, value in settings.items() if value is not None)
+    (tmp_path / "sysctl").write_text(f'#!/bin/sh\n[ "$1" = -n ] || exit 2\ncase "$2" in\n{answers}\n'
+                                     f'  *) echo "sysctl: unknown oid \'$2\'" >&2; exit 1 ;;\nesac\n')
+    (tmp_path / "sysctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(records, "_proc_cpuinfo", lambda: None)
+    monkeypatch.setattr(records.sys, "platform", "darwin")
+    assert records.cpu_name() == f"Apple M2 Pro ({os.cpu_count()} cores)"
+    assert records.cpu_has_bf16() is bf16
+    monkeypatch.setattr(records.sys, "platform", "linux")  # (sysctl is asked on macOS alone)
+    assert records.cpu_name() == f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    assert records.cpu_has_bf16() is None

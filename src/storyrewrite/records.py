@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -48,18 +49,33 @@ def _proc_cpuinfo() -> str | None:
         return None
 
 
+def _sysctl(name: str) -> str | None:
+    """macOS's value of the kernel setting `name` (`sysctl -n NAME`): where a Mac, which has no
+    /proc, names its CPU and its features. None elsewhere, or where it has no such setting."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        result = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (result.stdout.strip() or None) if result.returncode == 0 else None
+
+
 def cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (platform's guess elsewhere), with its core count."""
+    """The CPU model as /proc/cpuinfo names it (macOS: `machdep.cpu.brand_string`, "Apple M2";
+    platform's guess elsewhere), with its core count."""
     names = [line.split(":", 1)[1].strip() for line in (_proc_cpuinfo() or "").splitlines() if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    name = names[0] if names else _sysctl("machdep.cpu.brand_string") or platform.processor() or platform.machine()
+    return f"{name} ({os.cpu_count()} cores)"
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
     """Whether the CPU has bf16 arithmetic instructions, from its flags in /proc/cpuinfo (or
     `cpuinfo`, that file's text): x86 `avx512_bf16` or `amx_bf16`, Arm `bf16`. Without them torch
-    computes bf16 in emulation. None where no flags are listed (no /proc/cpuinfo: not Linux)."""
+    computes bf16 in emulation. On macOS, Apple silicon's `hw.optional.arm.FEAT_BF16` (M2 and
+    later). None where nothing tells (an Intel Mac; no /proc/cpuinfo elsewhere)."""
     if cpuinfo is None and (cpuinfo := _proc_cpuinfo()) is None:
-        return None
+        return {"1": True, "0": False}.get(_sysctl("hw.optional.arm.FEAT_BF16") or "")
     flags = [set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines()
              if line.split(":", 1)[0].strip() in ("flags", "Features") and ":" in line]
     if not flags:
