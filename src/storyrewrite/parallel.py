@@ -46,6 +46,9 @@ from storyrewrite.errors import InputError
 WORKERS_ENV = "STORYREWRITE_WORKERS"
 RESERVE_ENV = "STORYREWRITE_WORKER_GPU_GB"  # each worker's GPU memory (share_gpu_memory), set by scripts/comparison.sh
 _held: dict[int, int] = {}  # GPU index -> the file descriptor whose lock this process holds
+# A queue worker's command line holds these arguments, as /proc holds a command line: each one
+# NUL-terminated (psutil's reader joins the arguments so, and both readers ask the same).
+QUEUE_WORKER = b"exp\0queue-worker\0"
 
 
 def queue_worker_pids(proc: Path = Path("/proc"), cwd: Path | None = None) -> list[int]:
@@ -59,7 +62,7 @@ def queue_worker_pids(proc: Path = Path("/proc"), cwd: Path | None = None) -> li
     found = []
     for cmdline in proc.glob("[0-9]*/cmdline"):
         try:
-            if b"exp\0queue-worker\0" in cmdline.read_bytes() and (cwd is None or (cmdline.parent / "cwd").readlink() == cwd):
+            if QUEUE_WORKER in cmdline.read_bytes() and (cwd is None or (cmdline.parent / "cwd").readlink() == cwd):
                 found.append(int(cmdline.parent.name))
         except OSError:
             continue  # a process that ended while we looked, or another user's (its cwd unreadable)
@@ -72,9 +75,8 @@ def _queue_worker_pids_psutil(cwd: Path | None) -> list[int]:
     found = []
     for process in psutil.process_iter():
         try:
-            command = process.cmdline()
-            if any(command[i:i + 2] == ["exp", "queue-worker"] for i in range(len(command) - 1)) and (
-                    cwd is None or Path(process.cwd()) == cwd):
+            command = "".join(f"{argument}\0" for argument in process.cmdline()).encode()
+            if QUEUE_WORKER in command and (cwd is None or Path(process.cwd()) == cwd):
                 found.append(process.pid)
         except (psutil.Error, OSError):
             continue  # a process that ended while we looked, or another user's
