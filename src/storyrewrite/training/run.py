@@ -181,7 +181,8 @@ def unused_mps(section: str, config: TrainConfig) -> str | None:
     Apple's MPS there (placement), naming the setting that trains on MPS; None elsewhere."""
     from lightning.fabric.accelerators.mps import MPSAccelerator  # (Lightning's test: MPS on Apple silicon)
 
-    if config.accelerator != "auto" or torch.cuda.is_available() or not MPSAccelerator.is_available():
+    # (placement last: with CUDA there it may take a GPU for this process; no machine has both)
+    if config.accelerator != "auto" or not MPSAccelerator.is_available() or placement(config)[0] != "cpu":
         return None
     return (f"note: `{section}.accelerator` = auto trains on the CPU, as `device: auto` generates and scores there; "
             f"Apple's MPS is here: -S {section}.accelerator=mps trains on it")
