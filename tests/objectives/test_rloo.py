@@ -1,5 +1,6 @@
 """RLOO against computations made another way: per-sample forwards, hand-made advantages, the
 exact gradient of an expected reward, a hand-written greedy decode."""
+import json
 import re
 
 import numpy as np
@@ -12,7 +13,7 @@ from transformers import CompileConfig
 from helpers import RL, ROOT, read_jsonl, tiny_run
 from storyrewrite.curves import read_curve
 from storyrewrite.models.encoding import Encoder, target_logits
-from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer
+from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding
 from storyrewrite.metrics.lm_scorer import LMScorer
 from storyrewrite.objectives import rloo
 from storyrewrite.objectives.registry import SETTINGS, ObjectiveContext, RLConfig, get_objective
@@ -279,6 +280,45 @@ def test_each_source_is_read_once_for_its_samples_with_the_values_and_gradients_
     assert shared_grads.keys() == alone_grads.keys() and len(shared_grads) > 5
     for name, grad in alone_grads.items():
         assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_causal_models_sources_fill_the_dynamic_cache_once_for_the_samples_generate_draws(tiny_model_dirs, small_prepared):
+    """With the dynamic cache a causal model reads each source once, B rows for B·K samples,
+    where transformers' `num_return_sequences` reads it K times; the samples are those that
+    `generate` draws with that option from the same seed, left padding included."""
+    directory = tiny_model_dirs["llama"]
+    model, encoder = load_model(directory).eval(), Encoder(load_tokenizer(directory), False, 512, 40)  # (no source cut)
+    eos, pad = encoder.tokenizer.eos_token_id, encoder.tokenizer.pad_token_id
+    rows = sorted(read_jsonl(small_prepared / "timetravel" / "train.jsonl"), key=lambda row: len(json.dumps(row)))
+    batch = Collate(encoder, "timetravel")([rows[0], rows[-1]])
+    ids, mask, _ = rloo.source_rows(batch, False)
+    assert ids.shape[1] > 1 and (mask == 0).any()  # two sources of different lengths, left-padded
+    reads = []  # (rows, positions) of each forward of the model's body
+    handle = model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: reads.append(tuple(inputs[0].shape)))
+    try:
+        new, _ = rloo.sample_tokens(model, batch, 3, 5, MAX_NEW, 1.0, eos, pad)
+    finally:
+        handle.remove()
+    assert reads[0] == (2, ids.shape[1] - 1) and reads[1] == (6, 1)  # the sources but their last token, once; then 6 rows
+    assert all(length == 1 for _, length in reads[1:])
+    with torch.inference_mode(), plain_decoding(model):
+        torch.manual_seed(5)
+        drawn = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, num_return_sequences=3, top_k=0, top_p=1.0,
+                               temperature=1.0, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=pad)
+    assert torch.equal(new, drawn[:, ids.shape[1]:])
+    greedy, _ = rloo.sample_tokens(model, batch, 1, 5, MAX_NEW, 1.0, eos, pad, greedy=True)  # one row a source: as it is
+    assert greedy.shape[0] == 2
+    # The next token's logits of each sample's row, read through the shared keys and values,
+    # are those of its source alone, unpadded, in one forward.
+    with torch.no_grad():
+        prefix = rloo.shared_prefix(model, ids, mask, 3)
+        rows = mask.repeat_interleave(3, dim=0)
+        logits = model(input_ids=ids.repeat_interleave(3, dim=0)[:, -1:], attention_mask=rows, past_key_values=prefix,
+                       position_ids=rows.sum(dim=1, keepdim=True) - 1).logits[:, -1]
+        for b in range(2):
+            alone = model(input_ids=ids[b][mask[b].bool()][None]).logits[0, -1]
+            for row in range(3 * b, 3 * b + 3):
+                assert torch.allclose(logits[row], alone, atol=1e-5), (b, row)
 
 
 def test_samples_come_from_the_model_not_from_its_checkpoints_decoding_defaults(tiny_model_dirs, small_prepared):

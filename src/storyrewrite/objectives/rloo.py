@@ -6,7 +6,8 @@ Per training instance x, K endings ŷ_1..ŷ_K are sampled from the current gener
 temperature `rl.temperature`, no top-k/top-p and none of the checkpoint's decoding defaults, so
 that the samples come from π itself; at most `rl.max_new_tokens` new tokens; eval mode, no
 gradient, no autocast: the weights in their own dtype, or in `rl.sample_dtype`), seeded by the
-run's seed and the step.
+run's seed and the step. With the dynamic cache a causal model reads each source once for its K
+samples (`shared_prefix`); transformers' num_return_sequences would read it K times.
 Each gets the reward of `rl.reward`, the frozen scorer's M (BARTScore) with the discrete sample
 as its source, as DTO's soft ending is:
 
@@ -52,13 +53,14 @@ read is where the host waits for the decoding it queued; the rest is the host's 
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 
 import torch
-from transformers import CompileConfig, EncoderDecoderCache, GenerationConfig, PreTrainedModel, StaticCache
+from transformers import CompileConfig, DynamicCache, EncoderDecoderCache, GenerationConfig, PreTrainedModel, StaticCache
 from transformers.generation import utils as generation_utils
 
 from storyrewrite.io import InputError
@@ -224,6 +226,29 @@ def transformers_compiles(device: torch.device, compile_config: CompileConfig | 
     return device.type in ("cuda", "xpu", "neuron", "tpu") or bool(getattr(compile_config, "_compile_all_devices", False))
 
 
+def shared_prefix(generator: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, count: int) -> DynamicCache:
+    """A causal model's keys and values of each left-padded source but its last token, computed
+    once a source and repeated for its `count` samples (rows instance-major, as `generate`'s
+    num_return_sequences repeats them): the dynamic cache from which `generate`, given the
+    repeated sources, reads only their last token before it samples. transformers repeats the
+    sources before their forward, so each is read `count` times; an encoder-decoder's encoder it
+    runs once. With `params/gpu.yaml`'s sources on a 2-core CPU that forward was a third of a
+    sampling's time. The positions are those `generate` gives a left-padded row (its
+    `_prepare_position_ids_for_generation`), where the model takes them. Ours: transformers
+    reuses a cache that is passed to it (prefix caching) but has no option to share one
+    prompt's among its return sequences."""
+    cache = DynamicCache(config=generator.config)
+    inputs = {"input_ids": ids[:, :-1], "attention_mask": mask[:, :-1], "past_key_values": cache, "use_cache": True}
+    accepts = inspect.signature(generator.forward).parameters
+    if "position_ids" in accepts:
+        inputs["position_ids"] = (mask[:, :-1].long().cumsum(-1) - 1).masked_fill(mask[:, :-1] == 0, 0)
+    if "logits_to_keep" in accepts:  # (the logits are not read: one position's, not the source's)
+        inputs["logits_to_keep"] = 1
+    generator(**inputs)
+    cache.batch_repeat_interleave(count)
+    return cache
+
+
 def sample(generator: PreTrainedModel, batch: dict, count: int, seed: int, max_new_tokens: int, temperature: float,
            eos_id: int, pad_id: int, greedy: bool = False, *, caches: StaticCaches | None = None,
            compile_config: CompileConfig | None = None, early_stop: bool = True
@@ -250,12 +275,17 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
     call, so that the decoding step keeps one shape (and one set of cache tensors) per row count;
     on a GPU transformers then compiles that step (`compile_config`, default: inductor's
     reduce-overhead, CUDA graphs; given only where it compiles, `transformers_compiles`).
-    None: the dynamic cache, eager. `early_stop` False: always
+    None: the dynamic cache, eager; a causal model's sources then fill it once for their `count`
+    samples (`shared_prefix`). `early_stop` False: always
     `max_new_tokens` decoding steps, without a host read per token (`stop_at_max_length`)."""
     seq2seq = bool(generator.config.is_encoder_decoder)
     ids, mask, rows = source_rows(batch, seq2seq)
+    # The dynamic cache of a causal model's sources, filled once for their samples: `generate` is
+    # then given the sources repeated, one return sequence each (the same rows, in the same order).
+    prefilled = caches is None and not seq2seq and count > 1 and ids.shape[1] > 1
     options = GenerationConfig(
-        do_sample=not greedy, num_beams=1, num_return_sequences=count, max_new_tokens=max_new_tokens, min_length=0,
+        do_sample=not greedy, num_beams=1, num_return_sequences=1 if prefilled else count, max_new_tokens=max_new_tokens,
+        min_length=0,
         temperature=temperature if not greedy else None, top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
         repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=eos_id, pad_token_id=pad_id,
         decoder_start_token_id=generator.config.decoder_start_token_id if seq2seq else None,
@@ -276,8 +306,12 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
               nullcontext() if early_stop else stop_at_max_length((1 if seq2seq else ids.shape[1]) + max_new_tokens)):
             cache = {} if caches is None else {
                 "past_key_values": caches.get(generator, len(ids) * count, ids.shape[1] if seq2seq else None)}
+            inputs = {"input_ids": ids, "attention_mask": mask}
+            if prefilled:
+                cache = {"past_key_values": shared_prefix(generator, ids, mask, count)}
+                inputs = {name: value.repeat_interleave(count, dim=0) for name, value in inputs.items()}
             torch.manual_seed(seed)
-            output = generator.generate(input_ids=ids, attention_mask=mask, generation_config=options, **cache)
+            output = generator.generate(**inputs, generation_config=options, **cache)
     finally:
         generator.train(was_training)
     new = generated_tokens(output, ids, seq2seq)
