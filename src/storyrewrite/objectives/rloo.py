@@ -237,7 +237,7 @@ def shared_prefix(generator: PreTrainedModel, ids: torch.Tensor, mask: torch.Ten
     `_prepare_position_ids_for_generation`), where the model takes them. Ours: transformers
     reuses a cache that is passed to it (prefix caching) but has no option to share one
     prompt's among its return sequences."""
-    cache = DynamicCache(config=generator.config)
+    cache = DynamicCache(config=generator.config.get_text_config(decoder=True))  # (as `generate` makes its own)
     inputs = {"input_ids": ids[:, :-1], "attention_mask": mask[:, :-1], "past_key_values": cache, "use_cache": True}
     accepts = inspect.signature(generator.forward).parameters
     if "position_ids" in accepts:
@@ -282,7 +282,9 @@ def sample_tokens(generator: PreTrainedModel, batch: dict, count: int, seed: int
     ids, mask, rows = source_rows(batch, seq2seq)
     # The dynamic cache of a causal model's sources, filled once for their samples: `generate` is
     # then given the sources repeated, one return sequence each (the same rows, in the same order).
-    prefilled = caches is None and not seq2seq and count > 1 and ids.shape[1] > 1
+    # Not for the few models whose own cache is of another kind (transformers' check: RWKV, xLSTM).
+    prefilled = (caches is None and not seq2seq and count > 1 and ids.shape[1] > 1
+                 and getattr(generator, "_supports_default_dynamic_cache", lambda: False)())
     options = GenerationConfig(
         do_sample=not greedy, num_beams=1, num_return_sequences=1 if prefilled else count, max_new_tokens=max_new_tokens,
         min_length=0,
