@@ -53,7 +53,6 @@ read is where the host waits for the decoding it queued; the rest is the host's 
 from __future__ import annotations
 
 import copy
-import inspect
 import sys
 import time
 from collections.abc import Callable
@@ -65,7 +64,7 @@ from transformers.generation import utils as generation_utils
 
 from storyrewrite.io import InputError
 from storyrewrite.metrics.lm_scorer import LMScorer
-from storyrewrite.models.encoding import Encoder, generated_tokens, pair_logits, target_logits
+from storyrewrite.models.encoding import Encoder, generated_tokens, pair_logits, position_ids, target_logits
 from storyrewrite.models.logprobs import token_log_probs
 from storyrewrite.models.store import is_seq2seq, load_model, load_tokenizer, plain_decoding
 from storyrewrite.objectives.base import Loss, LossOutput, ObjectiveContext
@@ -233,18 +232,13 @@ def shared_prefix(generator: PreTrainedModel, ids: torch.Tensor, mask: torch.Ten
     repeated sources, reads only their last token before it samples. transformers repeats the
     sources before their forward, so each is read `count` times; an encoder-decoder's encoder it
     runs once. With `params/gpu.yaml`'s sources on a 2-core CPU that forward was a third of a
-    sampling's time. The positions are those `generate` gives a left-padded row (its
-    `_prepare_position_ids_for_generation`), where the model takes them. Ours: transformers
-    reuses a cache that is passed to it (prefix caching) but has no option to share one
-    prompt's among its return sequences."""
+    sampling's time. The body reads them as `shared_source_logits` reads sources (no output
+    projection: no logits are needed), with the positions `generate` gives a left-padded row.
+    Ours: transformers reuses a cache that is passed to it (prefix caching) but has no option to
+    share one prompt's among its return sequences."""
     cache = DynamicCache(config=generator.config.get_text_config(decoder=True))  # (as `generate` makes its own)
-    inputs = {"input_ids": ids[:, :-1], "attention_mask": mask[:, :-1], "past_key_values": cache, "use_cache": True}
-    accepts = inspect.signature(generator.forward).parameters
-    if "position_ids" in accepts:
-        inputs["position_ids"] = (mask[:, :-1].long().cumsum(-1) - 1).masked_fill(mask[:, :-1] == 0, 0)
-    if "logits_to_keep" in accepts:  # (the logits are not read: one position's, not the source's)
-        inputs["logits_to_keep"] = 1
-    generator(**inputs)
+    generator.base_model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids(mask[:, :-1]),
+                         past_key_values=cache, use_cache=True)
     cache.batch_repeat_interleave(count)
     return cache
 
