@@ -312,9 +312,9 @@ def test_a_causal_models_sources_fill_the_dynamic_cache_once_for_the_samples_gen
     # are those of its source alone, unpadded, in one forward.
     with torch.no_grad():
         prefix = rloo.shared_prefix(model, ids, mask, 3)
-        rows = mask.repeat_interleave(3, dim=0)
-        logits = model(input_ids=ids.repeat_interleave(3, dim=0)[:, -1:], attention_mask=rows, past_key_values=prefix,
-                       position_ids=rows.sum(dim=1, keepdim=True) - 1).logits[:, -1]
+        sample_mask = mask.repeat_interleave(3, dim=0)
+        logits = model(input_ids=ids.repeat_interleave(3, dim=0)[:, -1:], attention_mask=sample_mask, past_key_values=prefix,
+                       position_ids=sample_mask.sum(dim=1, keepdim=True) - 1).logits[:, -1]
         for b in range(2):
             alone = model(input_ids=ids[b][mask[b].bool()][None]).logits[0, -1]
             for row in range(3 * b, 3 * b + 3):
